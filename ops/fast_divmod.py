@@ -1,0 +1,203 @@
+"""Division by invariant integers (Granlund & Montgomery 1994, fig. 4.1).
+
+For a divisor ``d`` fixed ahead of time the host computes
+
+    l = ceil(log2 d)                                  (0 <= l <= 31)
+    m = floor(2^32 * (2^l - d) / d) + 1               (1 <= m < 2^32)
+
+and a numerator ``0 <= n < 2^31`` is divided with one multiply-high, one add
+and one shift, all in 32-bit unsigned arithmetic:
+
+    q = (umulhi(m, n) + n) >> l        umulhi(a, b) = (a * b) >> 32 (64-bit product)
+    r = n - q * d
+
+The host methods below perform exactly this arithmetic (in 64-bit integers
+that cannot overflow: m < 2^32 and n < 2^31 give m * n < 2^63, and
+umulhi(m, n) + n < 2^32), so the CPU tests over edge divisors and numerators
+prove the device formula in ``fast_divmod.cuh``.
+
+Range: 1 <= d <= 2^31 and 0 <= n < 2^31. d = 2^31 works (l = 31, m = 1, q = 0
+for every n < 2^31); d > 2^31 would need l = 32, a shift the 32-bit device
+code cannot do, and is rejected. The restriction n < 2^31 keeps the 32-bit sum
+``umulhi(m, n) + n`` from wrapping.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+__all__ = ["FastDivmod", "FAST_DIVMOD_DTYPE", "MAX_DIVISOR", "MAX_NUMERATOR"]
+
+#: numpy dtype matching ``struct FastDivmod { uint32_t d, m, l; }`` (12 bytes).
+FAST_DIVMOD_DTYPE = np.dtype([("d", "<u4"), ("m", "<u4"), ("l", "<u4")])
+MAX_DIVISOR = 1 << 31
+#: numerators must be < MAX_NUMERATOR
+MAX_NUMERATOR = 1 << 31
+
+
+def _constants(d: int) -> tuple[int, int]:
+    l = (d - 1).bit_length()  # ceil(log2 d); 0 for d == 1
+    m = ((1 << 32) * ((1 << l) - d)) // d + 1
+    return m, l
+
+
+def _is_int_dtype(dtype) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+    return np.issubdtype(dtype, np.integer)
+
+
+class FastDivmod:
+    """Precomputed constants for dividing by ``d`` (an int, or a 1-D array of divisors).
+
+    ``FastDivmod(7).divmod(n)`` == ``(n // 7, n % 7)`` for 0 <= n < 2^31, using the
+    device formula. With a 1-D array/tensor of divisors the object is vectorised:
+    ``d``, ``m``, ``l`` are arrays and broadcast against ``n`` with numpy rules
+    (e.g. per-row divisors of shape (R,) against numerators of shape (R,) or (K, R)).
+
+    Attributes ``d``, ``m``, ``l`` are Python ints (scalar) or uint32 numpy arrays
+    (vectorised). ``as_struct()`` gives the constants as the numpy structured
+    scalar/array that a CuPy kernel takes for ``struct FastDivmod``;
+    ``as_tensor(device)`` gives an (..., 3) int64 tensor [d, m, l].
+    """
+
+    __slots__ = ("d", "m", "l", "_vector", "_cache")
+
+    def __init__(self, d):
+        self._cache = {}
+        if isinstance(d, torch.Tensor) or isinstance(d, np.ndarray):
+            arr = d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d
+            if not _is_int_dtype(arr.dtype):
+                raise TypeError(f"d must hold integers, got dtype {arr.dtype}")
+            if arr.ndim == 0:
+                self.__init__(int(arr))
+                return
+            if arr.ndim != 1:
+                raise ValueError(f"d must be an int or a 1-D array of divisors, got shape {tuple(arr.shape)}")
+            a = arr.astype(np.int64)
+            if a.size and (a.min() < 1 or a.max() > MAX_DIVISOR):
+                bad = a[(a < 1) | (a > MAX_DIVISOR)][0]
+                raise ValueError(f"d must satisfy 1 <= d <= 2^31, got {int(bad)}")
+            # l = ceil(log2 d): exact for d <= 2^31 through frexp of (d - 1)
+            l = np.where(a > 1, np.frexp((a - 1).astype(np.float64))[1], 0).astype(np.int64)
+            # m = floor(2^32 (2^l - d) / d) + 1; 2^32 * (2^l - d) < 2^63 since 2^l - d < 2^31
+            m = ((np.int64(1) << 32) * ((np.int64(1) << l) - a)) // a + 1
+            self.d = a.astype(np.uint32)
+            self.m = m.astype(np.uint32)
+            self.l = l.astype(np.uint32)
+            self._vector = True
+            return
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise TypeError(f"d must be an int or a 1-D integer array, got {type(d).__name__}")
+        d = int(d)
+        if not 1 <= d <= MAX_DIVISOR:
+            raise ValueError(f"d must satisfy 1 <= d <= 2^31, got {d}")
+        self.m, self.l = _constants(d)
+        self.d = d
+        self._vector = False
+
+    # ------------------------------------------------------------------ info
+    @property
+    def vectorised(self) -> bool:
+        return self._vector
+
+    def __len__(self):
+        if not self._vector:
+            raise TypeError("scalar FastDivmod has no len()")
+        return len(self.d)
+
+    def __repr__(self):
+        if self._vector:
+            return f"FastDivmod(d=array(len={len(self.d)}))"
+        return f"FastDivmod(d={self.d}, m={self.m}, l={self.l})"
+
+    def as_struct(self) -> np.ndarray:
+        """Numpy structured scalar (scalar d) or 1-D array (vector d) of FAST_DIVMOD_DTYPE.
+
+        A structured scalar is what CuPy passes by value to a kernel parameter of type
+        ``FastDivmod``; an array's ``.tobytes()`` is the device array layout.
+        """
+        if self._vector:
+            out = np.empty(len(self.d), dtype=FAST_DIVMOD_DTYPE)
+            out["d"], out["m"], out["l"] = self.d, self.m, self.l
+            return out
+        return np.array((self.d, self.m, self.l), dtype=FAST_DIVMOD_DTYPE)[()]
+
+    def as_tensor(self, device=None) -> torch.Tensor:
+        """(3,) or (len, 3) int64 tensor of [d, m, l] (for torch-side use or upload)."""
+        if self._vector:
+            t = np.stack([self.d, self.m, self.l], axis=-1).astype(np.int64)
+        else:
+            t = np.array([self.d, self.m, self.l], dtype=np.int64)
+        return torch.from_numpy(t).to(device)
+
+    # ------------------------------------------------------------ arithmetic
+    def _consts_for(self, n):
+        """d, m, l in n's array family (int64), cached per torch device."""
+        if not self._vector:
+            return self.d, self.m, self.l
+        if isinstance(n, torch.Tensor):
+            key = n.device
+            c = self._cache.get(key)
+            if c is None:
+                c = tuple(torch.from_numpy(x.astype(np.int64)).to(n.device) for x in (self.d, self.m, self.l))
+                self._cache[key] = c
+            return c
+        c = self._cache.get("np")
+        if c is None:
+            c = tuple(x.astype(np.int64) for x in (self.d, self.m, self.l))
+            self._cache["np"] = c
+        return c
+
+    @staticmethod
+    def _as_int64(n):
+        if isinstance(n, torch.Tensor):
+            if not _is_int_dtype(n.dtype):
+                raise TypeError(f"n must hold integers, got dtype {n.dtype}")
+            return n.to(torch.int64), "torch"
+        if isinstance(n, numbers.Integral) and not isinstance(n, bool):
+            return np.int64(n), "int"
+        arr = np.asarray(n)
+        if not _is_int_dtype(arr.dtype):
+            raise TypeError(f"n must hold integers, got dtype {arr.dtype}")
+        return arr.astype(np.int64), "numpy"
+
+    @staticmethod
+    def _check_range(n, kind):
+        if kind == "torch":
+            if n.numel() == 0:
+                return
+            lo, hi = torch.aminmax(n)
+            lo, hi = int(lo), int(hi)
+        else:
+            if np.size(n) == 0:
+                return
+            lo, hi = int(np.min(n)), int(np.max(n))
+        if lo < 0 or hi >= MAX_NUMERATOR:
+            raise ValueError(f"n must satisfy 0 <= n < 2^31, got values in [{lo}, {hi}]")
+
+    def divmod(self, n, check: bool = True):
+        """(q, r) with q = n // d, r = n % d by the 32-bit device formula.
+
+        Results are int64 (torch tensor for a tensor n, numpy otherwise; numpy int64
+        scalars for an int n). ``check=False`` skips the 0 <= n < 2^31 test (a host
+        sync for CUDA tensors) for callers that know their range.
+        """
+        n, kind = self._as_int64(n)
+        if check:
+            self._check_range(n, kind)
+        d, m, l = self._consts_for(n)
+        # umulhi(m, n): m < 2^32, n < 2^31 -> product < 2^63, no int64 overflow
+        q = ((m * n) >> 32) + n
+        q = q >> l
+        r = n - q * d
+        return q, r
+
+    def div(self, n, check: bool = True):
+        return self.divmod(n, check)[0]
+
+    def mod(self, n, check: bool = True):
+        return self.divmod(n, check)[1]

@@ -1,0 +1,359 @@
+"""CPU tests for ops: FastDivmod (the device formula), gather, reduce."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ops
+from ops import FastDivmod
+
+N_MAX = (1 << 31) - 1
+
+
+# ---------------------------------------------------------------- FastDivmod
+def _edge_numerators(d):
+    k = np.array([0, 1, 2, 3, 7, 1000], dtype=np.int64)
+    cands = [0, 1, 2, d - 1, d, d + 1, N_MAX, N_MAX - 1, N_MAX - d, (N_MAX // d) * d,
+             (N_MAX // d) * d - 1]
+    mult = k * d
+    cands = np.concatenate([np.array(cands, dtype=np.int64), mult - 1, mult, mult + 1])
+    return cands[(cands >= 0) & (cands <= N_MAX)]
+
+
+def _edge_divisors():
+    ds = set(range(1, 4097))
+    for p in range(0, 32):
+        for delta in (-1, 0, 1):
+            v = (1 << p) + delta
+            if 1 <= v <= (1 << 31):
+                ds.add(v)
+    ds.update([N_MAX, N_MAX - 1, 3 ** 19, 10 ** 9 + 7, 641 * 6700417 % (1 << 31), 65535 * 3])
+    return sorted(ds)
+
+
+def test_constants_match_definition():
+    for d in _edge_divisors():
+        f = FastDivmod(d)
+        l = math.ceil(math.log2(d)) if d > 1 else 0
+        assert f.l == l
+        assert f.m == (1 << 32) * ((1 << l) - d) // d + 1
+        assert 1 <= f.m < (1 << 32)
+        s = f.as_struct()
+        assert s.dtype == ops.FAST_DIVMOD_DTYPE and s.dtype.itemsize == 12
+        assert (int(s["d"]), int(s["m"]), int(s["l"])) == (d, f.m, f.l)
+
+
+def test_every_divisor_edge_numerators_vectorised():
+    """Every divisor 1..4096 plus powers of two and neighbours, 2^31 - 1, 2^31:
+    per-divisor edge numerators, done as one vectorised FastDivmod."""
+    ds = _edge_divisors()
+    rows_d, rows_n = [], []
+    for d in ds:
+        n = _edge_numerators(d)
+        rows_d.append(np.full(n.shape, d, dtype=np.int64))
+        rows_n.append(n)
+    d = np.concatenate(rows_d)
+    n = np.concatenate(rows_n)
+    f = FastDivmod(d)
+    q, r = f.divmod(n)
+    np.testing.assert_array_equal(q, n // d)
+    np.testing.assert_array_equal(r, n % d)
+
+
+def test_random_numerators_per_divisor_torch():
+    g = torch.Generator().manual_seed(0)
+    ds = torch.tensor(_edge_divisors(), dtype=torch.int64)
+    f = FastDivmod(ds)
+    for _ in range(4):
+        n = torch.randint(0, 1 << 31, (len(ds),), generator=g, dtype=torch.int64)
+        q, r = f.divmod(n)
+        assert torch.equal(q, n // ds) and torch.equal(r, n % ds)
+    # small numerators too (the common case for shape splitting)
+    n = torch.randint(0, 1 << 16, (len(ds),), generator=g, dtype=torch.int64)
+    q, r = f.divmod(n)
+    assert torch.equal(q, n // ds) and torch.equal(r, n % ds)
+
+
+def test_random_divisors_and_numerators():
+    rng = np.random.default_rng(1)
+    d = np.concatenate([rng.integers(1, 1 << 31, 20000), rng.integers(1, 1 << 16, 20000)])
+    n = rng.integers(0, 1 << 31, d.shape)
+    q, r = FastDivmod(d).divmod(n)
+    np.testing.assert_array_equal(q, n // d)
+    np.testing.assert_array_equal(r, n % d)
+
+
+def test_scalar_divisor_methods_and_int_numerators():
+    f = FastDivmod(7)
+    assert int(f.div(100)) == 14 and int(f.mod(100)) == 2
+    n = np.arange(0, 1000)
+    np.testing.assert_array_equal(f.div(n), n // 7)
+    np.testing.assert_array_equal(f.mod(n), n % 7)
+    t = torch.arange(0, 1000, dtype=torch.int32)
+    q, r = f.divmod(t)
+    assert torch.equal(q, t.long() // 7) and torch.equal(r, t.long() % 7)
+    big = FastDivmod(1 << 31)
+    assert (int(big.div(N_MAX)), int(big.mod(N_MAX))) == (0, N_MAX)
+    assert (big.m, big.l) == (1, 31)
+    one = FastDivmod(1)
+    assert int(one.div(N_MAX)) == N_MAX and int(one.mod(N_MAX)) == 0
+
+
+def test_broadcast_per_row_divisors():
+    d = np.array([1, 5, 9, 1 << 20])
+    n = np.arange(40).reshape(10, 4) * 12345
+    q, r = FastDivmod(d).divmod(n)
+    np.testing.assert_array_equal(q, n // d)
+    np.testing.assert_array_equal(r, n % d)
+    s = FastDivmod(torch.tensor(d)).as_struct()
+    assert s.shape == (4,) and list(s["d"]) == list(d)
+
+
+@pytest.mark.parametrize("bad", [0, -1, (1 << 31) + 1, 1 << 32])
+def test_bad_divisor(bad):
+    with pytest.raises(ValueError, match="d"):
+        FastDivmod(bad)
+    with pytest.raises(ValueError, match="d"):
+        FastDivmod(np.array([3, bad]))
+
+
+def test_bad_divisor_types():
+    with pytest.raises(TypeError, match="d"):
+        FastDivmod(2.5)
+    with pytest.raises(TypeError, match="d"):
+        FastDivmod(np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="d"):
+        FastDivmod(np.ones((2, 2), dtype=np.int64))
+
+
+def test_numerator_range_checked():
+    f = FastDivmod(3)
+    with pytest.raises(ValueError, match="n"):
+        f.div(np.array([1 << 31]))
+    with pytest.raises(ValueError, match="n"):
+        f.div(torch.tensor([-1]))
+
+
+# -------------------------------------------------------------------- gather
+def _batch_gather_ref(params, indices, axis, bd):
+    """tf.gather with batch_dims by explicit loops over the batch positions."""
+    if bd == 0:
+        return np.take(params, indices, axis=axis)
+    bshape = params.shape[:bd]
+    out = None
+    for pos in np.ndindex(*bshape):
+        part = np.take(params[pos], indices[pos], axis=axis - bd)
+        if out is None:
+            out = np.empty(bshape + part.shape, dtype=params.dtype)
+        out[pos] = part
+    return out
+
+
+def _random_case(rng, ndim, ind_extra, bd, axis):
+    pshape = tuple(int(x) for x in rng.integers(1, 5, ndim))
+    ishape = pshape[:bd] + tuple(int(x) for x in rng.integers(0 if ind_extra > 1 else 1, 4, ind_extra))
+    G = pshape[axis]
+    indices = rng.integers(-G, G, ishape)
+    params = rng.standard_normal(pshape).astype(np.float32)
+    return params, indices
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gather_numpy_matches_take_and_batch_ref(seed):
+    rng = np.random.default_rng(seed)
+    for ndim in range(1, 5):
+        for bd in range(0, ndim):
+            for axis in range(bd, ndim):
+                for ind_extra in (0, 1, 2):
+                    params, indices = _random_case(rng, ndim, ind_extra, bd, axis)
+                    ref = _batch_gather_ref(params, indices, axis, bd)
+                    got = ops.gather(params, indices, axis=axis, batch_dims=bd)
+                    assert isinstance(got, np.ndarray)
+                    assert got.shape == ref.shape
+                    np.testing.assert_array_equal(got, ref)
+                    tp = torch.from_numpy(params)
+                    ti = torch.from_numpy(indices)
+                    gt = ops.gather(tp, ti, axis=axis - ndim, batch_dims=bd)
+                    assert isinstance(gt, torch.Tensor) and tuple(gt.shape) == ref.shape
+                    np.testing.assert_array_equal(gt.numpy(), ref)
+
+
+def test_gather_dtypes_and_index_types():
+    rng = np.random.default_rng(3)
+    idx = rng.integers(-6, 6, (3, 2))
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64):
+        p = (torch.randn(4, 6, 5) * 100).to(dt)
+        for it in (torch.int32, torch.int64):
+            got = ops.gather(p, torch.from_numpy(idx).to(it), axis=1)
+            ref = torch.from_numpy(np.take(p.float().numpy(), idx, axis=1)).to(dt)
+            assert got.dtype == dt and torch.equal(got, ref)
+
+
+def test_gather_rowwise_fast_path_and_default_axis():
+    """The transducer's use: per-row pick, (rows, V) x (rows, 1) -> (rows, 1)."""
+    x = torch.randn(50, 37)
+    idx = torch.randint(0, 37, (50,))
+    got = ops.gather(x, idx[:, None], axis=1, batch_dims=1)
+    assert torch.equal(got, torch.gather(x, 1, idx[:, None]))
+    got2 = ops.gather(x, idx[:, None] - 37, batch_dims=1)  # axis defaults to batch_dims, negatives wrap
+    assert torch.equal(got2, got)
+    xn, idn = x.numpy(), idx.numpy()
+    np.testing.assert_array_equal(ops.gather(xn, idn[:, None], axis=1, batch_dims=1),
+                                  np.take_along_axis(xn, idn[:, None], 1))
+
+
+def test_gather_noncontiguous_and_empty():
+    p = torch.randn(6, 5).t()  # non-contiguous
+    idx = torch.tensor([[0, 5], [-1, 2]])
+    assert torch.equal(ops.gather(p, idx, axis=1), torch.from_numpy(np.take(p.numpy(), idx.numpy(), axis=1)))
+    e = ops.gather(p, torch.zeros((0,), dtype=torch.int64), axis=0)
+    assert tuple(e.shape) == (0, 6)
+    e = ops.gather(np.zeros((3, 0)), np.array([1, 2]), axis=0)
+    assert e.shape == (2, 0)
+
+
+def test_gather_out_of_range():
+    p = np.arange(12).reshape(3, 4)
+    with pytest.raises(IndexError, match="indices"):
+        ops.gather(p, np.array([0, 4]), axis=1)
+    with pytest.raises(IndexError, match="indices"):
+        ops.gather(torch.from_numpy(p), torch.tensor([-4]), axis=0)
+    # unchecked: out-of-range gives zeros
+    got = ops.gather(torch.from_numpy(p), torch.tensor([[0, 9], [1, -1]]), axis=1, check_bounds=False)
+    assert got.tolist() == [[[0, 0], [1, 3]], [[4, 0], [5, 7]], [[8, 0], [9, 11]]]
+
+
+def test_gather_bad_args():
+    p = np.zeros((2, 3, 4))
+    with pytest.raises(ValueError, match="batch_dims"):
+        ops.gather(p, np.zeros((3, 1), dtype=np.int64), axis=1, batch_dims=1)
+    with pytest.raises(ValueError, match="axis"):
+        ops.gather(p, np.zeros((2,), dtype=np.int64), axis=3)
+    with pytest.raises(ValueError, match="batch_dims"):
+        ops.gather(p, np.zeros((2, 3, 1), dtype=np.int64), axis=1, batch_dims=2)
+    with pytest.raises(TypeError, match="indices"):
+        ops.gather(p, np.zeros((2,)), axis=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sharded_gather_sums_to_full(seed):
+    rng = np.random.default_rng(seed)
+    for ndim in (1, 2, 3):
+        for bd in range(0, ndim):
+            for axis in range(bd, ndim):
+                params, _ = _random_case(rng, ndim, 1, bd, axis)
+                G = params.shape[axis]
+                ishape = params.shape[:bd] + (int(rng.integers(1, 5)),)
+                indices = rng.integers(-G, G, ishape)
+                full = ops.gather(params, indices, axis=axis, batch_dims=bd)
+                cuts = np.sort(rng.integers(0, G + 1, 2))
+                bounds = [0, int(cuts[0]), int(cuts[1]), G]
+                total = np.zeros_like(full)
+                total_t = torch.zeros(full.shape)
+                for lo, hi in zip(bounds[:-1], bounds[1:]):
+                    shard = np.take(params, np.arange(lo, hi), axis=axis)
+                    total += ops.gather(shard, indices, axis=axis, batch_dims=bd, shard_offset=lo, full_size=G)
+                    total_t += ops.sharded_gather(torch.from_numpy(shard), torch.from_numpy(indices % G),
+                                                  axis, lo, batch_dims=bd)
+                np.testing.assert_array_equal(total, full)
+                np.testing.assert_array_equal(total_t.numpy(), full)
+
+
+def test_sharded_gather_errors():
+    p = np.ones((3, 2))
+    with pytest.raises(IndexError, match="indices"):
+        ops.sharded_gather(p, np.array([-1]), 0, 2)
+    with pytest.raises(IndexError, match="indices"):
+        ops.sharded_gather(p, np.array([7]), 0, 2, full_size=6)
+    with pytest.raises(ValueError, match="full_size"):
+        ops.sharded_gather(p, np.array([1]), 0, 4, full_size=6)
+    with pytest.raises(ValueError, match="shard_offset"):
+        ops.sharded_gather(p, np.array([1]), 0, -1)
+
+
+# -------------------------------------------------------------------- reduce
+def _np_reduce(x, axis, op):
+    x = x.astype(np.float64)
+    if op == "sum":
+        return x.sum(axis)
+    if op == "max":
+        return x.max(axis)
+    m = x.max(axis, keepdims=True)
+    m = np.where(np.isinf(m), 0.0, m)
+    with np.errstate(divide="ignore"):
+        return np.log(np.exp(x - m).sum(axis)) + np.squeeze(m, axis)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
+def test_reduce_every_axis_matches_numpy(op):
+    rng = np.random.default_rng(0)
+    for shape in [(7,), (3, 5), (4, 1, 6), (2, 3, 4, 5), (1, 9), (9, 1)]:
+        x = rng.standard_normal(shape).astype(np.float32) * 3
+        for axis in range(-len(shape), len(shape)):
+            ref = _np_reduce(x, axis, op)
+            got = ops.reduce(x, axis, op)
+            assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == ref.shape
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+            gt = ops.reduce(torch.from_numpy(x), axis, op)
+            assert gt.dtype == torch.float32
+            np.testing.assert_allclose(gt.numpy(), ref, rtol=1e-5, atol=1e-5)
+        x64 = x.astype(np.float64)
+        got = ops.reduce(torch.from_numpy(x64), 0, op)
+        assert got.dtype == torch.float64
+        np.testing.assert_allclose(got.numpy(), _np_reduce(x64, 0, op), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_reduce_half_accumulates_fp32(op, dt):
+    x = (torch.rand(8, 3000) * 4).to(dt)
+    ref = _np_reduce(x.float().numpy(), 1, op)
+    got = ops.reduce(x, -1, op)
+    assert got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-3)
+    if op == "sum":  # an fp16 accumulator would be way off at sum ~ 6000
+        assert abs(float(got[0]) - float(x[0].double().sum())) < 1e-2
+    if dt == torch.float16:
+        got_np = ops.reduce(x.numpy(), 0, op)
+        assert got_np.dtype == np.float32
+
+
+def test_reduce_inf_rows():
+    x = torch.randn(4, 6)
+    x[1] = -math.inf
+    x[2, 3] = math.inf
+    lse = ops.reduce(x, -1, "logsumexp")
+    assert lse[1].item() == -math.inf and lse[2].item() == math.inf
+    assert not torch.isnan(lse).any()
+    torch.testing.assert_close(lse[[0, 3]], torch.logsumexp(x[[0, 3]], -1))
+    col = ops.reduce(x.t().contiguous(), 0, "logsumexp")
+    assert col[1].item() == -math.inf
+    assert ops.reduce(x, -1, "max")[1].item() == -math.inf
+
+
+def test_reduce_empty_axis_and_keepdim_out():
+    x = torch.zeros(3, 0)
+    assert ops.reduce(x, 1, "sum").tolist() == [0.0] * 3
+    assert ops.reduce(x, 1, "max").tolist() == [-math.inf] * 3
+    assert ops.reduce(x, 1, "logsumexp").tolist() == [-math.inf] * 3
+    y = torch.randn(3, 4, 5)
+    assert tuple(ops.reduce(y, 1, "sum", keepdim=True).shape) == (3, 1, 5)
+    out = torch.full((3, 5), math.nan)
+    r = ops.reduce(y, 1, "max", out=out)
+    assert r is out and torch.equal(out, y.amax(1))
+
+
+def test_reduce_errors():
+    with pytest.raises(ValueError, match="op"):
+        ops.reduce(torch.zeros(3), 0, "mean")
+    with pytest.raises(ValueError, match="axis"):
+        ops.reduce(torch.zeros(3), 1, "sum")
+    with pytest.raises(TypeError, match="x"):
+        ops.reduce(torch.zeros(3, dtype=torch.int64), 0, "sum")
+
+
+def test_cuda_include_dir_has_header():
+    import os
+    assert os.path.isfile(os.path.join(ops.cuda_include_dir(), "fast_divmod.cuh"))
