@@ -1,0 +1,292 @@
+"""The CPU loss against the pure-PyTorch reference and torchaudio; options, dtypes, pack."""
+
+import math
+
+import pytest
+import torch
+
+from transducer import TransducerLoss, pack, transducer_loss, transducer_loss_reference
+
+torchaudio_functional = pytest.importorskip("torchaudio.functional")
+
+
+def random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float64, rna=False):
+    """Padded logits (B, maxT, maxU+1, V), targets avoiding blank, ragged lengths (one utterance at the max)."""
+    T = torch.randint(1, max_t + 1, (B,), generator=gen)
+    U = torch.randint(0, max_u + 1, (B,), generator=gen)
+    T[0], U[0] = max_t, max_u
+    if rna:  # keep every alignment feasible: U_b <= T_b - 1
+        U = torch.minimum(U, T - 1)
+    labels = [v for v in range(V) if v != blank]
+    targets = torch.tensor(labels)[torch.randint(0, len(labels), (B, max(max_u, 1)), generator=gen)]
+    logits = torch.randn(B, max_t, int(U.max()) + 1, V, generator=gen, dtype=torch.float64).to(dtype)
+    return logits, targets, T, U
+
+
+def compact(logits, T, U):
+    """Padded -> compact by a plain loop (the test's own, independent of pack)."""
+    return torch.cat([logits[b, :T[b], :U[b] + 1].reshape(-1, logits.size(-1)) for b in range(len(T))])
+
+
+def uncompact(rows, T, U, like):
+    """Compact -> padded with zeros in padding."""
+    out = torch.zeros_like(like)
+    start = 0
+    for b in range(len(T)):
+        n = int(T[b] * (U[b] + 1))
+        out[b, :T[b], :U[b] + 1] = rows[start:start + n].view(int(T[b]), int(U[b]) + 1, -1)
+        start += n
+    return out
+
+
+def reduce_like(losses, reduction):
+    return {"none": losses, "sum": losses.sum(), "mean": losses.mean()}[reduction]
+
+
+CASES = [(seed, rna) for seed in range(8) for rna in (False, True)]
+
+
+@pytest.mark.parametrize("seed,rna", CASES)
+def test_matches_reference_compact_and_padded(seed, rna):
+    gen = torch.Generator().manual_seed(seed)
+    B = int(torch.randint(1, 6, (1,), generator=gen))
+    V = int(torch.randint(2, 21, (1,), generator=gen))
+    blank = 0 if seed % 2 == 0 else int(torch.randint(0, V, (1,), generator=gen))
+    logits, targets, T, U = random_batch(gen, B, int(torch.randint(1, 13, (1,), generator=gen)),
+                                         int(torch.randint(0, 7, (1,), generator=gen)), V, blank, rna=rna)
+    reduction = ("none", "sum", "mean")[seed % 3]
+    ref_in = logits.clone().requires_grad_()
+    expected = reduce_like(transducer_loss_reference(ref_in, targets, T, U, blank, one_sym_per_frame=rna), reduction)
+    weights = torch.rand(expected.shape, generator=gen, dtype=torch.float64) + 0.5  # a non-trivial grad_output
+    (expected * weights).sum().backward()
+
+    padded = logits.clone().requires_grad_()
+    got = transducer_loss(padded, targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(padded.grad, ref_in.grad, rtol=1e-9, atol=1e-10)
+
+    rows = compact(logits, T, U).requires_grad_()
+    got = transducer_loss(rows, targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(rows.grad, compact(ref_in.grad, T, U), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+@pytest.mark.parametrize("rna", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_gradcheck(layout, rna, reduction):
+    gen = torch.Generator().manual_seed(hash((layout, rna, reduction)) % 1000)
+    logits, targets, T, U = random_batch(gen, 3, 5, 3, 4, blank=2, rna=rna)
+    if layout == "compact":
+        logits = compact(logits, T, U)
+    logits.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: transducer_loss(x, targets, T, U, blank=2, reduction=reduction, one_sym_per_frame=rna),
+        (logits,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("from_log_softmax", [False, True])
+def test_gradcheck_from_log_softmax(from_log_softmax):
+    gen = torch.Generator().manual_seed(7)
+    logits, targets, T, U = random_batch(gen, 2, 4, 3, 5, blank=0)
+    x = logits.log_softmax(-1).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: transducer_loss(x, targets, T, U, reduction="sum", from_log_softmax=from_log_softmax),
+        (x,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_torchaudio(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    B = int(torch.randint(1, 9, (1,), generator=gen))
+    V = (2, 17, 128, 500, 1000, 1000)[seed]
+    blank = (0, 3, V - 1, 0, 5, 0)[seed]
+    max_t, max_u = (1, 9, 30, 20, 12, 40)[seed], (0, 4, 10, 15, 6, 3)[seed]
+    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float32)
+    logits = logits * 3
+    ta_in = logits.clone().requires_grad_()
+    expected = torchaudio_functional.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(),
+                                               blank=blank, reduction="none")
+    expected.sum().backward()
+
+    rows = compact(logits, T, U).requires_grad_()
+    got = transducer_loss(rows, targets, T, U, blank=blank, reduction="none")
+    got.sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(rows.grad, compact(ta_in.grad, T, U), rtol=1e-4, atol=1e-6)
+
+    padded = logits.clone().requires_grad_()
+    got = transducer_loss(padded, targets, T, U, blank=blank, reduction="none")
+    got.sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    valid = uncompact(torch.ones_like(rows), T, U, logits).bool()
+    torch.testing.assert_close(padded.grad[valid], ta_in.grad[valid], rtol=1e-4, atol=1e-6)
+    assert (padded.grad[~valid] == 0).all()
+
+
+def test_matches_torchaudio_without_fused_log_softmax():
+    gen = torch.Generator().manual_seed(5)
+    logits, targets, T, U = random_batch(gen, 4, 10, 5, 30, blank=0, dtype=torch.float32)
+    log_probs = logits.log_softmax(-1)
+    ta_in = log_probs.clone().requires_grad_()
+    expected = torchaudio_functional.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(),
+                                               blank=0, reduction="sum",
+                                               fused_log_softmax=False)
+    expected.backward()
+    ours = log_probs.clone().requires_grad_()
+    got = transducer_loss(ours, targets, T, U, reduction="sum", from_log_softmax=True)
+    got.backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    valid = uncompact(torch.ones(int((T * (U + 1)).sum()), 30), T, U, logits).bool()
+    torch.testing.assert_close(ours.grad[valid], ta_in.grad[valid], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,eps", [(torch.float16, 2.0 ** -11), (torch.bfloat16, 2.0 ** -8)])
+def test_half_precision_matches_float32(dtype, eps):
+    # Inputs are rounded to `dtype` once; the loss accumulates in float32, so it must match the float32
+    # loss on the same rounded values to float32 accuracy; the gradient is rounded once to `dtype`, so
+    # each element may differ by half an ulp of `dtype` (relative eps) plus float32 noise.
+    gen = torch.Generator().manual_seed(11)
+    logits, targets, T, U = random_batch(gen, 4, 20, 8, 64, blank=0, dtype=dtype)
+    half = compact(logits, T, U).requires_grad_()
+    full = half.detach().float().requires_grad_()
+    got = transducer_loss(half, targets, T, U, reduction="none")
+    expected = transducer_loss(full, targets, T, U, reduction="none")
+    got.sum().backward()
+    expected.sum().backward()
+    assert got.dtype == torch.float32 and half.grad.dtype == dtype
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
+
+
+def test_rna_infeasible_is_inf_with_zero_gradient():
+    gen = torch.Generator().manual_seed(3)
+    logits, targets, T, U = random_batch(gen, 3, 6, 4, 7, blank=0)
+    T[1], U[1] = 3, 4  # U > T - 1: no alignment
+    U[0], U[2] = min(int(U[0]), 5), min(int(U[2]), int(T[2]) - 1)
+    rows = compact(logits, T, U).requires_grad_()
+    losses = transducer_loss(rows, targets, T, U, reduction="none", one_sym_per_frame=True)
+    assert math.isinf(losses[1].item()) and losses[1].item() > 0
+    assert torch.isfinite(losses[[0, 2]]).all()
+    losses[[0, 2]].sum().backward()
+    assert not torch.isnan(rows.grad).any()
+
+    rows.grad = None
+    zeroed = transducer_loss(rows, targets, T, U, reduction="sum", one_sym_per_frame=True, zero_infinity=True)
+    zeroed.backward()
+    torch.testing.assert_close(zeroed, losses[[0, 2]].sum())
+    start, n = int(T[0] * (U[0] + 1)), int(T[1] * (U[1] + 1))
+    assert (rows.grad[start:start + n] == 0).all()
+    assert (rows.grad[:start] != 0).any()
+
+
+def test_edge_shapes_t1_u0():
+    for T, U in [(1, 0), (1, 3), (4, 0)]:
+        logits = torch.randn(T * (U + 1), 6, dtype=torch.float64, requires_grad=True)
+        targets = torch.randint(1, 6, (1, max(U, 1)))
+        lengths = torch.tensor([T]), torch.tensor([U])
+        got = transducer_loss(logits, targets, *lengths)
+        expected = transducer_loss_reference(logits.view(1, T, U + 1, 6), targets, *lengths).mean()
+        torch.testing.assert_close(got, expected)
+
+
+def test_module_matches_functional_and_inplace_grad():
+    gen = torch.Generator().manual_seed(9)
+    logits, targets, T, U = random_batch(gen, 3, 7, 4, 11, blank=1, dtype=torch.float32)
+    rows = compact(logits, T, U)
+    weight = torch.randn(11, 11, generator=gen)
+    grads = []
+    for inplace_grad in (False, True):
+        x = rows.clone().requires_grad_()
+        joined = x @ weight  # a non-leaf whose value nothing else needs in backward
+        TransducerLoss(blank=1, reduction="sum", inplace_grad=inplace_grad)(joined, targets, T, U).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+    assert grads[0].abs().sum() > 0
+    x = rows.clone().requires_grad_()
+    functional = transducer_loss(x @ weight, targets, T, U, blank=1, reduction="sum")
+    functional.backward()
+    torch.testing.assert_close(x.grad, grads[0])
+    loss = TransducerLoss(blank=1)
+    assert "blank=1" in repr(loss)
+
+
+def test_pack_matches_loop_and_gradcheck():
+    gen = torch.Generator().manual_seed(4)
+    B, max_t, max_u1, D = 4, 6, 5, 3
+    enc = torch.randn(B, max_t, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    pred = torch.randn(B, max_u1, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    T = torch.tensor([6, 1, 4, 3])
+    U = torch.tensor([4, 0, 2, 4])
+    out = pack(enc, pred, T, U)
+    expected = compact(enc[:, :, None, :] + pred[:, None, :, :], T, U)
+    torch.testing.assert_close(out, expected)
+    assert torch.autograd.gradcheck(lambda e, p: pack(e, p, T, U), (enc, pred))
+
+
+# ---- validation: every bad argument gets a clear error before any compute ----
+
+def _good():
+    logits = torch.randn(2 * 3 + 4 * 1, 5)
+    return logits, torch.tensor([[1, 2], [3, 4]]), torch.tensor([2, 4]), torch.tensor([2, 0])
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a: (a[0].long(),) + a[1:], TypeError, "logits: expected dtype"),
+    (lambda a: (a[0][None],) + a[1:], ValueError, "logits: expected 2 or 4 dimensions"),
+    (lambda a: (a[0], a[1].float()) + a[2:], TypeError, "targets: expected dtype"),
+    (lambda a: (a[0], a[1][0]) + a[2:], ValueError, "targets: expected 2 dimensions"),
+    (lambda a: (a[0], a[1][:1]) + a[2:], ValueError, "targets: expected 2 rows"),
+    (lambda a: a[:2] + (a[2].float(), a[3]), TypeError, "logit_lengths: expected dtype"),
+    (lambda a: a[:3] + (a[3][:1],), ValueError, r"target_lengths: expected shape \(2,\)"),
+    (lambda a: a[:2] + (torch.tensor([2, -1]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
+    (lambda a: a[:2] + (torch.tensor([0, 4]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
+    (lambda a: a[:3] + (torch.tensor([-1, 0]),), ValueError, "target_lengths: every U_b must be >= 0"),
+    (lambda a: a[:3] + (torch.tensor([3, 0]),), ValueError, "target_lengths: U_b = 3 exceeds targets.size"),
+    (lambda a: (a[0][:-1],) + a[1:], ValueError, "logits: compact logits must have sum_b"),
+    (lambda a: (a[0], torch.tensor([[1, 5], [3, 4]])) + a[2:], ValueError, r"targets: 1 entries .* outside"),
+    (lambda a: (a[0], torch.tensor([[1, 0], [3, 4]])) + a[2:], ValueError, "equal to blank"),
+    (lambda a: (a[0], torch.tensor([[1, -2], [3, 4]])) + a[2:], ValueError, "targets: 1 entries"),
+    (lambda a: (a[0][:0].view(0, 5),) + (a[1][:0], a[2][:0], a[3][:0]), ValueError, "empty batch"),
+])
+def test_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        transducer_loss(*mutate(_good()))
+
+
+def test_bad_options_and_padded_sizes():
+    logits, targets, T, U = _good()
+    with pytest.raises(ValueError, match="blank: expected an int in"):
+        transducer_loss(logits, targets, T, U, blank=5)
+    with pytest.raises(ValueError, match="blank: expected an int in"):
+        transducer_loss(logits, targets, T, U, blank=-1)
+    with pytest.raises(ValueError, match="reduction: expected one of"):
+        transducer_loss(logits, targets, T, U, reduction="avg")
+    with pytest.raises(ValueError, match="reduction"):
+        TransducerLoss(reduction="max")
+    padded = torch.randn(2, 4, 3, 5)
+    with pytest.raises(ValueError, match="logit_lengths: T_b = 5 exceeds logits.size"):
+        transducer_loss(padded, targets, torch.tensor([5, 4]), U)
+    with pytest.raises(ValueError, match=r"target_lengths: U_b \+ 1 = 3 exceeds"):
+        transducer_loss(padded[:, :, :2], targets, T, U)
+    with pytest.raises(ValueError, match="padded logits must have batch size 2"):
+        transducer_loss(padded[:1], targets, T, U)
+    with pytest.raises(TypeError, match="logits: expected a torch.Tensor"):
+        transducer_loss(logits.numpy(), targets, T, U)
+
+
+def test_pack_bad_input():
+    enc, pred = torch.randn(2, 4, 3), torch.randn(2, 3, 3)
+    T, U = torch.tensor([4, 2]), torch.tensor([2, 1])
+    with pytest.raises(ValueError, match="predictor_out: expected shape"):
+        pack(enc, pred[:, :, :2], T, U)
+    with pytest.raises(TypeError, match="predictor_out: expected dtype"):
+        pack(enc, pred.double(), T, U)
+    with pytest.raises(ValueError, match="logit_lengths: expected values in"):
+        pack(enc, pred, torch.tensor([5, 2]), U)
+    with pytest.raises(ValueError, match="target_lengths: expected values in"):
+        pack(enc, pred, T, torch.tensor([3, 1]))
+    with pytest.raises(TypeError, match="logit_lengths: expected dtype"):
+        pack(enc, pred, T.float(), U)

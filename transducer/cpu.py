@@ -1,0 +1,189 @@
+"""The CPU stages of the transducer loss, vectorised with torch (contract: layout.py).
+
+Passes over the (N, V) logits go in row chunks of about 4M elements, so the only
+full-size buffer is the gradient itself. alpha and beta walk a (B, maxT+1,
+maxU+2) grid padded with a -inf border, one anti-diagonal (RNN-T) or one frame
+(RNA) per step, all utterances at once.
+"""
+
+import math
+
+import torch
+
+from ops import FastDivmod, gather, reduce
+
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def accumulate_dtype(dtype):
+    """float64 for float64 logits, float32 for everything else."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def row_coordinates(row_ids, cell_offsets, row_strides):
+    """(b, t, u) of every row as int64 tensors: row = cell_offsets[b] + t * row_strides[b] + u."""
+    b = row_ids.long()
+    local = torch.arange(b.numel(), device=b.device) - cell_offsets[b]
+    t, u = FastDivmod(row_strides[b]).divmod(local)
+    return b, t.long(), u.long()
+
+
+def _cells(layout):
+    b, t, u = row_coordinates(layout.row_ids, layout.cell_offsets, layout.row_strides)
+    is_cell = (t < layout.logit_lengths[b]) & (u <= layout.target_lengths[b])
+    return b, t, u, is_cell
+
+
+def _labels(targets, b, u, has_label, blank):
+    """y_u of every row, and blank where the row has no label (u == U_b or padding)."""
+    if targets.size(1) == 0:
+        return torch.full_like(b, blank)
+    y = targets.long()[b, u.clamp(max=targets.size(1) - 1)]
+    return torch.where(has_label, y, blank)
+
+
+def _chunks(num_rows, vocab_size):
+    step = max(1, _CHUNK_ELEMENTS // max(vocab_size, 1))
+    for start in range(0, num_rows, step):
+        yield start, min(start + step, num_rows)
+
+
+def log_probs(logits2d, targets, layout, blank, from_log_softmax):
+    num_rows, vocab_size = logits2d.shape
+    acc = accumulate_dtype(logits2d.dtype)
+    b, t, u, is_cell = _cells(layout)
+    has_label = is_cell & (u < layout.target_lengths[b])
+    picks = torch.stack([torch.full_like(b, blank), _labels(targets, b, u, has_label, blank)], dim=1)
+    lp = torch.empty(num_rows, 2, dtype=acc)
+    den = torch.zeros(num_rows, dtype=acc)
+    for start, end in _chunks(num_rows, vocab_size):
+        rows = logits2d[start:end]
+        picked = gather(rows, picks[start:end], axis=1, batch_dims=1).to(acc)
+        if not from_log_softmax:
+            den[start:end] = reduce(rows, axis=-1, op="logsumexp")
+        lp[start:end] = picked - den[start:end, None]
+    lp[:, 1].masked_fill_(~has_label, -math.inf)
+    return lp, den
+
+
+def _grid(values, is_cell, rows):
+    """values (N,) -> (B, maxT+1, maxU+3): cell (b, t, u) at [b, t, u+1], -inf elsewhere.
+
+    The -inf border (first and last column, last row) makes every predecessor and
+    successor index of the recursions valid."""
+    B, max_t, max_u1 = rows.shape
+    grid = values.new_full((B, max_t + 1, max_u1 + 2), -math.inf)
+    grid[:, :max_t, 1:-1] = torch.where(is_cell, values[rows], -math.inf)
+    return grid
+
+
+def alpha_beta(lp, layout, one_sym_per_frame):
+    T, U = layout.logit_lengths[:, None, None], layout.target_lengths[:, None, None]
+    max_t, max_u1 = int(T.max()), int(U.max()) + 1
+    t = torch.arange(max_t)[None, :, None]
+    u = torch.arange(max_u1)[None, None, :]
+    is_cell = (t < T) & (u <= U)
+    rows = torch.where(is_cell, layout.cell_offsets[:, None, None] + t * layout.row_strides[:, None, None] + u, 0)
+    blank = _grid(lp[:, 0], is_cell, rows)
+    emit = _grid(lp[:, 1], is_cell, rows)
+    final = _grid(lp[:, 0], is_cell & (t == T - 1) & (u == U), rows)  # the closing blank at (T-1, U)
+    inside = torch.zeros(blank.shape, dtype=torch.bool)
+    inside[:, :max_t, 1:-1] = is_cell
+
+    alpha = torch.full_like(blank, -math.inf)
+    beta = torch.full_like(blank, -math.inf)
+    alpha[:, 0, 1] = 0.0
+    cells, right, left = slice(1, max_u1 + 1), slice(2, max_u1 + 2), slice(0, max_u1)
+    if one_sym_per_frame:
+        for s in range(1, max_t):  # frame s from frame s-1
+            alpha[:, s, cells] = torch.logaddexp(alpha[:, s - 1, cells] + blank[:, s - 1, cells],
+                                                 alpha[:, s - 1, left] + emit[:, s - 1, left])
+        for s in range(max_t - 1, -1, -1):  # frame s from frame s+1
+            value = torch.logaddexp(beta[:, s + 1, cells] + blank[:, s, cells],
+                                    beta[:, s + 1, right] + emit[:, s, cells])
+            value = torch.logaddexp(value, final[:, s, cells])
+            beta[:, s, cells] = torch.where(inside[:, s, cells], value, -math.inf)
+    else:
+        for n in range(1, max_t + max_u1 - 1):  # the anti-diagonal t + u = n from n-1
+            du = torch.arange(max(0, n - max_t + 1), min(n, max_u1 - 1) + 1)
+            dt, col = n - du, du + 1
+            alpha[:, dt, col] = torch.logaddexp(alpha[:, dt - 1, col] + blank[:, dt - 1, col],
+                                                alpha[:, dt, col - 1] + emit[:, dt, col - 1])
+        for n in range(max_t + max_u1 - 2, -1, -1):  # from n+1
+            du = torch.arange(max(0, n - max_t + 1), min(n, max_u1 - 1) + 1)
+            dt, col = n - du, du + 1
+            value = torch.logaddexp(beta[:, dt + 1, col] + blank[:, dt, col],
+                                    beta[:, dt, col + 1] + emit[:, dt, col])
+            value = torch.logaddexp(value, final[:, dt, col])
+            beta[:, dt, col] = torch.where(inside[:, dt, col], value, -math.inf)
+
+    alpha_rows = torch.full_like(lp[:, 0], -math.inf)
+    beta_rows = torch.full_like(lp[:, 0], -math.inf)
+    alpha_rows[rows[is_cell]] = alpha[:, :max_t, cells][is_cell]
+    beta_rows[rows[is_cell]] = beta[:, :max_t, cells][is_cell]
+    return alpha_rows, beta_rows, -beta[:, 0, 1]
+
+
+def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame):
+    """Per row: the cell's posterior and the posteriors of its blank and label arcs, times scale."""
+    b, t, u, is_cell = _cells(layout)
+    T, U, stride = layout.logit_lengths[b], layout.target_lengths[b], layout.row_strides[b]
+    num_rows = lp.size(0)
+    row = torch.arange(num_rows)
+    last = num_rows - 1
+    # after a blank: (t+1, u), or the end of the alignment from (T-1, U)
+    after_blank = torch.where(t + 1 < T, beta[(row + stride).clamp(max=last)],
+                              torch.where(u == U, 0.0, -math.inf))
+    if one_sym_per_frame:
+        has_next = (u < U) & (t + 1 < T)
+        after_label = beta[(row + stride + 1).clamp(max=last)]
+    else:
+        has_next = u < U
+        after_label = beta[(row + 1).clamp(max=last)]
+    after_label = torch.where(has_next, after_label, -math.inf)
+
+    live = is_cell & (torch.isfinite(loss) & (scale != 0))[b]
+    log_norm = torch.where(live, alpha + loss[b], -math.inf)
+    s = scale[b]
+    occupancy = torch.exp(log_norm + beta) * s
+    blank_arc = torch.exp(log_norm + lp[:, 0] + after_blank) * s
+    label_arc = torch.exp(log_norm + lp[:, 1] + after_label) * s
+    has_label = is_cell & (u < U)
+    return occupancy, blank_arc, label_arc, b, u, has_label, is_cell
+
+
+def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
+             from_log_softmax, one_sym_per_frame, out):
+    num_rows, vocab_size = logits2d.shape
+    occupancy, blank_arc, label_arc, b, u, has_label, is_cell = _gradient_coefficients(
+        layout, lp, alpha, beta, loss, scale, one_sym_per_frame)
+    labels = _labels(targets, b, u, has_label, blank)
+    for start, end in _chunks(num_rows, vocab_size):
+        rows = logits2d[start:end]
+        index = torch.arange(end - start)
+        if from_log_softmax:
+            g = torch.zeros(end - start, vocab_size, dtype=lp.dtype)
+        else:
+            g = (rows.to(lp.dtype) - den[start:end, None]).exp_().mul_(occupancy[start:end, None])
+        g[index, blank] -= blank_arc[start:end]
+        g[index, labels[start:end]] -= label_arc[start:end]
+        if layout.padded:  # padding rows may hold anything, even inf or NaN
+            g = torch.where(is_cell[start:end, None], g, 0.0)
+        out[start:end] = g
+    return out
+
+
+def pack_forward(encoder_out, predictor_out, row_ids, cell_offsets, row_strides, num_rows):
+    B, max_t, D = encoder_out.shape
+    b, t, u = row_coordinates(row_ids[:num_rows], cell_offsets, row_strides)
+    out = encoder_out.reshape(-1, D).index_select(0, b * max_t + t)
+    out += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
+    return out
+
+
+def pack_backward(grad_out, row_ids, cell_offsets, row_strides, logit_lengths, target_lengths, max_t, max_u1):
+    B, D = logit_lengths.numel(), grad_out.size(1)
+    b, t, u = row_coordinates(row_ids, cell_offsets, row_strides)
+    grad_enc = grad_out.new_zeros(B * max_t, D).index_add_(0, b * max_t + t, grad_out)
+    grad_pred = grad_out.new_zeros(B * max_u1, D).index_add_(0, b * max_u1 + u, grad_out)
+    return grad_enc.view(B, max_t, D), grad_pred.view(B, max_u1, D)
