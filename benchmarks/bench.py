@@ -1,0 +1,680 @@
+#!/usr/bin/env python
+"""Speed and memory of the transducer loss beside its peers (issue 4).
+
+    python benchmarks/bench.py                 # everything this machine can run
+    python benchmarks/bench.py --cpu-only      # only the CPU comparison
+    python benchmarks/bench.py --out DIR       # write RESULTS.md, results.png, results.json to DIR
+    python benchmarks/bench.py --from-json F   # re-render RESULTS.md / results.png from a raw json
+
+Protocol A: training step (joiner + loss + backward) on LibriSpeech (T, U) batches.
+Protocol B: the loss alone at three shapes, against a copy-bandwidth floor.
+scale:      one compact fp16 case with more than 2^31 logit elements.
+CPU:        our CPU path against torchaudio's CPU loss.
+Measurements go to results.json (raw); rows, targets and pass/miss are derived from
+it, so --from-json re-renders exactly what a run printed. Only the text between
+the bench:begin / bench:end markers of RESULTS.md is rewritten.
+"""
+import argparse, datetime, gc, json, math, platform, statistics, subprocess, sys, time, warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+warnings.filterwarnings("ignore")
+
+A_BATCH, A_WARMUP, A_STEPS, A_WIDTH, A_VOCAB = 30, 3, 20, 512, 500
+B_CASES = [(32, 150, 40, 500), (16, 400, 100, 1024), (8, 800, 100, 4096)]
+B_FLOOR_TARGET = [2.5, 1.3, 1.3]            # time / floor, per case of B_CASES
+B_MEM_TARGET = 1.05                          # extra peak memory / gradient size
+B_WARMUP, B_REPS = 3, 10
+SCALE_CASE = (8, 800, 100, 4096)             # every length at its max: 2.65e9 elements
+CPU_CASES = [(4, 100, 20, 128), (8, 150, 40, 500)]
+CPU_WARMUP, CPU_REPS = 1, 5
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+# Our variants: add a line to benchmark another option of TransducerLoss.
+# clobbers: the loss overwrites its input logits, so each run gets a fresh copy.
+OURS = [
+    dict(name="ours compact", layout="compact", kwargs={}, clobbers=False),
+    dict(name="ours padded", layout="padded", kwargs={}, clobbers=False),
+    # dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, clobbers=True),
+]
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def short_error(e):
+    lines = [l for l in str(e).strip().splitlines() if l.strip()]
+    return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+
+
+def free():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- inputs
+
+class Batch(SimpleNamespace):
+    """Lengths and targets of one batch, in the dtypes each contender wants."""
+
+
+def make_batch(Ts, Us, V, device, gen):
+    Ts, Us = [int(t) for t in Ts], [int(u) for u in Us]
+    B, maxU = len(Ts), max(Us)
+    tgt = torch.randint(1, V, (B, max(maxU, 1)), generator=gen, dtype=torch.int64).to(device)
+    T = torch.tensor(Ts, device=device)
+    U = torch.tensor(Us, device=device)
+    return Batch(Ts=Ts, Us=Us, B=B, maxT=max(Ts), maxU=maxU, V=V, T=T, U=U, tgt=tgt,
+                 T32=T.int(), U32=U.int(), tgt32=tgt.int(),
+                 labels_cat32=torch.cat([tgt[b, :u] for b, u in enumerate(Us)]).int(),
+                 N=sum(t * (u + 1) for t, u in zip(Ts, Us)))
+
+
+def draw_lengths(B, maxT, maxU, rng):
+    """Lengths uniform in [0.7 max, max], the first utterance exactly at max."""
+    Ts = rng.integers(math.ceil(0.7 * maxT), maxT + 1, B)
+    Us = rng.integers(math.ceil(0.7 * maxU), maxU + 1, B)
+    Ts[0], Us[0] = maxT, maxU
+    return Ts, Us
+
+
+def padded_to_compact(x, bt):
+    return torch.cat([x[b, :t, :u + 1].reshape(-1, x.size(-1)) for b, (t, u) in enumerate(zip(bt.Ts, bt.Us))])
+
+
+def torch_pack(enc, pred, T, U, N):
+    """Plain-torch compact joiner input (rows b, t, u) for peers: enc[b, t] + pred[b, u]."""
+    sizes = T * (U + 1)
+    b = torch.repeat_interleave(torch.arange(len(T), device=enc.device), sizes, output_size=N)
+    local = torch.arange(N, device=enc.device) - (torch.cumsum(sizes, 0) - sizes)[b]
+    u1 = (U + 1)[b]
+    return enc[b, local // u1] + pred[b, local % u1]
+
+
+# ----------------------------------------------------------------------------- contenders
+
+def ours_contenders():
+    try:
+        import transducer
+        ok = None
+    except Exception as e:
+        ok = short_error(e)
+    out = []
+    for v in OURS:
+        c = dict(v, peer=False, error=ok, pack=None, loss=None)
+        if ok is None:
+            mod = transducer.TransducerLoss(blank=0, reduction="sum", **v["kwargs"])
+            c["loss"] = lambda x, bt, mod=mod: mod(x, bt.tgt, bt.T, bt.U)
+            c["pack"] = lambda enc, pred, bt: transducer.pack(enc, pred, bt.T, bt.U)
+        out.append(c)
+    return out
+
+
+def peer_contenders(cuda):
+    """torchaudio always; warp_rnnt and warprnnt_numba (NeMo) when importable (CUDA only)."""
+    pack = lambda enc, pred, bt: torch_pack(enc, pred, bt.T, bt.U, bt.N)
+    out = []
+    try:
+        from torchaudio.functional import rnnt_loss as ta
+        def ta_loss(x, bt):
+            x = x if x.dtype in (torch.float32, torch.float16) else x.float()  # no bf16 in torchaudio
+            return ta(x, bt.tgt32, bt.T32, bt.U32, blank=0, reduction="sum")
+        out.append(dict(name="torchaudio", layout="padded", loss=ta_loss, error=None))
+    except Exception as e:
+        out.append(dict(name="torchaudio", layout="padded", loss=None, error="not installed: " + short_error(e)))
+    if cuda:
+        try:
+            import inspect, warp_rnnt
+            if "compact" in inspect.signature(warp_rnnt.rnnt_loss).parameters:
+                out.append(dict(name="warp_rnnt compact", layout="compact", error=None, loss=lambda x, bt: warp_rnnt.rnnt_loss(
+                    torch.log_softmax(x.float(), -1), bt.labels_cat32, bt.T32, bt.U32, reduction="sum", compact=True)))
+            else:
+                out.append(dict(name="warp_rnnt gather", layout="padded", error=None, loss=lambda x, bt: warp_rnnt.rnnt_loss(
+                    torch.log_softmax(x.float(), -1), bt.tgt32, bt.T32, bt.U32, reduction="sum", gather=True)))
+        except Exception as e:
+            out.append(dict(name="warp_rnnt", layout="padded", loss=None, error="not installed: " + short_error(e)))
+        try:
+            try:
+                from warprnnt_numba import RNNTLossNumba
+            except ImportError:
+                from nemo.collections.asr.parts.numba.rnnt_loss import RNNTLossNumba
+            mod = RNNTLossNumba(blank=0, reduction="sum")
+            out.append(dict(name="warprnnt_numba", layout="padded", error=None,
+                            loss=lambda x, bt: mod(x.float().contiguous(), bt.tgt32, bt.T32, bt.U32).sum()))
+        except Exception as e:
+            out.append(dict(name="warprnnt_numba", layout="padded", loss=None, error="not installed: " + short_error(e)))
+    for c in out:
+        c.update(peer=True, pack=pack, clobbers=False)
+    return out
+
+
+# ----------------------------------------------------------------------------- timing and memory
+
+def measure(fn, cuda):
+    """Run fn() once: (result, ms, peak bytes during it, bytes allocated before it).
+
+    On CUDA the time is taken with events on an idle stream, so host-side work and
+    synchronisation inside fn count; peak is torch.cuda.max_memory_allocated after
+    reset_peak_memory_stats, i.e. everything torch's allocator holds, inputs included."""
+    if not cuda:
+        t0 = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t0) * 1e3, None, None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    out = fn()
+    e1.record()
+    torch.cuda.synchronize()
+    return out, e0.elapsed_time(e1), torch.cuda.max_memory_allocated(), base
+
+
+def cupy_pool_mb():
+    cp = sys.modules.get("cupy")
+    try:
+        return cp.get_default_memory_pool().total_bytes() / 2**20 if cp else 0.0
+    except Exception:
+        return 0.0
+
+
+def loss_alone(c, master, bt, warmup, reps, cuda):
+    """Forward + backward of contender c on logits `master`: median ms, extra peak bytes, loss."""
+    times, extras, loss = [], [], None
+    for i in range(warmup + reps):
+        x = master.detach().clone() if c["clobbers"] else master
+        x.requires_grad_(True)
+        x.grad = None
+
+        def fn():
+            l = c["loss"](x, bt)
+            l.backward()
+            return l.detach()
+        loss, ms, peak, base = measure(fn, cuda)
+        if i >= warmup:
+            times.append(ms)
+            extras.append(peak - base if cuda else None)
+        x.grad = None
+        del x
+    return dict(status="ok", time_ms=statistics.median(times), times_ms=times,
+                extra_mb=max(extras) / 2**20 if cuda else None, loss=float(loss.float().sum()))
+
+
+def run_guarded(label, fn):
+    """fn() -> dict; an exception becomes an error record, so the run goes on."""
+    log(f"  {label} ...")
+    try:
+        r = fn()
+    except Exception as e:
+        r = dict(status="error", msg=short_error(e))
+    free()
+    log(f"  {label}: " + (f"{r['time_ms']:.2f} ms" if r["status"] == "ok" else r["msg"]))
+    return r
+
+
+# ----------------------------------------------------------------------------- protocols
+
+def copy_bandwidth(dev, n=2**28):
+    """Copy of n floats (1 GiB) on dev: bytes read + written over the median time (GB/s)."""
+    src = torch.randn(n, device=dev)
+    dst = torch.empty_like(src)
+    ms = [measure(lambda: dst.copy_(src), dev == "cuda")[1] for _ in range(13)][3:]
+    del src, dst
+    free()
+    return 2 * 4 * n / (statistics.median(ms) * 1e-3) / 1e9
+
+
+def protocol_a(args, dev):
+    cuda = dev == "cuda"
+    rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64)
+    nb, bs = args.a_warmup + args.a_steps, args.a_batch
+    batches = [rows[i * bs:(i + 1) * bs] for i in range(nb)]
+    res = dict(batch=bs, warmup=args.a_warmup, steps=args.a_steps, width=args.a_width, vocab=args.a_vocab)
+    contenders = ours_contenders() + peer_contenders(cuda)
+    for prec in args.a_precisions:
+        dtype = DTYPES[prec]
+        log(f"[A {prec}] {len(batches)} batches of {bs}, contenders: " + ", ".join(c["name"] for c in contenders))
+        torch.manual_seed(0)
+        joiner = torch.nn.Linear(args.a_width, args.a_vocab).to(dev)
+        gen = torch.Generator().manual_seed(1)
+        rec = {c["name"]: dict(status="ok", times_ms=[], peaks_mb=[], base_mb=[], losses=[], cupy_mb=0.0) for c in contenders}
+        for c in contenders:
+            if c["error"]:
+                rec[c["name"]] = dict(status="not installed" if c["error"].startswith("not installed") else "error", msg=c["error"])
+        for i, bt_rows in enumerate(batches):
+            bt = make_batch(bt_rows[:, 0], bt_rows[:, 1], args.a_vocab, dev, gen)
+            enc = torch.randn(bt.B, bt.maxT, args.a_width, generator=gen).to(dev, dtype).requires_grad_()
+            pred = torch.randn(bt.B, bt.maxU + 1, args.a_width, generator=gen).to(dev, dtype).requires_grad_()
+            order = contenders[i % len(contenders):] + contenders[:i % len(contenders)]
+            line = []
+            for c in order:
+                r = rec[c["name"]]
+                if r["status"] != "ok":
+                    continue
+
+                def step():
+                    with torch.autocast(dev, dtype=dtype, enabled=prec != "fp32"):
+                        h = c["pack"](enc, pred, bt) if c["layout"] == "compact" else enc[:, :, None] + pred[:, None]
+                        loss = c["loss"](joiner(torch.tanh(h)), bt)
+                    loss.backward()
+                    return loss.detach()
+                try:
+                    loss, ms, peak, base = measure(step, cuda)
+                except Exception as e:
+                    r.update(status="error", msg=short_error(e))
+                    line.append(f"{c['name']} ERROR")
+                    free()
+                    continue
+                finally:
+                    enc.grad = pred.grad = None
+                    joiner.zero_grad(set_to_none=True)
+                if i >= args.a_warmup:
+                    r["times_ms"].append(ms)
+                    r["losses"].append(float(loss.float()))
+                    if cuda:
+                        r["peaks_mb"].append(peak / 2**20)
+                        r["base_mb"].append(base / 2**20)
+                        r["cupy_mb"] = max(r["cupy_mb"], cupy_pool_mb())
+                line.append(f"{c['name']} {ms:.1f} ms" + (f" {peak / 2**20:.0f} MB" if cuda else ""))
+            log(f"[A {prec}] batch {i + 1}/{nb} {'(warm-up) ' if i < args.a_warmup else ''}" + " | ".join(line))
+            del enc, pred, bt
+            free()
+        for r in rec.values():
+            if r["status"] == "ok" and r["times_ms"]:
+                r["time_ms"] = statistics.fmean(r["times_ms"])
+                r["peak_mb"] = max(r["peaks_mb"]) if r["peaks_mb"] else None
+        res[prec] = rec
+    return res
+
+
+def protocol_b(args, dev):
+    cuda = dev == "cuda"
+    bw = copy_bandwidth(dev, args.copy_elems)
+    log(f"[B] copy bandwidth {bw:.0f} GB/s (read + write)")
+    res = dict(copy_gbps=bw, warmup=B_WARMUP, reps=B_REPS, cases=[])
+    contenders = [c for c in ours_contenders() + peer_contenders(cuda) if not c["peer"] or c["name"] == "torchaudio"]
+    rng = np.random.default_rng(2)
+    gen = torch.Generator(device=dev).manual_seed(3)
+    for k, (B, maxT, maxU, V) in enumerate(args.b_cases):
+        Ts, Us = draw_lengths(B, maxT, maxU, rng)
+        bt = make_batch(Ts, Us, V, dev, torch.Generator().manual_seed(k))
+        for dn in args.b_dtypes:
+            dt = DTYPES[dn]
+            item = torch.finfo(dt).bits // 8
+            floor_ms = 3 * bt.N * V * item / (bw * 1e9) * 1e3
+            case = dict(shape=[B, maxT, maxU, V], dtype=dn, N=bt.N, floor_ms=floor_ms, contenders={},
+                        floor_target=B_FLOOR_TARGET[min(k, len(B_FLOOR_TARGET) - 1)],
+                        grad_mb=dict(compact=bt.N * V * item / 2**20, padded=B * maxT * (maxU + 1) * V * item / 2**20))
+            log(f"[B] case {k + 1}/{len(args.b_cases)} {(B, maxT, maxU, V)} {dn}: sum TU = {bt.N}, floor {floor_ms:.3f} ms")
+            padded = torch.randn(B, maxT, maxU + 1, V, device=dev, dtype=dt, generator=gen)
+            compact = padded_to_compact(padded, bt)
+            for c in contenders:
+                if c["error"]:
+                    case["contenders"][c["name"]] = dict(status="error", msg=c["error"])
+                    continue
+                master = compact if c["layout"] == "compact" else padded
+                case["contenders"][c["name"]] = run_guarded(
+                    c["name"], lambda: loss_alone(c, master, bt, B_WARMUP, B_REPS, cuda))
+            res["cases"].append(case)
+            del padded, compact
+            free()
+    return res
+
+
+def protocol_scale(args, dev, bw):
+    cuda = dev == "cuda"
+    B, maxT, maxU, V = args.scale_case
+    bt = make_batch([maxT] * B, [maxU] * B, V, dev, torch.Generator().manual_seed(5))
+    elems = bt.N * V
+    log(f"[scale] compact fp16 {tuple(args.scale_case)}: {elems / 1e9:.2f}e9 logit elements (2^31 = 2.15e9)")
+    res = dict(shape=list(args.scale_case), dtype="fp16", N=bt.N, elements=elems,
+               floor_ms=3 * elems * 2 / (bw * 1e9) * 1e3, grad_mb=elems * 2 / 2**20)
+    c = ours_contenders()[0]
+    if c["error"]:
+        res["ours"] = dict(status="error", msg=c["error"])
+        return res
+    try:
+        x = torch.randn(bt.N, V, device=dev, dtype=torch.float16, generator=torch.Generator(device=dev).manual_seed(6))
+    except Exception as e:
+        res["ours"] = dict(status="error", msg=short_error(e))
+        return res
+    res["ours"] = run_guarded(c["name"], lambda: loss_alone(c, x, bt, 1, 3, cuda))
+    del x
+    free()
+    return res
+
+
+def protocol_cpu(args):
+    torch.manual_seed(0)
+    rng = np.random.default_rng(7)
+    res = dict(threads=torch.get_num_threads(), warmup=CPU_WARMUP, reps=CPU_REPS, cases=[])
+    contenders = ours_contenders() + peer_contenders(False)
+    for k, (B, maxT, maxU, V) in enumerate(args.cpu_cases):
+        Ts, Us = draw_lengths(B, maxT, maxU, rng)
+        bt = make_batch(Ts, Us, V, "cpu", torch.Generator().manual_seed(k))
+        padded = torch.randn(B, maxT, maxU + 1, V)
+        compact = padded_to_compact(padded, bt)
+        case = dict(shape=[B, maxT, maxU, V], dtype="fp32", N=bt.N, contenders={})
+        log(f"[CPU] case {(B, maxT, maxU, V)} fp32, {torch.get_num_threads()} threads")
+        for c in contenders:
+            if c["error"]:
+                case["contenders"][c["name"]] = dict(status="error", msg=c["error"])
+                continue
+            master = compact if c["layout"] == "compact" else padded
+            case["contenders"][c["name"]] = run_guarded(
+                c["name"], lambda: loss_alone(c, master, bt, CPU_WARMUP, CPU_REPS, False))
+        res["cases"].append(case)
+    return res
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def check(label, value, limit):
+    ok = value is not None and value <= limit
+    return ok, f"{label} <= {limit:g}: " + ("n/a" if value is None else f"{value:.2f}") + (" pass" if ok else " MISS")
+
+
+def ok_time(r):
+    return r["time_ms"] if r and r.get("status") == "ok" and r.get("time_ms") is not None else None
+
+
+def row(section, case, name, r, mem="", vs="", checks=None):
+    status = r.get("status", "ok") if r else "missing"
+    if status != "ok":
+        text = r.get("msg", status) if r else status
+        st = "not installed" if text.startswith("not installed") else status
+        return dict(section=section, case=case, contender=name, time="", mem="", vs=text,
+                    target="; ".join(c[1] for c in checks or []) or "", status="miss" if checks else st)
+    status = "" if checks is None else ("pass" if all(c[0] for c in checks) else "MISS")
+    return dict(section=section, case=case, contender=name, time=f"{r['time_ms']:.2f}", mem=mem, vs=vs,
+                target="; ".join(c[1] for c in checks or []), status=status)
+
+
+def rows_a(sec):
+    out = []
+    for prec in ("fp32", "bf16"):
+        rec = sec.get(prec)
+        if not rec:
+            continue
+        ta = rec.get("torchaudio")
+        t_ta = ok_time(ta)
+        peers = {n: ok_time(r) for n, r in rec.items() if not n.startswith("ours") and ok_time(r)}
+        warp = next((ok_time(r) for n, r in rec.items() if n == "warp_rnnt compact" and ok_time(r)), None)
+        for name, r in rec.items():
+            checks = None
+            t = ok_time(r)
+            if name.startswith("ours") and "padded" not in name:
+                if prec == "fp32":
+                    ref, lim, rn = (warp, 0.6, "warp_rnnt compact") if warp else (t_ta, 0.31, "torchaudio")
+                    checks = [check(f"time/{rn}", t / ref if t and ref else None, lim),
+                              check("peak/torchaudio", r["peak_mb"] / ta["peak_mb"] if t and t_ta and r.get("peak_mb") and ta.get("peak_mb") else None, 0.5)]
+                else:
+                    best = min(peers.values()) if peers else None
+                    checks = [check("time/fastest peer", t / best if t and best else None, 0.5)]
+            mem = f"peak {r['peak_mb']:.0f} MB (inputs {max(r['base_mb']):.0f})" if t and r.get("peak_mb") else ""
+            if t and r.get("cupy_mb"):
+                mem += f" +cupy pool {r['cupy_mb']:.0f}"
+            vs = f"{t / t_ta:.2f}x torchaudio time" if t and t_ta else ""
+            if t and t_ta and r.get("losses") and ta.get("losses"):
+                d = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(r["losses"], ta["losses"]))
+                vs += f", loss rel diff {d:.1e}"
+            out.append(row(f"A {prec}", f"{sec['steps']}x{sec['batch']} LS-100", name, r, mem, vs, checks))
+    return out
+
+
+def rows_b(sec):
+    out = []
+    for case in sec["cases"]:
+        ta = case["contenders"].get("torchaudio")
+        for name, r in case["contenders"].items():
+            t = ok_time(r)
+            grad = case["grad_mb"]["padded" if name == "torchaudio" or "padded" in name else "compact"]
+            ratio = t / case["floor_ms"] if t else None
+            mratio = r["extra_mb"] / grad if t and r.get("extra_mb") is not None else None
+            checks = None
+            if name.startswith("ours") and "padded" not in name:
+                checks = [check("time/floor", ratio, case["floor_target"]), check("extra/grad", mratio, B_MEM_TARGET)]
+            mem = f"extra {r['extra_mb']:.0f} MB = {mratio:.2f}x grad {grad:.0f}" if mratio is not None else ""
+            vs = f"{ratio:.2f}x floor {case['floor_ms']:.2f} ms" if ratio else ""
+            if t and ok_time(ta) and name != "torchaudio":
+                vs += f", loss rel diff {abs(r['loss'] - ta['loss']) / abs(ta['loss']):.1e}"
+            out.append(row("B", f"{tuple(case['shape'])} {case['dtype']}", name, r, mem, vs, checks))
+    return out
+
+
+def rows_scale(sec):
+    r, case = sec.get("ours", {}), f"{tuple(sec['shape'])} fp16 compact, {sec['elements'] / 1e9:.2f}e9 elem"
+    t = ok_time(r)
+    fin = t is not None and math.isfinite(r["loss"])
+    chk = [(fin, "finite loss: " + (f"{r['loss']:.6g}" if t else "n/a") + (" pass" if fin else " MISS"))]
+    mem = f"extra {r['extra_mb']:.0f} MB = {r['extra_mb'] / sec['grad_mb']:.2f}x grad" if t and r.get("extra_mb") else ""
+    vs = f"{t / sec['floor_ms']:.2f}x floor {sec['floor_ms']:.2f} ms" if t else ""
+    return [row("scale", case, "ours compact", r, mem, vs, chk),
+            dict(section="scale", case=case, contender="torchaudio", time="", mem="", target="",
+                 vs="not run: crashes beyond 2^31 (known)", status="fails")]
+
+
+def rows_cpu(sec):
+    out = []
+    for case in sec["cases"]:
+        t_ta = ok_time(case["contenders"].get("torchaudio"))
+        for name, r in case["contenders"].items():
+            t = ok_time(r)
+            checks = [check("time/torchaudio", t / t_ta if t and t_ta else None, 1.0)] if name == "ours compact" else None
+            vs = f"{t / t_ta:.2f}x torchaudio" if t and t_ta else ""
+            out.append(row("CPU", f"{tuple(case['shape'])} fp32", name, r, "", vs, checks))
+    return out
+
+
+def build_rows(res):
+    s = res["sections"]
+    return ((rows_a(s["A"]) if "A" in s else []) + (rows_b(s["B"]) if "B" in s else [])
+            + (rows_scale(s["scale"]) if "scale" in s else []) + (rows_cpu(s["CPU"]) if "CPU" in s else []))
+
+
+# ----------------------------------------------------------------------------- output
+
+COLS = [("section", "section"), ("case", "case"), ("contender", "contender"), ("time", "time ms"),
+        ("mem", "memory"), ("vs", "vs"), ("target", "target"), ("status", "status")]
+
+
+def text_table(rows):
+    w = {k: max([len(h)] + [len(str(r[k])) for r in rows]) for k, h in COLS}
+    lines = ["  ".join(h.ljust(w[k]) for k, h in COLS)]
+    lines += ["  ".join(str(r[k]).ljust(w[k]) for k, _ in COLS) for r in rows]
+    return "\n".join(l.rstrip() for l in lines)
+
+
+def md_block(res, rows):
+    lines = [BEGIN, "", "_Generated by `benchmarks/bench.py`; edit outside the markers only._", ""]
+    for name, sec in res["sections"].items():
+        m = sec["meta"]
+        lines.append(f"- **{name}**: {m['date']}, {m['device']}; torch {m['torch']}, torchaudio {m['torchaudio']}, "
+                     f"cupy {m['cupy']}, warp_rnnt {m['warp_rnnt']}, numba {m['numba']}; commit {m['commit']}")
+    if "B" in res["sections"]:
+        lines.append(f"- copy bandwidth (1 GiB D2D copy, read + write): {res['sections']['B']['copy_gbps']:.0f} GB/s")
+    n_pass = sum(r["status"] == "pass" for r in rows)
+    n_miss = sum(r["status"] in ("MISS", "miss") for r in rows)
+    lines += [f"- targets: {n_pass} pass, {n_miss} miss", "", "| " + " | ".join(h for _, h in COLS) + " |",
+              "|" + "---|" * len(COLS)]
+    lines += ["| " + " | ".join(str(r[k]).replace("|", "/") for k, _ in COLS) + " |" for r in rows]
+    lines += ["", "How to read it:",
+              "- A: mean step time over the timed batches (CUDA events around joiner + loss(sum) + backward); "
+              "peak = max over steps of torch.cuda.max_memory_allocated after reset_peak_memory_stats. It includes the "
+              "inputs already resident (joiner weights, encoder/predictor outputs, targets: the 'inputs' figure) and "
+              "everything the step allocates (joiner activations, logits, loss workspace, gradients of logits, "
+              "encoder/predictor outputs and weights); it excludes CuPy's own memory pool (shown as +cupy pool when used) "
+              "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast; peers without "
+              "bf16 get logits cast to fp32. Padded paths build the joiner over (B, maxT, maxU+1, 512). Peers' compact "
+              "input comes from a plain-torch gather.",
+              "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
+              "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
+              "includes the gradient itself; grad = size of the layout's gradient. Targets apply to ours compact.",
+              "- loss rel diff: against torchaudio on the same inputs (a cross-check, not a target).",
+              "- CPU: wall-clock median of fwd+bwd.", "", END]
+    return "\n".join(lines)
+
+
+TEMPLATE = """# Benchmark results
+
+`benchmarks/bench.py` rewrites only the block between the bench:begin and bench:end
+markers below. Write notes (floors, predictions, measurements of each optimisation)
+outside it: they are kept.
+
+## Notes and history
+
+## Latest run
+
+{BEGIN}
+{END}
+"""
+
+
+def write_md(path, block, seed):
+    text = path.read_text() if path.exists() else seed.read_text() if seed.exists() else \
+        TEMPLATE.replace("{BEGIN}", BEGIN).replace("{END}", END)
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < i:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    else:
+        text = text[:i] + block + text[j + len(END):]
+    path.write_text(text)
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        log(f"no chart: {short_error(e)}")
+        return
+    def num(s):
+        try:
+            return float(str(s).split()[0])
+        except ValueError:
+            return None
+    def mem_of(r):
+        parts = r["mem"].split()
+        return float(parts[1]) if len(parts) > 1 and parts[0] in ("peak", "extra") else None
+    panels = [("A", "time", "step time (ms)"), ("A", "mem", "peak memory (MB)"),
+              ("B", "time", "loss fwd+bwd (ms)"), ("B", "mem", "extra peak memory (MB)"),
+              ("CPU", "time", "CPU fwd+bwd (ms)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5))
+    for ax, (sec, what, title) in zip(axes, panels):
+        sel = [r for r in rows if r["section"].startswith(sec) and r["time"]]
+        groups = list(dict.fromkeys((r["section"] + " " + r["case"]) if sec != "A" else r["section"] for r in sel))
+        names = list(dict.fromkeys(r["contender"] for r in sel))
+        width = 0.8 / max(len(names), 1)
+        for j, n in enumerate(names):
+            vals = []
+            for g in groups:
+                r = next((r for r in sel if r["contender"] == n and
+                          ((r["section"] + " " + r["case"]) if sec != "A" else r["section"]) == g), None)
+                v = (num(r["time"]) if what == "time" else mem_of(r)) if r else None
+                vals.append(v or 0.0)
+            ax.bar([i + j * width for i in range(len(groups))], vals, width, label=n)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+        ax.set_xticklabels([g.replace("B ", "").replace("CPU ", "") for g in groups], rotation=30, ha="right", fontsize=7)
+        ax.set_title(title)
+        if sec == "B":
+            ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"wrote {path}")
+
+
+def versions():
+    def ver(mod):
+        try:
+            return __import__(mod).__version__
+        except Exception:
+            return "not installed"
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        commit = "unknown"
+    dev = (torch.cuda.get_device_name() + f", CUDA {torch.version.cuda}") if torch.cuda.is_available() \
+        else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=dev,
+                torch=torch.__version__, torchaudio=ver("torchaudio"), cupy=ver("cupy"), warp_rnnt=ver("warp_rnnt"),
+                numba=ver("numba"), python=platform.python_version(), commit=commit)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md, results.png, results.json go")
+    ap.add_argument("--cpu-only", action="store_true", help="only the CPU comparison")
+    ap.add_argument("--only", default="", help="comma list of sections to run: A,B,scale,CPU")
+    ap.add_argument("--from-json", type=Path, help="render RESULTS.md / results.png from this raw json, run nothing")
+    ap.add_argument("--a-batch", type=int, default=A_BATCH)
+    ap.add_argument("--a-warmup", type=int, default=A_WARMUP)
+    ap.add_argument("--a-steps", type=int, default=A_STEPS)
+    ap.add_argument("--a-width", type=int, default=A_WIDTH)
+    ap.add_argument("--a-vocab", type=int, default=A_VOCAB)
+    ap.add_argument("--a-precisions", default="fp32,bf16")
+    ap.add_argument("--b-dtypes", default="fp32,fp16")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, every section, on CUDA if present else CPU: checks the script, not the library")
+    args = ap.parse_args()
+    args.a_precisions, args.b_dtypes = args.a_precisions.split(","), args.b_dtypes.split(",")
+    args.b_cases, args.scale_case, args.cpu_cases, args.copy_elems = B_CASES, SCALE_CASE, CPU_CASES, 2**28
+    if args.smoke:
+        args.a_batch, args.a_warmup, args.a_steps, args.a_width, args.a_vocab = 3, 1, 2, 16, 12
+        args.b_cases, args.scale_case, args.cpu_cases = [(3, 20, 5, 10), (2, 30, 6, 16)], (2, 10, 4, 8), [(2, 12, 3, 7)]
+        args.copy_elems = 2**20
+    args.out.mkdir(parents=True, exist_ok=True)
+    jpath = args.out / "results.json"
+    old = json.loads(jpath.read_text()) if jpath.exists() else {"sections": {}}
+
+    if args.from_json:
+        new = json.loads(args.from_json.read_text())
+    else:
+        cuda = torch.cuda.is_available() and not args.cpu_only
+        dev = "cuda" if cuda else "cpu" if args.smoke else None
+        want = {s.strip() for s in args.only.split(",") if s.strip()} or \
+            ({"CPU"} if args.cpu_only else {"A", "B", "scale", "CPU"} if dev else {"CPU"})
+        if not dev and want - {"CPU"}:
+            log(f"no CUDA device: skipping {sorted(want - {'CPU'})}")
+        meta, new, t0 = versions(), {"sections": {}}, time.perf_counter()
+        log(f"bench: {meta}")
+        secs = new["sections"]
+        if dev and "A" in want:
+            secs["A"] = protocol_a(args, dev)
+        if dev and ("B" in want or "scale" in want):
+            secs["B"] = protocol_b(args, dev) if "B" in want else dict(copy_gbps=copy_bandwidth(dev), cases=[])
+            if "scale" in want:
+                secs["scale"] = protocol_scale(args, dev, secs["B"]["copy_gbps"])
+            if "B" not in want:
+                del secs["B"]
+        if "CPU" in want:
+            secs["CPU"] = protocol_cpu(args)
+        for s in secs.values():
+            s["meta"] = meta
+        log(f"bench: {time.perf_counter() - t0:.0f} s")
+    # sections not run this time keep their figures from the json already in --out
+    merged = {"sections": {**old.get("sections", {}), **new["sections"]}}
+    order = ["A", "B", "scale", "CPU"]
+    merged["sections"] = {k: merged["sections"][k] for k in order if k in merged["sections"]}
+    rows = build_rows(merged)
+    print(text_table(rows), flush=True)
+    jpath.write_text(json.dumps(merged, indent=1))
+    write_md(args.out / "RESULTS.md", md_block(merged, rows), HERE / "RESULTS.md")
+    plot(rows, args.out / "results.png")
+    log(f"wrote {jpath} and {args.out / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
