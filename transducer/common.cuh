@@ -1,0 +1,123 @@
+// Shared device helpers of the transducer kernels (stages.cu, pack.cu).
+//
+// Compiled at run time by cupy.RawModule (NVRTC) with -std=c++17 -I<ops dir>
+// -I<transducer dir>, and by nvcc in the syntax check; no standard headers:
+// half and bfloat16 are carried as 16-bit payloads and converted with PTX cvt,
+// so neither cuda_fp16.h nor cuda_bf16.h is needed.
+#pragma once
+
+#include "fast_divmod.cuh"
+
+namespace td {
+
+// 16-bit floating-point storage types (bit patterns of IEEE half / bfloat16).
+struct half_t {
+  unsigned short bits;
+};
+struct bf16_t {
+  unsigned short bits;
+};
+
+// Accumulation type: double for double, float for everything else.
+template <typename T>
+struct AccOf {
+  typedef float type;
+};
+template <>
+struct AccOf<double> {
+  typedef double type;
+};
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(half_t x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+__device__ __forceinline__ float to_acc(bf16_t x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
+
+template <typename T>
+__device__ __forceinline__ T from_acc(typename AccOf<T>::type x);
+template <>
+__device__ __forceinline__ float from_acc<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ double from_acc<double>(double x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ half_t from_acc<half_t>(float x) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+  return h;
+}
+template <>
+__device__ __forceinline__ bf16_t from_acc<bf16_t>(float x) {
+  bf16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+  return h;
+}
+
+// N consecutive elements moved as one access (16 bytes at most).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename Acc>
+__device__ __forceinline__ Acc neg_inf();
+template <>
+__device__ __forceinline__ float neg_inf<float>() {
+  return __int_as_float(0xff800000);
+}
+template <>
+__device__ __forceinline__ double neg_inf<double>() {
+  return __longlong_as_double(0xfff0000000000000ULL);
+}
+
+// Accurate exp / log1p (recursions, per-row coefficients).
+__device__ __forceinline__ float exp_acc(float x) { return expf(x); }
+__device__ __forceinline__ double exp_acc(double x) { return exp(x); }
+__device__ __forceinline__ float log_acc(float x) { return logf(x); }
+__device__ __forceinline__ double log_acc(double x) { return log(x); }
+__device__ __forceinline__ float log1p_acc(float x) { return log1pf(x); }
+__device__ __forceinline__ double log1p_acc(double x) { return log1p(x); }
+
+// exp on the per-element hot paths: ex2.approx (one FMUL + MUFU) for float,
+// whose relative error stays near 1e-6 for the arguments seen here
+// (|x| < ~30); the accurate exp for double.
+__device__ __forceinline__ float exp_fast(float x) { return __expf(x); }
+__device__ __forceinline__ double exp_fast(double x) { return exp(x); }
+
+// log(exp(a) + exp(b)) with -inf + -inf -> -inf (never NaN).
+template <typename Acc>
+__device__ __forceinline__ Acc log_add(Acc a, Acc b) {
+  Acc hi = a > b ? a : b;
+  Acc lo = a > b ? b : a;
+  if (hi == neg_inf<Acc>()) return hi;
+  return hi + log1p_acc(exp_acc(lo - hi));
+}
+
+template <typename Acc>
+__device__ __forceinline__ bool is_finite(Acc x) {
+  return x - x == Acc(0);  // false for +-inf and NaN
+}
+
+// Online logsumexp state merge: (m1, s1) <- (m1, s1) (+) (m2, s2), where the
+// pair stands for m + log(s). m == -inf means "empty" (s == 0).
+template <typename Acc>
+__device__ __forceinline__ void lse_merge(Acc& m1, Acc& s1, Acc m2, Acc s2) {
+  Acc m = m1 > m2 ? m1 : m2;
+  if (m == neg_inf<Acc>()) return;
+  s1 = s1 * exp_acc(m1 - m) + s2 * exp_acc(m2 - m);
+  m1 = m;
+}
+
+template <typename Acc>
+__device__ __forceinline__ Acc shfl_xor(Acc x, int mask) {
+  return __shfl_xor_sync(0xffffffffu, x, mask);
+}
+
+}  // namespace td

@@ -1,0 +1,86 @@
+// Packing the joiner input straight into the compact layout, and its backward
+// (launched by transducer/cuda.py: pack_forward / pack_backward).
+//
+//   pack_forward_kernel   out[r] = enc[b, t] + pred[b, u] for row r = (b, t, u)
+//   pack_enc_grad_kernel  grad_enc[b, t]  = sum_{u <= U_b} grad_out[row(b, t, u)]   (t < T_b, else 0)
+//   pack_pred_grad_kernel grad_pred[b, u] = sum_{t < T_b}  grad_out[row(b, t, u)]   (u <= U_b, else 0)
+//
+// Each output row is owned by one group of TPR threads (a power of two), each
+// thread one VEC-wide slice of D at a time: no atomics, fp32 (fp64) sums.
+
+#include "common.cuh"
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256)
+    pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const int* __restrict__ row_ids,
+                        const long long* __restrict__ cell_offsets, const FastDivmod* __restrict__ divmods,
+                        int num_rows, int max_t, int max_u1, int nvec, int log_tpr, T* __restrict__ out) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  typedef Vec<T, VEC> V;
+  const int lane = threadIdx.x & ((1 << log_tpr) - 1);
+  const int r = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
+  if (r >= num_rows) return;
+  const int b = row_ids[r];
+  int t, u;
+  divmods[b].divmod(r - (int)cell_offsets[b], t, u);
+  const long long D = (long long)nvec * VEC;
+  V* po = reinterpret_cast<V*>(out + (long long)r * D);
+  if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros
+    V z;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
+    for (int i = lane; i < nvec; i += (1 << log_tpr)) po[i] = z;
+    return;
+  }
+  const V* pe = reinterpret_cast<const V*>(enc + ((long long)b * max_t + t) * D);
+  const V* pp = reinterpret_cast<const V*>(pred + ((long long)b * max_u1 + u) * D);
+  for (int i = lane; i < nvec; i += (1 << log_tpr)) {
+    const V e = pe[i], q = pp[i];
+    V o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(q.v[j]));
+    po[i] = o;
+  }
+}
+
+// PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over t.
+template <typename T, int VEC, bool PRED>
+__global__ void __launch_bounds__(256)
+    pack_grad_kernel(const T* __restrict__ grad_out, const long long* __restrict__ logit_lengths,
+                     const long long* __restrict__ target_lengths, const long long* __restrict__ cell_offsets,
+                     const long long* __restrict__ row_strides, FastDivmod per_b, int num_items, int nvec,
+                     int log_tpr, T* __restrict__ grad) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  typedef Vec<T, VEC> V;
+  const int lane = threadIdx.x & ((1 << log_tpr) - 1);
+  const int item = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
+  if (item >= num_items) return;
+  int b, k;  // k = t (enc) or u (pred)
+  per_b.divmod(item, b, k);
+  const int Tb = (int)logit_lengths[b], Ub = (int)target_lengths[b];
+  const long long st = row_strides[b];
+  const long long D = (long long)nvec * VEC;
+  // first row summed and the row step between summands
+  const long long first = PRED ? cell_offsets[b] + k : cell_offsets[b] + (long long)k * st;
+  const long long step = PRED ? st * D : D;
+  const int count = PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0);
+  V* po = reinterpret_cast<V*>(grad + (long long)item * D);
+  for (int i = lane; i < nvec; i += (1 << log_tpr)) {
+    Acc acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
+    const T* p = grad_out + first * D + (long long)i * VEC;
+#pragma unroll 4
+    for (int c = 0; c < count; ++c) {
+      const V x = *reinterpret_cast<const V*>(p + c * step);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
+    }
+    V o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<T>(acc[j]);
+    po[i] = o;
+  }
+}

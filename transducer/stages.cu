@@ -1,0 +1,425 @@
+// CUDA twin of the transducer stages (contract: transducer/layout.py).
+//
+// Launched by transducer/cuda.py through cupy.RawModule with name expressions
+// (one instantiation per module); every kernel runs on torch's current stream.
+//
+//   make_divmods       B threads: FastDivmod of every utterance's row stride
+//   log_probs_kernel   one warp (or one 256-thread block, large V) per row:
+//                      den = logsumexp_v in one online pass, lp = picked - den
+//   alpha_beta_kernel  2B blocks: block b walks alpha of utterance b, block
+//                      B + b its beta (and loss), one thread per u
+//   gradient_kernel    one warp (or block) per row: one read of the logits,
+//                      one write of the gradient
+//
+// Rows are (b, t, u) with row = cell_offsets[b] + t * stride_b + u; the
+// per-row t, u come from the utterance's FastDivmod (no / or % per element).
+// Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31.
+
+#include "common.cuh"
+
+namespace td {
+
+constexpr int kThreads = 256;  // block size of the per-row kernels
+constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip
+
+template <int WPR>
+struct RowGeometry {
+  static_assert(WPR == 1 || WPR == 8, "one warp or one 256-thread block per row");
+  static constexpr int G = 32 * WPR;                 // threads per row
+  static constexpr int LOG_G = WPR == 1 ? 5 : 8;
+  static constexpr int RPB = kThreads / G;           // rows per block
+};
+
+// (t, u) of row r and whether it is a cell of its utterance (not padding).
+struct RowInfo {
+  int b, t, u, T, U;
+  bool cell;
+};
+
+__device__ __forceinline__ RowInfo row_info(int r, const int* __restrict__ row_ids,
+                                            const long long* __restrict__ cell_offsets,
+                                            const FastDivmod* __restrict__ divmods,
+                                            const long long* __restrict__ logit_lengths,
+                                            const long long* __restrict__ target_lengths) {
+  RowInfo ri;
+  ri.b = row_ids[r];
+  const FastDivmod dm = divmods[ri.b];
+  dm.divmod(r - (int)cell_offsets[ri.b], ri.t, ri.u);
+  ri.T = (int)logit_lengths[ri.b];
+  ri.U = (int)target_lengths[ri.b];
+  ri.cell = ri.t < ri.T && ri.u <= ri.U;
+  return ri;
+}
+
+}  // namespace td
+
+// FastDivmod of every utterance's row stride (U_b + 1 compact, maxU + 1 padded).
+// The strides live on the device, so the constants are made here rather than
+// on the host (no synchronisation): l = ceil(log2 d) and
+// m = floor(2^32 (2^l - d) / d) + 1 as in ops/fast_divmod.py. One 64-bit
+// division per utterance, none per element.
+extern "C" __global__ void make_divmods(const long long* __restrict__ strides, int B, FastDivmod* __restrict__ out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  long long s = strides[b];
+  const unsigned int d = s < 1 ? 1u : (s > (1ll << 31) ? (1u << 31) : (unsigned int)s);
+  const unsigned int l = 32 - __clz(d - 1);  // ceil(log2 d); __clz(0) == 32 gives 0 for d == 1
+  const unsigned long long m = ((1ull << 32) * ((1ull << l) - d)) / d + 1;
+  FastDivmod f;
+  f.d = d;
+  f.m = (unsigned int)m;
+  f.l = l;
+  out[b] = f;
+}
+
+// ---------------------------------------------------------------------------
+// log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den)
+template <typename T, int VEC, int WPR>
+__global__ void __launch_bounds__(td::kThreads)
+    log_probs_kernel(const T* __restrict__ logits, const int* __restrict__ targets, int target_cols,
+                     const long long* __restrict__ logit_lengths, const long long* __restrict__ target_lengths,
+                     const long long* __restrict__ cell_offsets, const FastDivmod* __restrict__ divmods,
+                     const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank,
+                     int from_log_softmax, typename td::AccOf<T>::type* __restrict__ lp,
+                     typename td::AccOf<T>::type* __restrict__ den) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  typedef RowGeometry<WPR> Geo;
+  const Acc NINF = neg_inf<Acc>();
+  const int lane = threadIdx.x & (Geo::G - 1);
+  const int r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
+  if (r >= num_rows) return;  // uniform per row (per block when WPR == 8)
+  const RowInfo ri = row_info(r, row_ids, cell_offsets, divmods, logit_lengths, target_lengths);
+  if (!ri.cell) {  // padding: nothing reads these, but every entry is written
+    if (lane == 0) {
+      lp[2ll * r] = NINF;
+      lp[2ll * r + 1] = NINF;
+      den[r] = Acc(0);
+    }
+    return;
+  }
+  const long long row = (long long)r * V;
+  const bool has_label = ri.u < ri.U;
+  Acc x_blank = Acc(0), x_label = NINF;
+  if (lane == 0) {  // issued early, used after the reduction
+    x_blank = to_acc(logits[row + blank]);
+    if (has_label) x_label = to_acc(logits[row + targets[(long long)ri.b * target_cols + ri.u]]);
+  }
+  Acc m = NINF, s = Acc(0);
+  if (!from_log_softmax) {
+    const Vec<T, VEC>* p = reinterpret_cast<const Vec<T, VEC>*>(logits + row);
+    for (int i0 = lane; i0 < nvec; i0 += Geo::G * kUnroll) {
+      Vec<T, VEC> buf[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int i = i0 + k * Geo::G;
+        if (i < nvec) buf[k] = p[i];
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (i0 + k * Geo::G < nvec) {
+          Acc x[VEC];
+          Acc vm = NINF;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            x[j] = to_acc(buf[k].v[j]);
+            vm = x[j] > vm ? x[j] : vm;
+          }
+          if (vm > m) {
+            s *= exp_fast(m - vm);  // m == -inf: s == 0 stays 0
+            m = vm;
+          }
+          if (m != NINF) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s += exp_fast(x[j] - m);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const Acc m2 = shfl_xor(m, o), s2 = shfl_xor(s, o);
+      lse_merge(m, s, m2, s2);
+    }
+    if (WPR > 1) {
+      __shared__ Acc sm[WPR > 1 ? WPR : 1], ss[WPR > 1 ? WPR : 1];
+      const int w = threadIdx.x >> 5;
+      if ((threadIdx.x & 31) == 0) {
+        sm[w] = m;
+        ss[w] = s;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int k = 1; k < WPR; ++k) lse_merge(m, s, sm[k], ss[k]);
+      }
+    }
+  }
+  if (lane == 0) {
+    const Acc d = from_log_softmax ? Acc(0) : (m == NINF ? m : m + log_acc(s));
+    den[r] = d;
+    lp[2ll * r] = x_blank - d;
+    lp[2ll * r + 1] = has_label ? x_label - d : NINF;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// alpha / beta walks. MODE 0: RNN-T alpha, 1: RNN-T beta (anti-diagonals
+// n = t + u, T + U steps); 2: RNA alpha, 3: RNA beta (frames, T steps: an RNA
+// cell depends on the previous frame only). One thread per u (looping when
+// U + 1 > blockDim), one barrier per step. The previous step lives in shared
+// memory (two buffers of `cap` entries) when U + 1 <= cap, else it is read
+// back from the output in global memory. Cells outside the RNA band
+// (u <= t, t - u <= T-1-U) are -inf; so is everything when U > T - 1.
+namespace td {
+
+template <typename Acc, int MODE>
+struct Walk {
+  const Acc* __restrict__ lp;
+  Acc* out;
+  Acc* loss;  // beta modes: where -beta(0, 0) goes
+  Acc* S;     // shared buffers, 2 * cap
+  int T, U, base, st, cap;
+  bool sm;
+
+  __device__ __forceinline__ int t_of(int s, int u) const {
+    if (MODE == 0) return s - u;
+    if (MODE == 1) return T - 1 + U - s - u;
+    if (MODE == 2) return s;
+    return T - 1 - s;
+  }
+  __device__ __forceinline__ bool in_band(int t, int u) const {
+    return MODE < 2 ? true : (u <= t && t - u <= T - 1 - U);
+  }
+  // the two log-probabilities that step s of cell (t(s,u), u) adds
+  __device__ __forceinline__ void load(int s, int u, Acc& x1, Acc& x2) const {
+    const Acc NINF = neg_inf<Acc>();
+    x1 = NINF;
+    x2 = NINF;
+    const int t = t_of(s, u);
+    if (t < 0 || t >= T || !in_band(t, u)) return;
+    const long long c = (long long)base + (long long)t * st + u;
+    if (MODE == 0) {
+      if (t > 0) x1 = lp[2 * (c - st)];
+      if (u > 0) x2 = lp[2 * (c - 1) + 1];
+    } else if (MODE == 2) {
+      if (t > 0) {
+        x1 = lp[2 * (c - st)];
+        if (u > 0) x2 = lp[2 * (c - st - 1) + 1];
+      }
+    } else {
+      x1 = lp[2 * c];
+      x2 = lp[2 * c + 1];
+    }
+  }
+  __device__ __forceinline__ void step(int s, int u, Acc x1, Acc x2) const {
+    const Acc NINF = neg_inf<Acc>();
+    const int t = t_of(s, u);
+    Acc val = NINF;
+    if (t >= 0 && t < T) {
+      const long long c = (long long)base + (long long)t * st + u;
+      const Acc* prv = S + ((s & 1) ? 0 : cap);
+      if (in_band(t, u)) {
+        if (MODE == 0 || MODE == 2) {
+          if (t == 0 && u == 0) {
+            val = Acc(0);
+          } else {
+            Acc p1 = NINF, p2 = NINF;
+            if (t > 0) p1 = sm ? prv[u] : out[c - st];
+            if (MODE == 0) {
+              if (u > 0) p2 = sm ? prv[u - 1] : out[c - 1];
+            } else if (t > 0 && u > 0) {
+              p2 = sm ? prv[u - 1] : out[c - st - 1];
+            }
+            val = log_add(p1 + x1, p2 + x2);
+          }
+        } else {
+          if (t == T - 1 && u == U) {
+            val = x1;  // the closing blank
+          } else {
+            Acc p1 = NINF, p2 = NINF;
+            if (t < T - 1) p1 = sm ? prv[u] : out[c + st];
+            if (MODE == 1) {
+              if (u < U) p2 = sm ? prv[u + 1] : out[c + 1];
+            } else if (t < T - 1 && u < U) {
+              p2 = sm ? prv[u + 1] : out[c + st + 1];
+            }
+            val = log_add(p1 + x1, p2 + x2);
+          }
+        }
+      }
+      out[c] = val;
+      if ((MODE == 1 || MODE == 3) && t == 0 && u == 0) *loss = -val;
+    }
+    if (sm) S[((s & 1) ? cap : 0) + u] = val;
+  }
+
+  __device__ void run() const {
+    const int nsteps = MODE < 2 ? T + U : T;
+    if (U + 1 <= (int)blockDim.x) {
+      // one u per thread: the next step's log-probs are loaded before this
+      // step's barrier, off the critical path
+      const int u = threadIdx.x;
+      const bool act = u <= U;
+      Acc n1 = neg_inf<Acc>(), n2 = neg_inf<Acc>();
+      if (act) load(0, u, n1, n2);
+      for (int s = 0; s < nsteps; ++s) {
+        const Acc x1 = n1, x2 = n2;
+        if (act && s + 1 < nsteps) load(s + 1, u, n1, n2);
+        if (act) step(s, u, x1, x2);
+        __syncthreads();
+      }
+    } else {
+      for (int s = 0; s < nsteps; ++s) {
+        for (int u = threadIdx.x; u <= U; u += blockDim.x) {
+          Acc x1, x2;
+          load(s, u, x1, x2);
+          step(s, u, x1, x2);
+        }
+        __syncthreads();
+      }
+    }
+  }
+};
+
+}  // namespace td
+
+template <typename Acc, bool RNA>
+__global__ void alpha_beta_kernel(const Acc* __restrict__ lp, const long long* __restrict__ logit_lengths,
+                                  const long long* __restrict__ target_lengths,
+                                  const long long* __restrict__ cell_offsets,
+                                  const long long* __restrict__ row_strides, int B, int num_rows, int padded,
+                                  int cap, Acc* alpha, Acc* beta, Acc* loss) {
+  using namespace td;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  int b = blockIdx.x;
+  const bool is_beta = b >= B;
+  if (is_beta) b -= B;
+  const int T = (int)logit_lengths[b], U = (int)target_lengths[b];
+  const int base = (int)cell_offsets[b], st = (int)row_strides[b];
+  Acc* out = is_beta ? beta : alpha;
+  const Acc NINF = neg_inf<Acc>();
+  if (padded) {  // rows of this utterance that are not cells: -inf, like the CPU twin
+    const int end = b + 1 < B ? (int)cell_offsets[b + 1] : num_rows;
+    if (U + 1 < st) {
+#pragma unroll 1
+      for (int t = 0; t < T; ++t)
+#pragma unroll 1
+        for (int u = U + 1 + threadIdx.x; u < st; u += blockDim.x) out[(long long)base + (long long)t * st + u] = NINF;
+    }
+#pragma unroll 1
+    for (int i = base + T * st + threadIdx.x; i < end; i += blockDim.x) out[i] = NINF;
+  }
+  if (is_beta && T <= 0 && threadIdx.x == 0) loss[b] = -NINF;  // no frames: no alignment
+  Acc* S = reinterpret_cast<Acc*>(smem_raw);
+  const bool sm = U + 1 <= cap;
+  if (RNA) {
+    if (is_beta)
+      Walk<Acc, 3>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+    else
+      Walk<Acc, 2>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+  } else {
+    if (is_beta)
+      Walk<Acc, 1>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+    else
+      Walk<Acc, 0>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// gradient of sum_b scale[b] * loss[b] w.r.t. the logits, one pass:
+//   grad = scale * ( exp(x + alpha + loss - den + beta)          (not from_log_softmax)
+//                    - [v == blank] exp(lp_blank + alpha + loss + beta(after blank))
+//                    - [v == y_u]   exp(lp_label + alpha + loss + beta(after label)) )
+// RNN-T: blank -> (t+1, u), label -> (t, u+1); RNA: blank -> (t+1, u),
+// label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0).
+// Zeros on padding rows and for utterances whose loss is not finite or whose
+// scale is 0. `out` may be `logits` (each element is read before it is written).
+template <typename T, int VEC, int WPR, bool FLS, bool RNA>
+__global__ void __launch_bounds__(td::kThreads)
+    gradient_kernel(const T* logits, const int* __restrict__ targets, int target_cols,
+                    const long long* __restrict__ logit_lengths, const long long* __restrict__ target_lengths,
+                    const long long* __restrict__ cell_offsets, const FastDivmod* __restrict__ divmods,
+                    const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank,
+                    const typename td::AccOf<T>::type* __restrict__ lp,
+                    const typename td::AccOf<T>::type* __restrict__ den,
+                    const typename td::AccOf<T>::type* __restrict__ alpha,
+                    const typename td::AccOf<T>::type* __restrict__ beta,
+                    const typename td::AccOf<T>::type* __restrict__ loss,
+                    const typename td::AccOf<T>::type* __restrict__ scale, T* out) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  typedef RowGeometry<WPR> Geo;
+  const Acc NINF = neg_inf<Acc>();
+  const int lane = threadIdx.x & (Geo::G - 1);
+  const int r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
+  if (r >= num_rows) return;
+  const RowInfo ri = row_info(r, row_ids, cell_offsets, divmods, logit_lengths, target_lengths);
+  const long long row = (long long)r * V;
+  Vec<T, VEC>* q = reinterpret_cast<Vec<T, VEC>*>(out + row);
+
+  bool live = ri.cell;
+  Acc l = Acc(0), sc = Acc(0);
+  if (live) {
+    l = loss[ri.b];
+    sc = scale[ri.b];
+    live = is_finite(l) && sc != Acc(0);
+    if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
+  }
+  if (!live) {
+    Vec<T, VEC> z;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
+    for (int i = lane; i < nvec; i += Geo::G) q[i] = z;
+    return;
+  }
+  // per-row coefficients (every thread of the row computes them; the loads broadcast)
+  const Acc a = alpha[r];
+  const Acc lognorm = a + l;
+  const Acc coef = FLS ? Acc(0) : lognorm - den[r] + beta[r];
+  const int st = (int)divmods[ri.b].d;
+  Acc after_blank;
+  if (ri.t + 1 < ri.T)
+    after_blank = beta[r + st];
+  else
+    after_blank = ri.u == ri.U ? Acc(0) : NINF;
+  const Acc sub_blank = exp_acc(lognorm + lp[2ll * r] + after_blank) * sc;
+  Acc sub_label = Acc(0);
+  int label = -1;
+  if (ri.u < ri.U) {
+    Acc after_label;
+    if (RNA)
+      after_label = ri.t + 1 < ri.T ? beta[r + st + 1] : NINF;
+    else
+      after_label = beta[r + 1];
+    sub_label = exp_acc(lognorm + lp[2ll * r + 1] + after_label) * sc;
+    label = targets[(long long)ri.b * target_cols + ri.u];
+  }
+
+  const Vec<T, VEC>* p = reinterpret_cast<const Vec<T, VEC>*>(logits + row);
+  for (int i0 = lane; i0 < nvec; i0 += Geo::G * kUnroll) {
+    Vec<T, VEC> buf[kUnroll];
+    if (!FLS) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int i = i0 + k * Geo::G;
+        if (i < nvec) buf[k] = p[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int i = i0 + k * Geo::G;
+      if (i < nvec) {
+        Vec<T, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int v = i * VEC + j;
+          Acc g = FLS ? Acc(0) : exp_fast(to_acc(buf[k].v[j]) + coef) * sc;
+          if (v == blank) g -= sub_blank;
+          if (v == label) g -= sub_label;
+          o.v[j] = from_acc<T>(g);
+        }
+        q[i] = o;
+      }
+    }
+  }
+}
