@@ -1,9 +1,9 @@
 """The CPU stages of the transducer loss, vectorised with torch (contract: layout.py).
 
 Passes over the (N, V) logits go in row chunks of about 4M elements, so the only
-full-size buffer is the gradient itself. alpha and beta walk a (B, maxT+1,
-maxU+2) grid padded with a -inf border, one anti-diagonal (RNN-T) or one frame
-(RNA) per step, all utterances at once.
+full-size buffer is the gradient itself. alpha and beta walk a grid with a -inf
+border, one anti-diagonal (RNN-T) or one frame (RNA) per step, all utterances
+at once.
 """
 
 import math
@@ -67,60 +67,50 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
 
 
 def _grid(values, is_cell, rows):
-    """values (N,) -> (B, maxT+1, maxU+3): cell (b, t, u) at [b, t, u+1], -inf elsewhere.
+    """values (N,) -> (B, steps+1, maxU+3): cell (b, s, u) at [b, s, u+1], -inf elsewhere.
 
     The -inf border (first and last column, last row) makes every predecessor and
     successor index of the recursions valid."""
-    B, max_t, max_u1 = rows.shape
-    grid = values.new_full((B, max_t + 1, max_u1 + 2), -math.inf)
-    grid[:, :max_t, 1:-1] = torch.where(is_cell, values[rows], -math.inf)
+    B, steps, max_u1 = rows.shape
+    grid = values.new_full((B, steps + 1, max_u1 + 2), -math.inf)
+    grid[:, :steps, 1:-1] = torch.where(is_cell, values[rows], -math.inf)
     return grid
 
 
 def alpha_beta(lp, layout, one_sym_per_frame):
+    # Both topologies share one recursion over steps s: every arc goes from step s to s+1, a blank
+    # keeping u and a label taking u to u+1. RNA steps are frames (s = t); RNN-T steps are the
+    # anti-diagonals (s = t + u), whose cells are independent of each other.
     T, U = layout.logit_lengths[:, None, None], layout.target_lengths[:, None, None]
     max_t, max_u1 = int(T.max()), int(U.max()) + 1
-    t = torch.arange(max_t)[None, :, None]
+    steps = max_t if one_sym_per_frame else max_t + max_u1 - 1
+    s = torch.arange(steps)[None, :, None]
     u = torch.arange(max_u1)[None, None, :]
-    is_cell = (t < T) & (u <= U)
+    t = s if one_sym_per_frame else s - u
+    is_cell = (t >= 0) & (t < T) & (u <= U)
     rows = torch.where(is_cell, layout.cell_offsets[:, None, None] + t * layout.row_strides[:, None, None] + u, 0)
     blank = _grid(lp[:, 0], is_cell, rows)
     emit = _grid(lp[:, 1], is_cell, rows)
     final = _grid(lp[:, 0], is_cell & (t == T - 1) & (u == U), rows)  # the closing blank at (T-1, U)
     inside = torch.zeros(blank.shape, dtype=torch.bool)
-    inside[:, :max_t, 1:-1] = is_cell
+    inside[:, :steps, 1:-1] = is_cell
 
     alpha = torch.full_like(blank, -math.inf)
     beta = torch.full_like(blank, -math.inf)
     alpha[:, 0, 1] = 0.0
     cells, right, left = slice(1, max_u1 + 1), slice(2, max_u1 + 2), slice(0, max_u1)
-    if one_sym_per_frame:
-        for s in range(1, max_t):  # frame s from frame s-1
-            alpha[:, s, cells] = torch.logaddexp(alpha[:, s - 1, cells] + blank[:, s - 1, cells],
-                                                 alpha[:, s - 1, left] + emit[:, s - 1, left])
-        for s in range(max_t - 1, -1, -1):  # frame s from frame s+1
-            value = torch.logaddexp(beta[:, s + 1, cells] + blank[:, s, cells],
-                                    beta[:, s + 1, right] + emit[:, s, cells])
-            value = torch.logaddexp(value, final[:, s, cells])
-            beta[:, s, cells] = torch.where(inside[:, s, cells], value, -math.inf)
-    else:
-        for n in range(1, max_t + max_u1 - 1):  # the anti-diagonal t + u = n from n-1
-            du = torch.arange(max(0, n - max_t + 1), min(n, max_u1 - 1) + 1)
-            dt, col = n - du, du + 1
-            alpha[:, dt, col] = torch.logaddexp(alpha[:, dt - 1, col] + blank[:, dt - 1, col],
-                                                alpha[:, dt, col - 1] + emit[:, dt, col - 1])
-        for n in range(max_t + max_u1 - 2, -1, -1):  # from n+1
-            du = torch.arange(max(0, n - max_t + 1), min(n, max_u1 - 1) + 1)
-            dt, col = n - du, du + 1
-            value = torch.logaddexp(beta[:, dt + 1, col] + blank[:, dt, col],
-                                    beta[:, dt, col + 1] + emit[:, dt, col])
-            value = torch.logaddexp(value, final[:, dt, col])
-            beta[:, dt, col] = torch.where(inside[:, dt, col], value, -math.inf)
+    for n in range(1, steps):
+        alpha[:, n, cells] = torch.logaddexp(alpha[:, n - 1, cells] + blank[:, n - 1, cells],
+                                             alpha[:, n - 1, left] + emit[:, n - 1, left])
+    for n in range(steps - 1, -1, -1):
+        value = torch.logaddexp(beta[:, n + 1, cells] + blank[:, n, cells], beta[:, n + 1, right] + emit[:, n, cells])
+        value = torch.logaddexp(value, final[:, n, cells])
+        beta[:, n, cells] = torch.where(inside[:, n, cells], value, -math.inf)
 
     alpha_rows = torch.full_like(lp[:, 0], -math.inf)
     beta_rows = torch.full_like(lp[:, 0], -math.inf)
-    alpha_rows[rows[is_cell]] = alpha[:, :max_t, cells][is_cell]
-    beta_rows[rows[is_cell]] = beta[:, :max_t, cells][is_cell]
+    alpha_rows[rows[is_cell]] = alpha[:, :steps, cells][is_cell]
+    beta_rows[rows[is_cell]] = beta[:, :steps, cells][is_cell]
     return alpha_rows, beta_rows, -beta[:, 0, 1]
 
 
