@@ -64,6 +64,9 @@ def _external_stream(cp, handle: int, device_id: int):
     return cp.cuda.ExternalStream(handle, device_id)
 
 
+_streams: dict = {}
+
+
 @contextlib.contextmanager
 def torch_stream(t: torch.Tensor):
     """Launch CuPy kernels on torch's current stream of ``t``'s device."""
@@ -71,7 +74,11 @@ def torch_stream(t: torch.Tensor):
     dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
     with cp.cuda.Device(dev):
         handle = torch.cuda.current_stream(dev).cuda_stream
-        with _external_stream(cp, handle, dev):
+        # the wrapper only holds the handle; cache it (cheap launches, capture-safe)
+        s = _streams.get((handle, dev))
+        if s is None:
+            s = _streams[(handle, dev)] = _external_stream(cp, handle, dev)
+        with s:
             yield cp
 
 
