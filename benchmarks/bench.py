@@ -261,6 +261,8 @@ def protocol_a(args, dev):
                 r = rec[c["name"]]
                 if r["status"] != "ok":
                     continue
+                if i == 0:
+                    log(f"[A {prec}] first step of {c['name']} ...")
 
                 def step():
                     with torch.autocast(dev, dtype=dtype, enabled=prec != "fp32"):
@@ -301,7 +303,7 @@ def protocol_b(args, dev):
     cuda = dev == "cuda"
     bw = copy_bandwidth(dev, args.copy_elems)
     log(f"[B] copy bandwidth {bw:.0f} GB/s (read + write)")
-    res = dict(copy_gbps=bw, warmup=B_WARMUP, reps=B_REPS, cases=[])
+    res = dict(copy_gbps=bw, copy_bytes=2 * 4 * args.copy_elems, warmup=B_WARMUP, reps=B_REPS, cases=[])
     contenders = [c for c in ours_contenders() + peer_contenders(cuda) if not c["peer"] or c["name"] == "torchaudio"]
     rng = np.random.default_rng(2)
     gen = torch.Generator(device=dev).manual_seed(3)
@@ -344,7 +346,10 @@ def protocol_scale(args, dev, bw):
         res["ours"] = dict(status="error", msg=c["error"])
         return res
     try:
-        x = torch.randn(bt.N, V, device=dev, dtype=torch.float16, generator=torch.Generator(device=dev).manual_seed(6))
+        x = torch.empty(bt.N, V, device=dev, dtype=torch.float16)
+        g = torch.Generator(device=dev).manual_seed(6)
+        for chunk in x.split(2**16):           # filled in pieces of < 2^31 elements
+            chunk.normal_(generator=g)
     except Exception as e:
         res["ours"] = dict(status="error", msg=short_error(e))
         return res
@@ -388,16 +393,17 @@ def ok_time(r):
     return r["time_ms"] if r and r.get("status") == "ok" and r.get("time_ms") is not None else None
 
 
-def row(section, case, name, r, mem="", vs="", checks=None):
+def row(section, case, name, r, mem="", vs="", checks=None, pt=None, pm=None):
+    """One table line; pt / pm are the numbers the chart draws (time-like, memory-like)."""
     status = r.get("status", "ok") if r else "missing"
     if status != "ok":
         text = r.get("msg", status) if r else status
         st = "not installed" if text.startswith("not installed") else status
-        return dict(section=section, case=case, contender=name, time="", mem="", vs=text,
+        return dict(section=section, case=case, contender=name, time="", mem="", vs=text, pt=None, pm=None,
                     target="; ".join(c[1] for c in checks or []) or "", status="miss" if checks else st)
     status = "" if checks is None else ("pass" if all(c[0] for c in checks) else "MISS")
     return dict(section=section, case=case, contender=name, time=f"{r['time_ms']:.2f}", mem=mem, vs=vs,
-                target="; ".join(c[1] for c in checks or []), status=status)
+                target="; ".join(c[1] for c in checks or []), status=status, pt=pt, pm=pm)
 
 
 def rows_a(sec):
@@ -428,7 +434,8 @@ def rows_a(sec):
             if t and t_ta and r.get("losses") and ta.get("losses"):
                 d = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(r["losses"], ta["losses"]))
                 vs += f", loss rel diff {d:.1e}"
-            out.append(row(f"A {prec}", f"{sec['steps']}x{sec['batch']} LS-100", name, r, mem, vs, checks))
+            out.append(row(f"A {prec}", f"{sec['steps']} batches of {sec['batch']}", name, r, mem, vs, checks,
+                           t, r.get("peak_mb") if t else None))
     return out
 
 
@@ -448,7 +455,7 @@ def rows_b(sec):
             vs = f"{ratio:.2f}x floor {case['floor_ms']:.2f} ms" if ratio else ""
             if t and ok_time(ta) and name != "torchaudio":
                 vs += f", loss rel diff {abs(r['loss'] - ta['loss']) / abs(ta['loss']):.1e}"
-            out.append(row("B", f"{tuple(case['shape'])} {case['dtype']}", name, r, mem, vs, checks))
+            out.append(row("B", f"{tuple(case['shape'])} {case['dtype']}", name, r, mem, vs, checks, ratio, mratio))
     return out
 
 
@@ -460,7 +467,7 @@ def rows_scale(sec):
     mem = f"extra {r['extra_mb']:.0f} MB = {r['extra_mb'] / sec['grad_mb']:.2f}x grad" if t and r.get("extra_mb") else ""
     vs = f"{t / sec['floor_ms']:.2f}x floor {sec['floor_ms']:.2f} ms" if t else ""
     return [row("scale", case, "ours compact", r, mem, vs, chk),
-            dict(section="scale", case=case, contender="torchaudio", time="", mem="", target="",
+            dict(section="scale", case=case, contender="torchaudio", time="", mem="", target="", pt=None, pm=None,
                  vs="not run: crashes beyond 2^31 (known)", status="fails")]
 
 
@@ -472,7 +479,7 @@ def rows_cpu(sec):
             t = ok_time(r)
             checks = [check("time/torchaudio", t / t_ta if t and t_ta else None, 1.0)] if name == "ours compact" else None
             vs = f"{t / t_ta:.2f}x torchaudio" if t and t_ta else ""
-            out.append(row("CPU", f"{tuple(case['shape'])} fp32", name, r, "", vs, checks))
+            out.append(row("CPU", f"{tuple(case['shape'])} fp32", name, r, "", vs, checks, t))
     return out
 
 
@@ -497,12 +504,17 @@ def text_table(rows):
 
 def md_block(res, rows):
     lines = [BEGIN, "", "_Generated by `benchmarks/bench.py`; edit outside the markers only._", ""]
+    metas = {}
     for name, sec in res["sections"].items():
         m = sec["meta"]
-        lines.append(f"- **{name}**: {m['date']}, {m['device']}; torch {m['torch']}, torchaudio {m['torchaudio']}, "
-                     f"cupy {m['cupy']}, warp_rnnt {m['warp_rnnt']}, numba {m['numba']}; commit {m['commit']}")
+        metas.setdefault(f"{m['date']}, {m['device']}; torch {m['torch']}, torchaudio {m['torchaudio']}, cupy {m['cupy']}, "
+                         f"warp_rnnt {m['warp_rnnt']}, numba {m['numba']}, python {m['python']}; commit {m['commit']}",
+                         []).append(name)
+    lines += [f"- **{', '.join(names)}**: {m}" for m, names in metas.items()]
     if "B" in res["sections"]:
-        lines.append(f"- copy bandwidth (1 GiB D2D copy, read + write): {res['sections']['B']['copy_gbps']:.0f} GB/s")
+        b = res["sections"]["B"]
+        lines.append(f"- copy bandwidth ({b.get('copy_bytes', 2**31) / 2**30:.2f} GiB read + written by one "
+                     f"device-to-device copy): {b['copy_gbps']:.0f} GB/s")
     n_pass = sum(r["status"] == "pass" for r in rows)
     n_miss = sum(r["status"] in ("MISS", "miss") for r in rows)
     lines += [f"- targets: {n_pass} pass, {n_miss} miss", "", "| " + " | ".join(h for _, h in COLS) + " |",
@@ -559,39 +571,31 @@ def plot(rows, path):
     except Exception as e:
         log(f"no chart: {short_error(e)}")
         return
-    def num(s):
-        try:
-            return float(str(s).split()[0])
-        except ValueError:
-            return None
-    def mem_of(r):
-        parts = r["mem"].split()
-        return float(parts[1]) if len(parts) > 1 and parts[0] in ("peak", "extra") else None
-    panels = [("A", "time", "step time (ms)"), ("A", "mem", "peak memory (MB)"),
-              ("B", "time", "loss fwd+bwd (ms)"), ("B", "mem", "extra peak memory (MB)"),
-              ("CPU", "time", "CPU fwd+bwd (ms)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5))
-    for ax, (sec, what, title) in zip(axes, panels):
-        sel = [r for r in rows if r["section"].startswith(sec) and r["time"]]
-        groups = list(dict.fromkeys((r["section"] + " " + r["case"]) if sec != "A" else r["section"] for r in sel))
+    panels = [("A", "pt", "A: step time (ms)", None), ("A", "pm", "A: peak memory (MB)", None),
+              ("CPU", "pt", "CPU: fwd+bwd (ms)", None),
+              ("B", "pt", "B: fwd+bwd time / floor", 1.0), ("B", "pm", "B: extra peak memory / gradient size", 1.05)]
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    axes = axes.ravel()
+    for ax, (sec, key, title, line) in zip(axes, panels):
+        sel = [r for r in rows if r["section"].startswith(sec) and r[key] is not None]
+        group = (lambda r: r["section"]) if sec == "A" else (lambda r: r["case"])
+        groups = list(dict.fromkeys(group(r) for r in sel))
         names = list(dict.fromkeys(r["contender"] for r in sel))
         width = 0.8 / max(len(names), 1)
         for j, n in enumerate(names):
-            vals = []
-            for g in groups:
-                r = next((r for r in sel if r["contender"] == n and
-                          ((r["section"] + " " + r["case"]) if sec != "A" else r["section"]) == g), None)
-                v = (num(r["time"]) if what == "time" else mem_of(r)) if r else None
-                vals.append(v or 0.0)
-            ax.bar([i + j * width for i in range(len(groups))], vals, width, label=n)
+            vals = {group(r): r[key] for r in sel if r["contender"] == n}
+            ax.bar([i + j * width for i in range(len(groups))], [vals.get(g, 0.0) for g in groups], width, label=n)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
-        ax.set_xticklabels([g.replace("B ", "").replace("CPU ", "") for g in groups], rotation=30, ha="right", fontsize=7)
+        ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+        if line:
+            ax.axhline(line, color="k", lw=0.8, ls="--")
         ax.set_title(title)
-        if sec == "B":
-            ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        if names:
+            ax.legend(fontsize=8)
+    axes[-1].axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     log(f"wrote {path}")
 
 
@@ -646,6 +650,8 @@ def main():
         dev = "cuda" if cuda else "cpu" if args.smoke else None
         want = {s.strip() for s in args.only.split(",") if s.strip()} or \
             ({"CPU"} if args.cpu_only else {"A", "B", "scale", "CPU"} if dev else {"CPU"})
+        if want - {"A", "B", "scale", "CPU"}:
+            ap.error(f"--only: unknown sections {sorted(want - {'A', 'B', 'scale', 'CPU'})}")
         if not dev and want - {"CPU"}:
             log(f"no CUDA device: skipping {sorted(want - {'CPU'})}")
         meta, new, t0 = versions(), {"sections": {}}, time.perf_counter()
