@@ -77,14 +77,28 @@ def test_matches_reference_compact_and_padded(seed, rna):
 @pytest.mark.parametrize("rna", [False, True])
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_gradcheck(layout, rna, reduction):
-    gen = torch.Generator().manual_seed(hash((layout, rna, reduction)) % 1000)
-    logits, targets, T, U = random_batch(gen, 3, 5, 3, 4, blank=2, rna=rna)
+    seed = ["compact", "padded"].index(layout) * 6 + rna * 3 + ["none", "sum", "mean"].index(reduction)
+    gen = torch.Generator().manual_seed(seed)
+    B, max_t, max_u, V = (int(torch.randint(lo, hi + 1, (1,), generator=gen)) for lo, hi in ((1, 5), (1, 12), (0, 6), (2, 20)))
+    blank = 0 if seed % 2 else int(torch.randint(0, V, (1,), generator=gen))
+    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, rna=rna)
     if layout == "compact":
         logits = compact(logits, T, U)
     logits.requires_grad_()
-    assert torch.autograd.gradcheck(
-        lambda x: transducer_loss(x, targets, T, U, blank=2, reduction=reduction, one_sym_per_frame=rna),
-        (logits,), eps=1e-6, atol=1e-7, rtol=1e-5)
+    loss = lambda x: transducer_loss(x, targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
+    # fast mode checks random projections of the Jacobian: the full one costs 2 * numel forward passes
+    assert torch.autograd.gradcheck(loss, (logits,), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+def test_gradcheck_full_jacobian(layout):
+    gen = torch.Generator().manual_seed(21)
+    for rna in (False, True):
+        logits, targets, T, U = random_batch(gen, 3, 5, 3, 4, blank=2, rna=rna)
+        x = (compact(logits, T, U) if layout == "compact" else logits).requires_grad_()
+        assert torch.autograd.gradcheck(
+            lambda x: transducer_loss(x, targets, T, U, blank=2, reduction="none", one_sym_per_frame=rna),
+            (x,), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
 @pytest.mark.parametrize("from_log_softmax", [False, True])
