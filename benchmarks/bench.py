@@ -14,7 +14,7 @@ Measurements go to results.json (raw); rows, targets and pass/miss are derived f
 it, so --from-json re-renders exactly what a run printed. Only the text between
 the bench:begin / bench:end markers of RESULTS.md is rewritten.
 """
-import argparse, datetime, gc, json, math, platform, statistics, subprocess, sys, time, warnings
+import argparse, datetime, gc, json, math, os, platform, statistics, subprocess, sys, time, warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,6 +87,14 @@ def draw_lengths(B, maxT, maxU, rng):
     return Ts, Us
 
 
+def randn(shape, dtype, dev, gen):
+    """Standard normal logits, filled in pieces of fewer than 2^31 elements."""
+    x = torch.empty(shape, dtype=dtype, device=dev)
+    for chunk in x.view(-1, shape[-1]).split(2**16):
+        chunk.normal_(generator=gen)
+    return x
+
+
 def padded_to_compact(x, bt):
     return torch.cat([x[b, :t, :u + 1].reshape(-1, x.size(-1)) for b, (t, u) in enumerate(zip(bt.Ts, bt.Us))])
 
@@ -128,7 +136,7 @@ def peer_contenders(cuda):
         def ta_loss(x, bt):
             x = x if x.dtype in (torch.float32, torch.float16) else x.float()  # no bf16 in torchaudio
             return ta(x, bt.tgt32, bt.T32, bt.U32, blank=0, reduction="sum")
-        out.append(dict(name="torchaudio", layout="padded", loss=ta_loss, error=None))
+        out.append(dict(name="torchaudio", layout="padded", loss=ta_loss, error=None, max_numel=2**31 - 1))
     except Exception as e:
         out.append(dict(name="torchaudio", layout="padded", loss=None, error="not installed: " + short_error(e)))
     if cuda:
@@ -210,6 +218,13 @@ def loss_alone(c, master, bt, warmup, reps, cuda):
                 extra_mb=max(extras) / 2**20 if cuda else None, loss=float(loss.float().sum()))
 
 
+TOO_LARGE = "not run: crashes beyond 2^31 (known)"
+
+
+def too_large(c, numel):
+    return numel > c.get("max_numel", float("inf"))
+
+
 def run_guarded(label, fn):
     """fn() -> dict; an exception becomes an error record, so the run goes on."""
     log(f"  {label} ...")
@@ -261,11 +276,14 @@ def protocol_a(args, dev):
                 r = rec[c["name"]]
                 if r["status"] != "ok":
                     continue
+                if too_large(c, bt.B * bt.maxT * (bt.maxU + 1) * args.a_vocab):
+                    r.update(status="not run", msg=TOO_LARGE)
+                    continue
                 if i == 0:
                     log(f"[A {prec}] first step of {c['name']} ...")
 
                 def step():
-                    with torch.autocast(dev, dtype=dtype, enabled=prec != "fp32"):
+                    with torch.autocast(dev, dtype=torch.bfloat16 if prec == "fp32" else dtype, enabled=prec != "fp32"):
                         h = c["pack"](enc, pred, bt) if c["layout"] == "compact" else enc[:, :, None] + pred[:, None]
                         loss = c["loss"](joiner(torch.tanh(h)), bt)
                     loss.backward()
@@ -318,13 +336,17 @@ def protocol_b(args, dev):
                         floor_target=B_FLOOR_TARGET[min(k, len(B_FLOOR_TARGET) - 1)],
                         grad_mb=dict(compact=bt.N * V * item / 2**20, padded=B * maxT * (maxU + 1) * V * item / 2**20))
             log(f"[B] case {k + 1}/{len(args.b_cases)} {(B, maxT, maxU, V)} {dn}: sum TU = {bt.N}, floor {floor_ms:.3f} ms")
-            padded = torch.randn(B, maxT, maxU + 1, V, device=dev, dtype=dt, generator=gen)
+            padded = randn((B, maxT, maxU + 1, V), dt, dev, gen)
             compact = padded_to_compact(padded, bt)
             for c in contenders:
                 if c["error"]:
                     case["contenders"][c["name"]] = dict(status="error", msg=c["error"])
                     continue
                 master = compact if c["layout"] == "compact" else padded
+                if too_large(c, master.numel()):
+                    case["contenders"][c["name"]] = dict(status="not run", msg=TOO_LARGE)
+                    log(f"  {c['name']}: {TOO_LARGE}")
+                    continue
                 case["contenders"][c["name"]] = run_guarded(
                     c["name"], lambda: loss_alone(c, master, bt, B_WARMUP, B_REPS, cuda))
             res["cases"].append(case)
@@ -346,10 +368,7 @@ def protocol_scale(args, dev, bw):
         res["ours"] = dict(status="error", msg=c["error"])
         return res
     try:
-        x = torch.empty(bt.N, V, device=dev, dtype=torch.float16)
-        g = torch.Generator(device=dev).manual_seed(6)
-        for chunk in x.split(2**16):           # filled in pieces of < 2^31 elements
-            chunk.normal_(generator=g)
+        x = randn((bt.N, V), torch.float16, dev, torch.Generator(device=dev).manual_seed(6))
     except Exception as e:
         res["ours"] = dict(status="error", msg=short_error(e))
         return res
@@ -468,7 +487,7 @@ def rows_scale(sec):
     vs = f"{t / sec['floor_ms']:.2f}x floor {sec['floor_ms']:.2f} ms" if t else ""
     return [row("scale", case, "ours compact", r, mem, vs, chk),
             dict(section="scale", case=case, contender="torchaudio", time="", mem="", target="", pt=None, pm=None,
-                 vs="not run: crashes beyond 2^31 (known)", status="fails")]
+                 vs=TOO_LARGE, status="fails")]
 
 
 def rows_cpu(sec):
@@ -508,7 +527,7 @@ def md_block(res, rows):
     for name, sec in res["sections"].items():
         m = sec["meta"]
         metas.setdefault(f"{m['date']}, {m['device']}; torch {m['torch']}, torchaudio {m['torchaudio']}, cupy {m['cupy']}, "
-                         f"warp_rnnt {m['warp_rnnt']}, numba {m['numba']}, python {m['python']}; commit {m['commit']}",
+                         f"warp_rnnt {m['warp_rnnt']}, numba {m['numba']}, python {m['python']}, tf32 matmul {m.get('tf32')}; commit {m['commit']}",
                          []).append(name)
     lines += [f"- **{', '.join(names)}**: {m}" for m, names in metas.items()]
     if "B" in res["sections"]:
@@ -605,16 +624,18 @@ def versions():
             return __import__(mod).__version__
         except Exception:
             return "not installed"
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                                capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    try:  # the device machine gets a copy of the tree without .git: BENCH_COMMIT names it
+        commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
     except Exception:
         commit = "unknown"
     dev = (torch.cuda.get_device_name() + f", CUDA {torch.version.cuda}") if torch.cuda.is_available() \
         else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=dev,
                 torch=torch.__version__, torchaudio=ver("torchaudio"), cupy=ver("cupy"), warp_rnnt=ver("warp_rnnt"),
-                numba=ver("numba"), python=platform.python_version(), commit=commit)
+                numba=ver("numba"), python=platform.python_version(), commit=commit,
+                tf32=bool(torch.backends.cuda.matmul.allow_tf32))
 
 
 def main():
