@@ -308,7 +308,7 @@ def protocol_a(args, dev):
                 line.append(f"{c['name']} {ms:.1f} ms" + (f" {peak / 2**20:.0f} MB" if cuda else ""))
             log(f"[A {prec}] batch {i + 1}/{nb} {'(warm-up) ' if i < args.a_warmup else ''}" + " | ".join(line))
             del enc, pred, bt
-            free()
+            gc.collect()  # no empty_cache: the allocator stays warm, as in training
         for r in rec.values():
             if r["status"] == "ok" and r["times_ms"]:
                 r["time_ms"] = statistics.fmean(r["times_ms"])
@@ -662,7 +662,10 @@ def main():
         args.copy_elems = 2**20
     args.out.mkdir(parents=True, exist_ok=True)
     jpath = args.out / "results.json"
-    old = json.loads(jpath.read_text()) if jpath.exists() else {"sections": {}}
+    try:
+        old = json.loads(jpath.read_text()) if jpath.exists() else {"sections": {}}
+    except ValueError:
+        old = {"sections": {}}
 
     if args.from_json:
         new = json.loads(args.from_json.read_text())
