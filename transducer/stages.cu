@@ -290,7 +290,7 @@ __global__ void alpha_beta_kernel(const Acc* __restrict__ lp, const long long* _
                                   const long long* __restrict__ row_strides, int B, int num_rows, int padded,
                                   int cap, Acc* alpha, Acc* beta, Acc* loss) {
   using namespace td;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   int b = blockIdx.x;
   const bool is_beta = b >= B;
   if (is_beta) b -= B;

@@ -1,0 +1,453 @@
+"""The CUDA stages (transducer.cuda) against the CPU twin, torchaudio and the reference; graphs; > 2^31 elements.
+
+Every test needs a GPU and CuPy (tests/conftest.py skips them otherwise).
+"""
+
+import math
+
+import pytest
+import torch
+
+from transducer import TransducerLoss, cpu, pack, transducer_loss, transducer_loss_reference
+from transducer.loss import make_layout
+
+pytestmark = pytest.mark.cuda
+
+DEV = "cuda"
+
+
+def cuda_stages():
+    from transducer import cuda
+    return cuda
+
+
+def random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float32, rna=False, scale=1.0):
+    """Padded logits (B, maxT, maxU+1, V) on the CPU, targets avoiding blank, ragged lengths (one at the max)."""
+    T = torch.randint(1, max_t + 1, (B,), generator=gen)
+    U = torch.randint(0, max_u + 1, (B,), generator=gen)
+    T[0], U[0] = max_t, max_u
+    if rna:  # keep every alignment feasible: U_b <= T_b - 1
+        U = torch.minimum(U, T - 1)
+    labels = torch.tensor([v for v in range(V) if v != blank])
+    targets = labels[torch.randint(0, len(labels), (B, max(max_u, 1)), generator=gen)]
+    logits = torch.randn(B, max_t, int(U.max()) + 1, V, generator=gen, dtype=torch.float64) * scale
+    return logits.to(dtype), targets, T, U
+
+
+def compact(logits, T, U):
+    return torch.cat([logits[b, :T[b], :U[b] + 1].reshape(-1, logits.size(-1)) for b in range(len(T))])
+
+
+def cell_mask(layout):
+    """(N,) bool on the CPU: the rows that are cells (not padding)."""
+    b, t, u = cpu.row_coordinates(layout.row_ids.cpu(), layout.cell_offsets.cpu(), layout.row_strides.cpu())
+    return (t < layout.logit_lengths.cpu()[b]) & (u <= layout.target_lengths.cpu()[b])
+
+
+def poison_allocator(*shapes_dtypes, copies=4):
+    """Hand blocks full of NaN back to torch's caching allocator, sized like the outputs a stage allocates,
+    so that its torch.empty outputs most likely start as NaN (unwritten entries then show)."""
+    blocks = [torch.full(shape, math.nan, dtype=dtype, device=DEV)
+              for shape, dtype in shapes_dtypes for _ in range(copies)]
+    torch.cuda.synchronize()
+    del blocks
+
+
+def assert_no_nan(*tensors):
+    for t in tensors:
+        assert not torch.isnan(t).any(), "an entry was left unwritten (NaN poison) or computed as NaN"
+
+
+# ----------------------------------------------------------------------------------------------- stages
+
+
+STAGE_CASES = [(V, padded, rna, dtype) for V in (7, 500, 8192) for padded in (False, True)
+               for rna in (False, True) for dtype in (torch.float32, torch.float64)]
+
+
+@pytest.mark.parametrize("V,padded,rna,dtype", STAGE_CASES)
+def test_stages_match_cpu(V, padded, rna, dtype):
+    cuda = cuda_stages()
+    gen = torch.Generator().manual_seed(V + 10 * padded + 100 * rna + (dtype == torch.float64))
+    blank = (0, V // 2, V - 1)[V % 3]
+    logits, targets, T, U = random_batch(gen, 4, 12, 6, V, blank, dtype=dtype, rna=rna, scale=2.0)
+    if padded:  # padding may hold anything; the stages must not read it
+        for b in range(len(T)):
+            logits[b, T[b]:] = math.nan
+            logits[b, :, U[b] + 1:] = math.inf
+    else:
+        logits = compact(logits, T, U)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    tol = dict(rtol=1e-5, atol=1e-5) if acc == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    max_u1 = targets.size(1) + 1
+    c_layout = make_layout(logits, T, U, max_u1)
+    g_layout = make_layout(logits.to(DEV), T.to(DEV), U.to(DEV), max_u1)
+    cell = cell_mask(c_layout)
+    N = cell.numel()
+    x2d = logits.view(N, V)
+    g_targets = targets.to(DEV)
+
+    for fls in (False, True):
+        x = x2d.log_softmax(-1) if fls else x2d
+        lp_c, den_c = cpu.log_probs(x, targets, c_layout, blank, fls)
+        poison_allocator(((N, 2), acc), ((N,), acc))
+        lp_g, den_g = cuda.log_probs(x.to(DEV), g_targets, g_layout, blank, fls)
+        assert lp_g.dtype == acc and den_g.dtype == acc and lp_g.shape == (N, 2)
+        assert_no_nan(lp_g, den_g)  # padding rows too: every entry is written
+        torch.testing.assert_close(lp_g.cpu()[cell], lp_c[cell], **tol)
+        torch.testing.assert_close(den_g.cpu()[cell], den_c[cell], **tol)
+
+    x = x2d
+    lp_c, den_c = cpu.log_probs(x, targets, c_layout, blank, False)
+    alpha_c, beta_c, loss_c = cpu.alpha_beta(lp_c, c_layout, rna)
+    poison_allocator(((N,), acc), ((len(T),), acc))
+    alpha_g, beta_g, loss_g = cuda.alpha_beta(lp_c.to(DEV), g_layout, rna)
+    assert_no_nan(alpha_g, beta_g, loss_g)
+    alpha_g, beta_g = alpha_g.cpu(), beta_g.cpu()
+    torch.testing.assert_close(loss_g.cpu(), loss_c, **tol)
+    # equal on the cells an alignment passes through; RNA cells off the band (u > t or t - u > T-1-U)
+    # are -inf here in both alpha and beta (the CPU twin leaves one of the two finite there)
+    live = cell & torch.isfinite(beta_c) & torch.isfinite(alpha_c)
+    torch.testing.assert_close(alpha_g[live], alpha_c[live], **tol)
+    torch.testing.assert_close(beta_g[live], beta_c[live], **tol)
+    if not rna:
+        assert bool(live[cell].all())
+    assert (alpha_g[cell & ~live] == -math.inf).all() and (beta_g[cell & ~live] == -math.inf).all()
+    if padded:
+        assert (alpha_g[~cell] == -math.inf).all() and (beta_g[~cell] == -math.inf).all()
+
+    scale = torch.rand(len(T), generator=gen, dtype=acc) + 0.5
+    scale[-1] = 0.0  # no gradient for this utterance
+    loss_in = loss_c.clone()
+    loss_in[1] = math.inf  # nor for this one
+    for fls in (False, True):
+        xin = x2d.log_softmax(-1) if fls else x2d
+        lp_c, den_c = cpu.log_probs(xin, targets, c_layout, blank, fls)
+        args_c = (lp_c, den_c, alpha_c, beta_c, loss_in, scale)
+        expected = cpu.gradient(xin, targets, c_layout, *args_c, blank, fls, rna, torch.empty_like(xin))
+        args_g = tuple(a.to(DEV) for a in (lp_c, den_c, alpha_g, beta_g, loss_in, scale))
+        xg = xin.to(DEV)
+        out = torch.full_like(xg, math.nan)
+        got = cuda.gradient(xg, g_targets, g_layout, *args_g, blank, fls, rna, out)
+        assert got is out
+        assert_no_nan(out)
+        gtol = dict(rtol=1e-5, atol=1e-6) if acc == torch.float32 else dict(rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(out.cpu(), expected, **gtol)
+        # in place: out is the logits themselves
+        inplace = xg.clone()
+        cuda.gradient(inplace, g_targets, g_layout, *args_g, blank, fls, rna, inplace)
+        torch.testing.assert_close(inplace, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("V", [33, 512])
+def test_stages_half_match_cpu(dtype, V):
+    cuda = cuda_stages()
+    gen = torch.Generator().manual_seed(V)
+    logits, targets, T, U = random_batch(gen, 3, 9, 5, V, 0, dtype=dtype)
+    logits = compact(logits, T, U)
+    layout_c = make_layout(logits, T, U, targets.size(1) + 1)
+    layout_g = make_layout(logits.to(DEV), T.to(DEV), U.to(DEV), targets.size(1) + 1)
+    lp_c, den_c = cpu.log_probs(logits, targets, layout_c, 0, False)
+    lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, 0, False)
+    assert lp_g.dtype == torch.float32
+    torch.testing.assert_close(lp_g.cpu(), lp_c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(den_g.cpu(), den_c, rtol=1e-5, atol=1e-5)
+    alpha, beta, loss = cpu.alpha_beta(lp_c, layout_c, False)
+    scale = torch.ones(len(T))
+    expected = cpu.gradient(logits, targets, layout_c, lp_c, den_c, alpha, beta, loss, scale, 0, False, False,
+                            torch.empty_like(logits))
+    out = torch.full_like(logits.to(DEV), math.nan)
+    cuda.gradient(logits.to(DEV), targets.to(DEV), layout_g, *(a.to(DEV) for a in (lp_c, den_c, alpha, beta, loss,
+                                                                                    scale)),
+                  0, False, False, out)
+    assert out.dtype == dtype
+    eps = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
+    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=eps, atol=1e-6)
+
+
+def test_alpha_beta_long_targets_use_global_memory_path():
+    """U + 1 above 1024 threads (loop over u) and above the shared-memory cap (previous step in global memory)."""
+    cuda = cuda_stages()
+    gen = torch.Generator().manual_seed(1)
+    for rna, T, U in ((False, 3, 6200), (True, 3200, 3100), (False, 5, 1500)):
+        N = T * (U + 1)
+        lp = torch.randn(N, 2, generator=gen, dtype=torch.float64) * 0.1 - 2
+        Tt, Ut = torch.tensor([T]), torch.tensor([U])
+        lp_layout = torch.empty(N, 1)
+        layout_c = make_layout(lp_layout, Tt, Ut, U + 1)
+        layout_g = make_layout(lp_layout.to(DEV), Tt.to(DEV), Ut.to(DEV), U + 1)
+        cell = cell_mask(layout_c)
+        u = cpu.row_coordinates(layout_c.row_ids, layout_c.cell_offsets, layout_c.row_strides)[2]
+        lp[u == U, 1] = -math.inf
+        a_c, b_c, l_c = cpu.alpha_beta(lp, layout_c, rna)
+        a_g, b_g, l_g = cuda.alpha_beta(lp.to(DEV), layout_g, rna)
+        torch.testing.assert_close(l_g.cpu(), l_c, rtol=1e-10, atol=1e-10)
+        live = cell & torch.isfinite(b_c) & torch.isfinite(a_c)
+        torch.testing.assert_close(b_g.cpu()[live], b_c[live], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(a_g.cpu()[live], a_c[live], rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------- public API
+
+
+TA_CASES = [  # B, max_t, max_u, V, blank, reduction
+    (4, 30, 10, 1024, 0, "none"),
+    (8, 50, 20, 500, 0, "mean"),
+    (2, 8, 4, 8192, 5, "sum"),
+    (3, 1, 3, 17, 16, "none"),     # T = 1
+    (5, 12, 6, 4096, 4095, "mean"),
+    (6, 20, 1, 2, 1, "none"),      # V = 2, U in {0, 1}
+    (3, 40, 15, 1000, 3, "sum"),   # V * 4 not a multiple of 16: narrower accesses
+]
+
+
+@pytest.mark.parametrize("case", range(len(TA_CASES)))
+def test_matches_torchaudio(case):
+    ta = pytest.importorskip("torchaudio.functional")
+    B, max_t, max_u, V, blank, reduction = TA_CASES[case]
+    gen = torch.Generator().manual_seed(200 + case)
+    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, scale=3.0)
+    logits = logits.to(DEV)
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    ta_in = logits.clone().requires_grad_()
+    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int().contiguous(), T.int(), U.int(), blank=blank,
+                            reduction=reduction)
+    weights = torch.rand(expected.shape, generator=gen).to(DEV) + 0.5
+    (expected * weights).sum().backward()
+
+    rows = compact(logits, T, U).requires_grad_()
+    got = transducer_loss(rows, targets, T, U, blank=blank, reduction=reduction)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(rows.grad, compact(ta_in.grad, T, U), rtol=1e-4, atol=1e-6)
+
+    padded = logits.clone().requires_grad_()
+    got = transducer_loss(padded, targets, T, U, blank=blank, reduction=reduction)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    valid = torch.zeros(logits.shape[:3], dtype=torch.bool, device=DEV)
+    for b in range(B):
+        valid[b, :T[b], :U[b] + 1] = True
+    torch.testing.assert_close(padded.grad[valid], ta_in.grad[valid], rtol=1e-4, atol=1e-6)
+    assert (padded.grad[~valid] == 0).all()
+
+
+def test_matches_torchaudio_without_fused_log_softmax():
+    ta = pytest.importorskip("torchaudio.functional")
+    gen = torch.Generator().manual_seed(5)
+    logits, targets, T, U = random_batch(gen, 4, 10, 5, 300, blank=0)
+    log_probs = logits.log_softmax(-1).to(DEV)
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    ta_in = log_probs.clone().requires_grad_()
+    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int().contiguous(), T.int(), U.int(), blank=0,
+                            reduction="sum", fused_log_softmax=False)
+    expected.backward()
+    ours = log_probs.clone().requires_grad_()
+    got = transducer_loss(ours, targets, T, U, reduction="sum", from_log_softmax=True)
+    got.backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    for b in range(len(T)):
+        torch.testing.assert_close(ours.grad[b, :T[b], :U[b] + 1], ta_in.grad[b, :T[b], :U[b] + 1],
+                                   rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+@pytest.mark.parametrize("rna", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_gradcheck_float64(layout, rna, reduction):
+    gen = torch.Generator().manual_seed(len(layout) + 10 * rna + len(reduction))
+    logits, targets, T, U = random_batch(gen, 3, 5, 3, 4, blank=2, dtype=torch.float64, rna=rna)
+    if layout == "compact":
+        logits = compact(logits, T, U)
+    logits = logits.to(DEV).requires_grad_()
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    assert torch.autograd.gradcheck(
+        lambda x: transducer_loss(x, targets, T, U, blank=2, reduction=reduction, one_sym_per_frame=rna),
+        (logits,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_reference_float64(seed):
+    """Loss and gradient against the autograd reference: RNN-T and RNA, compact and padded, ragged, U = 0, T = 1."""
+    gen = torch.Generator().manual_seed(300 + seed)
+    rna = seed % 2 == 1
+    B, max_t, max_u, V = ((4, 7, 4, 9), (3, 8, 3, 6), (2, 1, 0, 5), (3, 6, 0, 11), (5, 4, 3, 7), (1, 1, 2, 4))[seed]
+    blank = seed % V
+    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float64, rna=rna)
+    reduction = ("none", "sum", "mean")[seed % 3]
+    ref_in = logits.clone().requires_grad_()  # the reference runs on the CPU (it is device-agnostic)
+    losses = transducer_loss_reference(ref_in, targets, T, U, blank, one_sym_per_frame=rna)
+    weights = torch.arange(B, dtype=torch.float64) + 1.0
+    (losses * weights).sum().backward()
+    expected = losses if reduction == "none" else (losses.sum() if reduction == "sum" else losses.mean())
+    logits, targets, T, U, weights = logits.to(DEV), targets.to(DEV), T.to(DEV), U.to(DEV), weights.to(DEV)
+    for layout in ("padded", "compact"):
+        x = (logits if layout == "padded" else compact(logits, T, U)).clone().requires_grad_()
+        got = transducer_loss(x, targets, T, U, blank=blank, reduction="none", one_sym_per_frame=rna)
+        torch.testing.assert_close(got.cpu(), losses.detach(), rtol=1e-10, atol=1e-10)
+        (got * weights).sum().backward()
+        want = ref_in.grad if layout == "padded" else compact(ref_in.grad, T.cpu(), U.cpu())
+        torch.testing.assert_close(x.grad.cpu(), want, rtol=1e-9, atol=1e-10)
+        red = transducer_loss(x.detach(), targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
+        torch.testing.assert_close(red.cpu(), expected.detach(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype,eps", [(torch.float16, 2.0 ** -11), (torch.bfloat16, 2.0 ** -8)])
+def test_half_precision_close_to_float32(dtype, eps):
+    gen = torch.Generator().manual_seed(11)
+    logits, targets, T, U = random_batch(gen, 6, 30, 10, 1024, blank=0, dtype=dtype)
+    half = compact(logits, T, U).to(DEV).requires_grad_()
+    full = half.detach().float().requires_grad_()
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    got = transducer_loss(half, targets, T, U, reduction="none")
+    expected = transducer_loss(full, targets, T, U, reduction="none")
+    got.sum().backward()
+    expected.sum().backward()
+    assert got.dtype == torch.float32 and half.grad.dtype == dtype
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
+
+
+def test_rna_infeasible_and_zero_infinity():
+    gen = torch.Generator().manual_seed(3)
+    logits, targets, T, U = random_batch(gen, 3, 6, 4, 7, blank=0)
+    T[1], U[1] = 3, 4  # U > T - 1: no alignment
+    U[0], U[2] = min(int(U[0]), 5), min(int(U[2]), int(T[2]) - 1)
+    rows = compact(logits, T, U).to(DEV).requires_grad_()
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    losses = transducer_loss(rows, targets, T, U, reduction="none", one_sym_per_frame=True)
+    assert math.isinf(losses[1].item()) and losses[1].item() > 0
+    assert torch.isfinite(losses[[0, 2]]).all()
+    losses.sum().backward()  # inf loss: its utterance gets zeros, never NaN
+    assert not torch.isnan(rows.grad).any()
+    start, n = int(T[0] * (U[0] + 1)), int(T[1] * (U[1] + 1))
+    assert (rows.grad[start:start + n] == 0).all()
+
+    rows.grad = None
+    zeroed = transducer_loss(rows, targets, T, U, reduction="sum", one_sym_per_frame=True, zero_infinity=True)
+    zeroed.backward()
+    torch.testing.assert_close(zeroed, losses[[0, 2]].sum())
+    assert (rows.grad[start:start + n] == 0).all()
+    assert (rows.grad[:start] != 0).any()
+    cpu_rows = rows.detach().cpu().requires_grad_()
+    transducer_loss(cpu_rows, targets.cpu(), T.cpu(), U.cpu(), reduction="sum", one_sym_per_frame=True,
+                    zero_infinity=True).backward()
+    torch.testing.assert_close(rows.grad.cpu(), cpu_rows.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_more_than_2_31_elements():
+    """Compact fp16 logits of more than 2^31 elements (about 4.3 GB): the rows past element 2^31 are right."""
+    V, T0, U0, B = 8192, 50, 20, 252
+    rows_per = T0 * (U0 + 1)
+    N = B * rows_per
+    assert N * V > 2 ** 31
+    straddle = (2 ** 31) // V // rows_per  # the utterance whose rows cross element 2^31
+    assert straddle < B - 1
+    torch.cuda.empty_cache()
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    logits = torch.randn(N, V, generator=gen, device=DEV, dtype=torch.float16).requires_grad_()
+    targets = torch.randint(1, V, (B, U0), generator=gen, device=DEV)
+    T = torch.full((B,), T0, device=DEV)
+    U = torch.full((B,), U0, device=DEV)
+    weights = torch.rand(B, generator=gen, device=DEV) + 0.5
+    losses = transducer_loss(logits, targets, T, U, reduction="none")
+    (losses * weights).sum().backward()
+    grad = logits.grad
+    for b in (straddle - 1, straddle, B - 1):
+        rows = logits.detach()[b * rows_per:(b + 1) * rows_per].cpu().double().requires_grad_()
+        ref = transducer_loss(rows, targets[b:b + 1].cpu(), T[b:b + 1].cpu(), U[b:b + 1].cpu(), reduction="sum")
+        (ref * weights[b].cpu().double()).backward()
+        torch.testing.assert_close(losses[b].double().cpu(), ref.detach(), rtol=1e-5, atol=0)
+        torch.testing.assert_close(grad[b * rows_per:(b + 1) * rows_per].float().cpu(), rows.grad.float(),
+                                   rtol=2.0 ** -10, atol=1e-6)
+    assert torch.isfinite(losses).all()
+    del logits, grad
+    torch.cuda.empty_cache()
+
+
+def test_cuda_graph_training_step():
+    gen = torch.Generator().manual_seed(21)
+    B, max_t, max_u, V, D = 4, 20, 8, 64, 32
+    T = torch.randint(1, max_t + 1, (B,), generator=gen)
+    U = torch.randint(0, max_u + 1, (B,), generator=gen)
+    N = int((T * (U + 1)).sum())
+    x = torch.randn(N, D, generator=gen).to(DEV)
+    W = torch.nn.Parameter(torch.randn(D, V, generator=gen).to(DEV) * 0.3)
+    targets = torch.randint(1, V, (B, max_u), generator=gen).to(DEV)
+    Tg, Ug = T.to(DEV), U.to(DEV)
+    loss_fn = TransducerLoss(blank=0, reduction="mean", check_inputs=False)
+
+    def step():
+        loss = loss_fn(x @ W, targets, Tg, Ug)
+        loss.backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: compile and load every kernel outside the capture
+        for _ in range(2):
+            W.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    W.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    static_grad = W.grad
+
+    for trial in range(3):
+        perm = torch.randperm(B, generator=gen)  # same number of rows, different layout
+        x.copy_(torch.randn(N, D, generator=gen).to(DEV))
+        targets.copy_(torch.randint(1, V, (B, max_u), generator=gen).to(DEV))
+        Tg.copy_(T[perm].to(DEV))
+        Ug.copy_(U[perm].to(DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        W2 = W.detach().clone().requires_grad_()
+        eager = TransducerLoss(blank=0, reduction="mean")(x @ W2, targets, Tg, Ug)
+        eager.backward()
+        torch.testing.assert_close(static_loss, eager, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(static_grad, W2.grad, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- pack
+
+
+@pytest.mark.parametrize("dtype,D", [(torch.float32, 48), (torch.float32, 33), (torch.float16, 64),
+                                     (torch.bfloat16, 40), (torch.float64, 20)])
+def test_pack_matches_cpu(dtype, D):
+    cuda = cuda_stages()
+    gen = torch.Generator().manual_seed(D)
+    B, max_t, max_u1 = 5, 9, 6
+    T = torch.tensor([9, 1, 4, 7, 3])
+    U = torch.tensor([5, 0, 2, 3, 5])
+    enc = torch.randn(B, max_t, D, generator=gen, dtype=torch.float64).to(dtype)
+    pred = torch.randn(B, max_u1, D, generator=gen, dtype=torch.float64).to(dtype)
+    strides = U + 1
+    splits = torch.zeros(B + 1, dtype=torch.int64)
+    torch.cumsum(T * strides, 0, out=splits[1:])
+    N = int(splits[-1])
+    from ragged import row_splits_to_row_ids
+    row_ids = row_splits_to_row_ids(splits, N, dtype=torch.int32)
+    tol = dict(rtol=0, atol=0) if dtype in (torch.float32, torch.float64) else {}
+
+    want = cpu.pack_forward(enc.double(), pred.double(), row_ids, splits[:-1], strides, N).to(dtype)
+    poison_allocator(((N, D), dtype))
+    got = cuda.pack_forward(enc.to(DEV), pred.to(DEV), row_ids.to(DEV), splits[:-1].to(DEV), strides.to(DEV), N)
+    assert_no_nan(got)
+    torch.testing.assert_close(got.cpu(), want, **tol)
+
+    grad_out = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)
+    want_e, want_p = cpu.pack_backward(grad_out.double(), row_ids, splits[:-1], strides, T, U, max_t, max_u1)
+    poison_allocator(((B, max_t, D), dtype), ((B, max_u1, D), dtype))
+    got_e, got_p = cuda.pack_backward(grad_out.to(DEV), row_ids.to(DEV), splits[:-1].to(DEV), strides.to(DEV),
+                                      T.to(DEV), U.to(DEV), max_t, max_u1)
+    assert_no_nan(got_e, got_p)
+    gtol = dict(rtol=1e-6, atol=1e-6) if dtype in (torch.float32, torch.float64) else {}
+    torch.testing.assert_close(got_e.cpu(), want_e.to(dtype), **gtol)
+    torch.testing.assert_close(got_p.cpu(), want_p.to(dtype), **gtol)
+
+    if dtype == torch.float64:  # the public op: values and gradients through autograd
+        e, p = enc.to(DEV).requires_grad_(), pred.to(DEV).requires_grad_()
+        assert torch.autograd.gradcheck(lambda a, b: pack(a, b, T.to(DEV), U.to(DEV)), (e, p))
