@@ -84,14 +84,32 @@ def _kernel(filename, expression, device_index):
         return module.get_function(expression)
 
 
+class _StreamHandle:
+    """A raw cudaStream_t seen through the CUDA stream protocol (what CuPy 14's Stream.from_external takes)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_streams = {}
+
+
 def _external_stream(cp, handle, device_index):
-    stream_cls = cp.cuda.Stream
-    if hasattr(stream_cls, "from_external"):
+    """CuPy's wrapper of torch's stream ``handle`` (cached: torch's streams outlive these wrappers' uses)."""
+    key = (handle, device_index)
+    stream = _streams.get(key)
+    if stream is None:
         try:
-            return stream_cls.from_external(handle, device_id=device_index)
-        except TypeError:
-            return stream_cls.from_external(handle)
-    return cp.cuda.ExternalStream(handle, device_index)
+            stream = cp.cuda.Stream.from_external(_StreamHandle(handle))
+        except (AttributeError, TypeError):  # CuPy < 14
+            stream = cp.cuda.ExternalStream(handle, device_index)
+        _streams[key] = stream
+    return stream
 
 
 @contextlib.contextmanager
