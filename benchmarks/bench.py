@@ -196,26 +196,45 @@ def cupy_pool_mb():
         return 0.0
 
 
-def loss_alone(c, master, bt, warmup, reps, cuda):
-    """Forward + backward of contender c on logits `master`: median ms, extra peak bytes, loss."""
-    times, extras, loss = [], [], None
+def loss_alone(cands, bt, warmup, reps, cuda):
+    """Forward + backward of each (contender, logits) pair, round-robin over the pairs
+    within each repetition so that drift hits everyone equally. Per contender: median
+    ms, extra peak MB over what was allocated before, last loss; an exception drops
+    that contender with an error record and the others go on."""
+    recs = {c["name"]: dict(status="ok", times_ms=[], extras=[]) for c, _ in cands}
     for i in range(warmup + reps):
-        x = master.detach().clone() if c["clobbers"] else master
-        x.requires_grad_(True)
-        x.grad = None
+        for c, master in cands:
+            r = recs[c["name"]]
+            if r["status"] != "ok":
+                continue
+            if i == 0:
+                log(f"  {c['name']} ...")
+            x = master.detach().clone() if c["clobbers"] else master
+            x.requires_grad_(True)
+            x.grad = None
 
-        def fn():
-            l = c["loss"](x, bt)
-            l.backward()
-            return l.detach()
-        loss, ms, peak, base = measure(fn, cuda)
-        if i >= warmup:
-            times.append(ms)
-            extras.append(peak - base if cuda else None)
-        x.grad = None
-        del x
-    return dict(status="ok", time_ms=statistics.median(times), times_ms=times,
-                extra_mb=max(extras) / 2**20 if cuda else None, loss=float(loss.float().sum()))
+            def fn():
+                l = c["loss"](x, bt)
+                l.backward()
+                return l.detach()
+            try:
+                loss, ms, peak, base = measure(fn, cuda)
+                r["loss"] = float(loss.float().sum())
+            except Exception as e:
+                r.update(status="error", msg=short_error(e))
+                log(f"  {c['name']}: {r['msg']}")
+            x.grad = None
+            del x, fn
+            if r["status"] == "ok" and i >= warmup:
+                r["times_ms"].append(ms)
+                r["extras"].append(peak - base if cuda else None)
+    for name, r in recs.items():
+        extras = r.pop("extras")
+        if r["status"] == "ok":
+            r.update(time_ms=statistics.median(r["times_ms"]), extra_mb=max(extras) / 2**20 if cuda else None)
+            log(f"  {name}: {r['time_ms']:.2f} ms" + (f", extra {r['extra_mb']:.0f} MB" if cuda else ""))
+    free()
+    return recs
 
 
 TOO_LARGE = "not run: crashes beyond 2^31 (known)"
@@ -225,16 +244,21 @@ def too_large(c, numel):
     return numel > c.get("max_numel", float("inf"))
 
 
-def run_guarded(label, fn):
-    """fn() -> dict; an exception becomes an error record, so the run goes on."""
-    log(f"  {label} ...")
-    try:
-        r = fn()
-    except Exception as e:
-        r = dict(status="error", msg=short_error(e))
-    free()
-    log(f"  {label}: " + (f"{r['time_ms']:.2f} ms" if r["status"] == "ok" else r["msg"]))
-    return r
+def run_case(contenders, padded, compact, bt, warmup, reps, cuda):
+    """Loss alone for every contender on the layout it takes; records in contender order."""
+    out, cands = {}, []
+    for c in contenders:
+        master = compact if c["layout"] == "compact" else padded
+        if c["error"]:
+            out[c["name"]] = dict(status="error", msg=c["error"])
+        elif too_large(c, master.numel()):
+            out[c["name"]] = dict(status="not run", msg=TOO_LARGE)
+            log(f"  {c['name']}: {TOO_LARGE}")
+        else:
+            out[c["name"]] = None
+            cands.append((c, master))
+    out.update(loss_alone(cands, bt, warmup, reps, cuda))
+    return out
 
 
 # ----------------------------------------------------------------------------- protocols
@@ -338,17 +362,7 @@ def protocol_b(args, dev):
             log(f"[B] case {k + 1}/{len(args.b_cases)} {(B, maxT, maxU, V)} {dn}: sum TU = {bt.N}, floor {floor_ms:.3f} ms")
             padded = randn((B, maxT, maxU + 1, V), dt, dev, gen)
             compact = padded_to_compact(padded, bt)
-            for c in contenders:
-                if c["error"]:
-                    case["contenders"][c["name"]] = dict(status="error", msg=c["error"])
-                    continue
-                master = compact if c["layout"] == "compact" else padded
-                if too_large(c, master.numel()):
-                    case["contenders"][c["name"]] = dict(status="not run", msg=TOO_LARGE)
-                    log(f"  {c['name']}: {TOO_LARGE}")
-                    continue
-                case["contenders"][c["name"]] = run_guarded(
-                    c["name"], lambda: loss_alone(c, master, bt, B_WARMUP, B_REPS, cuda))
+            case["contenders"] = run_case(contenders, padded, compact, bt, B_WARMUP, B_REPS, cuda)
             res["cases"].append(case)
             del padded, compact
             free()
@@ -372,7 +386,7 @@ def protocol_scale(args, dev, bw):
     except Exception as e:
         res["ours"] = dict(status="error", msg=short_error(e))
         return res
-    res["ours"] = run_guarded(c["name"], lambda: loss_alone(c, x, bt, 1, 3, cuda))
+    res["ours"] = loss_alone([(c, x)], bt, 1, 3, cuda)[c["name"]]
     del x
     free()
     return res
@@ -390,13 +404,7 @@ def protocol_cpu(args):
         compact = padded_to_compact(padded, bt)
         case = dict(shape=[B, maxT, maxU, V], dtype="fp32", N=bt.N, contenders={})
         log(f"[CPU] case {(B, maxT, maxU, V)} fp32, {torch.get_num_threads()} threads")
-        for c in contenders:
-            if c["error"]:
-                case["contenders"][c["name"]] = dict(status="error", msg=c["error"])
-                continue
-            master = compact if c["layout"] == "compact" else padded
-            case["contenders"][c["name"]] = run_guarded(
-                c["name"], lambda: loss_alone(c, master, bt, CPU_WARMUP, CPU_REPS, False))
+        case["contenders"] = run_case(contenders, padded, compact, bt, CPU_WARMUP, CPU_REPS, False)
         res["cases"].append(case)
     return res
 
@@ -419,7 +427,7 @@ def row(section, case, name, r, mem="", vs="", checks=None, pt=None, pm=None):
         text = r.get("msg", status) if r else status
         st = "not installed" if text.startswith("not installed") else status
         return dict(section=section, case=case, contender=name, time="", mem="", vs=text, pt=None, pm=None,
-                    target="; ".join(c[1] for c in checks or []) or "", status="miss" if checks else st)
+                    target="; ".join(c[1] for c in checks or []) or "", status="MISS" if checks else st)
     status = "" if checks is None else ("pass" if all(c[0] for c in checks) else "MISS")
     return dict(section=section, case=case, contender=name, time=f"{r['time_ms']:.2f}", mem=mem, vs=vs,
                 target="; ".join(c[1] for c in checks or []), status=status, pt=pt, pm=pm)
@@ -535,7 +543,7 @@ def md_block(res, rows):
         lines.append(f"- copy bandwidth ({b.get('copy_bytes', 2**31) / 2**30:.2f} GiB read + written by one "
                      f"device-to-device copy): {b['copy_gbps']:.0f} GB/s")
     n_pass = sum(r["status"] == "pass" for r in rows)
-    n_miss = sum(r["status"] in ("MISS", "miss") for r in rows)
+    n_miss = sum(r["status"] == "MISS" for r in rows)
     lines += [f"- targets: {n_pass} pass, {n_miss} miss", "", "| " + " | ".join(h for _, h in COLS) + " |",
               "|" + "---|" * len(COLS)]
     lines += ["| " + " | ".join(str(r[k]).replace("|", "/") for k, _ in COLS) + " |" for r in rows]
