@@ -555,7 +555,7 @@ def md_block(res, rows):
               "encoder/predictor outputs and weights); it excludes CuPy's own memory pool (shown as +cupy pool when used) "
               "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast; peers without "
               "bf16 get logits cast to fp32. Padded paths build the joiner over (B, maxT, maxU+1, 512). Peers' compact "
-              "input comes from a plain-torch gather.",
+              "input comes from a plain-torch gather. Targets apply to ours compact; padded lines are for information.",
               "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
               "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
               "includes the gradient itself; grad = size of the layout's gradient. Targets apply to ours compact.",
