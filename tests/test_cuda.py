@@ -131,7 +131,7 @@ def test_stages_match_cpu(V, padded, rna, dtype):
         got = cuda.gradient(xg, g_targets, g_layout, *args_g, blank, fls, rna, out)
         assert got is out
         assert_no_nan(out)
-        gtol = dict(rtol=1e-5, atol=1e-6) if acc == torch.float32 else dict(rtol=1e-9, atol=1e-12)
+        gtol = dict(rtol=1e-5, atol=3e-6) if acc == torch.float32 else dict(rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(out.cpu(), expected, **gtol)
         # in place: out is the logits themselves
         inplace = xg.clone()
