@@ -10,12 +10,11 @@ in a CUDA graph.
 
 Kernels per stage:
 
-- ``log_probs``: one kernel (plus a B-thread one that builds each utterance's
-  FastDivmod): a warp per row (a 256-thread block per row for very long rows
+- ``log_probs``: one kernel: a warp per row (a 256-thread block per row for very long rows
   or very few rows), 16-byte loads where the row allows, online logsumexp;
 - ``alpha_beta``: one kernel of 2B blocks (alpha of utterance b in block b,
   its beta and loss in block B + b);
-- ``gradient``: one kernel (plus the FastDivmod one): one read of the logits,
+- ``gradient``: one kernel: one read of the logits,
   one write of the gradient, 16-byte accesses where possible;
 - ``pack_forward`` / ``pack_backward``: enc + pred gathered into compact
   rows, and the two segment sums back.
@@ -140,6 +139,11 @@ def _vec_width(itemsize, length, tensors):
     return 1
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index):
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _warps_per_row(num_rows, row_bytes, device):
     """1 (a warp per row, 8 rows per block) or 8 (a 256-thread block per row).
 
@@ -149,17 +153,10 @@ def _warps_per_row(num_rows, row_bytes, device):
     fill the GPU with warps."""
     if row_bytes > 16384:
         return 8
-    if row_bytes >= 4096 and num_rows < 64 * torch.cuda.get_device_properties(device).multi_processor_count:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if row_bytes >= 4096 and num_rows < 64 * _num_sms(index):
         return 8
     return 1
-
-
-def _divmods(strides, index):
-    """(B,) int64 row strides -> device array of B ``struct FastDivmod`` (int32 triples)."""
-    B = strides.numel()
-    out = torch.empty(B, 3, dtype=torch.int32, device=strides.device)
-    _kernel("stages.cu", "make_divmods", index)(((B + 127) // 128,), (128,), (_ptr(strides), _i32(B), _ptr(out)))
-    return out
 
 
 def _int32(t):
@@ -176,12 +173,16 @@ def _check_cuda(*tensors):
             raise ValueError("transducer.cuda: every tensor must be on a CUDA device")
 
 
+_INDEX_CTYPE = {torch.int32: "int", torch.int64: "long long"}
+
+
 def _targets(targets):
-    """targets as contiguous int32 (B, S) with at least one column (the kernels never read it when S == 0)."""
-    t = _int32(targets)
-    if t.size(1) == 0:
-        t = torch.zeros(t.size(0), 1, dtype=torch.int32, device=t.device)
-    return t
+    """targets as contiguous (B, S) int32 or int64 (kernels are instantiated for both: no conversion pass),
+    and the C type. With S == 0 no kernel reads it."""
+    if targets.dtype not in _INDEX_CTYPE:
+        targets = targets.to(torch.int64)
+    targets = targets.contiguous()
+    return targets, _INDEX_CTYPE[targets.dtype]
 
 
 def _layout_args(layout):
@@ -202,20 +203,19 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
     if num_rows == 0:
         return lp, den
     T, U, offsets, strides, row_ids = _layout_args(layout)
-    targets = _targets(targets)
+    targets, itype = _targets(targets)
     blank = blank + V if blank < 0 else blank
     itemsize = logits2d.element_size()
     vec = _vec_width(itemsize, V, [logits2d])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
-    expr = f"log_probs_kernel<{_CTYPE[logits2d.dtype]}, {vec}, {wpr}>"
+    expr = f"log_probs_kernel<{_CTYPE[logits2d.dtype]}, {itype}, {vec}, {wpr}>"
     with _launch_on(logits2d.device) as index:
-        divmods = _divmods(strides, index)
         _kernel("stages.cu", expr, index)(
             ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-            (_ptr(logits2d), _ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _ptr(offsets), _ptr(divmods),
-             _ptr(row_ids), _i32(num_rows), _i32(V), _i32(V // vec), _i32(blank), _i32(bool(from_log_softmax)),
-             _ptr(lp), _ptr(den)))
+            (_ptr(logits2d), _ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _ptr(offsets), _ptr(strides),
+             _ptr(row_ids), _i32(num_rows), _i32(V), _i32(V // vec), _i32(blank), _i32(bool(layout.padded)),
+             _i32(bool(from_log_softmax)), _ptr(lp), _ptr(den)))
     return lp, den
 
 
@@ -264,21 +264,20 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     loss = loss.to(acc).contiguous()
     scale = scale.to(device=lp.device, dtype=acc).expand(loss.numel()).contiguous()
     T, U, offsets, strides, row_ids = _layout_args(layout)
-    targets = _targets(targets)
+    targets, itype = _targets(targets)
     blank = blank + V if blank < 0 else blank
     itemsize = logits2d.element_size()
     vec = _vec_width(itemsize, V, [out] if from_log_softmax else [logits2d, out])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     flag = lambda x: "true" if x else "false"  # noqa: E731
-    expr = (f"gradient_kernel<{_CTYPE[logits2d.dtype]}, {vec}, {wpr}, {flag(from_log_softmax)}, "
+    expr = (f"gradient_kernel<{_CTYPE[logits2d.dtype]}, {itype}, {vec}, {wpr}, {flag(from_log_softmax)}, "
             f"{flag(one_sym_per_frame)}>")
     with _launch_on(logits2d.device) as index:
-        divmods = _divmods(strides, index)
         _kernel("stages.cu", expr, index)(
             ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-            (_ptr(logits2d), _ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _ptr(offsets), _ptr(divmods),
-             _ptr(row_ids), _i32(num_rows), _i32(V), _i32(V // vec), _i32(blank),
+            (_ptr(logits2d), _ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _ptr(offsets), _ptr(strides),
+             _ptr(row_ids), _i32(num_rows), _i32(V), _i32(V // vec), _i32(blank), _i32(bool(layout.padded)),
              _ptr(lp), _ptr(den), _ptr(alpha), _ptr(beta), _ptr(loss), _ptr(scale), _ptr(out)))
     return out
 
@@ -313,10 +312,9 @@ def pack_forward(encoder_out, predictor_out, row_ids, cell_offsets, row_strides,
     items_per_block = _THREADS // tpr
     expr = f"pack_forward_kernel<{_CTYPE[encoder_out.dtype]}, {vec}>"
     with _launch_on(encoder_out.device) as index:
-        divmods = _divmods(strides, index)
         _kernel("pack.cu", expr, index)(
             ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
-            (_ptr(encoder_out), _ptr(predictor_out), _ptr(row_ids), _ptr(offsets), _ptr(divmods),
+            (_ptr(encoder_out), _ptr(predictor_out), _ptr(row_ids), _ptr(offsets), _ptr(strides),
              _i32(num_rows), _i32(max_t), _i32(max_u1), _i32(nvec), _i32(tpr.bit_length() - 1), _ptr(out)))
     return out
 

@@ -13,7 +13,7 @@
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const int* __restrict__ row_ids,
-                        const long long* __restrict__ cell_offsets, const FastDivmod* __restrict__ divmods,
+                        const long long* __restrict__ cell_offsets, const long long* __restrict__ row_strides,
                         int num_rows, int max_t, int max_u1, int nvec, int log_tpr, T* __restrict__ out) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(256)
   if (r >= num_rows) return;
   const int b = row_ids[r];
   int t, u;
-  divmods[b].divmod(r - (int)cell_offsets[b], t, u);
+  const long long st = row_strides[b];
+  fast_divmod_for(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)cell_offsets[b], t, u);
   const long long D = (long long)nvec * VEC;
   V* po = reinterpret_cast<V*>(out + (long long)r * D);
   if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros

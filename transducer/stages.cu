@@ -3,7 +3,6 @@
 // Launched by transducer/cuda.py through cupy.RawModule with name expressions
 // (one instantiation per module); every kernel runs on torch's current stream.
 //
-//   make_divmods       B threads: FastDivmod of every utterance's row stride
 //   log_probs_kernel   one warp (or one 256-thread block, large V) per row:
 //                      den = logsumexp_v in one online pass, lp = picked - den
 //   alpha_beta_kernel  2B blocks: block b walks alpha of utterance b, block
@@ -12,7 +11,8 @@
 //                      one write of the gradient
 //
 // Rows are (b, t, u) with row = cell_offsets[b] + t * stride_b + u; the
-// per-row t, u come from the utterance's FastDivmod (no / or % per element).
+// per-row t, u come from a FastDivmod of the utterance's stride, built in the
+// kernel from the device-side stride (fast_divmod_for: no / or % anywhere).
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31.
 
 #include "common.cuh"
@@ -32,64 +32,66 @@ struct RowGeometry {
 
 // (t, u) of row r and whether it is a cell of its utterance (not padding).
 struct RowInfo {
-  int b, t, u, T, U;
+  int b, t, u, T, U, st;
   bool cell;
 };
 
 __device__ __forceinline__ RowInfo row_info(int r, const int* __restrict__ row_ids,
                                             const long long* __restrict__ cell_offsets,
-                                            const FastDivmod* __restrict__ divmods,
+                                            const long long* __restrict__ row_strides,
                                             const long long* __restrict__ logit_lengths,
                                             const long long* __restrict__ target_lengths) {
   RowInfo ri;
   ri.b = row_ids[r];
-  const FastDivmod dm = divmods[ri.b];
-  dm.divmod(r - (int)cell_offsets[ri.b], ri.t, ri.u);
+  const long long st = row_strides[ri.b];
+  ri.st = st < 1 ? 1 : (int)st;
+  fast_divmod_for((unsigned int)ri.st).divmod(r - (int)cell_offsets[ri.b], ri.t, ri.u);
   ri.T = (int)logit_lengths[ri.b];
   ri.U = (int)target_lengths[ri.b];
   ri.cell = ri.t < ri.T && ri.u <= ri.U;
   return ri;
 }
 
-}  // namespace td
-
-// FastDivmod of every utterance's row stride (U_b + 1 compact, maxU + 1 padded).
-// The strides live on the device, so the constants are made here rather than
-// on the host (no synchronisation): l = ceil(log2 d) and
-// m = floor(2^32 (2^l - d) / d) + 1 as in ops/fast_divmod.py. One 64-bit
-// division per utterance, none per element.
-extern "C" __global__ void make_divmods(const long long* __restrict__ strides, int B, FastDivmod* __restrict__ out) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= B) return;
-  long long s = strides[b];
-  const unsigned int d = s < 1 ? 1u : (s > (1ll << 31) ? (1u << 31) : (unsigned int)s);
-  const unsigned int l = 32 - __clz(d - 1);  // ceil(log2 d); __clz(0) == 32 gives 0 for d == 1
-  const unsigned long long m = ((1ull << 32) * ((1ull << l) - d)) / d + 1;
-  FastDivmod f;
-  f.d = d;
-  f.m = (unsigned int)m;
-  f.l = l;
-  out[b] = f;
+// kUnroll vectors of one row: [i0, i0 + G, ..., i0 + (kUnroll-1) G], those below nvec.
+template <int G, typename V>
+__device__ __forceinline__ void load_chunk(const V* p, int i0, int nvec, V (&buf)[kUnroll]) {
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int i = i0 + k * G;
+    if (i < nvec) buf[k] = p[i];
+  }
 }
+
+}  // namespace td
 
 // ---------------------------------------------------------------------------
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den)
-template <typename T, int VEC, int WPR>
+// In the compact layout (padded == 0) the first vectors of the row are loaded
+// before the row's (b, t, u) is known: they depend on r alone, so the chain
+// row_ids -> strides / lengths / targets overlaps them instead of delaying them.
+template <typename T, typename I, int VEC, int WPR>
 __global__ void __launch_bounds__(td::kThreads)
-    log_probs_kernel(const T* __restrict__ logits, const int* __restrict__ targets, int target_cols,
+    log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
                      const long long* __restrict__ logit_lengths, const long long* __restrict__ target_lengths,
-                     const long long* __restrict__ cell_offsets, const FastDivmod* __restrict__ divmods,
-                     const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank,
+                     const long long* __restrict__ cell_offsets, const long long* __restrict__ row_strides,
+                     const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank, int padded,
                      int from_log_softmax, typename td::AccOf<T>::type* __restrict__ lp,
                      typename td::AccOf<T>::type* __restrict__ den) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef RowGeometry<WPR> Geo;
+  typedef Vec<T, VEC> VT;
   const Acc NINF = neg_inf<Acc>();
   const int lane = threadIdx.x & (Geo::G - 1);
   const int r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
   if (r >= num_rows) return;  // uniform per row (per block when WPR == 8)
-  const RowInfo ri = row_info(r, row_ids, cell_offsets, divmods, logit_lengths, target_lengths);
+  const long long row = (long long)r * V;
+  const VT* p = reinterpret_cast<const VT*>(logits + row);
+  VT buf[kUnroll];
+  const bool early = !padded && !from_log_softmax;
+  if (early) load_chunk<Geo::G>(p, lane, nvec, buf);
+
+  const RowInfo ri = row_info(r, row_ids, cell_offsets, row_strides, logit_lengths, target_lengths);
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
     if (lane == 0) {
       lp[2ll * r] = NINF;
@@ -98,23 +100,16 @@ __global__ void __launch_bounds__(td::kThreads)
     }
     return;
   }
-  const long long row = (long long)r * V;
   const bool has_label = ri.u < ri.U;
   Acc x_blank = Acc(0), x_label = NINF;
   if (lane == 0) {  // issued early, used after the reduction
     x_blank = to_acc(logits[row + blank]);
-    if (has_label) x_label = to_acc(logits[row + targets[(long long)ri.b * target_cols + ri.u]]);
+    if (has_label) x_label = to_acc(logits[row + (long long)targets[(long long)ri.b * target_cols + ri.u]]);
   }
   Acc m = NINF, s = Acc(0);
   if (!from_log_softmax) {
-    const Vec<T, VEC>* p = reinterpret_cast<const Vec<T, VEC>*>(logits + row);
-    for (int i0 = lane; i0 < nvec; i0 += Geo::G * kUnroll) {
-      Vec<T, VEC> buf[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const int i = i0 + k * Geo::G;
-        if (i < nvec) buf[k] = p[i];
-      }
+    if (!early) load_chunk<Geo::G>(p, lane, nvec, buf);
+    for (int i0 = lane;;) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         if (i0 + k * Geo::G < nvec) {
@@ -135,6 +130,9 @@ __global__ void __launch_bounds__(td::kThreads)
           }
         }
       }
+      i0 += Geo::G * kUnroll;
+      if (i0 >= nvec) break;
+      load_chunk<Geo::G>(p, i0, nvec, buf);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -171,6 +169,8 @@ __global__ void __launch_bounds__(td::kThreads)
 // back from the output in global memory. Cells outside the RNA band
 // (u <= t, t - u <= T-1-U) are -inf; so is everything when U > T - 1.
 namespace td {
+
+constexpr int kRing = 8;  // alpha/beta: steps of log-probs loaded ahead
 
 template <typename Acc, int MODE>
 struct Walk {
@@ -256,17 +256,28 @@ struct Walk {
   __device__ void run() const {
     const int nsteps = MODE < 2 ? T + U : T;
     if (U + 1 <= (int)blockDim.x) {
-      // one u per thread: the next step's log-probs are loaded before this
-      // step's barrier, off the critical path
+      // one u per thread: each step's log-probs are loaded kRing steps ahead
+      // (a register ring), so their latency stays off the critical path
       const int u = threadIdx.x;
       const bool act = u <= U;
-      Acc n1 = neg_inf<Acc>(), n2 = neg_inf<Acc>();
-      if (act) load(0, u, n1, n2);
-      for (int s = 0; s < nsteps; ++s) {
-        const Acc x1 = n1, x2 = n2;
-        if (act && s + 1 < nsteps) load(s + 1, u, n1, n2);
-        if (act) step(s, u, x1, x2);
-        __syncthreads();
+      Acc r1[kRing], r2[kRing];
+#pragma unroll
+      for (int k = 0; k < kRing; ++k) {
+        r1[k] = neg_inf<Acc>();
+        r2[k] = neg_inf<Acc>();
+        if (act && k < nsteps) load(k, u, r1[k], r2[k]);
+      }
+      for (int s0 = 0; s0 < nsteps; s0 += kRing) {
+#pragma unroll
+        for (int k = 0; k < kRing; ++k) {
+          const int s = s0 + k;
+          if (s < nsteps) {  // uniform over the block
+            const Acc x1 = r1[k], x2 = r2[k];
+            if (act && s + kRing < nsteps) load(s + kRing, u, r1[k], r2[k]);
+            if (act) step(s, u, x1, x2);
+            __syncthreads();
+          }
+        }
       }
     } else {
       for (int s = 0; s < nsteps; ++s) {
@@ -284,7 +295,7 @@ struct Walk {
 }  // namespace td
 
 template <typename Acc, bool RNA>
-__global__ void alpha_beta_kernel(const Acc* __restrict__ lp, const long long* __restrict__ logit_lengths,
+__global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict__ lp, const long long* __restrict__ logit_lengths,
                                   const long long* __restrict__ target_lengths,
                                   const long long* __restrict__ cell_offsets,
                                   const long long* __restrict__ row_strides, int B, int num_rows, int padded,
@@ -334,12 +345,12 @@ __global__ void alpha_beta_kernel(const Acc* __restrict__ lp, const long long* _
 // label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0).
 // Zeros on padding rows and for utterances whose loss is not finite or whose
 // scale is 0. `out` may be `logits` (each element is read before it is written).
-template <typename T, int VEC, int WPR, bool FLS, bool RNA>
+template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA>
 __global__ void __launch_bounds__(td::kThreads)
-    gradient_kernel(const T* logits, const int* __restrict__ targets, int target_cols,
+    gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
                     const long long* __restrict__ logit_lengths, const long long* __restrict__ target_lengths,
-                    const long long* __restrict__ cell_offsets, const FastDivmod* __restrict__ divmods,
-                    const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank,
+                    const long long* __restrict__ cell_offsets, const long long* __restrict__ row_strides,
+                    const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank, int padded,
                     const typename td::AccOf<T>::type* __restrict__ lp,
                     const typename td::AccOf<T>::type* __restrict__ den,
                     const typename td::AccOf<T>::type* __restrict__ alpha,
@@ -349,14 +360,19 @@ __global__ void __launch_bounds__(td::kThreads)
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef RowGeometry<WPR> Geo;
+  typedef Vec<T, VEC> VT;
   const Acc NINF = neg_inf<Acc>();
   const int lane = threadIdx.x & (Geo::G - 1);
   const int r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
   if (r >= num_rows) return;
-  const RowInfo ri = row_info(r, row_ids, cell_offsets, divmods, logit_lengths, target_lengths);
   const long long row = (long long)r * V;
-  Vec<T, VEC>* q = reinterpret_cast<Vec<T, VEC>*>(out + row);
+  const VT* p = reinterpret_cast<const VT*>(logits + row);
+  VT* q = reinterpret_cast<VT*>(out + row);
+  VT buf[kUnroll];
+  const bool early = !FLS && !padded;  // compact: first vectors in flight before the row's coefficients
+  if (early) load_chunk<Geo::G>(p, lane, nvec, buf);
 
+  const RowInfo ri = row_info(r, row_ids, cell_offsets, row_strides, logit_lengths, target_lengths);
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
   if (live) {
@@ -366,7 +382,7 @@ __global__ void __launch_bounds__(td::kThreads)
     if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
   }
   if (!live) {
-    Vec<T, VEC> z;
+    VT z;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
     for (int i = lane; i < nvec; i += Geo::G) q[i] = z;
@@ -376,7 +392,7 @@ __global__ void __launch_bounds__(td::kThreads)
   const Acc a = alpha[r];
   const Acc lognorm = a + l;
   const Acc coef = FLS ? Acc(0) : lognorm - den[r] + beta[r];
-  const int st = (int)divmods[ri.b].d;
+  const int st = ri.st;
   Acc after_blank;
   if (ri.t + 1 < ri.T)
     after_blank = beta[r + st];
@@ -392,24 +408,16 @@ __global__ void __launch_bounds__(td::kThreads)
     else
       after_label = beta[r + 1];
     sub_label = exp_acc(lognorm + lp[2ll * r + 1] + after_label) * sc;
-    label = targets[(long long)ri.b * target_cols + ri.u];
+    label = (int)targets[(long long)ri.b * target_cols + ri.u];
   }
 
-  const Vec<T, VEC>* p = reinterpret_cast<const Vec<T, VEC>*>(logits + row);
-  for (int i0 = lane; i0 < nvec; i0 += Geo::G * kUnroll) {
-    Vec<T, VEC> buf[kUnroll];
-    if (!FLS) {
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const int i = i0 + k * Geo::G;
-        if (i < nvec) buf[k] = p[i];
-      }
-    }
+  if (!FLS && !early) load_chunk<Geo::G>(p, lane, nvec, buf);
+  for (int i0 = lane;;) {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int i = i0 + k * Geo::G;
       if (i < nvec) {
-        Vec<T, VEC> o;
+        VT o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const int v = i * VEC + j;
@@ -421,5 +429,8 @@ __global__ void __launch_bounds__(td::kThreads)
         q[i] = o;
       }
     }
+    i0 += Geo::G * kUnroll;
+    if (i0 >= nvec) break;
+    if (!FLS) load_chunk<Geo::G>(p, i0, nvec, buf);
   }
 }
