@@ -111,13 +111,19 @@ def _external_stream(cp, handle, device_index):
     return stream
 
 
+def _current_raw_stream(index):
+    """torch's current stream on device ``index`` as a raw cudaStream_t (the private fast path when present)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 @contextlib.contextmanager
 def _launch_on(device):
     """Select ``device`` in CuPy and launch on torch's current stream there; yields the device index."""
     cp = _cupy()
     index = device.index if device.index is not None else torch.cuda.current_device()
     with cp.cuda.Device(index):
-        with _external_stream(cp, torch.cuda.current_stream(index).cuda_stream, index):
+        with _external_stream(cp, _current_raw_stream(index), index):
             yield index
 
 
