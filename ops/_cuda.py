@@ -14,6 +14,8 @@ Scalar kernel arguments must be numpy scalars of the exact C type
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import threading
 
@@ -36,32 +38,64 @@ def cupy():
     return cp
 
 
-def load_module(path: str, extra_include_dirs=()):
-    """RawModule for the .cu file at ``path`` on the current CuPy device (cached)."""
+@functools.lru_cache(maxsize=None)
+def _headers_digest(include_dirs):
+    """A hash of every header the kernels may include: CuPy's on-disk cache keys on the
+    source text and options only, so an edited header must change the source."""
+    h = hashlib.sha1()
+    for d in include_dirs:
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".cuh"):
+                with open(os.path.join(d, name), "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+def load_module(path: str, extra_include_dirs=(), name_expressions=()):
+    """RawModule for the .cu file at ``path`` on the current CuPy device (cached).
+
+    ``name_expressions`` names the template instantiations to compile (see
+    ``cupy.RawModule``); each distinct tuple is its own module."""
     cp = cupy()
     dev = cp.cuda.Device().id
-    key = (path, dev, tuple(extra_include_dirs))
+    key = (path, dev, tuple(extra_include_dirs), tuple(name_expressions))
     mod = _modules.get(key)
     if mod is None:
         with _lock:
             mod = _modules.get(key)
             if mod is None:
+                include_dirs = (OPS_DIR,) + tuple(extra_include_dirs)
                 with open(path) as f:
-                    code = f.read()
-                opts = ("-std=c++17", f"-I{OPS_DIR}") + tuple(f"-I{d}" for d in extra_include_dirs)
-                mod = cp.RawModule(code=code, options=opts)
+                    code = f"// headers {_headers_digest(include_dirs)}\n" + f.read()
+                opts = ("-std=c++17",) + tuple(f"-I{d}" for d in include_dirs)
+                mod = cp.RawModule(code=code, options=opts, name_expressions=tuple(name_expressions) or None)
                 _modules[key] = mod
     return mod
 
 
+class _StreamHandle:
+    """A raw cudaStream_t seen through the CUDA stream protocol (what CuPy 14's Stream.from_external takes)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
 def _external_stream(cp, handle: int, device_id: int):
-    Stream = cp.cuda.Stream
-    if hasattr(Stream, "from_external"):
-        try:
-            return Stream.from_external(handle, device_id=device_id)
-        except TypeError:
-            return Stream.from_external(handle)
-    return cp.cuda.ExternalStream(handle, device_id)
+    try:
+        return cp.cuda.Stream.from_external(_StreamHandle(handle))
+    except (AttributeError, TypeError):  # CuPy < 14
+        return cp.cuda.ExternalStream(handle, device_id)
+
+
+def _current_raw_stream(device_id: int) -> int:
+    """torch's current stream as a raw cudaStream_t (torch's private fast path when present)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
 _streams: dict = {}
@@ -73,7 +107,7 @@ def torch_stream(t: torch.Tensor):
     cp = cupy()
     dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
     with cp.cuda.Device(dev):
-        handle = torch.cuda.current_stream(dev).cuda_stream
+        handle = _current_raw_stream(dev)
         # the wrapper only holds the handle; cache it (cheap launches, capture-safe)
         s = _streams.get((handle, dev))
         if s is None:
@@ -86,8 +120,14 @@ def ptr(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 
 
-def num_sms(t: torch.Tensor) -> int:
-    return torch.cuda.get_device_properties(t.device).multi_processor_count
+@functools.lru_cache(maxsize=None)
+def _device_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_sms(t) -> int:
+    """Multiprocessors of the device of tensor (or torch.device) ``t``."""
+    return _device_sms(t if isinstance(t, torch.device) else t.device)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -125,7 +125,7 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
             indices = indices.to(params.device)
     _check_index_dtype(indices.dtype)
     plan = _plan(tuple(params.shape), tuple(indices.shape), axis, batch_dims)
-    B, O, G, K, I = plan.B, plan.O, plan.G, plan.K, plan.I
+    G = plan.G
 
     sharded = shard_offset is not None
     if sharded:

@@ -22,15 +22,13 @@ Kernels per stage:
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import os
 
 import numpy as np
 import torch
 
-from ops import FastDivmod, cuda_include_dir
+from ops import FastDivmod, _cuda
+from ops._cuda import ptr as _ptr
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _THREADS = 256  # block size of the per-row kernels (stages.cu: kThreads)
@@ -47,88 +45,10 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("CUDA tensors need CuPy: pip install -e '.[cuda]' (cupy-cuda13x) or '.[cuda12]'") from e
-    return cupy
-
-
-@functools.lru_cache(maxsize=None)
-def _source(filename):
-    """The .cu source, prefixed with a hash of the headers it includes.
-
-    CuPy's on-disk kernel cache keys on the source text and options only; the
-    hash makes an edited header compile afresh."""
-    with open(os.path.join(_HERE, filename)) as f:
-        code = f.read()
-    h = hashlib.sha1()
-    for header in (os.path.join(_HERE, "common.cuh"), os.path.join(cuda_include_dir(), "fast_divmod.cuh")):
-        with open(header, "rb") as f:
-            h.update(f.read())
-    return f"// headers {h.hexdigest()}\n{code}"
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(filename, expression, device_index):
-    """The kernel ``expression`` (a template instantiation or extern "C" name) of ``filename``."""
-    cp = _cupy()
-    with cp.cuda.Device(device_index):
-        options = ("-std=c++17", f"-I{cuda_include_dir()}", f"-I{_HERE}")
-        if expression.endswith(">"):
-            module = cp.RawModule(code=_source(filename), options=options, name_expressions=(expression,))
-        else:
-            module = cp.RawModule(code=_source(filename), options=options)
-        return module.get_function(expression)
-
-
-class _StreamHandle:
-    """A raw cudaStream_t seen through the CUDA stream protocol (what CuPy 14's Stream.from_external takes)."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-_streams = {}
-
-
-def _external_stream(cp, handle, device_index):
-    """CuPy's wrapper of torch's stream ``handle`` (cached: torch's streams outlive these wrappers' uses)."""
-    key = (handle, device_index)
-    stream = _streams.get(key)
-    if stream is None:
-        try:
-            stream = cp.cuda.Stream.from_external(_StreamHandle(handle))
-        except (AttributeError, TypeError):  # CuPy < 14
-            stream = cp.cuda.ExternalStream(handle, device_index)
-        _streams[key] = stream
-    return stream
-
-
-def _current_raw_stream(index):
-    """torch's current stream on device ``index`` as a raw cudaStream_t (the private fast path when present)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
-
-
-@contextlib.contextmanager
-def _launch_on(device):
-    """Select ``device`` in CuPy and launch on torch's current stream there; yields the device index."""
-    cp = _cupy()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with cp.cuda.Device(index):
-        with _external_stream(cp, _current_raw_stream(index), index):
-            yield index
-
-
-def _ptr(t):
-    return np.uint64(t.data_ptr())
+def _kernel(filename, expression):
+    """The kernel ``expression`` (a template instantiation or extern "C" name) of ``filename``, on CuPy's current device."""
+    names = (expression,) if expression.endswith(">") else ()
+    return _cuda.load_module(os.path.join(_HERE, filename), (_HERE,), names).get_function(expression)
 
 
 def _i32(x):
@@ -145,11 +65,6 @@ def _vec_width(itemsize, length, tensors):
     return 1
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _warps_per_row(num_rows, row_bytes, device):
     """1 (a warp per row, 8 rows per block) or 8 (a 256-thread block per row).
 
@@ -159,8 +74,7 @@ def _warps_per_row(num_rows, row_bytes, device):
     fill the GPU with warps."""
     if row_bytes > 16384:
         return 8
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if row_bytes >= 4096 and num_rows < 64 * _num_sms(index):
+    if row_bytes >= 4096 and num_rows < 64 * _cuda.num_sms(device):
         return 8
     return 1
 
@@ -216,8 +130,8 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     expr = f"log_probs_kernel<{_CTYPE[logits2d.dtype]}, {itype}, {vec}, {wpr}>"
-    with _launch_on(logits2d.device) as index:
-        _kernel("stages.cu", expr, index)(
+    with _cuda.torch_stream(logits2d):
+        _kernel("stages.cu", expr)(
             ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
             (_ptr(logits2d), _ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _ptr(offsets), _ptr(strides),
              _ptr(row_ids), _i32(num_rows), _i32(V), _i32(V // vec), _i32(blank), _i32(bool(layout.padded)),
@@ -246,8 +160,8 @@ def alpha_beta(lp, layout, one_sym_per_frame):
     cap = _alpha_beta_smem_entries(max_u1, lp.element_size())
     ctype = "double" if lp.dtype == torch.float64 else "float"
     expr = f"alpha_beta_kernel<{ctype}, {'true' if one_sym_per_frame else 'false'}>"
-    with _launch_on(lp.device) as index:
-        _kernel("stages.cu", expr, index)(
+    with _cuda.torch_stream(lp):
+        _kernel("stages.cu", expr)(
             (2 * B,), (threads,),
             (_ptr(lp), _ptr(T), _ptr(U), _ptr(offsets), _ptr(strides), _i32(B), _i32(num_rows),
              _i32(bool(layout.padded)), _i32(cap), _ptr(alpha), _ptr(beta), _ptr(loss)),
@@ -279,8 +193,8 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     flag = lambda x: "true" if x else "false"  # noqa: E731
     expr = (f"gradient_kernel<{_CTYPE[logits2d.dtype]}, {itype}, {vec}, {wpr}, {flag(from_log_softmax)}, "
             f"{flag(one_sym_per_frame)}>")
-    with _launch_on(logits2d.device) as index:
-        _kernel("stages.cu", expr, index)(
+    with _cuda.torch_stream(logits2d):
+        _kernel("stages.cu", expr)(
             ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
             (_ptr(logits2d), _ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _ptr(offsets), _ptr(strides),
              _ptr(row_ids), _i32(num_rows), _i32(V), _i32(V // vec), _i32(blank), _i32(bool(layout.padded)),
@@ -317,8 +231,8 @@ def pack_forward(encoder_out, predictor_out, row_ids, cell_offsets, row_strides,
     tpr = _threads_per_item(nvec)
     items_per_block = _THREADS // tpr
     expr = f"pack_forward_kernel<{_CTYPE[encoder_out.dtype]}, {vec}>"
-    with _launch_on(encoder_out.device) as index:
-        _kernel("pack.cu", expr, index)(
+    with _cuda.torch_stream(encoder_out):
+        _kernel("pack.cu", expr)(
             ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
             (_ptr(encoder_out), _ptr(predictor_out), _ptr(row_ids), _ptr(offsets), _ptr(strides),
              _i32(num_rows), _i32(max_t), _i32(max_u1), _i32(nvec), _i32(tpr.bit_length() - 1), _ptr(out)))
@@ -342,14 +256,14 @@ def pack_backward(grad_out, row_ids, cell_offsets, row_strides, logit_lengths, t
     tpr = _threads_per_item(nvec)
     items_per_block = _THREADS // tpr
     ctype = _CTYPE[grad_out.dtype]
-    with _launch_on(grad_out.device) as index:
+    with _cuda.torch_stream(grad_out):
         for grad, per_b, pred in ((grad_enc, max_t, False), (grad_pred, max_u1, True)):
             num_items = B * per_b
             if num_items == 0:
                 continue
             if num_items >= 1 << 31:
                 raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
-            _kernel("pack.cu", f"pack_grad_kernel<{ctype}, {vec}, {'true' if pred else 'false'}>", index)(
+            _kernel("pack.cu", f"pack_grad_kernel<{ctype}, {vec}, {'true' if pred else 'false'}>")(
                 ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
                 (_ptr(grad_out), _ptr(T), _ptr(U), _ptr(offsets), _ptr(strides), FastDivmod(per_b).as_struct(),
                  _i32(num_items), _i32(nvec), _i32(tpr.bit_length() - 1), _ptr(grad)))

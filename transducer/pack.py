@@ -3,7 +3,6 @@
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import cpu
 from .loss import _check_tensor, _INDEX_DTYPES, _stages
 from ragged import row_splits_to_row_ids
 
