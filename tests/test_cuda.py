@@ -483,3 +483,29 @@ def test_pack_matches_cpu(dtype, D):
     if dtype == torch.float64:  # the public op: values and gradients through autograd
         e, p = enc.to(DEV).requires_grad_(), pred.to(DEV).requires_grad_()
         assert torch.autograd.gradcheck(lambda a, b: pack(a, b, T.to(DEV), U.to(DEV)), (e, p))
+
+
+@pytest.mark.parametrize("itype", [torch.int32, torch.int64])
+def test_input_stats_match_cpu(itype):
+    gen = torch.Generator().manual_seed(77)
+    for B, S, V in [(1, 0, 5), (7, 9, 30), (300, 40, 500)]:
+        T = torch.randint(-1, 50, (B,), generator=gen).to(itype)
+        U = torch.randint(-1, S + 3, (B,), generator=gen).to(itype)
+        targets = torch.randint(-2, V + 2, (B, S), generator=gen).to(itype)
+        expected = cpu.input_stats(targets, T, U, V, 3)
+        got = cuda_stages().input_stats(targets.to(DEV), T.to(DEV), U.to(DEV), V, 3)
+        assert got.tolist() == expected.tolist()
+
+
+def test_bad_values_raise_on_cuda():
+    logits = torch.randn(2 * 3 + 4, 5, device=DEV)
+    targets = torch.tensor([[1, 2], [3, 4]], device=DEV)
+    T, U = torch.tensor([2, 4], device=DEV), torch.tensor([2, 0], device=DEV)
+    with pytest.raises(ValueError, match="targets: 1 entries"):
+        transducer_loss(logits, torch.tensor([[1, 0], [3, 4]], device=DEV), T, U)
+    with pytest.raises(ValueError, match="logits: compact logits must have sum_b"):
+        transducer_loss(logits[:-1], targets, T, U)
+    with pytest.raises(ValueError, match="logit_lengths: every T_b must be >= 1"):
+        transducer_loss(logits, targets, torch.tensor([0, 4], device=DEV), U)
+    with pytest.raises(ValueError, match="targets: expected a tensor on cuda"):
+        transducer_loss(logits, targets.cpu(), T, U)

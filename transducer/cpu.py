@@ -28,6 +28,15 @@ def row_coordinates(row_ids, cell_offsets, row_strides):
     return b, t.long(), u.long()
 
 
+def input_stats(targets, logit_lengths, target_lengths, vocab_size, blank):
+    """(6,) int64: min T, max T, min U, max U, sum T*(U+1), and the number of labels (u < U_b)
+    outside [0, V) or equal to blank: everything the value checks need, read at once."""
+    T, U = logit_lengths.long(), target_lengths.long()
+    in_label = torch.arange(targets.size(1))[None, :] < U[:, None]
+    bad = in_label & ((targets < 0) | (targets >= vocab_size) | (targets == blank))
+    return torch.stack([T.min(), T.max(), U.min(), U.max(), (T * (U + 1)).sum(), bad.sum()])
+
+
 def _cells(layout):
     b, t, u = row_coordinates(layout.row_ids, layout.cell_offsets, layout.row_strides)
     is_cell = (t < layout.logit_lengths[b]) & (u <= layout.target_lengths[b])

@@ -139,6 +139,18 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
     return lp, den
 
 
+def input_stats(targets, logit_lengths, target_lengths, vocab_size, blank):
+    _check_cuda(targets, logit_lengths, target_lengths)
+    targets, itype = _targets(targets)
+    T, U = _int64(logit_lengths), _int64(target_lengths)
+    stats = torch.empty(6, dtype=torch.int64, device=T.device)
+    with _cuda.torch_stream(T):
+        _kernel("stages.cu", f"input_stats_kernel<{itype}>")(
+            (1,), (256,), (_ptr(targets), _i32(targets.size(1)), _ptr(T), _ptr(U), _i32(T.numel()),
+                           _i32(vocab_size), _i32(blank), _ptr(stats)))
+    return stats
+
+
 def _alpha_beta_smem_entries(max_u1, itemsize):
     """Entries per shared-memory buffer (two buffers), or 0 to keep the previous step in global memory."""
     return max_u1 if 2 * max_u1 * itemsize <= 48 * 1024 else 0

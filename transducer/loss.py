@@ -59,15 +59,9 @@ def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, redu
 
 def _check_values(logits, targets, logit_lengths, target_lengths, blank):
     """Lengths and target range, read from the device in one transfer."""
-    T, U = logit_lengths.long(), target_lengths.long()
-    V = logits.size(-1)
-    S = targets.size(1)
-    in_label = torch.arange(S, device=T.device)[None, :] < U[:, None]
-    bad_target = in_label & ((targets < 0) | (targets >= V) | (targets == blank))
-    zero = torch.zeros((), dtype=torch.int64, device=T.device)
-    stats = torch.stack([T.min(), T.max(), U.min(), U.max(), (T * (U + 1)).sum(),
-                         bad_target.sum() if S else zero]).tolist()
-    t_min, t_max, u_min, u_max, cells, bad = stats
+    V, S = logits.size(-1), targets.size(1)
+    stats = _stages(logits.device).input_stats(targets, logit_lengths, target_lengths, V, blank)
+    t_min, t_max, u_min, u_max, cells, bad = stats.tolist()
     if t_min < 1:
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
     if u_min < 0:

@@ -434,3 +434,49 @@ __global__ void __launch_bounds__(td::kThreads)
     if (!FLS) load_chunk<Geo::G>(p, i0, nvec, buf);
   }
 }
+
+// ---------------------------------------------------------------------------
+// input_stats: what the value checks need, in one launch of one block:
+//   stats = [min T, max T, min U, max U, sum T*(U+1), #labels (u < U_b) outside [0, V) or == blank]
+// so that validation costs one launch and one device-to-host read.
+template <typename I>
+__global__ void __launch_bounds__(256)
+    input_stats_kernel(const I* __restrict__ targets, int target_cols, const long long* __restrict__ logit_lengths,
+                       const long long* __restrict__ target_lengths, int B, int V, int blank,
+                       long long* __restrict__ stats) {
+  __shared__ long long part[6][32];
+  const long long kMax = 0x7fffffffffffffffll, kMin = -kMax - 1;
+  long long v[6] = {kMax, kMin, kMax, kMin, 0, 0};
+  for (int b = threadIdx.x; b < B; b += blockDim.x) {
+    const long long T = logit_lengths[b], U = target_lengths[b];
+    v[0] = T < v[0] ? T : v[0];
+    v[1] = T > v[1] ? T : v[1];
+    v[2] = U < v[2] ? U : v[2];
+    v[3] = U > v[3] ? U : v[3];
+    v[4] += T * (U + 1);
+    const long long n = U < target_cols ? U : target_cols;
+    for (long long u = 0; u < n; ++u) {
+      const long long y = (long long)targets[(long long)b * target_cols + u];
+      v[5] += (y < 0 || y >= V || y == blank);
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const long long w = __shfl_xor_sync(0xffffffffu, v[k], o);
+      v[k] = k == 0 || k == 2 ? (w < v[k] ? w : v[k]) : k == 1 || k == 3 ? (w > v[k] ? w : v[k]) : v[k] + w;
+    }
+    if (lane == 0) part[k][warp] = v[k];
+  }
+  __syncthreads();
+  if (threadIdx.x < 6) {
+    const int k = threadIdx.x;
+    long long acc = part[k][0];
+    for (int w = 1; w < warps; ++w) {
+      const long long x = part[k][w];
+      acc = k == 0 || k == 2 ? (x < acc ? x : acc) : k == 1 || k == 3 ? (x > acc ? x : acc) : acc + x;
+    }
+    stats[k] = acc;
+  }
+}
