@@ -42,7 +42,8 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 OURS = [
     dict(name="ours compact", layout="compact", kwargs={}, clobbers=False),
     dict(name="ours padded", layout="padded", kwargs={}, clobbers=False),
-    # dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, clobbers=True),
+    dict(name="ours compact no-check", layout="compact", kwargs={"check_inputs": False}, clobbers=False),
+    dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, clobbers=True),
 ]
 
 
@@ -125,6 +126,18 @@ def ours_contenders():
             c["pack"] = lambda enc, pred, bt: transducer.pack(enc, pred, bt.T, bt.U)
         out.append(c)
     return out
+
+
+# Protocol A's step without the loss (pack + tanh + Linear, backward from logits.sum()): the part of the
+# step that no loss implementation can remove, shown for information.
+JOINER_ALONE = "joiner alone (no loss)"
+
+
+def joiner_alone_contender():
+    import transducer
+    return dict(name=JOINER_ALONE, layout="compact", peer=False, error=None, clobbers=False,
+                pack=lambda enc, pred, bt: transducer.pack(enc, pred, bt.T, bt.U),
+                loss=lambda x, bt: x.float().sum())
 
 
 def peer_contenders(cuda):
@@ -279,7 +292,7 @@ def protocol_a(args, dev):
     nb, bs = args.a_warmup + args.a_steps, args.a_batch
     batches = [rows[i * bs:(i + 1) * bs] for i in range(nb)]
     res = dict(batch=bs, warmup=args.a_warmup, steps=args.a_steps, width=args.a_width, vocab=args.a_vocab)
-    contenders = ours_contenders() + peer_contenders(cuda)
+    contenders = ours_contenders() + peer_contenders(cuda) + [joiner_alone_contender()]
     for prec in args.a_precisions:
         dtype = DTYPES[prec]
         log(f"[A {prec}] {len(batches)} batches of {bs}, contenders: " + ", ".join(c["name"] for c in contenders))
@@ -441,7 +454,8 @@ def rows_a(sec):
             continue
         ta = rec.get("torchaudio")
         t_ta = ok_time(ta)
-        peers = {n: ok_time(r) for n, r in rec.items() if not n.startswith("ours") and ok_time(r)}
+        peers = {n: ok_time(r) for n, r in rec.items()
+                 if not n.startswith("ours") and n != JOINER_ALONE and ok_time(r)}
         warp = next((ok_time(r) for n, r in rec.items() if n == "warp_rnnt compact" and ok_time(r)), None)
         for name, r in rec.items():
             checks = None
