@@ -1,0 +1,248 @@
+"""Data for the toy recipe: manifests, character tokens, fbank features, length buckets."""
+
+import json
+import math
+import random
+from pathlib import Path
+
+import torch
+
+SAMPLE_RATE = 16000
+FRAME_SHIFT = 160  # 10 ms at 16 kHz
+AUDIO_KEYS = ("audio", "audio_filepath", "path", "wav")
+TEXT_KEYS = ("text", "transcript", "sentence")
+
+
+class ManifestError(ValueError):
+    """A manifest line that cannot be used; the message names the file and line."""
+
+
+def normalise_text(text):
+    return " ".join(text.lower().split())
+
+
+# ---------------------------------------------------------------------- manifests
+
+def _parse_line(line, suffix):
+    """(audio, text) of one manifest line, or raise ValueError saying what is wrong."""
+    if suffix == ".jsonl" or (suffix != ".tsv" and line.lstrip().startswith("{")):
+        try:
+            r = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"not valid JSON ({e})") from None
+        if not isinstance(r, dict):
+            raise ValueError("a JSONL line must be an object with 'audio' and 'text'")
+        audio = next((r[k] for k in AUDIO_KEYS if k in r), None)
+        text = next((r[k] for k in TEXT_KEYS if k in r), None)
+        if audio is None:
+            raise ValueError(f"no audio path (one of the keys {', '.join(AUDIO_KEYS)})")
+        if text is None:
+            raise ValueError(f"no transcript (one of the keys {', '.join(TEXT_KEYS)})")
+        return str(audio), str(text)
+    parts = line.rstrip("\r\n").split("\t")
+    if len(parts) < 2:
+        raise ValueError("a TSV line must be: audio path <TAB> transcript")
+    return parts[0], "\t".join(parts[1:])
+
+
+def read_manifest(path, on_error="skip", log=print):
+    """Utterances of a JSONL or TSV manifest: [(id, audio path, text, seconds)].
+
+    JSONL: one object per line with an audio path ("audio", "audio_filepath",
+    "path" or "wav") and a transcript ("text", "transcript" or "sentence").
+    TSV: ``path<TAB>transcript``; a first line ``audio<TAB>text`` is a header.
+    Relative paths are relative to the manifest's folder. A line whose file is
+    missing or unreadable, or whose transcript is empty, is reported with its
+    line number and skipped (``on_error="skip"``) or stops the run (``"stop"``).
+    """
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"manifest not found: {path}")
+    suffix = path.suffix.lower()
+    items, skipped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                audio, text = _parse_line(line, suffix)
+                if lineno == 1 and suffix != ".jsonl" and audio.lower() in AUDIO_KEYS:
+                    continue  # TSV header
+                text = normalise_text(text)
+                if not text:
+                    raise ValueError("empty transcript")
+                audio_path = Path(audio).expanduser()
+                if not audio_path.is_absolute():
+                    audio_path = path.parent / audio_path
+                if not audio_path.is_file():
+                    raise ValueError(f"audio file not found: {audio_path}")
+                try:
+                    info = sf.info(str(audio_path))
+                except Exception as e:  # soundfile raises its own error types
+                    raise ValueError(f"unreadable audio {audio_path}: {e}") from None
+                if info.frames == 0:
+                    raise ValueError(f"audio file has no samples: {audio_path}")
+            except ValueError as e:
+                if on_error == "stop":
+                    raise ManifestError(f"{where}: {e}  (--bad-lines skip to skip such lines)") from None
+                log(f"warning: {where}: {e}; skipping this line")
+                skipped += 1
+                continue
+            items.append((f"{path.stem}-{lineno}", str(audio_path), text, info.frames / info.samplerate))
+    if skipped:
+        log(f"warning: {path}: skipped {skipped} bad line(s), kept {len(items)}")
+    if not items:
+        raise ManifestError(f"{path}: no usable utterances")
+    return items
+
+
+def load_audio(path):
+    """Mono float32 waveform at 16 kHz."""
+    import soundfile as sf
+
+    x, sr = sf.read(path, dtype="float32", always_2d=True)
+    x = torch.from_numpy(x).mean(1)
+    if sr != SAMPLE_RATE:
+        import torchaudio.functional as AF
+        x = AF.resample(x, sr, SAMPLE_RATE)
+    return x
+
+
+# ---------------------------------------------------------------------- tokens
+
+class CharTokenizer:
+    """Characters as tokens; id 0 is the blank."""
+
+    def __init__(self, chars):
+        self.chars = list(chars)
+        self.index = {c: i + 1 for i, c in enumerate(self.chars)}
+
+    @classmethod
+    def from_texts(cls, texts):
+        return cls(sorted(set("".join(texts))))
+
+    def __len__(self):
+        return len(self.chars) + 1
+
+    def encode(self, text):
+        return [self.index[c] for c in text if c in self.index]
+
+    def decode(self, ids):
+        return "".join(self.chars[i - 1] for i in ids if 0 < i <= len(self.chars))
+
+
+# ---------------------------------------------------------------------- features
+
+def fbank(waveform, num_mel_bins=80, dither=0.0):
+    """80-dim Kaldi-compatible log-mel fbank, normalised per utterance: (frames, 80)."""
+    import torchaudio.compliance.kaldi as kaldi
+
+    x = kaldi.fbank(waveform.unsqueeze(0) * 32768, num_mel_bins=num_mel_bins, sample_frequency=SAMPLE_RATE,
+                    dither=dither, energy_floor=0.0)
+    return (x - x.mean(0)) / (x.std(0) + 1e-5)
+
+
+class SpeechDataset(torch.utils.data.Dataset):
+    """Utterances [(id, waveform tensor or audio path, text)] -> (features, token ids, text)."""
+
+    def __init__(self, items, tokenizer, num_mel_bins=80, precompute=False):
+        self.items, self.tokenizer, self.num_mel_bins = items, tokenizer, num_mel_bins
+        self.tokens = [torch.tensor(tokenizer.encode(text), dtype=torch.long) for _, _, text in items]
+        self.cache = [self._features(i) for i in range(len(items))] if precompute else None
+
+    def num_frames(self, i):
+        audio = self.items[i][1]
+        if isinstance(audio, torch.Tensor):
+            return max(1, (audio.numel() - 400) // FRAME_SHIFT + 1)
+        return max(1, int(self.items[i][3] * 100))  # manifest item: seconds
+
+    def _features(self, i):
+        audio = self.items[i][1]
+        wav = audio if isinstance(audio, torch.Tensor) else load_audio(audio)
+        return fbank(wav, self.num_mel_bins)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        feats = self.cache[i] if self.cache is not None else self._features(i)
+        return feats, self.tokens[i], self.items[i][2]
+
+
+def collate(batch):
+    feats, tokens, texts = zip(*batch)
+    feat_lens = torch.tensor([f.size(0) for f in feats], dtype=torch.long)
+    tok_lens = torch.tensor([t.numel() for t in tokens], dtype=torch.long)
+    x = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+    y = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True) if max(tok_lens) > 0 else \
+        torch.zeros(len(tokens), 1, dtype=torch.long)
+    return x, feat_lens, y, tok_lens, list(texts)
+
+
+class BucketSampler(torch.utils.data.Sampler):
+    """Batches of similar length, at most ``max_frames`` padded frames and ``max_batch`` utterances.
+
+    Lengths are jittered by up to 10% per epoch, so batches differ from epoch to
+    epoch, then sorted; the batch order is shuffled. With ``world > 1`` each rank
+    takes every ``world``-th batch of the same list, cut to a multiple of ``world``
+    batches, so all ranks run the same number of steps. Deterministic given
+    (seed, epoch). ``shuffle=False`` keeps sorted order (evaluation).
+    """
+
+    def __init__(self, lengths, max_frames, max_batch=512, shuffle=True, seed=0, rank=0, world=1):
+        self.lengths, self.max_frames, self.max_batch = list(lengths), max_frames, max_batch
+        self.shuffle, self.seed, self.rank, self.world = shuffle, seed, rank, world
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def batches(self):
+        rng = random.Random(self.seed * 100003 + self.epoch)
+        if self.shuffle:
+            keys = [n * (1 + 0.1 * rng.random()) for n in self.lengths]
+        else:
+            keys = self.lengths
+        order = sorted(range(len(self.lengths)), key=lambda i: keys[i])
+        batches, cur, longest = [], [], 0
+        for i in order:
+            n = max(longest, self.lengths[i])
+            if cur and (n * (len(cur) + 1) > self.max_frames or len(cur) >= self.max_batch):
+                batches.append(cur)
+                cur, n = [], self.lengths[i]
+            cur.append(i)
+            longest = n
+        if cur:
+            batches.append(cur)
+        if self.shuffle:
+            rng.shuffle(batches)
+        if self.world > 1:
+            if self.shuffle:
+                batches = batches[: len(batches) // self.world * self.world]
+            batches = batches[self.rank:: self.world]
+        return batches
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def __len__(self):
+        return len(self.batches())
+
+
+def num_subsampled(n):
+    """Frames after the encoder's two stride-2 convolutions (kernel 3, padding 1)."""
+    for _ in range(2):
+        n = (n - 1) // 2 + 1
+    return n
+
+
+def split_off(items, fraction, max_n, seed):
+    """Deterministically move a fraction of items (at most max_n) into a held-out list."""
+    idx = list(range(len(items)))
+    random.Random(seed).shuffle(idx)
+    n = max(1, min(max_n, math.ceil(len(items) * fraction)))
+    held = set(idx[:n])
+    return [x for i, x in enumerate(items) if i not in held], [x for i, x in enumerate(items) if i in held]

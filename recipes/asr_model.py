@@ -1,0 +1,142 @@
+"""A small transducer: conv-subsampled LSTM or Conformer encoder, LSTM or stateless predictor,
+and a joiner that builds the compact (sum_b T_b*(U_b+1), V) logits through ``transducer.pack``."""
+
+import torch
+from torch import nn
+
+from asr_data import num_subsampled
+
+
+class Subsampling(nn.Module):
+    """Two stride-2 convolutions: 4x fewer frames."""
+
+    def __init__(self, num_mel_bins, d_model, channels=32):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(1, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU())
+        self.out = nn.Linear(channels * num_subsampled(num_mel_bins), d_model)
+
+    def forward(self, x, lengths):
+        x = self.conv(x.unsqueeze(1))  # (B, C, T/4, F/4)
+        b, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
+        return x, num_subsampled(lengths)
+
+
+class Encoder(nn.Module):
+    def __init__(self, kind, num_mel_bins, d_model, num_layers, dropout=0.1):
+        super().__init__()
+        self.kind = kind
+        self.subsampling = Subsampling(num_mel_bins, d_model)
+        self.dropout = nn.Dropout(dropout)
+        if kind == "lstm":  # bidirectional: the recipe decodes whole utterances
+            self.rnn = nn.LSTM(d_model, d_model // 2, num_layers=num_layers, batch_first=True,
+                               bidirectional=True, dropout=dropout if num_layers > 1 else 0.0)
+        elif kind == "conformer":
+            from torchaudio.models import Conformer
+            self.conformer = Conformer(input_dim=d_model, num_heads=4, ffn_dim=4 * d_model, num_layers=num_layers,
+                                       depthwise_conv_kernel_size=15, dropout=dropout)
+        else:
+            raise ValueError(f"unknown encoder {kind!r}")
+
+    def forward(self, x, lengths):
+        x, lengths = self.subsampling(x, lengths)
+        x = self.dropout(x)
+        if self.kind == "lstm":
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            x, _ = self.rnn(packed)
+            x, _ = nn.utils.rnn.pad_packed_sequence(x, batch_first=True)
+        else:
+            x, lengths = self.conformer(x, lengths)
+        return x, lengths
+
+
+class Predictor(nn.Module):
+    """Label context -> (B, U+1, d). Position 0 sees only the start symbol (the blank id)."""
+
+    def __init__(self, kind, vocab_size, d_model, blank=0, context=2):
+        super().__init__()
+        self.kind, self.blank, self.context = kind, blank, context
+        self.embed = nn.Embedding(vocab_size, d_model)
+        if kind == "lstm":
+            self.rnn = nn.LSTM(d_model, d_model, batch_first=True)
+        elif kind == "stateless":  # the last `context` labels only (Ghodsi et al. 2020)
+            self.mix = nn.Linear(context * d_model, d_model)
+        else:
+            raise ValueError(f"unknown predictor {kind!r}")
+
+    def forward(self, y, state=None):
+        """y (B, S) label ids. LSTM: state is (h, c). Stateless: state is the previous
+        context-1 labels (B, context-1). Returns (out (B, S, d), new state)."""
+        if self.kind == "lstm":
+            out, state = self.rnn(self.embed(y), state)
+            return out, state
+        if state is None:
+            state = y.new_full((y.size(0), self.context - 1), self.blank)
+        full = torch.cat([state, y], 1)
+        windows = full.unfold(1, self.context, 1)  # (B, S, context)
+        out = torch.relu(self.mix(self.embed(windows).flatten(2)))
+        return out, full[:, full.size(1) - (self.context - 1):]
+
+    def initial(self, batch_size, device):
+        return self.forward(torch.full((batch_size, 1), self.blank, dtype=torch.long, device=device))
+
+    def prepend_blank(self, targets):
+        return torch.cat([targets.new_full((targets.size(0), 1), self.blank), targets], 1)
+
+
+def select_state(state, keep, new):
+    """Where keep (B,) is False take ``new``'s rows, else ``state``'s (LSTM tuples or tensors)."""
+    if isinstance(state, tuple):
+        return tuple(select_state(s, keep, n) for s, n in zip(state, new))
+    if state.dim() == 3:  # LSTM (layers, B, d)
+        return torch.where(keep[None, :, None], state, new)
+    return torch.where(keep[:, None], state, new)
+
+
+class Transducer(nn.Module):
+    def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
+                 predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0):
+        super().__init__()
+        self.blank = blank
+        self.encoder = Encoder(encoder, num_mel_bins, encoder_dim, encoder_layers, dropout)
+        self.predictor = Predictor(predictor, vocab_size, predictor_dim, blank)
+        self.enc_proj = nn.Linear(encoder_dim, joiner_dim)
+        self.pred_proj = nn.Linear(predictor_dim, joiner_dim)
+        self.out = nn.Linear(joiner_dim, vocab_size)
+
+    def forward(self, feats, feat_lens, targets, target_lens):
+        """Compact logits (sum_b T_b*(U_b+1), V) and the encoder's output lengths T_b."""
+        from transducer import pack
+
+        enc, enc_lens = self.encoder(feats, feat_lens)
+        pred, _ = self.predictor(self.predictor.prepend_blank(targets))
+        h = pack(self.enc_proj(enc), self.pred_proj(pred), enc_lens, target_lens)
+        return self.out(torch.tanh(h)), enc_lens
+
+    @torch.no_grad()
+    def greedy_decode(self, feats, feat_lens, max_symbols=5, one_sym_per_frame=False):
+        """Batched greedy search: at most ``max_symbols`` labels per frame (1 with RNA,
+        where a label also moves to the next frame). Returns a list of label-id lists."""
+        enc, enc_lens = self.encoder(feats, feat_lens)
+        enc = self.enc_proj(enc)
+        B, T, _ = enc.shape
+        pred, state = self.predictor.initial(B, enc.device)
+        pred = self.pred_proj(pred[:, 0])
+        hyps = [[] for _ in range(B)]
+        for t in range(T):
+            active = enc_lens > t
+            for _ in range(1 if one_sym_per_frame else max_symbols):
+                best = self.out(torch.tanh(enc[:, t] + pred)).argmax(-1)
+                emit = active & (best != self.blank)
+                if not bool(emit.any()):
+                    break
+                for b in emit.nonzero().flatten().tolist():
+                    hyps[b].append(int(best[b]))
+                new_pred, new_state = self.predictor(best.unsqueeze(1), state)
+                keep = ~emit
+                pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
+                state = select_state(state, keep, new_state)
+                active = emit
+        return hyps

@@ -1,0 +1,450 @@
+#!/usr/bin/env python
+"""Train a tiny speech recogniser end to end with this library's TransducerLoss.
+
+    python recipes/train_toy.py                    # eSpeak NG toy corpus, made on the first run
+    python recipes/train_toy.py --quick            # a smoke test: tiny corpus, tiny model, seconds
+    python recipes/train_toy.py --manifest train.jsonl --test-manifest test.jsonl   # your data
+    torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
+
+Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
+training. The encoder (4x conv subsampling + BiLSTM or Conformer) and the
+predictor (LSTM or stateless) meet in a joiner fed through ``transducer.pack``,
+so the loss sees compact (sum_b T_b*(U_b+1), V) logits. Tokens are characters.
+Each epoch writes a checkpoint and a plot of train loss and dev WER to
+--exp-dir; the run ends with greedy-search WER/CER on the test set.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+try:
+    import transducer  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(1, str(HERE.parent))
+
+import torch  # noqa: E402
+
+import asr_data  # noqa: E402
+from asr_data import BucketSampler, CharTokenizer, SpeechDataset, collate  # noqa: E402
+from asr_model import Transducer  # noqa: E402
+
+QUICK = dict(n_train=96, n_dev=16, n_test=16, max_words=3)
+
+
+class UsageError(Exception):
+    pass
+
+
+def positive(kind):
+    def parse(s):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a {kind.__name__}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
+        return v
+    return parse
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = p.add_argument_group("data")
+    d.add_argument("--data-dir", default=None, help="toy corpus cache (default data/toy_corpus, "
+                   "data/toy_corpus_quick with --quick)")
+    d.add_argument("--corpus-size", type=positive(int), default=4000, help="toy corpus: training utterances")
+    d.add_argument("--manifest", help="train on this JSONL/TSV manifest (audio path + transcript) instead")
+    d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
+    d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
+    d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
+                   help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
+    d.add_argument("--workers", type=int, default=0, help="DataLoader workers (manifest data)")
+    m = p.add_argument_group("model")
+    m.add_argument("--encoder", choices=["conformer", "lstm"], default="conformer")
+    m.add_argument("--encoder-dim", type=positive(int), default=144)
+    m.add_argument("--encoder-layers", type=positive(int), default=2)
+    m.add_argument("--predictor", choices=["lstm", "stateless"], default="lstm")
+    m.add_argument("--predictor-dim", type=positive(int), default=128)
+    m.add_argument("--joiner-dim", type=positive(int), default=128)
+    m.add_argument("--rna", action="store_true", help="one symbol per frame (RNA loss and decoding)")
+    t = p.add_argument_group("training")
+    t.add_argument("--epochs", type=positive(int), default=10)
+    t.add_argument("--max-frames", type=positive(int), default=3000, help="padded input frames per batch")
+    t.add_argument("--lr", type=positive(float), default=3e-3)
+    t.add_argument("--warmup", type=int, default=100, help="warm-up steps")
+    t.add_argument("--weight-decay", type=float, default=1e-2)
+    t.add_argument("--clip", type=positive(float), default=5.0, help="gradient-norm clipping")
+    t.add_argument("--max-steps", type=positive(int), help="stop each epoch after this many steps")
+    t.add_argument("--no-specaug", action="store_true")
+    t.add_argument("--no-amp", action="store_true", help="no mixed precision on GPU")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    t.add_argument("--exp-dir", default=None, help="checkpoints, plot, results (default runs/toy[_quick])")
+    t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
+                   help="resume from CKPT, or from the latest epoch-N.pt in --exp-dir")
+    t.add_argument("--keep-checkpoints", type=positive(int), default=2, help="epoch-N.pt files to keep")
+    t.add_argument("--quick", action="store_true", help="tiny corpus and model, 2 epochs: a smoke test")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--show", type=int, default=5, help="reference/hypothesis pairs to print")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.quick:
+        given = set(x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]))
+        for k, v in dict(encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32, epochs=2,
+                         warmup=5, lr=3e-3, max_frames=1500).items():
+            if "--" + k.replace("_", "-") not in given:
+                setattr(a, k, v)
+    if a.manifest is None and (a.dev_manifest or a.test_manifest):
+        p.error("--dev-manifest/--test-manifest need --manifest")
+    if a.manifest and a.data_dir:
+        p.error("--data-dir is the toy corpus cache; with --manifest it is not used")
+    if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
+        p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
+    if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
+        p.error("--workers, --warmup, --weight-decay and --show must be >= 0")
+    if a.device and a.device.split(":")[0] not in ("cpu", "cuda"):
+        p.error(f"--device must be cpu or cuda, got {a.device!r}")
+    if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA GPU is available")
+    a.data_dir = a.data_dir or ("data/toy_corpus_quick" if a.quick else "data/toy_corpus")
+    a.exp_dir = a.exp_dir or ("runs/toy_quick" if a.quick else "runs/toy")
+    return a
+
+
+# ---------------------------------------------------------------------- distributed
+
+class Dist:
+    def __init__(self, device):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = torch.device(device)
+        if self.world > 1:
+            import torch.distributed as dist
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", self.local_rank)
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def sum(self, values):
+        """Sum a list of numbers over ranks."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def barrier(self):
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def close(self):
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- data
+
+def load_data(a, dist, log):
+    """(train, dev, test) item lists [(id, waveform or path, text, ...)]."""
+    if a.manifest:
+        read = lambda path: asr_data.read_manifest(path, a.bad_lines, log=log if dist.main else lambda *_: None)  # noqa: E731
+        train = read(a.manifest)
+        if a.test_manifest:
+            test = read(a.test_manifest)
+        else:
+            train, test = asr_data.split_off(train, 0.05, 500, a.seed)
+            log(f"no --test-manifest: holding out {len(test)} training utterances as the test set")
+        dev = read(a.dev_manifest) if a.dev_manifest else test
+        return train, dev, test
+    import toy_corpus
+    cfg = toy_corpus.corpus_config(seed=a.seed, **(QUICK if a.quick else dict(n_train=a.corpus_size)))
+    if dist.main:
+        toy_corpus.ensure_corpus(a.data_dir, cfg, log)
+    dist.barrier()
+    return tuple(toy_corpus.load_split(a.data_dir, s) for s in ("train", "dev", "test"))
+
+
+def spec_augment(x):
+    """SpecAugment on (B, T, F) normalised features: 2 frequency masks, 2 time masks (masked to 0)."""
+    import torchaudio.transforms as AT
+    x = x.transpose(1, 2).unsqueeze(1)  # (B, 1, F, T)
+    for mask in (AT.FrequencyMasking(15, iid_masks=True), AT.FrequencyMasking(15, iid_masks=True),
+                 AT.TimeMasking(20, iid_masks=True, p=0.2), AT.TimeMasking(20, iid_masks=True, p=0.2)):
+        x = mask(x)
+    return x.squeeze(1).transpose(1, 2)
+
+
+# ---------------------------------------------------------------------- metrics
+
+def edit_distance(ref, hyp):
+    prev = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        cur = [i] + [0] * len(hyp)
+        for j, h in enumerate(hyp, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
+        prev = cur
+    return prev[-1]
+
+
+def evaluate(model, dataset, tokenizer, a, dist, max_frames):
+    """Greedy-search WER and CER (%) over the dataset, summed over ranks; some (ref, hyp) pairs."""
+    model.eval()
+    sampler = BucketSampler([dataset.num_frames(i) for i in range(len(dataset))], max_frames, shuffle=False,
+                            rank=dist.rank, world=dist.world)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=a.workers)
+    counts, pairs = [0, 0, 0, 0], []
+    for batch, (x, xl, _, _, texts) in zip(sampler, loader):
+        hyps = model.greedy_decode(x.to(dist.device), xl.to(dist.device), one_sym_per_frame=a.rna)
+        for i, ref, h in zip(batch, texts, hyps):
+            hyp = " ".join(tokenizer.decode(h).split())
+            counts[0] += edit_distance(ref.split(), hyp.split())
+            counts[1] += len(ref.split())
+            counts[2] += edit_distance(ref, hyp)
+            counts[3] += len(ref)
+            pairs.append((i, ref, hyp))
+    we, wn, ce, cn = dist.sum(counts)
+    model.train()
+    return 100 * we / max(wn, 1), 100 * ce / max(cn, 1), [p[1:] for p in sorted(pairs)]
+
+
+# ---------------------------------------------------------------------- checkpoints, plot
+
+def rng_state():
+    return dict(python=random.getstate(), torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+
+
+def set_rng_state(s):
+    random.setstate(s["python"])
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def checkpoint_epoch(path):
+    try:
+        return int(path.stem.split("-")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def latest_checkpoint(exp):
+    found = sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
+    return found[-1] if found else None
+
+
+def param_digest(model):
+    import hashlib
+    h = hashlib.sha1()
+    for _, p in sorted(model.state_dict().items()):
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_checkpoint(path, **state):
+    tmp = Path(str(path) + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def plot(history, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    ax1.plot(epochs, [h["train_loss"] for h in history], "o-", color="tab:blue")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("train loss (per utterance)", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(epochs, [h["dev_wer"] for h in history], "s-", color="tab:red")
+    ax2.set_ylabel("dev WER (%)", color="tab:red")
+    ax1.set_title("train_toy.py")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- main
+
+def main(argv=None):
+    a = parse_args(argv)
+    t_start = time.time()
+    torch.set_num_threads(a.threads or os.cpu_count() or 1)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dist = Dist(device)
+    device = dist.device
+    log = print if dist.main else (lambda *_, **__: None)
+    random.seed(a.seed)
+    torch.manual_seed(a.seed)
+
+    from transducer import TransducerLoss
+
+    exp = Path(a.exp_dir)
+    if dist.main:
+        exp.mkdir(parents=True, exist_ok=True)
+    train_items, dev_items, test_items = load_data(a, dist, log)
+    ckpt = None
+    if a.resume:
+        path = latest_checkpoint(exp) if a.resume == "auto" else Path(a.resume)
+        if path is None or not path.is_file():
+            raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        log(f"resuming from {path} (epoch {ckpt['epoch']} done)")
+        tokenizer = CharTokenizer(ckpt["chars"])
+    else:
+        tokenizer = CharTokenizer.from_texts(x[2] for x in train_items)
+    precompute = not a.manifest
+    train_set = SpeechDataset(train_items, tokenizer, precompute=precompute)
+    dev_set = SpeechDataset(dev_items, tokenizer, precompute=precompute)
+    test_set = dev_set if test_items is dev_items else SpeechDataset(test_items, tokenizer, precompute=precompute)
+    t_data = time.time() - t_start
+    log(f"data: {len(train_set)} train / {len(dev_set)} dev / {len(test_set)} test utterances, "
+        f"{len(tokenizer)} tokens ({time.time() - t_start:.1f} s)")
+
+    model = Transducer(len(tokenizer), encoder=a.encoder, encoder_dim=a.encoder_dim, encoder_layers=a.encoder_layers,
+                       predictor=a.predictor, predictor_dim=a.predictor_dim, joiner_dim=a.joiner_dim).to(device)
+    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
+        f"{a.predictor} predictor, {'RNA' if a.rna else 'RNN-T'} loss, device {device}, world {dist.world}")
+    criterion = TransducerLoss(blank=0, reduction="mean", one_sym_per_frame=a.rna, zero_infinity=a.rna)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
+                            seed=a.seed, rank=dist.rank, world=dist.world)
+    steps_per_epoch = min(len(sampler), a.max_steps or len(sampler))
+    total = steps_per_epoch * a.epochs
+    warmup = min(a.warmup, max(1, total // 5))
+
+    def lr_factor(step):  # linear warm-up, then cosine decay to 5%
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+
+    amp = device.type == "cuda" and not a.no_amp
+    amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
+
+    start_epoch, history = 0, []
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        start_epoch, history = ckpt["epoch"], ckpt["history"]
+        set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
+    net = model
+    if dist.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler, collate_fn=collate,
+                                         num_workers=a.workers, persistent_workers=a.workers > 0)
+    step_losses = []
+    for epoch in range(start_epoch, a.epochs):
+        sampler.set_epoch(epoch)
+        net.train()
+        t0, sums = time.time(), [0.0, 0, 0]  # loss * utts, utts, frames
+        bar = None
+        if dist.main and not a.no_progress:
+            from tqdm import tqdm
+            bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{a.epochs}", unit="step",
+                       dynamic_ncols=True, leave=True)
+        for step, (x, xl, y, yl, _) in enumerate(loader):
+            if step >= steps_per_epoch:
+                break
+            x, xl, y, yl = x.to(device), xl.to(device), y.to(device), yl.to(device)
+            if not a.no_specaug:
+                x = spec_augment(x)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
+                logits, tl = net(x, xl, y, yl)
+            loss = criterion(logits.float(), y, tl, yl)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            lv = loss.item()
+            step_losses.append(lv)
+            sums[0] += lv * x.size(0)
+            sums[1] += x.size(0)
+            sums[2] += int(xl.sum())
+            if bar is not None:
+                el = time.time() - t0
+                bar.set_postfix(loss=f"{lv:.3f}", utt_s=f"{sums[1] * dist.world / el:.0f}",
+                                audio_x=f"{sums[2] * dist.world / 100 / el:.0f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+                bar.update()
+        if bar is not None:
+            bar.close()
+        loss_sum, n_utts, _ = dist.sum(sums)
+        train_loss = loss_sum / max(n_utts, 1)
+        dev_wer, dev_cer, _ = evaluate(model, dev_set, tokenizer, a, dist, a.max_frames)
+        history.append(dict(epoch=epoch + 1, train_loss=train_loss, dev_wer=dev_wer, dev_cer=dev_cer,
+                            seconds=time.time() - t0))
+        log(f"epoch {epoch + 1}: train loss {train_loss:.3f}, dev WER {dev_wer:.2f}% CER {dev_cer:.2f}% "
+            f"({time.time() - t0:.0f} s)")
+        rngs = [None] * dist.world
+        if dist.world > 1:
+            import torch.distributed as tdist
+            tdist.all_gather_object(rngs, rng_state())
+        else:
+            rngs = [rng_state()]
+        if dist.main:
+            save_checkpoint(exp / f"epoch-{epoch + 1}.pt", model=model.state_dict(), optimizer=optimizer.state_dict(),
+                            scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch + 1,
+                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a))
+            plot(history, exp / "train.png")
+            for old in sorted(exp.glob("epoch-*.pt"), key=checkpoint_epoch)[: -a.keep_checkpoints]:
+                old.unlink()
+        dist.barrier()
+
+    digests = [param_digest(model)]
+    if dist.world > 1:  # DDP keeps replicas in step; check it
+        import torch.distributed as tdist
+        digests = [None] * dist.world
+        tdist.all_gather_object(digests, param_digest(model))
+        log(f"DDP: parameters {'agree' if len(set(digests)) == 1 else 'DIFFER'} across {dist.world} ranks")
+    test_wer, test_cer, pairs = evaluate(model, test_set, tokenizer, a, dist, a.max_frames)
+    wall = time.time() - t_start
+    log(f"test ({len(test_set)} utterances{', held-out voices' if not a.manifest else ''}): "
+        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%")
+    for ref, hyp in pairs[: a.show]:  # this rank's first utterances in corpus order
+        log(f"  REF: {ref}\n  HYP: {hyp}{'' if ref == hyp else '   <- error'}")
+    log(f"total {wall:.0f} s (data {t_data:.0f} s); checkpoint, plot and results in {exp}/")
+    result = dict(test_wer=test_wer, test_cer=test_cer, history=history, wall_s=wall, data_s=t_data,
+                  world=dist.world, device=str(device), param_digests=digests,
+                  step_losses=step_losses)
+    if dist.main:
+        (exp / "results.json").write_text(json.dumps({k: v for k, v in result.items() if k != "step_losses"},
+                                                     indent=1))
+    dist.close()
+    result["model"] = model
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (UsageError, asr_data.ManifestError) as e:
+        sys.exit(f"error: {e}")

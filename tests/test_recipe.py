@@ -1,0 +1,185 @@
+"""recipes/train_toy.py: quick mode learns, resume round-trips, DDP on gloo, bad input is reported."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+for _mod in ("torchaudio", "soundfile", "espeakng_loader", "tqdm", "matplotlib"):
+    pytest.importorskip(_mod, reason='recipe extras missing: pip install -e ".[recipes]"')
+
+import numpy as np  # noqa: E402
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+sys.path.insert(0, str(RECIPES))
+
+import asr_data  # noqa: E402
+import toy_corpus  # noqa: E402
+import train_toy  # noqa: E402
+
+FAST = ["--quick", "--no-progress", "--threads", "1", "--show", "2"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toy_corpus_quick")
+    toy_corpus.ensure_corpus(d, toy_corpus.corpus_config(seed=0, **train_toy.QUICK), log=lambda *_: None)
+    return d
+
+
+def run(args):
+    return train_toy.main(FAST + [str(a) for a in args])
+
+
+def test_corpus_is_deterministic(corpus, tmp_path):
+    cfg = toy_corpus.corpus_config(seed=0, **dict(train_toy.QUICK, n_train=8))
+    toy_corpus.make_corpus(tmp_path / "a", cfg, log=lambda *_: None)
+    toy_corpus.make_corpus(tmp_path / "b", cfg, log=lambda *_: None)
+    for split in ("train", "dev", "test"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+        assert np.array_equal(np.load(tmp_path / "a" / f"{split}.npy"), np.load(tmp_path / "b" / f"{split}.npy"))
+    train_voices = {json.loads(x)["voice"].split("+")[1] for x in open(corpus / "train.jsonl")}
+    test_voices = {json.loads(x)["voice"].split("+")[1] for x in open(corpus / "test.jsonl")}
+    assert train_voices and test_voices and not train_voices & test_voices
+
+
+def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
+    a = run(["--data-dir", corpus, "--exp-dir", tmp_path / "a", "--epochs", 3])
+    losses = [h["train_loss"] for h in a["history"]]
+    assert losses[-1] < losses[0], losses
+    assert 0 <= a["test_wer"] and 0 <= a["test_cer"]
+    res = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert res["test_wer"] == pytest.approx(a["test_wer"])
+    assert (tmp_path / "a" / "train.png").stat().st_size > 0
+    assert sorted(p.name for p in (tmp_path / "a").glob("epoch-*.pt")) == ["epoch-2.pt", "epoch-3.pt"]
+
+    # Resuming from the epoch-2 checkpoint reproduces epoch 3 exactly.
+    b = run(["--data-dir", corpus, "--exp-dir", tmp_path / "b", "--epochs", 3,
+             "--resume", tmp_path / "a" / "epoch-2.pt"])
+    sa, sb = a["model"].state_dict(), b["model"].state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    assert b["history"] == a["history"][:2] + b["history"][2:]
+    assert b["history"][2]["train_loss"] == pytest.approx(a["history"][2]["train_loss"])
+    saved = torch.load(tmp_path / "b" / "epoch-3.pt", map_location="cpu", weights_only=False)
+    for k in sa:
+        assert torch.equal(saved["model"][k], sa[k]), k
+
+
+def test_rna_and_stateless_predictor(corpus, tmp_path):
+    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2,
+             "--rna", "--predictor", "stateless"])
+    assert np.isfinite(r["history"][0]["train_loss"])
+
+
+def test_ddp_two_gloo_processes_agree(corpus, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(RECIPES / "train_toy.py"), *FAST, "--device", "cpu", "--data-dir", str(corpus),
+           "--exp-dir", str(tmp_path), "--epochs", "1", "--max-steps", "3"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["world"] == 2
+    assert len(res["param_digests"]) == 2 and res["param_digests"][0] == res["param_digests"][1]
+    assert "parameters agree across 2 ranks" in p.stdout
+
+
+# ---------------------------------------------------------------------- bad input
+
+def _write_wavs(tmp_path, n=6):
+    items = toy_corpus.load_split(toy_corpus_dir_for(tmp_path), "train")[:n]
+    paths = []
+    for i, (_, x, text) in enumerate(items):
+        path = tmp_path / f"utt{i}.wav"
+        sf.write(path, x.numpy(), 16000)
+        paths.append((path, text))
+    return paths
+
+
+def toy_corpus_dir_for(tmp_path):
+    d = tmp_path / "corpus"
+    toy_corpus.ensure_corpus(d, toy_corpus.corpus_config(seed=1, **dict(train_toy.QUICK, n_train=12)),
+                             log=lambda *_: None)
+    return d
+
+
+def test_bad_manifest_lines(tmp_path):
+    (good, text), (good2, text2) = _write_wavs(tmp_path, 2)
+    (tmp_path / "junk.wav").write_bytes(b"this is not audio")
+    lines = [
+        json.dumps({"audio": good.name, "text": text}),
+        json.dumps({"audio": "missing.wav", "text": "one two"}),
+        json.dumps({"audio": "junk.wav", "text": "three"}),
+        json.dumps({"audio": str(good2), "text": "   "}),
+        "{not json",
+        json.dumps({"text": "no audio key"}),
+        json.dumps({"audio_filepath": str(good2), "transcript": text2.upper()}),
+    ]
+    m = tmp_path / "train.jsonl"
+    m.write_text("\n".join(lines) + "\n")
+    msgs = []
+    items = asr_data.read_manifest(m, "skip", log=msgs.append)
+    assert [(Path(i[1]).name, i[2]) for i in items] == [(good.name, text), (good2.name, text2)]
+    joined = "\n".join(msgs)
+    for lineno, what in [(2, "audio file not found"), (3, "unreadable audio"), (4, "empty transcript"),
+                         (5, "not valid JSON"), (6, "no audio path")]:
+        assert f"{m}:{lineno}: {what}" in joined, joined
+    with pytest.raises(asr_data.ManifestError, match=r"train\.jsonl:2: audio file not found"):
+        asr_data.read_manifest(m, "stop")
+
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text(f"audio\ttext\n{good}\t{text}\nmissing.wav\tfour\n{good2}\n")
+    msgs = []
+    assert len(asr_data.read_manifest(tsv, "skip", log=msgs.append)) == 1
+    assert f"{tsv}:3: audio file not found" in "\n".join(msgs)
+    assert f"{tsv}:4: a TSV line must be" in "\n".join(msgs)
+
+
+def test_manifest_training_run(tmp_path, capsys):
+    wavs = _write_wavs(tmp_path, 8)
+    m = tmp_path / "train.tsv"
+    m.write_text("".join(f"{p}\t{t}\n" for p, t in wavs) + "missing.wav\tseven\n")
+    r = run(["--manifest", m, "--exp-dir", tmp_path / "exp", "--epochs", 1, "--max-steps", 2])
+    out = capsys.readouterr().out
+    assert f"{m}:9: audio file not found" in out
+    assert "holding out 1 training utterances" in out
+    assert np.isfinite(r["test_wer"])
+    with pytest.raises(asr_data.ManifestError, match="train.tsv:9"):
+        run(["--manifest", m, "--exp-dir", tmp_path / "exp2", "--bad-lines", "stop"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "0"], "must be > 0"),
+    (["--lr", "fast"], "is not a float"),
+    (["--encoder", "gru"], "invalid choice: 'gru'"),
+    (["--test-manifest", "t.jsonl"], "need --manifest"),
+    (["--encoder-dim", "63"], "--encoder-dim must be even"),
+    (["--device", "tpu"], "--device must be cpu or cuda"),
+    (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
+])
+def test_bad_flags(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_toy.parse_args(args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_paths_exit_with_clear_errors(corpus, tmp_path):
+    for args, message in [
+        (["--manifest", str(tmp_path / "nope.jsonl")], "manifest not found"),
+        (["--data-dir", str(corpus), "--exp-dir", str(tmp_path), "--resume"], "--resume: no checkpoint"),
+        (["--data-dir", str(corpus), "--resume", str(tmp_path / "x.pt")], "--resume: no checkpoint at"),
+    ]:
+        p = subprocess.run([sys.executable, str(RECIPES / "train_toy.py"), *FAST, *args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and message in p.stderr, (args, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr
