@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+import _batches
+from _batches import compact
 from transducer import TransducerLoss, cpu, pack, transducer_loss, transducer_loss_reference
 from transducer.loss import make_layout
 
@@ -21,24 +23,11 @@ def cuda_stages():
     return cuda
 
 
-def random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float32, rna=False, scale=1.0, min_t=1, min_u=0):
-    """Padded logits (B, maxT, maxU+1, V) on the CPU, targets avoiding blank, ragged lengths (one at the max)."""
-    T = torch.randint(min_t, max_t + 1, (B,), generator=gen)
-    U = torch.randint(min_u, max_u + 1, (B,), generator=gen)
-    T[0], U[0] = max_t, max_u
-    if rna:  # keep every alignment feasible: U_b <= T_b - 1
-        U = torch.minimum(U, T - 1)
-    labels = torch.tensor([v for v in range(V) if v != blank])
-    targets = labels[torch.randint(0, len(labels), (B, max(max_u, 1)), generator=gen)]
-    logits = torch.randn(B, max_t, int(U.max()) + 1, V, generator=gen, dtype=torch.float64) * scale
-    return logits.to(dtype), targets, T, U
+def random_batch(*args, dtype=torch.float32, **kwargs):
+    return _batches.random_batch(*args, dtype=dtype, **kwargs)
 
 
-def compact(logits, T, U):
-    return torch.cat([logits[b, :T[b], :U[b] + 1].reshape(-1, logits.size(-1)) for b in range(len(T))])
-
-
-def cell_mask(layout):
+def layout_cell_rows(layout):
     """(N,) bool on the CPU: the rows that are cells (not padding)."""
     b, t, u = cpu.row_coordinates(layout.row_ids.cpu(), layout.cell_offsets.cpu(), layout.row_strides.cpu())
     return (t < layout.logit_lengths.cpu()[b]) & (u <= layout.target_lengths.cpu()[b])
@@ -82,7 +71,7 @@ def test_stages_match_cpu(V, padded, rna, dtype):
     max_u1 = targets.size(1) + 1
     c_layout = make_layout(logits, T, U, max_u1)
     g_layout = make_layout(logits.to(DEV), T.to(DEV), U.to(DEV), max_u1)
-    cell = cell_mask(c_layout)
+    cell = layout_cell_rows(c_layout)
     N = cell.numel()
     x2d = logits.view(N, V)
     g_targets = targets.to(DEV)
@@ -206,7 +195,7 @@ def test_alpha_beta_long_targets_use_global_memory_path():
         lp_layout = torch.empty(N, 1)
         layout_c = make_layout(lp_layout, Tt, Ut, U + 1)
         layout_g = make_layout(lp_layout.to(DEV), Tt.to(DEV), Ut.to(DEV), U + 1)
-        cell = cell_mask(layout_c)
+        cell = layout_cell_rows(layout_c)
         u = cpu.row_coordinates(layout_c.row_ids, layout_c.cell_offsets, layout_c.row_strides)[2]
         lp[u == U, 1] = -math.inf
         a_c, b_c, l_c = cpu.alpha_beta(lp, layout_c, rna)
@@ -258,9 +247,7 @@ def test_matches_torchaudio(case):
     got = transducer_loss(padded, targets, T, U, blank=blank, reduction=reduction)
     (got * weights).sum().backward()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
-    valid = torch.zeros(logits.shape[:3], dtype=torch.bool, device=DEV)
-    for b in range(B):
-        valid[b, :T[b], :U[b] + 1] = True
+    valid = _batches.cell_mask(logits, T, U)
     torch.testing.assert_close(padded.grad[valid], ta_in.grad[valid], rtol=1e-4, atol=1e-6)
     assert (padded.grad[~valid] == 0).all()
 
@@ -323,49 +310,6 @@ def test_matches_reference_float64(seed):
         torch.testing.assert_close(x.grad.cpu(), want, rtol=1e-9, atol=1e-10)
         red = transducer_loss(x.detach(), targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
         torch.testing.assert_close(red.cpu(), expected.detach(), rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("dtype,eps", [(torch.float16, 2.0 ** -11), (torch.bfloat16, 2.0 ** -8)])
-def test_half_precision_close_to_float32(dtype, eps):
-    gen = torch.Generator().manual_seed(11)
-    logits, targets, T, U = random_batch(gen, 6, 30, 10, 1024, blank=0, dtype=dtype)
-    half = compact(logits, T, U).to(DEV).requires_grad_()
-    full = half.detach().float().requires_grad_()
-    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
-    got = transducer_loss(half, targets, T, U, reduction="none")
-    expected = transducer_loss(full, targets, T, U, reduction="none")
-    got.sum().backward()
-    expected.sum().backward()
-    assert got.dtype == torch.float32 and half.grad.dtype == dtype
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
-    torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
-
-
-def test_rna_infeasible_and_zero_infinity():
-    gen = torch.Generator().manual_seed(3)
-    logits, targets, T, U = random_batch(gen, 3, 6, 4, 7, blank=0)
-    T[1], U[1] = 3, 4  # U > T - 1: no alignment
-    U[0], U[2] = min(int(U[0]), 5), min(int(U[2]), int(T[2]) - 1)
-    rows = compact(logits, T, U).to(DEV).requires_grad_()
-    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
-    losses = transducer_loss(rows, targets, T, U, reduction="none", one_sym_per_frame=True)
-    assert math.isinf(losses[1].item()) and losses[1].item() > 0
-    assert torch.isfinite(losses[[0, 2]]).all()
-    losses.sum().backward()  # inf loss: its utterance gets zeros, never NaN
-    assert not torch.isnan(rows.grad).any()
-    start, n = int(T[0] * (U[0] + 1)), int(T[1] * (U[1] + 1))
-    assert (rows.grad[start:start + n] == 0).all()
-
-    rows.grad = None
-    zeroed = transducer_loss(rows, targets, T, U, reduction="sum", one_sym_per_frame=True, zero_infinity=True)
-    zeroed.backward()
-    torch.testing.assert_close(zeroed, losses[[0, 2]].sum())
-    assert (rows.grad[start:start + n] == 0).all()
-    assert (rows.grad[:start] != 0).any()
-    cpu_rows = rows.detach().cpu().requires_grad_()
-    transducer_loss(cpu_rows, targets.cpu(), T.cpu(), U.cpu(), reduction="sum", one_sym_per_frame=True,
-                    zero_infinity=True).backward()
-    torch.testing.assert_close(rows.grad.cpu(), cpu_rows.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_more_than_2_31_elements():

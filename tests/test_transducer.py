@@ -5,38 +5,10 @@ import math
 import pytest
 import torch
 
+from _batches import DEVICES, cell_mask, compact, random_batch
 from transducer import TransducerLoss, pack, transducer_loss, transducer_loss_reference
 
 torchaudio_functional = pytest.importorskip("torchaudio.functional")
-
-
-def random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float64, rna=False):
-    """Padded logits (B, maxT, maxU+1, V), targets avoiding blank, ragged lengths (one utterance at the max)."""
-    T = torch.randint(1, max_t + 1, (B,), generator=gen)
-    U = torch.randint(0, max_u + 1, (B,), generator=gen)
-    T[0], U[0] = max_t, max_u
-    if rna:  # keep every alignment feasible: U_b <= T_b - 1
-        U = torch.minimum(U, T - 1)
-    labels = [v for v in range(V) if v != blank]
-    targets = torch.tensor(labels)[torch.randint(0, len(labels), (B, max(max_u, 1)), generator=gen)]
-    logits = torch.randn(B, max_t, int(U.max()) + 1, V, generator=gen, dtype=torch.float64).to(dtype)
-    return logits, targets, T, U
-
-
-def compact(logits, T, U):
-    """Padded -> compact by a plain loop (the test's own, independent of pack)."""
-    return torch.cat([logits[b, :T[b], :U[b] + 1].reshape(-1, logits.size(-1)) for b in range(len(T))])
-
-
-def uncompact(rows, T, U, like):
-    """Compact -> padded with zeros in padding."""
-    out = torch.zeros_like(like)
-    start = 0
-    for b in range(len(T)):
-        n = int(T[b] * (U[b] + 1))
-        out[b, :T[b], :U[b] + 1] = rows[start:start + n].view(int(T[b]), int(U[b]) + 1, -1)
-        start += n
-    return out
 
 
 def reduce_like(losses, reduction):
@@ -135,7 +107,7 @@ def test_matches_torchaudio(seed):
     got = transducer_loss(padded, targets, T, U, blank=blank, reduction="none")
     got.sum().backward()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
-    valid = uncompact(torch.ones_like(rows), T, U, logits).bool()
+    valid = cell_mask(logits, T, U)
     torch.testing.assert_close(padded.grad[valid], ta_in.grad[valid], rtol=1e-4, atol=1e-6)
     assert (padded.grad[~valid] == 0).all()
 
@@ -153,19 +125,21 @@ def test_matches_torchaudio_without_fused_log_softmax():
     got = transducer_loss(ours, targets, T, U, reduction="sum", from_log_softmax=True)
     got.backward()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
-    valid = uncompact(torch.ones(int((T * (U + 1)).sum()), 30), T, U, logits).bool()
+    valid = cell_mask(logits, T, U)
     torch.testing.assert_close(ours.grad[valid], ta_in.grad[valid], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype,eps", [(torch.float16, 2.0 ** -11), (torch.bfloat16, 2.0 ** -8)])
-def test_half_precision_matches_float32(dtype, eps):
+def test_half_precision_matches_float32(device, dtype, eps):
     # Inputs are rounded to `dtype` once; the loss accumulates in float32, so it must match the float32
     # loss on the same rounded values to float32 accuracy; the gradient is rounded once to `dtype`, so
     # each element may differ by half an ulp of `dtype` (relative eps) plus float32 noise.
     gen = torch.Generator().manual_seed(11)
-    logits, targets, T, U = random_batch(gen, 4, 20, 8, 64, blank=0, dtype=dtype)
-    half = compact(logits, T, U).requires_grad_()
+    logits, targets, T, U = random_batch(gen, 6, 30, 10, 1024, blank=0, dtype=dtype)
+    half = compact(logits, T, U).to(device).requires_grad_()
     full = half.detach().float().requires_grad_()
+    targets, T, U = targets.to(device), T.to(device), U.to(device)
     got = transducer_loss(half, targets, T, U, reduction="none")
     expected = transducer_loss(full, targets, T, U, reduction="none")
     got.sum().backward()
@@ -175,23 +149,26 @@ def test_half_precision_matches_float32(dtype, eps):
     torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
 
 
-def test_rna_infeasible_is_inf_with_zero_gradient():
+@pytest.mark.parametrize("device", DEVICES)
+def test_rna_infeasible_is_inf_with_zero_gradient(device):
     gen = torch.Generator().manual_seed(3)
     logits, targets, T, U = random_batch(gen, 3, 6, 4, 7, blank=0)
     T[1], U[1] = 3, 4  # U > T - 1: no alignment
     U[0], U[2] = min(int(U[0]), 5), min(int(U[2]), int(T[2]) - 1)
-    rows = compact(logits, T, U).requires_grad_()
+    start, n = int(T[0] * (U[0] + 1)), int(T[1] * (U[1] + 1))
+    rows = compact(logits, T, U).to(device).requires_grad_()
+    targets, T, U = targets.to(device), T.to(device), U.to(device)
     losses = transducer_loss(rows, targets, T, U, reduction="none", one_sym_per_frame=True)
     assert math.isinf(losses[1].item()) and losses[1].item() > 0
     assert torch.isfinite(losses[[0, 2]]).all()
-    losses[[0, 2]].sum().backward()
+    losses.sum().backward()  # an infinite loss: its utterance gets zeros, never NaN
     assert not torch.isnan(rows.grad).any()
+    assert (rows.grad[start:start + n] == 0).all()
 
     rows.grad = None
     zeroed = transducer_loss(rows, targets, T, U, reduction="sum", one_sym_per_frame=True, zero_infinity=True)
     zeroed.backward()
     torch.testing.assert_close(zeroed, losses[[0, 2]].sum())
-    start, n = int(T[0] * (U[0] + 1)), int(T[1] * (U[1] + 1))
     assert (rows.grad[start:start + n] == 0).all()
     assert (rows.grad[:start] != 0).any()
 
@@ -206,11 +183,13 @@ def test_edge_shapes_t1_u0():
         torch.testing.assert_close(got, expected)
 
 
-def test_module_matches_functional_and_inplace_grad():
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_matches_functional_and_inplace_grad(device):
     gen = torch.Generator().manual_seed(9)
     logits, targets, T, U = random_batch(gen, 3, 7, 4, 11, blank=1, dtype=torch.float32)
-    rows = compact(logits, T, U)
-    weight = torch.randn(11, 11, generator=gen)
+    rows = compact(logits, T, U).to(device)
+    targets, T, U = targets.to(device), T.to(device), U.to(device)
+    weight = torch.randn(11, 11, generator=gen).to(device)
     grads = []
     for inplace_grad in (False, True):
         x = rows.clone().requires_grad_()
@@ -223,8 +202,7 @@ def test_module_matches_functional_and_inplace_grad():
     functional = transducer_loss(x @ weight, targets, T, U, blank=1, reduction="sum")
     functional.backward()
     torch.testing.assert_close(x.grad, grads[0])
-    loss = TransducerLoss(blank=1)
-    assert "blank=1" in repr(loss)
+    assert "blank=1" in repr(TransducerLoss(blank=1))
 
 
 def test_pack_matches_loop_and_gradcheck():
