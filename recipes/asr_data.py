@@ -150,7 +150,7 @@ class SpeechDataset(torch.utils.data.Dataset):
 
     def __init__(self, items, tokenizer, num_mel_bins=80, precompute=False):
         self.items, self.tokenizer, self.num_mel_bins = items, tokenizer, num_mel_bins
-        self.tokens = [torch.tensor(tokenizer.encode(text), dtype=torch.long) for _, _, text in items]
+        self.tokens = [torch.tensor(tokenizer.encode(item[2]), dtype=torch.long) for item in items]
         self.cache = [self._features(i) for i in range(len(items))] if precompute else None
 
     def num_frames(self, i):

@@ -9,7 +9,11 @@ pitch range and word gap. Some variants are held out: dev and test are spoken
 only by variants never heard in training.
 
 The corpus is a function of its config (seed, sizes): the same config gives the
-same text, voices and audio. On disk, under ``<data_dir>/``::
+same text, voices and audio. eSpeak NG keeps state from one utterance to the
+next (its pitch flutter runs on), so the same text can come out a few samples
+different later in a process; hence utterances are synthesised in fixed chunks,
+each in a fresh worker process (which also spreads the work over the cores).
+On disk, under ``<data_dir>/``::
 
     meta.json                 the config it was made from (a mismatch remakes it)
     {train,dev,test}.jsonl    one utterance per line: id, text, voice, rate, pitch, offset, samples
@@ -23,10 +27,9 @@ import random
 from pathlib import Path
 
 import numpy as np
-import torch
 
 SAMPLE_RATE = 16000
-VERSION = 1
+VERSION = 3
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 WORDS = [
@@ -89,6 +92,10 @@ class Espeak:
                                      ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_Synchronize.restype = ctypes.c_int
+        # Variants with breath noise draw from a generator seeded from the clock unless seeded.
+        self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
+        if self._set_seed is not None:
+            self._set_seed.argtypes = [ctypes.c_long]
         self.sample_rate = lib.espeak_Initialize(
             _AUDIO_OUTPUT_SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), 0)
         if self.sample_rate <= 0:
@@ -107,9 +114,11 @@ class Espeak:
     def has_voice(self, voice):
         return self.lib.espeak_SetVoiceByName(voice.encode()) == 0
 
-    def synth(self, text, voice, rate=175, pitch=50, pitch_range=50, word_gap=0):
+    def synth(self, text, voice, rate=175, pitch=50, pitch_range=50, word_gap=0, seed=0):
         """int16 samples at ``self.sample_rate`` (22050 Hz)."""
         lib = self.lib
+        if self._set_seed is not None:
+            self._set_seed(seed)
         if lib.espeak_SetVoiceByName(voice.encode()) != 0:
             raise ValueError(f"eSpeak NG has no voice {voice!r}")
         for param, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range),
@@ -149,46 +158,101 @@ def plan_split(rng, n, voices, min_words, max_words):
             pitch=rng.randint(25, 75),
             range=rng.randint(20, 80),
             gap=rng.randint(0, 3),
+            seed=rng.randrange(2 ** 31),
         ))
     return plan
 
 
-def make_corpus(data_dir, config, log=print):
-    """Synthesise the corpus described by ``config`` into ``data_dir``."""
-    import torchaudio.transforms as AT
-
+def _available_voices():
+    """(accents, {split: variants}) that this eSpeak NG has."""
     espeak = Espeak.get()
-    resample = AT.Resample(espeak.sample_rate, SAMPLE_RATE)  # builds its filter once
     variants = {name: [v for v in names if espeak.has_voice(f"en+{v}")]
                 for name, names in (("train", [v for v in VARIANTS if v not in DEV_VARIANTS + TEST_VARIANTS]),
                                     ("dev", DEV_VARIANTS), ("test", TEST_VARIANTS))}
-    accents = [a for a in ACCENTS if espeak.has_voice(a)]
-    rng = random.Random(config["seed"])
+    return [a for a in ACCENTS if espeak.has_voice(a)], variants
+
+
+def _worker(job, out):
+    """In a fresh process: synthesise the utterances planned in ``job`` (JSON) into ``out`` (.npz)."""
+    espeak = Espeak.get()
+    plan = json.loads(Path(job).read_text())
+    if plan == "voices":
+        Path(out).write_text(json.dumps(_available_voices()))
+        return
+    xs = [espeak.synth(p["text"], p["voice"], p["rate"], p["pitch"], p["range"], p["gap"], p["seed"]) for p in plan]
+    np.savez(out, sample_rate=espeak.sample_rate, lengths=np.array([len(x) for x in xs]), audio=np.concatenate(xs))
+
+
+def _run_fresh(jobs, workers, tmp):
+    """Run each job (a JSON-able plan) in its own new Python process, ``workers`` at a time."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i):
+        job, out = Path(tmp) / f"job{i}.json", Path(tmp) / f"out{i}"
+        job.write_text(json.dumps(jobs[i]))
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(out)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"eSpeak NG worker failed:\n{p.stderr[-3000:]}")
+        return out
+
+    with ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
+        return list(pool.map(run, range(len(jobs))))
+
+
+CHUNK = 250  # utterances per worker process
+
+
+def make_corpus(data_dir, config, log=print, workers=None):
+    """Synthesise the corpus described by ``config`` into ``data_dir``."""
+    import torch
+    import torchaudio.transforms as AT
+
+    import tempfile
+
+    workers = workers or os.cpu_count() or 1
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "meta.json").unlink(missing_ok=True)
-    for split in ("train", "dev", "test"):
-        voices = [f"{a}+{v}" for a in accents for v in variants[split]]
-        plan = plan_split(rng, config[f"n_{split}"], voices, config["min_words"], config["max_words"])
+    with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
+        accents, variants = json.loads(_run_fresh(["voices"], 1, tmp)[0].read_text())
+        rng = random.Random(config["seed"])
+        plans = {}
+        for split in ("train", "dev", "test"):
+            voices = [f"{a}+{v}" for a in accents for v in variants[split]]
+            plans[split] = (plan_split(rng, config[f"n_{split}"], voices, config["min_words"], config["max_words"]),
+                            len(voices))
+        everything = [p for split in plans for p in plans[split][0]]
+        outs = _run_fresh([everything[i: i + CHUNK] for i in range(0, len(everything), CHUNK)], workers, tmp)
+        synthesised, sample_rate = [], None
+        for out in outs:
+            with np.load(Path(str(out) + ".npz")) as z:
+                sample_rate = int(z["sample_rate"])
+                synthesised += np.split(z["audio"], np.cumsum(z["lengths"])[:-1])
+    synthesised = iter(synthesised)
+    resample = AT.Resample(sample_rate, SAMPLE_RATE)  # builds its filter once
+    for split, (plan, n_voices) in plans.items():
         audio, offset = [], 0
         with open(data_dir / f"{split}.jsonl", "w") as f:
             for i, p in enumerate(plan):
-                x = espeak.synth(p["text"], p["voice"], p["rate"], p["pitch"], p["range"], p["gap"])
-                x = torch.from_numpy(x.astype(np.float32))
-                x = resample(x)
+                x = resample(torch.from_numpy(next(synthesised).astype(np.float32)))
                 x = _trim(x.round().clamp(-32768, 32767).to(torch.int16).numpy())
                 audio.append(x)
                 f.write(json.dumps(dict(id=f"{split}-{i:06d}", offset=offset, samples=len(x), **p)) + "\n")
                 offset += len(x)
         np.save(data_dir / f"{split}.npy", np.concatenate(audio))
         hours = offset / SAMPLE_RATE / 3600
-        log(f"toy corpus: {split}: {len(plan)} utterances, {hours:.2f} h, {len(voices)} voices")
+        log(f"toy corpus: {split}: {len(plan)} utterances, {hours:.2f} h, {n_voices} voices")
     with open(data_dir / "meta.json", "w") as f:  # written last: its presence marks a complete corpus
         json.dump(config, f)
 
 
 def load_split(data_dir, split):
     """[(id, float32 waveform tensor at 16 kHz, text)] of one split."""
+    import torch
+
     data_dir = Path(data_dir)
     audio = np.load(data_dir / f"{split}.npy", mmap_mode="r")
     items = []
@@ -216,6 +280,10 @@ def ensure_corpus(data_dir, config, log=print):
 
 
 if __name__ == "__main__":
+    import sys
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        _worker(sys.argv[2], sys.argv[3])
+        sys.exit(0)
     import argparse
     import time
 

@@ -151,6 +151,13 @@ class Dist:
             dist.all_reduce(t)
         return t.tolist()
 
+    def sync_buffers(self, model):
+        """Give every rank rank 0's buffers (BatchNorm statistics move with each rank's own data)."""
+        if self.world > 1:
+            import torch.distributed as dist
+            for b in model.buffers():
+                dist.broadcast(b.data, 0)
+
     def barrier(self):
         if self.world > 1:
             import torch.distributed as dist
@@ -397,6 +404,7 @@ def main(argv=None):
                 bar.update()
         if bar is not None:
             bar.close()
+        dist.sync_buffers(model)
         loss_sum, n_utts, _ = dist.sum(sums)
         train_loss = loss_sum / max(n_utts, 1)
         dev_wer, dev_cer, _ = evaluate(model, dev_set, tokenizer, a, dist, a.max_frames)
