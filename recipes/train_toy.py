@@ -60,7 +60,7 @@ def build_parser():
     d = p.add_argument_group("data")
     d.add_argument("--data-dir", default=None, help="toy corpus cache (default data/toy_corpus, "
                    "data/toy_corpus_quick with --quick)")
-    d.add_argument("--corpus-size", type=positive(int), default=4000, help="toy corpus: training utterances")
+    d.add_argument("--corpus-size", type=positive(int), default=5000, help="toy corpus: training utterances")
     d.add_argument("--manifest", help="train on this JSONL/TSV manifest (audio path + transcript) instead")
     d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
     d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
@@ -76,7 +76,7 @@ def build_parser():
     m.add_argument("--joiner-dim", type=positive(int), default=128)
     m.add_argument("--rna", action="store_true", help="one symbol per frame (RNA loss and decoding)")
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=positive(int), default=10)
+    t.add_argument("--epochs", type=positive(int), default=12)
     t.add_argument("--max-frames", type=positive(int), default=3000, help="padded input frames per batch")
     t.add_argument("--lr", type=positive(float), default=3e-3)
     t.add_argument("--warmup", type=int, default=100, help="warm-up steps")
@@ -86,7 +86,9 @@ def build_parser():
     t.add_argument("--no-specaug", action="store_true")
     t.add_argument("--no-amp", action="store_true", help="no mixed precision on GPU")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    t.add_argument("--threads", type=positive(int), default=None,
+                   help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
+                        "among local ranks, at most 4 when training on a GPU)")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     t.add_argument("--exp-dir", default=None, help="checkpoints, plot, results (default runs/toy[_quick])")
     t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
@@ -125,6 +127,16 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------- distributed
+
+def default_threads(threads, device):
+    """CPU threads: too many per process (cores x ranks) makes small ops crawl."""
+    if threads:
+        return threads
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    n = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return min(n, 4) if device.startswith("cuda") else n
+
 
 class Dist:
     def __init__(self, device):
@@ -298,8 +310,8 @@ def plot(history, path):
 def main(argv=None):
     a = parse_args(argv)
     t_start = time.time()
-    torch.set_num_threads(a.threads or os.cpu_count() or 1)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_num_threads(default_threads(a.threads, device))
     dist = Dist(device)
     device = dist.device
     log = print if dist.main else (lambda *_, **__: None)
