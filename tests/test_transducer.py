@@ -282,3 +282,13 @@ def test_pack_bad_input():
         pack(enc, pred, T, torch.tensor([3, 1]))
     with pytest.raises(TypeError, match="logit_lengths: expected dtype"):
         pack(enc, pred, T.float(), U)
+
+
+def test_cuda_without_cupy_names_the_extra(monkeypatch):
+    import sys
+
+    from ops import _cuda
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail, as on a machine without it
+    with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
+        _cuda.cupy()
+    import transducer.cuda  # noqa: F401  importing the CUDA stages never needs CuPy
