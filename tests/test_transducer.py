@@ -292,3 +292,58 @@ def test_cuda_without_cupy_names_the_extra(monkeypatch):
     with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
         _cuda.cupy()
     import transducer.cuda  # noqa: F401  importing the CUDA stages never needs CuPy
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+def test_non_finite_utterances_get_zero_gradient(layout, device):
+    # utterance 1 cannot emit blank, so it has no alignment: with zero_infinity the batch still trains
+    gen = torch.Generator().manual_seed(31)
+    logits, targets, T, U = random_batch(gen, 3, 6, 4, 9, blank=0)
+    logits[1, :, :, 0] = -math.inf
+    expected = transducer_loss_reference(logits[[0, 2]], targets[[0, 2]], T[[0, 2]], U[[0, 2]])
+    x = (compact(logits, T, U) if layout == "compact" else logits).to(device).requires_grad_()
+    targets, T, U = targets.to(device), T.to(device), U.to(device)
+    losses = transducer_loss(x, targets, T, U, reduction="none", zero_infinity=True)
+    assert losses[1].item() == 0 and torch.isfinite(losses).all()
+    losses.sum().backward()
+    assert not torch.isnan(x.grad).any()
+    torch.testing.assert_close(losses[[0, 2]].cpu(), expected)
+
+    # an overflowing joiner (inf logits) gives a NaN loss; left out of the objective, it gets zeros too
+    x = x.detach().clone()
+    x[x == -math.inf] = math.inf
+    x.requires_grad_()
+    losses = transducer_loss(x, targets, T, U, reduction="none")
+    assert torch.isnan(losses[1])
+    torch.where(torch.isfinite(losses), losses, 0.0).sum().backward()
+    assert not torch.isnan(x.grad).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_losses_may_be_changed_in_place(device):
+    gen = torch.Generator().manual_seed(32)
+    logits, targets, T, U = random_batch(gen, 2, 5, 3, 6, blank=0)
+    x = compact(logits, T, U).to(device).requires_grad_()
+    targets, T, U = targets.to(device), T.to(device), U.to(device)
+    losses = transducer_loss(x, targets, T, U, reduction="none")
+    expected = torch.autograd.grad(losses.sum() / 2, x, retain_graph=True)[0]
+    losses.div_(2)  # as torchaudio allows: normalise in place
+    losses.sum().backward()
+    torch.testing.assert_close(x.grad, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_grad_misuse_raises_and_blank_accepts_integers(device):
+    logits, targets, T, U = (t.to(device) for t in _good())
+    x = logits.clone().requires_grad_()
+    # log_softmax's backward needs its output, which the in-place gradient overwrites: autograd must notice
+    loss = transducer_loss(x.log_softmax(-1), targets, T, U, from_log_softmax=True, inplace_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    import numpy as np
+    a = transducer_loss(logits, targets, T, U, blank=np.int64(0))
+    b = transducer_loss(logits, targets, T, U, blank=torch.tensor(0))
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="blank: expected a non-negative int"):
+        TransducerLoss(blank=-3)

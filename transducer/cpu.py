@@ -148,13 +148,13 @@ def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_fra
     blank_arc = torch.exp(log_norm + lp[:, 0] + after_blank) * s
     label_arc = torch.exp(log_norm + lp[:, 1] + after_label) * s
     has_label = is_cell & (u < U)
-    return occupancy, blank_arc, label_arc, b, u, has_label, is_cell
+    return occupancy, blank_arc, label_arc, b, u, has_label, live
 
 
 def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
              from_log_softmax, one_sym_per_frame, out):
     num_rows, vocab_size = logits2d.shape
-    occupancy, blank_arc, label_arc, b, u, has_label, is_cell = _gradient_coefficients(
+    occupancy, blank_arc, label_arc, b, u, has_label, live = _gradient_coefficients(
         layout, lp, alpha, beta, loss, scale, one_sym_per_frame)
     labels = _labels(targets, b, u, has_label, blank)
     for start, end in _chunks(num_rows, vocab_size):
@@ -166,8 +166,8 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
             g = (rows.to(lp.dtype) - den[start:end, None]).exp_().mul_(occupancy[start:end, None])
         g[index, blank] -= blank_arc[start:end]
         g[index, labels[start:end]] -= label_arc[start:end]
-        if layout.padded:  # padding rows may hold anything, even inf or NaN
-            g = torch.where(is_cell[start:end, None], g, 0.0)
+        # padding rows and the rows of dead utterances may hold anything, even inf or NaN
+        g = torch.where(live[start:end, None], g, 0.0)
         out[start:end] = g
     return out
 

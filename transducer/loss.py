@@ -1,5 +1,7 @@
 """The transducer loss: argument checks, the autograd Function, the functional form and the module."""
 
+import operator
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -33,6 +35,17 @@ def _check_tensor(name, x, dtypes, ndim, device):
         raise ValueError(f"{name}: expected a tensor on {device} (the logits' device), got {x.device}")
 
 
+def _is_index(x):
+    """An integer usable as an index (int, numpy integer, 0-d integer tensor), not a bool."""
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
 def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction):
     """Types, shapes and options: everything that needs no look at tensor values."""
     _check_tensor("logits", logits, _FLOAT_DTYPES, (2, 4), None)
@@ -51,7 +64,7 @@ def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, redu
         raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
                          f"{tuple(logits.shape)}")
     V = logits.size(-1)
-    if isinstance(blank, bool) or not isinstance(blank, int) or not 0 <= blank < V:
+    if not _is_index(blank) or not 0 <= operator.index(blank) < V:
         raise ValueError(f"blank: expected an int in [0, {V}) (the vocabulary size is logits.size(-1)), got {blank!r}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
@@ -110,13 +123,13 @@ class _TransducerLoss(torch.autograd.Function):
         layout = make_layout(logits, logit_lengths, target_lengths, targets.size(1) + 1)
         lp, den = stages.log_probs(logits2d, targets, layout, blank, from_log_softmax)
         alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
-        if zero_infinity:
-            nll = torch.where(torch.isinf(nll), 0.0, nll)
-
+        # backward sees the true losses (an infinite one gets zero gradient); the caller may see zeros
         ctx.save_for_backward(logits, targets, lp, den, alpha, beta, nll)
         ctx.layout = layout
         ctx.options = (blank, reduction, one_sym_per_frame, from_log_softmax, inplace_grad)
         out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        # a new tensor, never the saved one, so the caller may change it in place
+        nll = torch.where(torch.isinf(nll), 0.0, nll) if zero_infinity else nll.to(out_dtype, copy=True)
         nll = nll.to(out_dtype)
         if reduction == "sum":
             return nll.sum()
@@ -138,6 +151,8 @@ class _TransducerLoss(torch.autograd.Function):
         out = logits2d if inplace_grad else torch.empty_like(logits2d)
         _stages(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, scale.contiguous(),
                                         blank, from_log_softmax, one_sym_per_frame, out)
+        if inplace_grad:  # kernels write through raw pointers: let autograd see that the logits changed
+            torch.autograd.graph.increment_version(logits)
         return out.view(logits.shape), None, None, None, None, None, None, None, None, None
 
 
@@ -162,19 +177,23 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
             (t, u) -> (t+1, u+1). Utterances with ``U_b > T_b - 1`` have no alignment: loss ``+inf``.
         from_log_softmax: the logits are already log-probabilities (log_softmax done by the caller);
             the loss skips its own normalisation and the gradient is w.r.t. those log-probabilities.
-        zero_infinity: replace infinite losses by 0. Their utterances get zero gradient either way.
+        zero_infinity: replace infinite losses by 0. Utterances whose loss is not finite get zero
+            gradient either way.
         check_inputs: check lengths and label values against the tensors (on CUDA this costs one
             device-to-host transfer). ``False`` skips it: no host synchronisation, so a step can be
             captured in a CUDA graph; out-of-range values then give undefined results.
         inplace_grad: write the gradient into the logits' own storage in backward instead of a new
             tensor, saving one logits-sized buffer. Only valid when nothing else needs the logits'
-            values afterwards (true for a joiner ``Linear`` whose output feeds only this loss).
+            values afterwards (true for a joiner ``Linear`` whose output feeds only this loss). On leaf
+            logits, ``logits.grad`` then shares their storage. Autograd is told the logits changed,
+            so a backward that still needs them raises instead of reading the gradient.
 
     Returns:
         float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. The gradient
         flows to ``logits`` only and has the logits' dtype.
     """
     _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction)
+    blank = operator.index(blank)
     if check_inputs:
         _check_values(logits, targets, logit_lengths, target_lengths, blank)
     return _TransducerLoss.apply(logits, targets, logit_lengths, target_lengths, blank, reduction,
@@ -189,7 +208,9 @@ class TransducerLoss(torch.nn.Module):
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-        self.blank = blank
+        if not _is_index(blank) or operator.index(blank) < 0:
+            raise ValueError(f"blank: expected a non-negative int, got {blank!r}")
+        self.blank = operator.index(blank)
         self.reduction = reduction
         self.one_sym_per_frame = one_sym_per_frame
         self.from_log_softmax = from_log_softmax
@@ -205,4 +226,5 @@ class TransducerLoss(torch.nn.Module):
 
     def extra_repr(self):
         return (f"blank={self.blank}, reduction={self.reduction!r}, one_sym_per_frame={self.one_sym_per_frame}, "
-                f"from_log_softmax={self.from_log_softmax}, zero_infinity={self.zero_infinity}")
+                f"from_log_softmax={self.from_log_softmax}, zero_infinity={self.zero_infinity}, "
+                f"check_inputs={self.check_inputs}, inplace_grad={self.inplace_grad}")
