@@ -129,8 +129,7 @@ class _TransducerLoss(torch.autograd.Function):
         ctx.options = (blank, reduction, one_sym_per_frame, from_log_softmax, inplace_grad)
         out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         # a new tensor, never the saved one, so the caller may change it in place
-        nll = torch.where(torch.isinf(nll), 0.0, nll) if zero_infinity else nll.to(out_dtype, copy=True)
-        nll = nll.to(out_dtype)
+        nll = (torch.where(torch.isinf(nll), 0.0, nll) if zero_infinity else nll.clone()).to(out_dtype)
         if reduction == "sum":
             return nll.sum()
         if reduction == "mean":
