@@ -1,14 +1,18 @@
 """Per-stage timing of the CUDA loss (a tool for optimising the kernels; bench.py is the benchmark).
 
-    python benchmarks/stages.py [--dtypes fp32,fp16,bf16]
+    python benchmarks/stages.py [--dtypes fp32,fp16,bf16] [--sizes 0,1,2] [--profile]
 
 For each Protocol B size (full lengths) and dtype: GPU time of log_probs, alpha_beta and gradient
 (20 back-to-back launches between two events), their effective bandwidth, the host time of one eager
 fwd+bwd (check_inputs on and off), its wall time between events, and a CUDA-graph replay of the same
 step (no host overhead); all against the floor of 3 passes over the logits at the measured copy rate.
+With --profile, it also prints where the host time of an eager step goes (cProfile, check_inputs on
+and off), the part that sets the step time at the smallest size.
 """
 
 import argparse
+import cProfile
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -50,13 +54,68 @@ def host_ms(fn, n=20):
     return elapsed
 
 
+def profile(step, label, n=200):
+    """cProfile of n eager steps: the functions with the most own time, and the total per step."""
+    step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"--- host profile, {label}: {(time.perf_counter() - t) / n * 1e3:.3f} ms per step (profiled)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def timeline(step, label):
+    """The GPU kernels and the host's launch and copy calls of one eager step, in microseconds from its start
+    (torch.profiler; the profiler adds host time of its own): where the GPU waits for the host."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              or any(k in e.name for k in ("LaunchKernel", "Memcpy", "Synchronize", "run_backward"))]
+    t0 = min(e.time_range.start for e in events)
+    print(f"--- timeline, {label} (us: start, duration; [gpu] kernels, host calls otherwise)")
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        print(f"  {e.time_range.start - t0:8.1f} {e.time_range.elapsed_us():8.1f} {'[gpu] ' if gpu else '      '}"
+              f"{e.name[:90]}")
+
+
+def primitives():
+    """Host cost of the building blocks of a step, in microseconds per call."""
+    x = torch.arange(32, device="cuda")
+    y = torch.empty(6, dtype=torch.int64, device="cuda")
+    lengths = torch.full((32,), 40, device="cuda")
+    cases = {
+        "torch.empty(6)": lambda: torch.empty(6, dtype=torch.int64, device="cuda"),
+        "x * (x + 1)": lambda: x * (x + 1),
+        "torch.cumsum": lambda: torch.cumsum(x, 0),
+        "y.tolist() (sync)": lambda: y.tolist(),
+        "cuda.layout (one launch)": lambda: cuda.layout(lengths, lengths, 41, 0, lengths[None], 500, 0, True),
+    }
+    for name, fn in cases.items():
+        us = host_ms(fn, n=2000) * 1e3
+        print(f"  {name}: {us:.1f} us")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="fp32,fp16,bf16")
+    parser.add_argument("--sizes", default="0,1,2", help="indices into " + str(SIZES))
+    parser.add_argument("--profile", action="store_true", help="cProfile the host side of an eager step")
     args = parser.parse_args()
     print("size dtype | copy GB/s | log_probs ms (GB/s) | alpha_beta ms | gradient ms (GB/s) | "
           "host ms check/no-check | eager ms check/no-check | graph ms | floor ms | graph/floor eager/floor")
-    for B, T, U, V in SIZES:
+    if args.profile:
+        primitives()
+    for B, T, U, V in [SIZES[int(i)] for i in args.sizes.split(",")]:
         for name in args.dtypes.split(","):
             dtype = DTYPES[name]
             lengths_t = torch.full((B,), T, device="cuda")
@@ -67,7 +126,7 @@ def main():
             nbytes = N * V * logits.element_size()
             grad = torch.empty_like(logits)
             copy_gbps = 2 * nbytes / (gpu_ms(lambda: grad.copy_(logits), n=5) * 1e-3) / 1e9
-            layout = make_layout(logits, lengths_t, lengths_u, U + 1)
+            layout = make_layout(logits, targets, lengths_t, lengths_u)
             lp, den = cuda.log_probs(logits, targets, layout, 0, False)
             alpha, beta, loss = cuda.alpha_beta(lp, layout, False)
             scale = torch.ones(B, device="cuda")
@@ -82,6 +141,10 @@ def main():
                 transducer_loss(x, targets, lengths_t, lengths_u, reduction="sum", check_inputs=check).backward()
 
             hosts = [host_ms(lambda: step(c), n=5) for c in (True, False)]
+            if args.profile:
+                for c in (True, False):
+                    profile(lambda: step(c), f"{(B, T, U, V)} {name} check_inputs={c}")
+                    timeline(lambda: step(c), f"{(B, T, U, V)} {name} check_inputs={c}")
             eagers = [gpu_ms(lambda: step(c), n=1, reps=7) for c in (True, False)]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())

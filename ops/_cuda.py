@@ -6,7 +6,10 @@
   and makes CuPy launch on torch's *current* stream (no host sync, capturable
   by ``torch.cuda.CUDAGraph``);
 - ``ptr(t)``: a tensor's device pointer as ``numpy.uint64`` (8 bytes, what a
-  ``T*`` kernel parameter takes).
+  ``T*`` kernel parameter takes);
+- ``launch(path, name, t, grid, block, args)``: one kernel launch on torch's
+  current stream of ``t``'s device with the least host work (the loss's hot
+  path): the compiled function is cached, no context managers are entered.
 Scalar kernel arguments must be numpy scalars of the exact C type
 (numpy.int32 for int, numpy.int64 for long long, numpy.uint32 for unsigned).
 """
@@ -114,6 +117,43 @@ def torch_stream(t: torch.Tensor):
             s = _streams[(handle, dev)] = _external_stream(cp, handle, dev)
         with s:
             yield cp
+
+
+class _RawStream:
+    """What a CuPy kernel call reads from its ``stream`` argument: the raw handle, as ``ptr``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+_functions: dict = {}
+_raw_streams: dict = {}
+
+
+def _function(path, name, include_dirs, dev):
+    """The cupy Function for ``name`` of ``path``, loaded on device ``dev``."""
+    cp = cupy()
+    with cp.cuda.Device(dev):
+        fn = load_module(path, include_dirs, (name,) if name.endswith(">") else ()).get_function(name).kernel
+    _functions[(path, name, dev)] = fn
+    return fn
+
+
+def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem: int = 0, include_dirs=()):
+    """Launch kernel ``name`` (an extern "C" name or a template instantiation) of the .cu file at
+    ``path`` on torch's current stream of ``t``'s device. Arguments as for a CuPy kernel: pointers may
+    be Python ints (``t.data_ptr()``), other scalars numpy scalars of the exact C type."""
+    dev = t.get_device()
+    fn = _functions.get((path, name, dev)) or _function(path, name, tuple(include_dirs), dev)
+    handle = _current_raw_stream(dev)
+    stream = _raw_streams.get(handle) or _raw_streams.setdefault(handle, _RawStream(handle))
+    if torch._C._cuda_getDevice() == dev:
+        fn(grid, block, args, shared_mem, stream)
+    else:  # the function belongs to dev's context
+        with torch.cuda.device(dev):
+            fn(grid, block, args, shared_mem, stream)
 
 
 def ptr(t: torch.Tensor) -> np.uint64:

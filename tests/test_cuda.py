@@ -11,6 +11,7 @@ import torch
 import _batches
 from _batches import compact
 from transducer import TransducerLoss, cpu, pack, transducer_loss, transducer_loss_reference
+from transducer.layout import Layout
 from transducer.loss import make_layout
 
 pytestmark = pytest.mark.cuda
@@ -29,8 +30,7 @@ def random_batch(*args, dtype=torch.float32, **kwargs):
 
 def layout_cell_rows(layout):
     """(N,) bool on the CPU: the rows that are cells (not padding)."""
-    b, t, u = cpu.row_coordinates(layout.row_ids.cpu(), layout.cell_offsets.cpu(), layout.row_strides.cpu())
-    return (t < layout.logit_lengths.cpu()[b]) & (u <= layout.target_lengths.cpu()[b])
+    return cpu._cells(Layout(layout.table.cpu(), layout.padded, layout.max_u1))[3]
 
 
 def poison_allocator(*shapes_dtypes, copies=4):
@@ -69,8 +69,9 @@ def test_stages_match_cpu(V, padded, rna, dtype):
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     tol = dict(rtol=1e-5, atol=1e-5) if acc == torch.float32 else dict(rtol=1e-10, atol=1e-10)
     max_u1 = targets.size(1) + 1
-    c_layout = make_layout(logits, T, U, max_u1)
-    g_layout = make_layout(logits.to(DEV), T.to(DEV), U.to(DEV), max_u1)
+    c_layout = make_layout(logits, targets, T, U)
+    g_layout = make_layout(logits.to(DEV), targets.to(DEV), T.to(DEV), U.to(DEV))
+    assert c_layout.max_u1 == g_layout.max_u1 == max_u1
     cell = layout_cell_rows(c_layout)
     N = cell.numel()
     x2d = logits.view(N, V)
@@ -135,8 +136,8 @@ def test_stages_half_match_cpu(dtype, V):
     gen = torch.Generator().manual_seed(V)
     logits, targets, T, U = random_batch(gen, 3, 9, 5, V, 0, dtype=dtype)
     logits = compact(logits, T, U)
-    layout_c = make_layout(logits, T, U, targets.size(1) + 1)
-    layout_g = make_layout(logits.to(DEV), T.to(DEV), U.to(DEV), targets.size(1) + 1)
+    layout_c = make_layout(logits, targets, T, U)
+    layout_g = make_layout(logits.to(DEV), targets.to(DEV), T.to(DEV), U.to(DEV))
     lp_c, den_c = cpu.log_probs(logits, targets, layout_c, 0, False)
     lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, 0, False)
     assert lp_g.dtype == torch.float32
@@ -166,8 +167,8 @@ def test_stages_long_rows_and_int32_targets():
     T, U, V = torch.tensor([3, 2, 5]), torch.tensor([3000, 1700, 4]), 12
     targets = torch.randint(1, V, (3, 3000), generator=gen, dtype=torch.int32)
     logits = torch.randn(int((T * (U + 1)).sum()), V, generator=gen, dtype=torch.float64)
-    layout_c = make_layout(logits, T, U, 3001)
-    layout_g = make_layout(logits.to(DEV), T.to(DEV), U.to(DEV), 3001)
+    layout_c = make_layout(logits, targets, T, U)
+    layout_g = make_layout(logits.to(DEV), targets.to(DEV), T.to(DEV), U.to(DEV))
     lp_c, den_c = cpu.log_probs(logits, targets, layout_c, 0, False)
     lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, 0, False)
     torch.testing.assert_close(lp_g.cpu(), lp_c, rtol=1e-10, atol=1e-10)
@@ -192,11 +193,10 @@ def test_alpha_beta_long_targets_use_global_memory_path():
         N = T * (U + 1)
         lp = torch.randn(N, 2, generator=gen, dtype=torch.float64) * 0.1 - 2
         Tt, Ut = torch.tensor([T]), torch.tensor([U])
-        lp_layout = torch.empty(N, 1)
-        layout_c = make_layout(lp_layout, Tt, Ut, U + 1)
-        layout_g = make_layout(lp_layout.to(DEV), Tt.to(DEV), Ut.to(DEV), U + 1)
+        layout_c = cpu.layout(Tt, Ut, U + 1)
+        layout_g = cuda.layout(Tt.to(DEV), Ut.to(DEV), U + 1)
         cell = layout_cell_rows(layout_c)
-        u = cpu.row_coordinates(layout_c.row_ids, layout_c.cell_offsets, layout_c.row_strides)[2]
+        u = cpu._coordinates(layout_c)[2]
         lp[u == U, 1] = -math.inf
         a_c, b_c, l_c = cpu.alpha_beta(lp, layout_c, rna)
         a_g, b_g, l_g = cuda.alpha_beta(lp.to(DEV), layout_g, rna)
@@ -400,25 +400,20 @@ def test_pack_matches_cpu(dtype, D):
     U = torch.tensor([5, 0, 2, 3, 5])
     enc = torch.randn(B, max_t, D, generator=gen, dtype=torch.float64).to(dtype)
     pred = torch.randn(B, max_u1, D, generator=gen, dtype=torch.float64).to(dtype)
-    strides = U + 1
-    splits = torch.zeros(B + 1, dtype=torch.int64)
-    torch.cumsum(T * strides, 0, out=splits[1:])
-    N = int(splits[-1])
-    from ragged import row_splits_to_row_ids
-    row_ids = row_splits_to_row_ids(splits, N, dtype=torch.int32)
+    N = int((T * (U + 1)).sum())
+    layout_c, layout_g = cpu.layout(T, U, max_u1), cuda.layout(T.to(DEV), U.to(DEV), max_u1)
     tol = dict(rtol=0, atol=0) if dtype in (torch.float32, torch.float64) else {}
 
-    want = cpu.pack_forward(enc.double(), pred.double(), row_ids, splits[:-1], strides, N).to(dtype)
+    want = cpu.pack_forward(enc.double(), pred.double(), layout_c, N).to(dtype)
     poison_allocator(((N, D), dtype))
-    got = cuda.pack_forward(enc.to(DEV), pred.to(DEV), row_ids.to(DEV), splits[:-1].to(DEV), strides.to(DEV), N)
+    got = cuda.pack_forward(enc.to(DEV), pred.to(DEV), layout_g, N)
     assert_no_nan(got)
     torch.testing.assert_close(got.cpu(), want, **tol)
 
     grad_out = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)
-    want_e, want_p = cpu.pack_backward(grad_out.double(), row_ids, splits[:-1], strides, T, U, max_t, max_u1)
+    want_e, want_p = cpu.pack_backward(grad_out.double(), layout_c, max_t, max_u1)
     poison_allocator(((B, max_t, D), dtype), ((B, max_u1, D), dtype))
-    got_e, got_p = cuda.pack_backward(grad_out.to(DEV), row_ids.to(DEV), splits[:-1].to(DEV), strides.to(DEV),
-                                      T.to(DEV), U.to(DEV), max_t, max_u1)
+    got_e, got_p = cuda.pack_backward(grad_out.to(DEV), layout_g, max_t, max_u1)
     assert_no_nan(got_e, got_p)
     gtol = dict(rtol=1e-6, atol=1e-6) if dtype in (torch.float32, torch.float64) else {}
     torch.testing.assert_close(got_e.cpu(), want_e.to(dtype), **gtol)
@@ -430,15 +425,24 @@ def test_pack_matches_cpu(dtype, D):
 
 
 @pytest.mark.parametrize("itype", [torch.int32, torch.int64])
-def test_input_stats_match_cpu(itype):
+def test_layout_matches_cpu(itype):
+    """The layout kernel's table (lengths, strides, row_splits, stats) equals the CPU one, values out of
+    range included, for batches of one utterance up to several per thread of the block."""
+    cuda = cuda_stages()
     gen = torch.Generator().manual_seed(77)
-    for B, S, V in [(1, 0, 5), (7, 9, 30), (300, 40, 500)]:
+    for B, S, V in [(1, 0, 5), (7, 9, 30), (300, 40, 500), (2500, 3, 50)]:
         T = torch.randint(-1, 50, (B,), generator=gen).to(itype)
-        U = torch.randint(-1, S + 3, (B,), generator=gen).to(itype)
+        U = torch.randint(-1, S + 3, (B,), generator=gen).to(torch.int64 if itype == torch.int32 else torch.int32)
         targets = torch.randint(-2, V + 2, (B, S), generator=gen).to(itype)
-        expected = cpu.input_stats(targets, T, U, V, 3)
-        got = cuda_stages().input_stats(targets.to(DEV), T.to(DEV), U.to(DEV), V, 3)
-        assert got.tolist() == expected.tolist()
+        for padded_t in (0, 51):
+            for stats in (True, False):
+                want = cpu.layout(T, U, S + 3, padded_t, targets, V, 3, stats)
+                got = cuda.layout(T.to(DEV), U.to(DEV), S + 3, padded_t, targets.to(DEV), V, 3, stats)
+                assert (got.padded, got.max_u1, got.batch_size) == (want.padded, want.max_u1, B)
+                n = got.table.numel() - (0 if stats else 6)
+                assert got.table.cpu()[:n].tolist() == want.table[:n].tolist()
+    empty = cuda.layout(torch.zeros(0, dtype=itype, device=DEV), torch.zeros(0, dtype=itype, device=DEV), 1)
+    assert empty.table.tolist() == cpu.layout(torch.zeros(0, dtype=itype), torch.zeros(0, dtype=itype), 1).table.tolist()
 
 
 def test_bad_values_raise_on_cuda():

@@ -141,6 +141,29 @@ __device__ __forceinline__ void lse_merge(Acc& m1, Acc& s1, Acc m2, Acc s2) {
   m1 = m;
 }
 
+// The Layout table (transducer/layout.py): [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats].
+struct Grids {
+  const long long* __restrict__ table;
+  int B;
+  __device__ __forceinline__ long long T(int b) const { return table[b]; }
+  __device__ __forceinline__ long long U(int b) const { return table[B + b]; }
+  __device__ __forceinline__ long long stride(int b) const { return table[2 * B + b]; }
+  __device__ __forceinline__ long long split(int b) const { return table[3 * B + b]; }  // b in [0, B]
+  // The utterance of row r (0 <= r < split(B)): the last b with split(b) <= r. A binary search over
+  // B + 1 cached entries stands in for a per-row index array: no launch and no N-sized buffer for it.
+  __device__ __forceinline__ int utterance_of(long long r) const {
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (split(mid) <= r)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
+  }
+};
+
 template <typename Acc>
 __device__ __forceinline__ Acc shfl_xor(Acc x, int mask) {
   return __shfl_xor_sync(0xffffffffu, x, mask);

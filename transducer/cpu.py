@@ -12,6 +12,8 @@ import torch
 
 from ops import FastDivmod, gather, reduce
 
+from .layout import Layout
+
 _CHUNK_ELEMENTS = 1 << 22
 
 
@@ -28,17 +30,40 @@ def row_coordinates(row_ids, cell_offsets, row_strides):
     return b, t.long(), u.long()
 
 
-def input_stats(targets, logit_lengths, target_lengths, vocab_size, blank):
-    """(6,) int64: min T, max T, min U, max U, sum T*(U+1), and the number of labels (u < U_b)
-    outside [0, V) or equal to blank: everything the value checks need, read at once."""
+_INT64_MAX = 2**63 - 1
+
+
+def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
+           with_stats=True):
     T, U = logit_lengths.long(), target_lengths.long()
-    in_label = torch.arange(targets.size(1))[None, :] < U[:, None]
-    bad = in_label & ((targets < 0) | (targets >= vocab_size) | (targets == blank))
-    return torch.stack([T.min(), T.max(), U.min(), U.max(), (T * (U + 1)).sum(), bad.sum()])
+    B = T.numel()
+    if padded_t:
+        strides = torch.full_like(T, max_u1)
+        cells = torch.full_like(T, padded_t * max_u1)
+    else:
+        strides = U + 1
+        cells = T * strides
+    row_splits = torch.zeros(B + 1, dtype=torch.int64)
+    torch.cumsum(cells, 0, out=row_splits[1:])
+    bad = 0
+    if targets is not None and targets.size(1) > 0:
+        in_label = torch.arange(targets.size(1))[None, :] < U[:, None]
+        bad = int((in_label & ((targets < 0) | (targets >= vocab_size) | (targets == blank))).sum())
+    # min and max of no utterances: the identities, as the CUDA kernel's reductions give them
+    extremes = [T.min(), T.max(), U.min(), U.max()] if B else [_INT64_MAX, -_INT64_MAX - 1] * 2
+    stats = torch.tensor([int(x) for x in extremes] + [int((T * (U + 1)).sum()), bad])
+    return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1))
+
+
+def _coordinates(layout):
+    """(b, t, u) of every row of the layout, from its row_splits."""
+    row_splits = layout.row_splits
+    b = torch.repeat_interleave(torch.arange(layout.batch_size), row_splits.diff(), output_size=int(row_splits[-1]))
+    return row_coordinates(b, row_splits[:-1], layout.row_strides)
 
 
 def _cells(layout):
-    b, t, u = row_coordinates(layout.row_ids, layout.cell_offsets, layout.row_strides)
+    b, t, u = _coordinates(layout)
     is_cell = (t < layout.logit_lengths[b]) & (u <= layout.target_lengths[b])
     return b, t, u, is_cell
 
@@ -172,17 +197,17 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     return out
 
 
-def pack_forward(encoder_out, predictor_out, row_ids, cell_offsets, row_strides, num_rows):
+def pack_forward(encoder_out, predictor_out, layout, num_rows):
     B, max_t, D = encoder_out.shape
-    b, t, u = row_coordinates(row_ids[:num_rows], cell_offsets, row_strides)
+    b, t, u = _coordinates(layout)
     out = encoder_out.reshape(-1, D).index_select(0, b * max_t + t)
     out += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
     return out
 
 
-def pack_backward(grad_out, row_ids, cell_offsets, row_strides, logit_lengths, target_lengths, max_t, max_u1):
-    B, D = logit_lengths.numel(), grad_out.size(1)
-    b, t, u = row_coordinates(row_ids, cell_offsets, row_strides)
+def pack_backward(grad_out, layout, max_t, max_u1):
+    B, D = layout.batch_size, grad_out.size(1)
+    b, t, u = _coordinates(layout)
     grad_enc = grad_out.new_zeros(B * max_t, D).index_add_(0, b * max_t + t, grad_out)
     grad_pred = grad_out.new_zeros(B * max_u1, D).index_add_(0, b * max_u1 + u, grad_out)
     return grad_enc.view(B, max_t, D), grad_pred.view(B, max_u1, D)

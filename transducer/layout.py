@@ -6,16 +6,25 @@ Both logits layouts are seen as a 2-D tensor ``logits2d`` of shape (N, V):
 - padded ``(B, maxT, maxU+1, V)`` viewed as ``(B*maxT*(maxU+1), V)``: rows with
   t >= T_b or u > U_b are padding.
 
-In both, cell (b, t, u) is row ``cell_offsets[b] + t * row_strides[b] + u``
-(compact: offsets = row_splits[:-1], strides = U_b + 1; padded: offsets =
-b*maxT*(maxU+1), strides = maxU + 1), and ``row_ids[r]`` is the utterance of
-row r. So one set of stages (log-probs, alpha/beta, gradient) serves both
-layouts, and per-row arrays (log-probs, alpha, beta) are indexed like the rows
-of ``logits2d``; on padding rows they hold unspecified values that no stage reads.
+In both, cell (b, t, u) is row ``row_splits[b] + t * row_strides[b] + u``
+(compact: row_splits = exclusive cumsum of T_b*(U_b+1), strides = U_b + 1;
+padded: row_splits[b] = b*maxT*(maxU+1), strides = maxU + 1), and the rows of
+utterance b are ``row_splits[b] <= r < row_splits[b+1]``: kernels find b by a
+binary search, so no per-row index array exists. One set of stages (log-probs,
+alpha/beta, gradient) serves both layouts, and per-row arrays (log-probs,
+alpha, beta) are indexed like the rows of ``logits2d``; on padding rows they
+hold unspecified values that no stage reads.
 
 The stage contract, shared by ``transducer.cpu`` and ``transducer.cuda``
 (same names, same arguments, same results):
 
+``layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
+         with_stats=True) -> Layout``
+    One pass over the lengths (one launch on CUDA, no host synchronisation):
+    padded (B, padded_t, max_u1) grids when ``padded_t > 0``, compact ones
+    otherwise. With ``with_stats``, ``Layout.stats`` holds what the value checks
+    need (see ``Layout``); ``targets`` (B, S) are then checked against
+    ``[0, vocab_size)`` and ``blank``.
 ``log_probs(logits2d, targets, layout, blank, from_log_softmax) -> (lp, den)``
     lp (N, 2): lp[r, 0] = log P(blank | cell r), lp[r, 1] = log P(y_u | cell r)
     for u < U_b (-inf for u == U_b); den (N,) = logsumexp_v logits2d[r]
@@ -26,21 +35,61 @@ The stage contract, shared by ``transducer.cpu`` and ``transducer.cuda``
 ``gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
            from_log_softmax, one_sym_per_frame, out) -> out``
     Writes into ``out`` (N, V), logits' dtype, the gradient of
-    sum_b scale[b] * loss[b] with respect to logits2d; zeros on padding rows
-    and for utterances whose loss is not finite or whose scale is 0. ``out``
-    may be ``logits2d`` itself (each element is read before it is written).
+    sum_b scale[b] * loss[b] with respect to logits2d; ``scale`` is (B,) in lp's
+    dtype, any stride (an expanded scalar is fine). Zeros on padding rows and
+    for utterances whose loss is not finite or whose scale is 0. ``out`` may be
+    ``logits2d`` itself (each element is read before it is written).
+``pack_forward(encoder_out, predictor_out, layout, num_rows)`` and
+``pack_backward(grad_out, layout, max_t, max_u1)``: see ``transducer.pack``.
 """
 
 from typing import NamedTuple
 
 import torch
 
+NUM_STATS = 6
+
 
 class Layout(NamedTuple):
-    logit_lengths: torch.Tensor   # (B,) int64, T_b
-    target_lengths: torch.Tensor  # (B,) int64, U_b
-    cell_offsets: torch.Tensor    # (B,) int64, row of cell (b, 0, 0)
-    row_strides: torch.Tensor     # (B,) int64, rows between (b, t, u) and (b, t+1, u)
-    row_ids: torch.Tensor         # (N,) int32, utterance of each row
-    padded: bool                  # True when some rows may be padding
-    max_u1: int                   # host-side bound on U_b + 1 (padded: logits.size(2); compact: targets.size(1) + 1)
+    """The grids of one batch, all in one int64 tensor so that it is built by one launch:
+
+    ``table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (6)]``, where
+    ``stats = [min T_b, max T_b, min U_b, max U_b, sum_b T_b*(U_b+1), bad labels]`` (bad labels:
+    targets[b, u] with u < U_b outside [0, V) or equal to blank; unspecified without ``with_stats``).
+    """
+
+    table: torch.Tensor  # int64 (4B + 1 + NUM_STATS,)
+    padded: bool         # True when some rows may be padding
+    max_u1: int          # host-side bound on U_b + 1 (padded: logits.size(2); compact: targets.size(1) + 1)
+
+    @property
+    def batch_size(self):
+        return (self.table.numel() - 1 - NUM_STATS) // 4
+
+    @property
+    def logit_lengths(self):
+        return self.table[:self.batch_size]
+
+    @property
+    def target_lengths(self):
+        B = self.batch_size
+        return self.table[B:2 * B]
+
+    @property
+    def row_strides(self):
+        B = self.batch_size
+        return self.table[2 * B:3 * B]
+
+    @property
+    def row_splits(self):
+        B = self.batch_size
+        return self.table[3 * B:4 * B + 1]
+
+    @property
+    def cell_offsets(self):
+        B = self.batch_size
+        return self.table[3 * B:4 * B]
+
+    @property
+    def stats(self):
+        return self.table[-NUM_STATS:]

@@ -5,10 +5,7 @@ import operator
 import torch
 from torch.autograd.function import once_differentiable
 
-from ragged import row_splits_to_row_ids
-
 from . import cpu
-from .layout import Layout
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -70,11 +67,10 @@ def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, redu
         raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
 
 
-def _check_values(logits, targets, logit_lengths, target_lengths, blank):
-    """Lengths and target range, read from the device in one transfer."""
+def _check_values(logits, targets, layout, blank):
+    """Lengths and target range, from the layout's stats: one device-to-host transfer."""
     V, S = logits.size(-1), targets.size(1)
-    stats = _stages(logits.device).input_stats(targets, logit_lengths, target_lengths, V, blank)
-    t_min, t_max, u_min, u_max, cells, bad = stats.tolist()
+    t_min, t_max, u_min, u_max, cells, bad = layout.stats.tolist()
     if t_min < 1:
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
     if u_min < 0:
@@ -94,47 +90,36 @@ def _check_values(logits, targets, logit_lengths, target_lengths, blank):
                          f"blank = {blank}")
 
 
-def make_layout(logits, logit_lengths, target_lengths, max_u1):
+def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False):
     """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits; no host synchronisation."""
-    T, U = logit_lengths.long(), target_lengths.long()
-    B = T.numel()
-    if logits.dim() == 4:
-        _, max_t, max_u1, _ = logits.shape
-        cells_per_utterance = torch.full_like(T, max_t * max_u1)
-        strides = torch.full_like(T, max_u1)
-    else:
-        cells_per_utterance = T * (U + 1)
-        strides = U + 1
-    row_splits = torch.zeros(B + 1, dtype=torch.int64, device=T.device)
-    torch.cumsum(cells_per_utterance, 0, out=row_splits[1:])
-    num_rows = logits.numel() // logits.size(-1)
-    row_ids = row_splits_to_row_ids(row_splits, num_rows, dtype=torch.int32)
-    return Layout(T, U, row_splits[:-1], strides, row_ids, logits.dim() == 4, max_u1)
+    padded = logits.dim() == 4
+    max_u1 = logits.size(2) if padded else targets.size(1) + 1
+    return _stages(logits.device).layout(logit_lengths, target_lengths, max_u1, logits.size(1) if padded else 0,
+                                         targets, logits.size(-1), blank, with_stats)
 
 
 class _TransducerLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, reduction, one_sym_per_frame,
-                from_log_softmax, zero_infinity, inplace_grad):
+    def forward(ctx, logits, targets, layout, blank, reduction, one_sym_per_frame, from_log_softmax, zero_infinity,
+                inplace_grad):
         stages = _stages(logits.device)
         logits = logits.contiguous()
         logits2d = logits.view(-1, logits.size(-1))
-        targets = targets.contiguous()
-        layout = make_layout(logits, logit_lengths, target_lengths, targets.size(1) + 1)
         lp, den = stages.log_probs(logits2d, targets, layout, blank, from_log_softmax)
         alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
         # backward sees the true losses (an infinite one gets zero gradient); the caller may see zeros
         ctx.save_for_backward(logits, targets, lp, den, alpha, beta, nll)
         ctx.layout = layout
         ctx.options = (blank, reduction, one_sym_per_frame, from_log_softmax, inplace_grad)
-        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        # a new tensor, never the saved one, so the caller may change it in place
-        nll = (torch.where(torch.isinf(nll), 0.0, nll) if zero_infinity else nll.clone()).to(out_dtype)
+        # nll is float32, or float64 for float64 logits: the returned dtype. What is returned is a new
+        # tensor, never the saved one, so the caller may change it in place.
+        if zero_infinity:
+            nll = torch.where(torch.isinf(nll), 0.0, nll)
         if reduction == "sum":
             return nll.sum()
         if reduction == "mean":
             return nll.mean()
-        return nll
+        return nll if zero_infinity else nll.clone()
 
     @staticmethod
     @once_differentiable
@@ -143,16 +128,16 @@ class _TransducerLoss(torch.autograd.Function):
         blank, reduction, one_sym_per_frame, from_log_softmax, inplace_grad = ctx.options
         layout = ctx.layout
         B = nll.numel()
-        scale = grad_output.to(lp.dtype).expand(B)
-        if reduction == "mean":
-            scale = scale / B
+        scale = grad_output / B if reduction == "mean" else grad_output
+        if scale.dim() == 0:
+            scale = scale.expand(B)  # a stride-0 view: the stages read scale[b] at any stride
         logits2d = logits.view(-1, logits.size(-1))
         out = logits2d if inplace_grad else torch.empty_like(logits2d)
-        _stages(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, scale.contiguous(),
+        _stages(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, scale,
                                         blank, from_log_softmax, one_sym_per_frame, out)
         if inplace_grad:  # kernels write through raw pointers: let autograd see that the logits changed
             torch.autograd.graph.increment_version(logits)
-        return out.view(logits.shape), None, None, None, None, None, None, None, None, None
+        return out.view(logits.shape), None, None, None, None, None, None, None, None
 
 
 def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, reduction="mean",
@@ -193,10 +178,12 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     """
     _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction)
     blank = operator.index(blank)
+    targets = targets.contiguous()
+    layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, with_stats=check_inputs)
     if check_inputs:
-        _check_values(logits, targets, logit_lengths, target_lengths, blank)
-    return _TransducerLoss.apply(logits, targets, logit_lengths, target_lengths, blank, reduction,
-                                 one_sym_per_frame, from_log_softmax, zero_infinity, inplace_grad)
+        _check_values(logits, targets, layout, blank)
+    return _TransducerLoss.apply(logits, targets, layout, blank, reduction, one_sym_per_frame, from_log_softmax,
+                                 zero_infinity, inplace_grad)
 
 
 class TransducerLoss(torch.nn.Module):

@@ -12,19 +12,19 @@
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
-    pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const int* __restrict__ row_ids,
-                        const long long* __restrict__ cell_offsets, const long long* __restrict__ row_strides,
-                        int num_rows, int max_t, int max_u1, int nvec, int log_tpr, T* __restrict__ out) {
+    pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
+                        int B, int num_rows, int max_t, int max_u1, int nvec, int log_tpr, T* __restrict__ out) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
   const int r = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
   if (r >= num_rows) return;
-  const int b = row_ids[r];
+  const Grids g{table, B};
+  const int b = g.utterance_of(r);
   int t, u;
-  const long long st = row_strides[b];
-  fast_divmod_for(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)cell_offsets[b], t, u);
+  const long long st = g.stride(b);
+  fast_divmod_for(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)g.split(b), t, u);
   const long long D = (long long)nvec * VEC;
   V* po = reinterpret_cast<V*>(out + (long long)r * D);
   if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros
@@ -48,10 +48,8 @@ __global__ void __launch_bounds__(256)
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over t.
 template <typename T, int VEC, bool PRED>
 __global__ void __launch_bounds__(256)
-    pack_grad_kernel(const T* __restrict__ grad_out, const long long* __restrict__ logit_lengths,
-                     const long long* __restrict__ target_lengths, const long long* __restrict__ cell_offsets,
-                     const long long* __restrict__ row_strides, FastDivmod per_b, int num_items, int nvec,
-                     int log_tpr, T* __restrict__ grad) {
+    pack_grad_kernel(const T* __restrict__ grad_out, const long long* __restrict__ table, int B, FastDivmod per_b,
+                     int num_items, int nvec, int log_tpr, T* __restrict__ grad) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
@@ -60,11 +58,12 @@ __global__ void __launch_bounds__(256)
   if (item >= num_items) return;
   int b, k;  // k = t (enc) or u (pred)
   per_b.divmod(item, b, k);
-  const int Tb = (int)logit_lengths[b], Ub = (int)target_lengths[b];
-  const long long st = row_strides[b];
+  const Grids g{table, B};
+  const int Tb = (int)g.T(b), Ub = (int)g.U(b);
+  const long long st = g.stride(b);
   const long long D = (long long)nvec * VEC;
   // first row summed and the row step between summands
-  const long long first = PRED ? cell_offsets[b] + k : cell_offsets[b] + (long long)k * st;
+  const long long first = PRED ? g.split(b) + k : g.split(b) + (long long)k * st;
   const long long step = PRED ? st * D : D;
   const int count = PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0);
   V* po = reinterpret_cast<V*>(grad + (long long)item * D);

@@ -4,31 +4,22 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .loss import _check_tensor, _INDEX_DTYPES, _stages
-from ragged import row_splits_to_row_ids
 
 
 class _Pack(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, encoder_out, predictor_out, logit_lengths, target_lengths, num_rows):
-        T, U = logit_lengths.long(), target_lengths.long()
-        row_strides = U + 1
-        row_splits = torch.zeros(T.numel() + 1, dtype=torch.int64, device=T.device)
-        torch.cumsum(T * row_strides, 0, out=row_splits[1:])
-        row_ids = row_splits_to_row_ids(row_splits, num_rows, dtype=torch.int32)
-        ctx.save_for_backward(row_ids, row_splits, row_strides, T, U)
+    def forward(ctx, encoder_out, predictor_out, layout, num_rows):
+        ctx.layout = layout
         ctx.sizes = (encoder_out.size(1), predictor_out.size(1))
-        stages = _stages(encoder_out.device)
-        return stages.pack_forward(encoder_out.contiguous(), predictor_out.contiguous(), row_ids,
-                                   row_splits[:-1], row_strides, num_rows)
+        return _stages(encoder_out.device).pack_forward(encoder_out.contiguous(), predictor_out.contiguous(), layout,
+                                                        num_rows)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        row_ids, row_splits, row_strides, T, U = ctx.saved_tensors
         max_t, max_u1 = ctx.sizes
-        grad_enc, grad_pred = _stages(grad_out.device).pack_backward(
-            grad_out.contiguous(), row_ids, row_splits[:-1], row_strides, T, U, max_t, max_u1)
-        return grad_enc, grad_pred, None, None, None
+        grad_enc, grad_pred = _stages(grad_out.device).pack_backward(grad_out.contiguous(), ctx.layout, max_t, max_u1)
+        return grad_enc, grad_pred, None, None
 
 
 def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
@@ -58,13 +49,12 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     if logit_lengths.shape != (B,) or target_lengths.shape != (B,):
         raise ValueError(f"logit_lengths, target_lengths: expected shape ({B},), got "
                          f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
-    T, U = logit_lengths.long(), target_lengths.long()
-    t_min, t_max, u_min, u_max, num_rows = torch.stack([T.min(), T.max(), U.min(), U.max(),
-                                                        (T * (U + 1)).sum()]).tolist() if B else [1, 0, 0, 0, 0]
+    layout = _stages(encoder_out.device).layout(logit_lengths, target_lengths, predictor_out.size(1))
+    t_min, t_max, u_min, u_max, num_rows, _ = layout.stats.tolist()
     if t_min < 1 or t_max > max_t:
         raise ValueError(f"logit_lengths: expected values in [1, {max_t}] (encoder_out.size(1)), "
                          f"got [{t_min}, {t_max}]")
     if u_min < 0 or u_max + 1 > predictor_out.size(1):
         raise ValueError(f"target_lengths: expected values in [0, {predictor_out.size(1) - 1}] "
                          f"(predictor_out.size(1) - 1), got [{u_min}, {u_max}]")
-    return _Pack.apply(encoder_out, predictor_out, logit_lengths, target_lengths, num_rows)
+    return _Pack.apply(encoder_out, predictor_out, layout, num_rows)

@@ -9,9 +9,11 @@
 //                      B + b its beta (and loss), one thread per u
 //   gradient_kernel    one warp (or block) per row: one read of the logits,
 //                      one write of the gradient
+//   layout_kernel      one block: the Layout table (lengths, strides,
+//                      row_splits) and the value-check stats
 //
-// Rows are (b, t, u) with row = cell_offsets[b] + t * stride_b + u; the
-// per-row t, u come from a FastDivmod of the utterance's stride, built in the
+// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u; b comes from
+// a binary search over row_splits (Grids::utterance_of), the per-row t, u come from a FastDivmod of the utterance's stride, built in the
 // kernel from the device-side stride (fast_divmod_for: no / or % anywhere).
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31.
 
@@ -36,18 +38,14 @@ struct RowInfo {
   bool cell;
 };
 
-__device__ __forceinline__ RowInfo row_info(int r, const int* __restrict__ row_ids,
-                                            const long long* __restrict__ cell_offsets,
-                                            const long long* __restrict__ row_strides,
-                                            const long long* __restrict__ logit_lengths,
-                                            const long long* __restrict__ target_lengths) {
+__device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   RowInfo ri;
-  ri.b = row_ids[r];
-  const long long st = row_strides[ri.b];
+  ri.b = g.utterance_of(r);
+  const long long st = g.stride(ri.b);
   ri.st = st < 1 ? 1 : (int)st;
-  fast_divmod_for((unsigned int)ri.st).divmod(r - (int)cell_offsets[ri.b], ri.t, ri.u);
-  ri.T = (int)logit_lengths[ri.b];
-  ri.U = (int)target_lengths[ri.b];
+  fast_divmod_for((unsigned int)ri.st).divmod(r - (int)g.split(ri.b), ri.t, ri.u);
+  ri.T = (int)g.T(ri.b);
+  ri.U = (int)g.U(ri.b);
   ri.cell = ri.t < ri.T && ri.u <= ri.U;
   return ri;
 }
@@ -68,13 +66,11 @@ __device__ __forceinline__ void load_chunk(const V* p, int i0, int nvec, V (&buf
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den)
 // In the compact layout (padded == 0) the first vectors of the row are loaded
 // before the row's (b, t, u) is known: they depend on r alone, so the chain
-// row_ids -> strides / lengths / targets overlaps them instead of delaying them.
+// search for b -> strides / lengths / targets overlaps them instead of delaying them.
 template <typename T, typename I, int VEC, int WPR>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
-                     const long long* __restrict__ logit_lengths, const long long* __restrict__ target_lengths,
-                     const long long* __restrict__ cell_offsets, const long long* __restrict__ row_strides,
-                     const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank, int padded,
+                     const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
                      int from_log_softmax, typename td::AccOf<T>::type* __restrict__ lp,
                      typename td::AccOf<T>::type* __restrict__ den) {
   using namespace td;
@@ -91,7 +87,7 @@ __global__ void __launch_bounds__(td::kThreads)
   const bool early = !padded && !from_log_softmax;
   if (early) load_chunk<Geo::G>(p, lane, nvec, buf);
 
-  const RowInfo ri = row_info(r, row_ids, cell_offsets, row_strides, logit_lengths, target_lengths);
+  const RowInfo ri = row_info(r, Grids{table, B});
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
     if (lane == 0) {
       lp[2ll * r] = NINF;
@@ -295,22 +291,20 @@ struct Walk {
 }  // namespace td
 
 template <typename Acc, bool RNA>
-__global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict__ lp, const long long* __restrict__ logit_lengths,
-                                  const long long* __restrict__ target_lengths,
-                                  const long long* __restrict__ cell_offsets,
-                                  const long long* __restrict__ row_strides, int B, int num_rows, int padded,
-                                  int cap, Acc* alpha, Acc* beta, Acc* loss) {
+__global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict__ lp, const long long* __restrict__ table, int B,
+                                  int padded, int cap, Acc* alpha, Acc* beta, Acc* loss) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   int b = blockIdx.x;
   const bool is_beta = b >= B;
   if (is_beta) b -= B;
-  const int T = (int)logit_lengths[b], U = (int)target_lengths[b];
-  const int base = (int)cell_offsets[b], st = (int)row_strides[b];
+  const Grids g{table, B};
+  const int T = (int)g.T(b), U = (int)g.U(b);
+  const int base = (int)g.split(b), st = (int)g.stride(b);
   Acc* out = is_beta ? beta : alpha;
   const Acc NINF = neg_inf<Acc>();
   if (padded) {  // rows of this utterance that are not cells: -inf, like the CPU twin
-    const int end = b + 1 < B ? (int)cell_offsets[b + 1] : num_rows;
+    const int end = (int)g.split(b + 1);
     if (U + 1 < st) {
 #pragma unroll 1
       for (int t = 0; t < T; ++t)
@@ -348,15 +342,13 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
-                    const long long* __restrict__ logit_lengths, const long long* __restrict__ target_lengths,
-                    const long long* __restrict__ cell_offsets, const long long* __restrict__ row_strides,
-                    const int* __restrict__ row_ids, int num_rows, int V, int nvec, int blank, int padded,
+                    const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
                     const typename td::AccOf<T>::type* __restrict__ lp,
                     const typename td::AccOf<T>::type* __restrict__ den,
                     const typename td::AccOf<T>::type* __restrict__ alpha,
                     const typename td::AccOf<T>::type* __restrict__ beta,
                     const typename td::AccOf<T>::type* __restrict__ loss,
-                    const typename td::AccOf<T>::type* __restrict__ scale, T* out) {
+                    const typename td::AccOf<T>::type* __restrict__ scale, long long scale_stride, T* out) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef RowGeometry<WPR> Geo;
@@ -372,12 +364,12 @@ __global__ void __launch_bounds__(td::kThreads)
   const bool early = !FLS && !padded;  // compact: first vectors in flight before the row's coefficients
   if (early) load_chunk<Geo::G>(p, lane, nvec, buf);
 
-  const RowInfo ri = row_info(r, row_ids, cell_offsets, row_strides, logit_lengths, target_lengths);
+  const RowInfo ri = row_info(r, Grids{table, B});
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
   if (live) {
     l = loss[ri.b];
-    sc = scale[ri.b];
+    sc = scale[ri.b * scale_stride];
     live = is_finite(l) && sc != Acc(0);
     if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
   }
@@ -436,31 +428,84 @@ __global__ void __launch_bounds__(td::kThreads)
 }
 
 // ---------------------------------------------------------------------------
-// input_stats: what the value checks need, in one launch of one block:
-//   stats = [min T, max T, min U, max U, sum T*(U+1), #labels (u < U_b) outside [0, V) or == blank]
-// so that validation costs one launch and one device-to-host read.
-template <typename I>
-__global__ void __launch_bounds__(256)
-    input_stats_kernel(const I* __restrict__ targets, int target_cols, const long long* __restrict__ logit_lengths,
-                       const long long* __restrict__ target_lengths, int B, int V, int blank,
-                       long long* __restrict__ stats) {
+// layout: the Layout table of transducer/layout.py in one launch of one block,
+//   table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (6)],
+// for padded (B, padded_t, max_u1) grids when padded_t > 0, else compact ones
+// (stride U_b + 1). With STATS, stats = [min T, max T, min U, max U,
+// sum T*(U+1), labels (u < U_b) outside [0, V) or equal to blank]: all that the
+// value checks need, read back in one transfer. Each thread owns a contiguous
+// run of utterances, so row_splits is one block-wide exclusive scan.
+template <typename IT, typename IU, typename I, bool STATS>
+__global__ void __launch_bounds__(1024)
+    layout_kernel(const IT* __restrict__ logit_lengths, const IU* __restrict__ target_lengths,
+                  const I* __restrict__ targets, int target_cols, int B, int padded_t, int max_u1, int V, int blank,
+                  long long* __restrict__ table) {
+  __shared__ long long warp_sums[32];
   __shared__ long long part[6][32];
   const long long kMax = 0x7fffffffffffffffll, kMin = -kMax - 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  long long* Ts = table;
+  long long* Us = table + B;
+  long long* strides = table + 2 * B;
+  long long* splits = table + 3 * B;
+  const int per = (B + blockDim.x - 1) / blockDim.x;
+  const int b0 = min(tid * per, B), b1 = min(b0 + per, B);
   long long v[6] = {kMax, kMin, kMax, kMin, 0, 0};
-  for (int b = threadIdx.x; b < B; b += blockDim.x) {
-    const long long T = logit_lengths[b], U = target_lengths[b];
-    v[0] = T < v[0] ? T : v[0];
-    v[1] = T > v[1] ? T : v[1];
-    v[2] = U < v[2] ? U : v[2];
-    v[3] = U > v[3] ? U : v[3];
-    v[4] += T * (U + 1);
-    const long long n = U < target_cols ? U : target_cols;
-    for (long long u = 0; u < n; ++u) {
-      const long long y = (long long)targets[(long long)b * target_cols + u];
-      v[5] += (y < 0 || y >= V || y == blank);
+  long long cells = 0;
+  for (int b = b0; b < b1; ++b) {
+    const long long T = (long long)logit_lengths[b], U = (long long)target_lengths[b];
+    const long long st = padded_t > 0 ? (long long)max_u1 : U + 1;
+    Ts[b] = T;
+    Us[b] = U;
+    strides[b] = st;
+    cells += padded_t > 0 ? (long long)padded_t * max_u1 : T * st;
+    if (STATS) {
+      v[0] = T < v[0] ? T : v[0];
+      v[1] = T > v[1] ? T : v[1];
+      v[2] = U < v[2] ? U : v[2];
+      v[3] = U > v[3] ? U : v[3];
+      v[4] += T * (U + 1);
     }
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  // exclusive scan of the per-thread cell counts: within the warp, then over the warp totals
+  long long incl = cells;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const long long y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    long long w = lane < warps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const long long y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    __syncwarp();
+    if (lane < warps) warp_sums[lane] = w;  // inclusive totals of warps 0..lane
+  }
+  __syncthreads();
+  long long run = incl - cells + (warp > 0 ? warp_sums[warp - 1] : 0);
+  for (int b = b0; b < b1; ++b) {
+    splits[b] = run;
+    run += padded_t > 0 ? (long long)padded_t * max_u1 : Ts[b] * strides[b];
+  }
+  if (tid == 0) splits[B] = warp_sums[warps - 1];
+  if (!STATS) return;
+
+  long long* stats = table + 4 * B + 1;
+  if (target_cols > 0) {
+    const long long n = (long long)B * target_cols;
+    for (long long i = tid; i < n; i += blockDim.x) {
+      const int b = (int)(i / target_cols), u = (int)(i - (long long)b * target_cols);
+      if (u < (long long)target_lengths[b]) {
+        const long long y = (long long)targets[i];
+        v[5] += (y < 0 || y >= V || y == blank);
+      }
+    }
+  }
 #pragma unroll
   for (int k = 0; k < 6; ++k) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -470,8 +515,8 @@ __global__ void __launch_bounds__(256)
     if (lane == 0) part[k][warp] = v[k];
   }
   __syncthreads();
-  if (threadIdx.x < 6) {
-    const int k = threadIdx.x;
+  if (tid < 6) {
+    const int k = tid;
     long long acc = part[k][0];
     for (int w = 1; w < warps; ++w) {
       const long long x = part[k][w];
