@@ -457,3 +457,28 @@ def test_bad_values_raise_on_cuda():
         transducer_loss(logits, targets, torch.tensor([0, 4], device=DEV), U)
     with pytest.raises(ValueError, match="targets: expected a tensor on cuda"):
         transducer_loss(logits, targets.cpu(), T, U)
+
+
+def test_bad_values_leave_the_device_healthy():
+    """The checks run while log_probs is already queued: wild lengths and labels must raise, with no
+    out-of-bounds access (a fault would poison the context and show at the synchronisations below)."""
+    gen = torch.Generator().manual_seed(5)
+    logits, targets, T, U = random_batch(gen, 3, 6, 4, 9, 0)
+    logits = compact(logits, T, U).to(DEV)
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    wild = [
+        ("logit_lengths", dict(T=torch.tensor([10**6, -5, 3], device=DEV))),
+        ("target_lengths", dict(U=torch.tensor([10**6, 2, -7], device=DEV))),
+        ("targets", dict(targets=targets.clone().fill_(10**9))),
+        ("targets", dict(targets=targets.clone().fill_(-10**9))),
+        ("logits", dict(T=T * 1000)),
+    ]
+    for name, change in wild:
+        args = {**dict(logits=logits, targets=targets, T=T, U=U), **change}
+        with pytest.raises(ValueError, match=name):
+            transducer_loss(args["logits"], args["targets"], args["T"], args["U"])
+        torch.cuda.synchronize()
+    x = logits.clone().requires_grad_()
+    transducer_loss(x, targets, T, U).backward()
+    torch.cuda.synchronize()
+    assert torch.isfinite(x.grad).all()

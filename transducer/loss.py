@@ -67,10 +67,24 @@ def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, redu
         raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
 
 
-def _check_values(logits, targets, layout, blank):
-    """Lengths and target range, from the layout's stats: one device-to-host transfer."""
+def _read_stats(layout):
+    """A function returning the layout's stats as a list. On CUDA the copy to pinned memory is queued
+    now, right behind the layout launch, and the function waits for that copy alone: kernels queued
+    after it run while the host checks."""
+    stats = layout.stats
+    if not stats.is_cuda:
+        return stats.tolist
+    host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+    host.copy_(stats, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(stats.device))
+    return lambda: (copied.synchronize(), host.tolist())[1]
+
+
+def _check_values(logits, targets, stats, blank):
+    """Lengths and target range, from the layout's stats (a list)."""
     V, S = logits.size(-1), targets.size(1)
-    t_min, t_max, u_min, u_max, cells, bad = layout.stats.tolist()
+    t_min, t_max, u_min, u_max, cells, bad = stats
     if t_min < 1:
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
     if u_min < 0:
@@ -100,12 +114,14 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
 
 class _TransducerLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, layout, blank, reduction, one_sym_per_frame, from_log_softmax, zero_infinity,
-                inplace_grad):
+    def forward(ctx, logits, targets, layout, check, blank, reduction, one_sym_per_frame, from_log_softmax,
+                zero_infinity, inplace_grad):
         stages = _stages(logits.device)
         logits = logits.contiguous()
         logits2d = logits.view(-1, logits.size(-1))
         lp, den = stages.log_probs(logits2d, targets, layout, blank, from_log_softmax)
+        if check is not None:  # log_probs reads within bounds whatever the values; nothing else runs unchecked
+            check()
         alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
         # backward sees the true losses (an infinite one gets zero gradient); the caller may see zeros
         ctx.save_for_backward(logits, targets, lp, den, alpha, beta, nll)
@@ -137,7 +153,7 @@ class _TransducerLoss(torch.autograd.Function):
                                         blank, from_log_softmax, one_sym_per_frame, out)
         if inplace_grad:  # kernels write through raw pointers: let autograd see that the logits changed
             torch.autograd.graph.increment_version(logits)
-        return out.view(logits.shape), None, None, None, None, None, None, None, None
+        return out.view(logits.shape), None, None, None, None, None, None, None, None, None
 
 
 def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, reduction="mean",
@@ -164,7 +180,7 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
         zero_infinity: replace infinite losses by 0. Utterances whose loss is not finite get zero
             gradient either way.
         check_inputs: check lengths and label values against the tensors (on CUDA this costs one
-            device-to-host transfer). ``False`` skips it: no host synchronisation, so a step can be
+            small device-to-host transfer, which overlaps the first pass over the logits). ``False`` skips it: no host synchronisation, so a step can be
             captured in a CUDA graph; out-of-range values then give undefined results.
         inplace_grad: write the gradient into the logits' own storage in backward instead of a new
             tensor, saving one logits-sized buffer. Only valid when nothing else needs the logits'
@@ -180,10 +196,15 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     blank = operator.index(blank)
     targets = targets.contiguous()
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, with_stats=check_inputs)
+    check = None
     if check_inputs:
-        _check_values(logits, targets, layout, blank)
-    return _TransducerLoss.apply(logits, targets, layout, blank, reduction, one_sym_per_frame, from_log_softmax,
-                                 zero_infinity, inplace_grad)
+        read = _read_stats(layout)
+        check = lambda: _check_values(logits, targets, read(), blank)  # noqa: E731
+        if not logits.is_cuda:  # the CPU stages need valid values to run at all: check first
+            check()
+            check = None
+    return _TransducerLoss.apply(logits, targets, layout, check, blank, reduction, one_sym_per_frame,
+                                 from_log_softmax, zero_infinity, inplace_grad)
 
 
 class TransducerLoss(torch.nn.Module):

@@ -96,11 +96,16 @@ __global__ void __launch_bounds__(td::kThreads)
     }
     return;
   }
-  const bool has_label = ri.u < ri.U;
+  // Reads stay in bounds whatever the lengths and labels hold: with check_inputs the host checks them
+  // while this kernel runs (the label index is clamped; for checked inputs the clamps change nothing).
+  const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
   Acc x_blank = Acc(0), x_label = NINF;
   if (lane == 0) {  // issued early, used after the reduction
     x_blank = to_acc(logits[row + blank]);
-    if (has_label) x_label = to_acc(logits[row + (long long)targets[(long long)ri.b * target_cols + ri.u]]);
+    if (has_label) {
+      const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
+      x_label = to_acc(logits[row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
+    }
   }
   Acc m = NINF, s = Acc(0);
   if (!from_log_softmax) {
