@@ -180,8 +180,9 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
         zero_infinity: replace infinite losses by 0. Utterances whose loss is not finite get zero
             gradient either way.
         check_inputs: check lengths and label values against the tensors (on CUDA this costs one
-            small device-to-host transfer, which overlaps the first pass over the logits). ``False`` skips it: no host synchronisation, so a step can be
-            captured in a CUDA graph; out-of-range values then give undefined results.
+            small device-to-host transfer, which overlaps the first pass over the logits). ``False``
+            skips it: no host synchronisation, so a step can be captured in a CUDA graph;
+            out-of-range values then give undefined results.
         inplace_grad: write the gradient into the logits' own storage in backward instead of a new
             tensor, saving one logits-sized buffer. Only valid when nothing else needs the logits'
             values afterwards (true for a joiner ``Linear`` whose output feeds only this loss). On leaf
