@@ -1,22 +1,19 @@
-"""CuPy glue shared by the ops and ragged launchers (imported only for CUDA tensors).
+"""CuPy glue shared by every launcher (ops, ragged, transducer; imported only for CUDA tensors).
 
-- ``load_module(path)``: a ``cupy.RawModule`` compiled from a ``.cu`` file with
-  ``-std=c++17 -I<ops dir>``, cached per (file, device);
-- ``torch_stream(tensor)``: context manager that selects the tensor's device
-  and makes CuPy launch on torch's *current* stream (no host sync, capturable
-  by ``torch.cuda.CUDAGraph``);
-- ``ptr(t)``: a tensor's device pointer as ``numpy.uint64`` (8 bytes, what a
-  ``T*`` kernel parameter takes);
 - ``launch(path, name, t, grid, block, args)``: one kernel launch on torch's
-  current stream of ``t``'s device with the least host work (the loss's hot
-  path): the compiled function is cached, no context managers are entered.
+  *current* stream of ``t``'s device (no host sync, capturable by
+  ``torch.cuda.CUDAGraph``), with the least host work: the compiled function is
+  cached per (file, kernel, device) and called directly;
+- ``load_module(path)``: the ``cupy.RawModule`` compiled from a ``.cu`` file with
+  ``-std=c++17 -I<ops dir>``, cached per (file, device);
+- ``ptr(t)``: a tensor's device pointer as ``numpy.uint64`` (8 bytes, what a
+  ``T*`` kernel parameter takes; a Python int does as well).
 Scalar kernel arguments must be numpy scalars of the exact C type
 (numpy.int32 for int, numpy.int64 for long long, numpy.uint32 for unsigned).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
@@ -76,47 +73,10 @@ def load_module(path: str, extra_include_dirs=(), name_expressions=()):
     return mod
 
 
-class _StreamHandle:
-    """A raw cudaStream_t seen through the CUDA stream protocol (what CuPy 14's Stream.from_external takes)."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-def _external_stream(cp, handle: int, device_id: int):
-    try:
-        return cp.cuda.Stream.from_external(_StreamHandle(handle))
-    except (AttributeError, TypeError):  # CuPy < 14
-        return cp.cuda.ExternalStream(handle, device_id)
-
-
 def _current_raw_stream(device_id: int) -> int:
     """torch's current stream as a raw cudaStream_t (torch's private fast path when present)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
-
-
-_streams: dict = {}
-
-
-@contextlib.contextmanager
-def torch_stream(t: torch.Tensor):
-    """Launch CuPy kernels on torch's current stream of ``t``'s device."""
-    cp = cupy()
-    dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    with cp.cuda.Device(dev):
-        handle = _current_raw_stream(dev)
-        # the wrapper only holds the handle; cache it (cheap launches, capture-safe)
-        s = _streams.get((handle, dev))
-        if s is None:
-            s = _streams[(handle, dev)] = _external_stream(cp, handle, dev)
-        with s:
-            yield cp
 
 
 class _RawStream:
@@ -130,6 +90,7 @@ class _RawStream:
 
 _functions: dict = {}
 _raw_streams: dict = {}
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def _function(path, name, include_dirs, dev):
@@ -149,7 +110,7 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     fn = _functions.get((path, name, dev)) or _function(path, name, tuple(include_dirs), dev)
     handle = _current_raw_stream(dev)
     stream = _raw_streams.get(handle) or _raw_streams.setdefault(handle, _RawStream(handle))
-    if torch._C._cuda_getDevice() == dev:
+    if _current_device() == dev:
         fn(grid, block, args, shared_mem, stream)
     else:  # the function belongs to dev's context
         with torch.cuda.device(dev):

@@ -47,22 +47,18 @@ def gather_cuda(params: torch.Tensor, indices: torch.Tensor, plan, offset: int, 
     if G == 0:  # nothing to read: every index is outside the (empty) shard
         out.zero_()
         return out
-    with _cuda.torch_stream(params):
-        mod = _cuda.load_module(_CU)
-        if total < MAX_NUMERATOR:
-            fn = mod.get_function(f"gather_w{w}_{isuf}")
-            grid = _cuda.ceil_div(total, _THREADS)
-            fn((grid,), (_THREADS,), (
-                _cuda.ptr(params), _cuda.ptr(indices), _cuda.ptr(out),
-                FastDivmod(O * I * Kv).as_struct(), FastDivmod(I * Kv).as_struct(),
-                FastDivmod(Kv).as_struct(),
-                np.int32(O), np.int32(I), np.int64(G), np.uint32(total),
-                np.int64(wrap), np.int64(offset)))
-        else:
-            fn = mod.get_function(f"gather_big_w{w}_{isuf}")
-            grid = min(_cuda.ceil_div(total, _THREADS), _cuda.num_sms(params) * 32)
-            fn((grid,), (_THREADS,), (
-                _cuda.ptr(params), _cuda.ptr(indices), _cuda.ptr(out),
-                np.int64(O), np.int64(I), np.int64(G), np.int64(Kv), np.int64(total),
-                np.int64(wrap), np.int64(offset)))
+    if total < MAX_NUMERATOR:
+        grid = _cuda.ceil_div(total, _THREADS)
+        _cuda.launch(_CU, f"gather_w{w}_{isuf}", params, (grid,), (_THREADS,), (
+            _cuda.ptr(params), _cuda.ptr(indices), _cuda.ptr(out),
+            FastDivmod(O * I * Kv).as_struct(), FastDivmod(I * Kv).as_struct(),
+            FastDivmod(Kv).as_struct(),
+            np.int32(O), np.int32(I), np.int64(G), np.uint32(total),
+            np.int64(wrap), np.int64(offset)))
+    else:
+        grid = min(_cuda.ceil_div(total, _THREADS), _cuda.num_sms(params) * 32)
+        _cuda.launch(_CU, f"gather_big_w{w}_{isuf}", params, (grid,), (_THREADS,), (
+            _cuda.ptr(params), _cuda.ptr(indices), _cuda.ptr(out),
+            np.int64(O), np.int64(I), np.int64(G), np.int64(Kv), np.int64(total),
+            np.int64(wrap), np.int64(offset)))
     return out

@@ -67,43 +67,38 @@ def reduce_cuda(x: torch.Tensor, axis: int, op: str, res_shape, out):
     tsuf = _TSUF[x.dtype]
     asuf = "f64" if acc == torch.float64 else "f32"
     sms = _cuda.num_sms(x)
-    with _cuda.torch_stream(x):
-        mod = _cuda.load_module(_CU)
-        if inner == 1:
-            tpr = 32 if R <= 1024 else _THREADS
-            rows_per_block = _THREADS // tpr
-            base = _cuda.ceil_div(outer, rows_per_block)
-            splits, chunk = _splits_for(base, R, tpr, sms)
-        else:
-            bx = min(32, _next_pow2(inner))
-            by = _THREADS // bx
-            tiles = _cuda.ceil_div(inner, bx)
-            base = outer * tiles
-            splits, chunk = _splits_for(base, R, by, sms)
-        if splits > 1:
-            ws_m = torch.empty((splits, n_out), dtype=acc, device=x.device)
-            ws_s = torch.empty((splits, n_out), dtype=acc, device=x.device) if op == "logsumexp" else ws_m
-            dst, dst_s = ws_m, ws_s
-        else:
-            dst, dst_s = out, out  # ws_s unused when splits == 1
-        if inner == 1:
-            fn = mod.get_function(f"reduce_rows_{op}_{tsuf}")
-            grid = _cuda.ceil_div(outer * splits, rows_per_block)
-            fn((grid,), (_THREADS,), (
-                _cuda.ptr(x), _cuda.ptr(dst), _cuda.ptr(dst_s), np.int64(outer), np.int64(R),
-                np.int32(tpr), np.int32(splits), np.int64(chunk)))
-        else:
-            fn = mod.get_function(f"reduce_mid_{op}_{tsuf}")
-            if base >= 2 ** 31:
-                raise ValueError(f"x too large for reduce over axis {axis}: {base} blocks")
-            state_bytes = 16 if acc == torch.float64 else 8
-            fn((base, splits), (bx, by), (
-                _cuda.ptr(x), _cuda.ptr(dst), _cuda.ptr(dst_s), np.int64(outer), np.int64(R),
-                np.int64(inner), FastDivmod(tiles).as_struct(), np.int32(splits), np.int64(chunk)),
-               shared_mem=bx * by * state_bytes)
-        if splits > 1:
-            fin = mod.get_function(f"reduce_finalize_{op}_{asuf}")
-            grid = min(_cuda.ceil_div(n_out, _THREADS), sms * 32)
-            fin((grid,), (_THREADS,), (
-                _cuda.ptr(ws_m), _cuda.ptr(ws_s), _cuda.ptr(out), np.int64(n_out), np.int32(splits)))
+    if inner == 1:
+        tpr = 32 if R <= 1024 else _THREADS
+        rows_per_block = _THREADS // tpr
+        base = _cuda.ceil_div(outer, rows_per_block)
+        splits, chunk = _splits_for(base, R, tpr, sms)
+    else:
+        bx = min(32, _next_pow2(inner))
+        by = _THREADS // bx
+        tiles = _cuda.ceil_div(inner, bx)
+        base = outer * tiles
+        splits, chunk = _splits_for(base, R, by, sms)
+    if splits > 1:
+        ws_m = torch.empty((splits, n_out), dtype=acc, device=x.device)
+        ws_s = torch.empty((splits, n_out), dtype=acc, device=x.device) if op == "logsumexp" else ws_m
+        dst, dst_s = ws_m, ws_s
+    else:
+        dst, dst_s = out, out  # ws_s unused when splits == 1
+    if inner == 1:
+        grid = _cuda.ceil_div(outer * splits, rows_per_block)
+        _cuda.launch(_CU, f"reduce_rows_{op}_{tsuf}", x, (grid,), (_THREADS,), (
+            _cuda.ptr(x), _cuda.ptr(dst), _cuda.ptr(dst_s), np.int64(outer), np.int64(R),
+            np.int32(tpr), np.int32(splits), np.int64(chunk)))
+    else:
+        if base >= 2 ** 31:
+            raise ValueError(f"x too large for reduce over axis {axis}: {base} blocks")
+        state_bytes = 16 if acc == torch.float64 else 8
+        _cuda.launch(_CU, f"reduce_mid_{op}_{tsuf}", x, (base, splits), (bx, by), (
+            _cuda.ptr(x), _cuda.ptr(dst), _cuda.ptr(dst_s), np.int64(outer), np.int64(R),
+            np.int64(inner), FastDivmod(tiles).as_struct(), np.int32(splits), np.int64(chunk)),
+            shared_mem=bx * by * state_bytes)
+    if splits > 1:
+        grid = min(_cuda.ceil_div(n_out, _THREADS), sms * 32)
+        _cuda.launch(_CU, f"reduce_finalize_{op}_{asuf}", x, (grid,), (_THREADS,), (
+            _cuda.ptr(ws_m), _cuda.ptr(ws_s), _cuda.ptr(out), np.int64(n_out), np.int32(splits)))
     return out

@@ -32,11 +32,9 @@ def row_splits_to_row_ids_cuda(row_splits: torch.Tensor, num_elems: int, dtype: 
             raise ValueError(f"num_elems={num_elems} but row_splits has no rows")
         rs = row_splits if row_splits.dtype in _SUF else row_splits.to(torch.int64)
         rs = rs.contiguous()
-        with _cuda.torch_stream(rs):
-            fn = _cuda.load_module(_CU).get_function(
-                f"row_splits_to_row_ids_{_SUF[rs.dtype]}_{_SUF[kdtype]}")
-            fn((_grid(num_elems, rs),), (_THREADS,), (
-                _cuda.ptr(rs), np.int64(num_rows), _cuda.ptr(row_ids), np.int64(num_elems)))
+        _cuda.launch(_CU, f"row_splits_to_row_ids_{_SUF[rs.dtype]}_{_SUF[kdtype]}", rs,
+                     (_grid(num_elems, rs),), (_THREADS,),
+                     (_cuda.ptr(rs), np.int64(num_rows), _cuda.ptr(row_ids), np.int64(num_elems)))
     return row_ids if kdtype == out_dtype else row_ids.to(out_dtype)
 
 
@@ -46,9 +44,7 @@ def row_ids_to_row_splits_cuda(row_ids: torch.Tensor, num_rows: int, dtype: torc
     row_splits = torch.empty(num_rows + 1, dtype=kdtype, device=row_ids.device)
     ri = row_ids if row_ids.dtype in _SUF else row_ids.to(torch.int64)
     ri = ri.contiguous()
-    with _cuda.torch_stream(ri):
-        fn = _cuda.load_module(_CU).get_function(
-            f"row_ids_to_row_splits_{_SUF[ri.dtype]}_{_SUF[kdtype]}")
-        fn((_grid(num_rows + 1, ri),), (_THREADS,), (
-            _cuda.ptr(ri), np.int64(ri.shape[0]), _cuda.ptr(row_splits), np.int64(num_rows)))
+    _cuda.launch(_CU, f"row_ids_to_row_splits_{_SUF[ri.dtype]}_{_SUF[kdtype]}", ri,
+                 (_grid(num_rows + 1, ri),), (_THREADS,),
+                 (_cuda.ptr(ri), np.int64(ri.shape[0]), _cuda.ptr(row_splits), np.int64(num_rows)))
     return row_splits if kdtype == out_dtype else row_splits.to(out_dtype)

@@ -4,7 +4,6 @@ the kernels' per-thread logic (FastDivmod splits, online logsumexp states, warp/
 merge trees, split-R partials) without a GPU. Keep it in step with the .cu files.
 
 """
-import contextlib
 import ctypes
 import math
 import re
@@ -326,11 +325,8 @@ class FakeModule:
 
 
 def install(monkeypatch):
-    """Route ops._cuda's module loading / stream / SM queries to this model (pytest monkeypatch)."""
-    monkeypatch.setattr(C, "load_module", lambda path, extra_include_dirs=(): FakeModule())
-
-    @contextlib.contextmanager
-    def ts(t):
-        yield None
-    monkeypatch.setattr(C, "torch_stream", ts)
+    """Route ops._cuda's launches and SM queries to this model (pytest monkeypatch)."""
+    def launch(path, name, t, grid, block, args, shared_mem=0, include_dirs=()):
+        FakeModule().get_function(name)(grid, block, args, shared_mem)
+    monkeypatch.setattr(C, "launch", launch)
     monkeypatch.setattr(C, "num_sms", lambda t: 132)
