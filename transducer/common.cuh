@@ -162,6 +162,12 @@ struct Grids {
     }
     return lo;
   }
+  // (b, t, u) of row r: b by utterance_of, t and u by a FastDivmod of b's stride (clamped to >= 1).
+  __device__ __forceinline__ void coordinates(int r, int& b, int& t, int& u) const {
+    b = utterance_of(r);
+    const long long st = stride(b);
+    fast_divmod_for(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)split(b), t, u);
+  }
 };
 
 template <typename Acc>

@@ -10,6 +10,8 @@ in a CUDA graph.
 
 Kernels per stage:
 
+- ``layout``: one single-block kernel: the Layout table (lengths, strides,
+  row_splits by one block-wide scan) and the value-check stats;
 - ``log_probs``: one kernel: a warp per row (a 256-thread block per row for very long rows
   or very few rows), 16-byte loads where the row allows, online logsumexp;
 - ``alpha_beta``: one kernel of 2B blocks (alpha of utterance b in block b,

@@ -21,10 +21,8 @@ __global__ void __launch_bounds__(256)
   const int r = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
   if (r >= num_rows) return;
   const Grids g{table, B};
-  const int b = g.utterance_of(r);
-  int t, u;
-  const long long st = g.stride(b);
-  fast_divmod_for(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)g.split(b), t, u);
+  int b, t, u;
+  g.coordinates(r, b, t, u);
   const long long D = (long long)nvec * VEC;
   V* po = reinterpret_cast<V*>(out + (long long)r * D);
   if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros

@@ -12,9 +12,9 @@
 //   layout_kernel      one block: the Layout table (lengths, strides,
 //                      row_splits) and the value-check stats
 //
-// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u; b comes from
-// a binary search over row_splits (Grids::utterance_of), the per-row t, u come from a FastDivmod of the utterance's stride, built in the
-// kernel from the device-side stride (fast_divmod_for: no / or % anywhere).
+// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (Grids::coordinates
+// in common.cuh): b from a binary search over row_splits, t and u from a FastDivmod
+// built in the kernel from the device-side stride (no / or % anywhere).
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31.
 
 #include "common.cuh"
@@ -40,10 +40,9 @@ struct RowInfo {
 
 __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   RowInfo ri;
-  ri.b = g.utterance_of(r);
+  g.coordinates(r, ri.b, ri.t, ri.u);
   const long long st = g.stride(ri.b);
   ri.st = st < 1 ? 1 : (int)st;
-  fast_divmod_for((unsigned int)ri.st).divmod(r - (int)g.split(ri.b), ri.t, ri.u);
   ri.T = (int)g.T(ri.b);
   ri.U = (int)g.U(ri.b);
   ri.cell = ri.t < ri.T && ri.u <= ri.U;
