@@ -104,8 +104,13 @@ def _function(path, name, include_dirs, dev):
 
 def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem: int = 0, include_dirs=()):
     """Launch kernel ``name`` (an extern "C" name or a template instantiation) of the .cu file at
-    ``path`` on torch's current stream of ``t``'s device. Arguments as for a CuPy kernel: pointers may
-    be Python ints (``t.data_ptr()``), other scalars numpy scalars of the exact C type."""
+    ``path`` on torch's current stream of ``t``'s device. ``args``: tensors (passed as their device
+    pointers), other scalars numpy scalars of the exact C type.
+
+    Pass tensors, not ``x.contiguous().data_ptr()``: ``args`` holds every tensor until the kernel is
+    queued, whereas a temporary copy whose pointer alone is kept is freed at once, and its memory may
+    be handed to the next temporary before the kernel runs."""
+    args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
     dev = t.get_device()
     fn = _functions.get((path, name, dev)) or _function(path, name, tuple(include_dirs), dev)
     handle = _current_raw_stream(dev)

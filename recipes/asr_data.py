@@ -9,6 +9,9 @@ import torch
 
 SAMPLE_RATE = 16000
 FRAME_SHIFT = 160  # 10 ms at 16 kHz
+FRAME_LENGTH = 400  # 25 ms at 16 kHz
+# Per-utterance normalisation needs two fbank frames (one frame has no standard deviation): 35 ms.
+MIN_SECONDS = (FRAME_LENGTH + FRAME_SHIFT) / SAMPLE_RATE
 AUDIO_KEYS = ("audio", "audio_filepath", "path", "wav")
 TEXT_KEYS = ("text", "transcript", "sentence")
 
@@ -23,8 +26,14 @@ def normalise_text(text):
 
 # ---------------------------------------------------------------------- manifests
 
+def _parse_duration(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"'duration' must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
 def _parse_line(line, suffix):
-    """(audio, text) of one manifest line, or raise ValueError saying what is wrong."""
+    """(audio, text, seconds or None) of one manifest line, or raise ValueError saying what is wrong."""
     if suffix == ".jsonl" or (suffix != ".tsv" and line.lstrip().startswith("{")):
         try:
             r = json.loads(line)
@@ -38,11 +47,12 @@ def _parse_line(line, suffix):
             raise ValueError(f"no audio path (one of the keys {', '.join(AUDIO_KEYS)})")
         if text is None:
             raise ValueError(f"no transcript (one of the keys {', '.join(TEXT_KEYS)})")
-        return str(audio), str(text)
+        seconds = _parse_duration(r["duration"]) if r.get("duration") is not None else None
+        return str(audio), str(text), seconds
     parts = line.rstrip("\r\n").split("\t")
     if len(parts) < 2:
         raise ValueError("a TSV line must be: audio path <TAB> transcript")
-    return parts[0], "\t".join(parts[1:])
+    return parts[0], "\t".join(parts[1:]), None
 
 
 def read_manifest(path, on_error="skip", log=print):
@@ -51,9 +61,13 @@ def read_manifest(path, on_error="skip", log=print):
     JSONL: one object per line with an audio path ("audio", "audio_filepath",
     "path" or "wav") and a transcript ("text", "transcript" or "sentence").
     TSV: ``path<TAB>transcript``; a first line ``audio<TAB>text`` is a header.
-    Relative paths are relative to the manifest's folder. A line whose file is
-    missing or unreadable, or whose transcript is empty, is reported with its
-    line number and skipped (``on_error="skip"``) or stops the run (``"stop"``).
+    Relative paths are relative to the manifest's folder. A JSONL line's
+    "duration" (seconds, as in NeMo manifests) is trusted when present, so the
+    file is not opened until training reads it; otherwise its header is read
+    here. A line whose file is missing or unreadable, whose clip is shorter than
+    two feature frames (``MIN_SECONDS``), or whose transcript is empty, is
+    reported with its line number and skipped (``on_error="skip"``) or stops the
+    run (``"stop"``).
     """
     import soundfile as sf
 
@@ -68,7 +82,7 @@ def read_manifest(path, on_error="skip", log=print):
                 continue
             where = f"{path}:{lineno}"
             try:
-                audio, text = _parse_line(line, suffix)
+                audio, text, seconds = _parse_line(line, suffix)
                 if lineno == 1 and suffix != ".jsonl" and audio.lower() in AUDIO_KEYS:
                     continue  # TSV header
                 text = normalise_text(text)
@@ -79,19 +93,22 @@ def read_manifest(path, on_error="skip", log=print):
                     audio_path = path.parent / audio_path
                 if not audio_path.is_file():
                     raise ValueError(f"audio file not found: {audio_path}")
-                try:
-                    info = sf.info(str(audio_path))
-                except Exception as e:  # soundfile raises its own error types
-                    raise ValueError(f"unreadable audio {audio_path}: {e}") from None
-                if info.frames == 0:
-                    raise ValueError(f"audio file has no samples: {audio_path}")
+                if seconds is None:
+                    try:
+                        info = sf.info(str(audio_path))
+                    except Exception as e:  # soundfile raises its own error types
+                        raise ValueError(f"unreadable audio {audio_path}: {e}") from None
+                    seconds = info.frames / info.samplerate
+                if seconds < MIN_SECONDS:
+                    raise ValueError(f"audio too short: {seconds * 1000:.0f} ms in {audio_path} (at least "
+                                     f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)")
             except ValueError as e:
                 if on_error == "stop":
                     raise ManifestError(f"{where}: {e}  (--bad-lines skip to skip such lines)") from None
                 log(f"warning: {where}: {e}; skipping this line")
                 skipped += 1
                 continue
-            items.append((f"{path.stem}-{lineno}", str(audio_path), text, info.frames / info.samplerate))
+            items.append((f"{path.stem}-{lineno}", str(audio_path), text, seconds))
     if skipped:
         log(f"warning: {path}: skipped {skipped} bad line(s), kept {len(items)}")
     if not items:
@@ -137,9 +154,12 @@ class CharTokenizer:
 # ---------------------------------------------------------------------- features
 
 def fbank(waveform, num_mel_bins=80, dither=0.0):
-    """80-dim Kaldi-compatible log-mel fbank, normalised per utterance: (frames, 80)."""
+    """80-dim Kaldi-compatible log-mel fbank, normalised per utterance: (frames, 80), frames >= 2."""
     import torchaudio.compliance.kaldi as kaldi
 
+    if waveform.numel() < MIN_SECONDS * SAMPLE_RATE:
+        raise ValueError(f"audio too short: {waveform.numel()} samples at {SAMPLE_RATE} Hz (at least "
+                         f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)")
     x = kaldi.fbank(waveform.unsqueeze(0) * 32768, num_mel_bins=num_mel_bins, sample_frequency=SAMPLE_RATE,
                     dither=dither, energy_floor=0.0)
     return (x - x.mean(0)) / (x.std(0) + 1e-5)
@@ -156,7 +176,7 @@ class SpeechDataset(torch.utils.data.Dataset):
     def num_frames(self, i):
         audio = self.items[i][1]
         if isinstance(audio, torch.Tensor):
-            return max(1, (audio.numel() - 400) // FRAME_SHIFT + 1)
+            return max(1, (audio.numel() - FRAME_LENGTH) // FRAME_SHIFT + 1)
         return max(1, int(self.items[i][3] * 100))  # manifest item: seconds
 
     def _features(self, i):

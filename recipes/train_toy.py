@@ -175,9 +175,17 @@ class Dist:
             import torch.distributed as dist
             dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
-    def close(self):
+    def close(self, ok=True):
+        """Tear the process group down on every rank together. Whatever holds it (DDP's reducer) must be
+        gone first: a gloo group destroyed at interpreter exit can abort the process ("terminate called
+        without an active exception"), so the caller drops its references and we collect them here."""
         if self.world > 1:
+            import gc
+
             import torch.distributed as dist
+            gc.collect()
+            if ok:
+                dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
             dist.destroy_process_group()
 
 
@@ -211,6 +219,17 @@ def spec_augment(x):
                  AT.TimeMasking(20, iid_masks=True, p=0.2), AT.TimeMasking(20, iid_masks=True, p=0.2)):
         x = mask(x)
     return x.squeeze(1).transpose(1, 2)
+
+
+def forward_loss(net, criterion, x, xl, y, yl, amp_dtype=None):
+    """The training loss of one batch; the model under autocast to ``amp_dtype`` when given.
+
+    The joiner's logits reach the loss as they are (bf16 / fp16 under autocast): the loss reads them in
+    their own dtype and accumulates in fp32, while a ``.float()`` copy would double the largest tensor
+    of the step."""
+    with torch.autocast(x.device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        logits, tl = net(x, xl, y, yl)
+    return criterion(logits, y, tl, yl)
 
 
 # ---------------------------------------------------------------------- metrics
@@ -313,6 +332,16 @@ def main(argv=None):
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(default_threads(a.threads, device))
     dist = Dist(device)
+    ok = False
+    try:
+        result = train(a, dist, t_start)  # its DDP wrapper and loaders are gone when it returns
+        ok = True
+    finally:
+        dist.close(ok)
+    return result
+
+
+def train(a, dist, t_start):
     device = dist.device
     log = print if dist.main else (lambda *_, **__: None)
     random.seed(a.seed)
@@ -394,9 +423,7 @@ def main(argv=None):
             x, xl, y, yl = x.to(device), xl.to(device), y.to(device), yl.to(device)
             if not a.no_specaug:
                 x = spec_augment(x)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
-                logits, tl = net(x, xl, y, yl)
-            loss = criterion(logits.float(), y, tl, yl)
+            loss = forward_loss(net, criterion, x, xl, y, yl, amp_dtype if amp else None)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -458,7 +485,6 @@ def main(argv=None):
     if dist.main:
         (exp / "results.json").write_text(json.dumps({k: v for k, v in result.items() if k != "step_losses"},
                                                      indent=1))
-    dist.close()
     result["model"] = model
     return result
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from _imports import require
+
 for _mod in ("torchaudio", "soundfile", "espeakng_loader", "tqdm", "matplotlib"):
-    pytest.importorskip(_mod, reason='recipe extras missing: pip install -e ".[recipes]"')
+    require(_mod, "recipes")
 
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
@@ -87,6 +89,7 @@ def test_ddp_two_gloo_processes_agree(corpus, tmp_path):
            "--exp-dir", str(tmp_path), "--epochs", "1", "--max-steps", "3"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "terminate called" not in p.stderr and "process group has NOT been destroyed" not in p.stderr, p.stderr
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["world"] == 2
     assert len(res["param_digests"]) == 2 and res["param_digests"][0] == res["param_digests"][1]
@@ -142,6 +145,56 @@ def test_bad_manifest_lines(tmp_path):
     assert len(asr_data.read_manifest(tsv, "skip", log=msgs.append)) == 1
     assert f"{tsv}:3: audio file not found" in "\n".join(msgs)
     assert f"{tsv}:4: a TSV line must be" in "\n".join(msgs)
+
+
+def test_short_clips_and_duration_field(tmp_path):
+    (good, text), = _write_wavs(tmp_path, 1)
+    short = tmp_path / "short.wav"
+    sf.write(short, np.zeros(int(0.02 * 16000), dtype=np.float32), 16000)  # 20 ms: one fbank frame
+    (tmp_path / "junk.wav").write_bytes(b"not audio, but the manifest gives its duration")
+    lines = [
+        json.dumps({"audio": short.name, "text": "one"}),
+        json.dumps({"audio": good.name, "text": text, "duration": 0.03}),
+        json.dumps({"audio": "junk.wav", "text": "two", "duration": 1.25}),
+        json.dumps({"audio": good.name, "text": text, "duration": "long"}),
+        json.dumps({"audio": good.name, "text": text}),
+    ]
+    m = tmp_path / "train.jsonl"
+    m.write_text("\n".join(lines) + "\n")
+    msgs = []
+    items = asr_data.read_manifest(m, "skip", log=msgs.append)
+    joined = "\n".join(msgs)
+    assert f"{m}:1: audio too short: 20 ms" in joined, joined
+    assert f"{m}:2: audio too short: 30 ms" in joined, joined
+    assert f"{m}:4: 'duration' must be a number of seconds" in joined, joined
+    assert [(Path(i[1]).name, i[3]) for i in items][0] == ("junk.wav", 1.25)  # trusted, never opened
+    assert Path(items[1][1]).name == good.name and items[1][3] == pytest.approx(sf.info(good).duration)
+    with pytest.raises(ValueError, match="audio too short"):
+        asr_data.fbank(torch.zeros(500))
+    assert torch.isfinite(asr_data.fbank(torch.randn(560))).all()  # two frames: the shortest clip kept
+
+
+def test_autocast_logits_reach_the_loss_as_they_are():
+    from asr_model import Transducer
+    from transducer import TransducerLoss
+
+    torch.manual_seed(0)
+    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
+                       joiner_dim=8)
+    seen = []
+
+    def criterion(logits, *args):
+        seen.append(logits.dtype)
+        return TransducerLoss()(logits, *args)
+
+    x, xl = torch.randn(2, 40, 8), torch.tensor([40, 31])
+    y, yl = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([3, 2])
+    loss = train_toy.forward_loss(model, criterion, x, xl, y, yl, torch.bfloat16)
+    loss.backward()
+    assert seen == [torch.bfloat16] and loss.dtype == torch.float32 and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    train_toy.forward_loss(model, criterion, x, xl, y, yl)
+    assert seen[-1] == torch.float32
 
 
 def test_manifest_training_run(tmp_path, capsys):

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch
+from _imports import require
 from transducer import TransducerLoss, pack, transducer_loss, transducer_loss_reference
-
-torchaudio_functional = pytest.importorskip("torchaudio.functional")
 
 
 def reduce_like(losses, reduction):
@@ -92,9 +91,9 @@ def test_matches_torchaudio(seed):
     max_t, max_u = (1, 9, 30, 20, 12, 40)[seed], (0, 4, 10, 15, 6, 3)[seed]
     logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float32)
     logits = logits * 3
+    ta = require("torchaudio.functional", "test")
     ta_in = logits.clone().requires_grad_()
-    expected = torchaudio_functional.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(),
-                                               blank=blank, reduction="none")
+    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(), blank=blank, reduction="none")
     expected.sum().backward()
 
     rows = compact(logits, T, U).requires_grad_()
@@ -116,10 +115,10 @@ def test_matches_torchaudio_without_fused_log_softmax():
     gen = torch.Generator().manual_seed(5)
     logits, targets, T, U = random_batch(gen, 4, 10, 5, 30, blank=0, dtype=torch.float32)
     log_probs = logits.log_softmax(-1)
+    ta = require("torchaudio.functional", "test")
     ta_in = log_probs.clone().requires_grad_()
-    expected = torchaudio_functional.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(),
-                                               blank=0, reduction="sum",
-                                               fused_log_softmax=False)
+    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(), blank=0, reduction="sum",
+                            fused_log_softmax=False)
     expected.backward()
     ours = log_probs.clone().requires_grad_()
     got = transducer_loss(ours, targets, T, U, reduction="sum", from_log_softmax=True)
@@ -297,14 +296,17 @@ def test_cuda_without_cupy_names_the_extra(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["compact", "padded"])
 def test_non_finite_utterances_get_zero_gradient(layout, device):
-    # utterance 1 cannot emit blank, so it has no alignment: with zero_infinity the batch still trains
+    # utterance 1 cannot emit blank (log-prob -inf), so it has no alignment: with zero_infinity the batch
+    # still trains
     gen = torch.Generator().manual_seed(31)
     logits, targets, T, U = random_batch(gen, 3, 6, 4, 9, blank=0)
+    logits = logits.log_softmax(-1)
     logits[1, :, :, 0] = -math.inf
-    expected = transducer_loss_reference(logits[[0, 2]], targets[[0, 2]], T[[0, 2]], U[[0, 2]])
+    expected = transducer_loss_reference(logits[[0, 2]], targets[[0, 2]], T[[0, 2]], U[[0, 2]],
+                                         from_log_softmax=True)
     x = (compact(logits, T, U) if layout == "compact" else logits).to(device).requires_grad_()
     targets, T, U = targets.to(device), T.to(device), U.to(device)
-    losses = transducer_loss(x, targets, T, U, reduction="none", zero_infinity=True)
+    losses = transducer_loss(x, targets, T, U, reduction="none", zero_infinity=True, from_log_softmax=True)
     assert losses[1].item() == 0 and torch.isfinite(losses).all()
     losses.sum().backward()
     assert not torch.isnan(x.grad).any()
@@ -314,8 +316,8 @@ def test_non_finite_utterances_get_zero_gradient(layout, device):
     x = x.detach().clone()
     x[x == -math.inf] = math.inf
     x.requires_grad_()
-    losses = transducer_loss(x, targets, T, U, reduction="none")
-    assert torch.isnan(losses[1])
+    losses = transducer_loss(x, targets, T, U, reduction="none", zero_infinity=True)
+    assert torch.isnan(losses[1]) and torch.isfinite(losses[[0, 2]]).all()
     torch.where(torch.isfinite(losses), losses, 0.0).sum().backward()
     assert not torch.isnan(x.grad).any()
 
@@ -347,3 +349,16 @@ def test_inplace_grad_misuse_raises_and_blank_accepts_integers(device):
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="blank: expected a non-negative int"):
         TransducerLoss(blank=-3)
+
+
+def test_installed_but_broken_dependency_fails_the_tests(tmp_path, monkeypatch):
+    # as torchaudio does beside a torch built for another CUDA version: a RuntimeError at import
+    pkg = tmp_path / "broken_audio_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('compiled with different CUDA versions')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match="broken_audio_pkg is installed but cannot be imported: "
+                                                     "RuntimeError: compiled with different CUDA versions"):
+        require("broken_audio_pkg.functional", "test")
+    with pytest.raises(pytest.skip.Exception, match="not_installed_pkg is not installed"):
+        require("not_installed_pkg", "test")

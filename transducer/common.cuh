@@ -53,10 +53,21 @@ __device__ __forceinline__ half_t from_acc<half_t>(float x) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
   return h;
 }
+// cvt.rn.bf16.f32 needs sm_80; before that, the same round-to-nearest-even in integer arithmetic
+// (NaN stays a quiet NaN of the same sign; infinities and overflow to them as cvt does).
+__device__ __forceinline__ unsigned short bf16_bits_rn(float x) {
+  const unsigned int u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 template <>
 __device__ __forceinline__ bf16_t from_acc<bf16_t>(float x) {
   bf16_t h;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(TD_SOFTWARE_BF16)
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+#else
+  h.bits = bf16_bits_rn(x);
+#endif
   return h;
 }
 
@@ -77,6 +88,17 @@ __device__ __forceinline__ double neg_inf<double>() {
   return __longlong_as_double(0xfff0000000000000ULL);
 }
 
+template <typename Acc>
+__device__ __forceinline__ Acc quiet_nan();
+template <>
+__device__ __forceinline__ float quiet_nan<float>() {
+  return __int_as_float(0x7fc00000);
+}
+template <>
+__device__ __forceinline__ double quiet_nan<double>() {
+  return __longlong_as_double(0x7ff8000000000000ULL);
+}
+
 // Accurate exp / log1p (recursions, per-row coefficients).
 __device__ __forceinline__ float exp_acc(float x) { return expf(x); }
 __device__ __forceinline__ double exp_acc(double x) { return exp(x); }
@@ -91,17 +113,19 @@ __device__ __forceinline__ double log1p_acc(double x) { return log1p(x); }
 __device__ __forceinline__ float exp_fast(float x) { return __expf(x); }
 __device__ __forceinline__ double exp_fast(double x) { return exp(x); }
 
-// log(exp(a) + exp(b)) with -inf + -inf -> -inf (never NaN). Float uses the
+// log(exp(a) + exp(b)) with -inf + -inf -> -inf. Float uses the
 // fast intrinsics (absolute error ~1e-6 per step, on the critical path of the
 // alpha/beta recursions); double the accurate functions.
 __device__ __forceinline__ float log1p_exp(float x) { return __logf(1.0f + __expf(x)); }
 __device__ __forceinline__ double log1p_exp(double x) { return log1p(exp(x)); }
 
+// A NaN operand gives NaN (a NaN log-probability must reach the loss): comparisons with NaN are
+// false, so a NaN lands in `lo` when the other operand is -inf, in `hi` otherwise.
 template <typename Acc>
 __device__ __forceinline__ Acc log_add(Acc a, Acc b) {
   Acc hi = a > b ? a : b;
   Acc lo = a > b ? b : a;
-  if (hi == neg_inf<Acc>()) return hi;
+  if (hi == neg_inf<Acc>()) return lo;  // -inf, or NaN
   return hi + log1p_exp(lo - hi);
 }
 

@@ -12,7 +12,7 @@ import torch
 
 from ops import FastDivmod, gather, reduce
 
-from .layout import Layout
+from .layout import CELLS_CAP, Layout
 
 _CHUNK_ELEMENTS = 1 << 22
 
@@ -51,7 +51,10 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
         bad = int((in_label & ((targets < 0) | (targets >= vocab_size) | (targets == blank))).sum())
     # min and max of no utterances: the identities, as the CUDA kernel's reductions give them
     extremes = [T.min(), T.max(), U.min(), U.max()] if B else [_INT64_MAX, -_INT64_MAX - 1] * 2
-    stats = torch.tensor([int(x) for x in extremes] + [int((T * (U + 1)).sum()), bad])
+    # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap)
+    cells_exact = T.double() * (U.double() + 1)
+    cells = CELLS_CAP if bool((cells_exact >= CELLS_CAP).any()) else min(int((T * (U + 1)).sum()), CELLS_CAP)
+    stats = torch.tensor([int(x) for x in extremes] + [cells, bad])
     return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1))
 
 
@@ -95,6 +98,8 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
         picked = gather(rows, picks[start:end], axis=1, batch_dims=1).to(acc)
         if not from_log_softmax:
             den[start:end] = reduce(rows, axis=-1, op="logsumexp")
+            # a NaN or infinite logit makes the row's den, so its log-probs and the loss, NaN (as on CUDA)
+            den[start:end].masked_fill_(~torch.isfinite(rows).all(dim=1), math.nan)
         lp[start:end] = picked - den[start:end, None]
     lp[:, 1].masked_fill_(~has_label, -math.inf)
     return lp, den
@@ -141,11 +146,16 @@ def alpha_beta(lp, layout, one_sym_per_frame):
         value = torch.logaddexp(value, final[:, n, cells])
         beta[:, n, cells] = torch.where(inside[:, n, cells], value, -math.inf)
 
+    # A NaN log-probability anywhere in a grid (a non-finite logit) makes the loss NaN, also off the RNA
+    # band, where the recursion above does not always carry it to beta(0, 0) (nor does the CUDA twin's).
+    nan_seen = (torch.isnan(lp[:, 0][rows]) & is_cell).flatten(1).any(dim=1)
+    loss = torch.where(nan_seen, math.nan, -beta[:, 0, 1])
+
     alpha_rows = torch.full_like(lp[:, 0], -math.inf)
     beta_rows = torch.full_like(lp[:, 0], -math.inf)
     alpha_rows[rows[is_cell]] = alpha[:, :steps, cells][is_cell]
     beta_rows[rows[is_cell]] = beta[:, :steps, cells][is_cell]
-    return alpha_rows, beta_rows, -beta[:, 0, 1]
+    return alpha_rows, beta_rows, loss
 
 
 def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame):

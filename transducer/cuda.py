@@ -91,7 +91,7 @@ def _check_cuda(*tensors):
 
 def _table(layout):
     """The layout's table pointer and batch size: every kernel finds T_b, U_b, strides and row_splits in it."""
-    return layout.table.data_ptr(), _i32(layout.batch_size)
+    return layout.table, _i32(layout.batch_size)
 
 
 # --------------------------------------------------------------------------- stages
@@ -105,13 +105,13 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     if targets is None:
         targets_ptr, target_cols, itype = 0, 0, "int"
     else:
-        targets_ptr, target_cols, itype = targets.data_ptr(), targets.size(1), _INDEX_CTYPE[targets.dtype]
+        targets_ptr, target_cols, itype = targets.contiguous(), targets.size(1), _INDEX_CTYPE[targets.dtype]
     name = (f"layout_kernel<{_INDEX_CTYPE[logit_lengths.dtype]}, {_INDEX_CTYPE[target_lengths.dtype]}, {itype}, "
             f"{'true' if with_stats else 'false'}>")
     _launch("stages.cu", name, table, (1,), (1024,),
-            (logit_lengths.contiguous().data_ptr(), target_lengths.contiguous().data_ptr(), targets_ptr,
+            (logit_lengths.contiguous(), target_lengths.contiguous(), targets_ptr,
              _i32(target_cols), _i32(B), _i32(padded_t), _i32(max_u1), _i32(vocab_size), _i32(blank),
-             table.data_ptr()))
+             table))
     return Layout(table, padded_t > 0, int(max_u1))
 
 
@@ -128,9 +128,9 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
     rows_per_block = _THREADS // (32 * wpr)
     name = f"log_probs_kernel<{_CTYPE[logits2d.dtype]}, {_INDEX_CTYPE[targets.dtype]}, {vec}, {wpr}>"
     _launch("stages.cu", name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-            (logits2d.data_ptr(), targets.data_ptr(), _i32(targets.size(1)), *_table(layout), _i32(num_rows),
-             _i32(V), _i32(V // vec), _i32(blank), _i32(layout.padded), _i32(from_log_softmax), lp.data_ptr(),
-             den.data_ptr()))
+            (logits2d, targets, _i32(targets.size(1)), *_table(layout), _i32(num_rows),
+             _i32(V), _i32(V // vec), _i32(blank), _i32(layout.padded), _i32(from_log_softmax), lp,
+             den))
     return lp, den
 
 
@@ -153,8 +153,8 @@ def alpha_beta(lp, layout, one_sym_per_frame):
     ctype = "double" if lp.dtype == torch.float64 else "float"
     name = f"alpha_beta_kernel<{ctype}, {'true' if one_sym_per_frame else 'false'}>"
     _launch("stages.cu", name, lp, (2 * B,), (threads,),
-            (lp.data_ptr(), *_table(layout), _i32(layout.padded), _i32(cap), alpha.data_ptr(), beta.data_ptr(),
-             loss.data_ptr()),
+            (lp, *_table(layout), _i32(layout.padded), _i32(cap), alpha, beta,
+             loss),
             shared_mem=2 * cap * lp.element_size())
     return alpha, beta, loss
 
@@ -177,10 +177,10 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     name = (f"gradient_kernel<{_CTYPE[logits2d.dtype]}, {_INDEX_CTYPE[targets.dtype]}, {vec}, {wpr}, "
             f"{flag(from_log_softmax)}, {flag(one_sym_per_frame)}>")
     _launch("stages.cu", name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-            (logits2d.data_ptr(), targets.data_ptr(), _i32(targets.size(1)), *_table(layout), _i32(num_rows),
-             _i32(V), _i32(V // vec), _i32(blank), _i32(layout.padded), lp.data_ptr(), den.data_ptr(),
-             alpha.data_ptr(), beta.data_ptr(), loss.data_ptr(), scale.data_ptr(), np.int64(scale.stride(0)),
-             out.data_ptr()))
+            (logits2d, targets, _i32(targets.size(1)), *_table(layout), _i32(num_rows),
+             _i32(V), _i32(V // vec), _i32(blank), _i32(layout.padded), lp, den,
+             alpha, beta, loss, scale, np.int64(scale.stride(0)),
+             out))
     return out
 
 
@@ -213,8 +213,8 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows):
     items_per_block = _THREADS // tpr
     name = f"pack_forward_kernel<{_CTYPE[encoder_out.dtype]}, {vec}>"
     _launch("pack.cu", name, out, ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
-            (encoder_out.data_ptr(), predictor_out.data_ptr(), *_table(layout), _i32(num_rows), _i32(max_t),
-             _i32(max_u1), _i32(nvec), _i32(tpr.bit_length() - 1), out.data_ptr()))
+            (encoder_out, predictor_out, *_table(layout), _i32(num_rows), _i32(max_t),
+             _i32(max_u1), _i32(nvec), _i32(tpr.bit_length() - 1), out))
     return out
 
 
@@ -241,6 +241,6 @@ def pack_backward(grad_out, layout, max_t, max_u1):
             raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
         _launch("pack.cu", f"pack_grad_kernel<{ctype}, {vec}, {'true' if pred else 'false'}>", grad,
                 ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-                (grad_out.data_ptr(), *_table(layout), FastDivmod(per_b).as_struct(), _i32(num_items), _i32(nvec),
-                 _i32(tpr.bit_length() - 1), grad.data_ptr()))
+                (grad_out, *_table(layout), FastDivmod(per_b).as_struct(), _i32(num_items), _i32(nvec),
+                 _i32(tpr.bit_length() - 1), grad))
     return grad_enc, grad_pred

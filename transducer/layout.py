@@ -48,13 +48,19 @@ from typing import NamedTuple
 import torch
 
 NUM_STATS = 6
+#: The cell count in ``Layout.stats`` saturates here: lengths whose products or sum overflow 64 bits
+#: read as this value instead of wrapping into a plausible count (stages.cu: kCellsCap).
+CELLS_CAP = 1 << 61
+#: Kernels index rows in 32 bits: the (N, V) logits may have at most this many rows.
+MAX_ROWS = (1 << 31) - 1
 
 
 class Layout(NamedTuple):
     """The grids of one batch, all in one int64 tensor so that it is built by one launch:
 
     ``table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (6)]``, where
-    ``stats = [min T_b, max T_b, min U_b, max U_b, sum_b T_b*(U_b+1), bad labels]`` (bad labels:
+    ``stats = [min T_b, max T_b, min U_b, max U_b, sum_b T_b*(U_b+1), bad labels]`` (the sum saturates
+    at ``CELLS_CAP``; bad labels:
     targets[b, u] with u < U_b outside [0, V) or equal to blank; unspecified without ``with_stats``).
     """
 

@@ -6,6 +6,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import cpu
+from .layout import CELLS_CAP, MAX_ROWS
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -60,6 +61,10 @@ def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, redu
     if logits.dim() == 4 and logits.size(0) != B:
         raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
                          f"{tuple(logits.shape)}")
+    rows = logits.numel() // max(logits.size(-1), 1)
+    if rows > MAX_ROWS:
+        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
+                         f"{tuple(logits.shape)} with {rows} rows")
     V = logits.size(-1)
     if not _is_index(blank) or not 0 <= operator.index(blank) < V:
         raise ValueError(f"blank: expected an int in [0, {V}) (the vocabulary size is logits.size(-1)), got {blank!r}")
@@ -89,6 +94,9 @@ def _check_values(logits, targets, stats, blank):
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
     if u_min < 0:
         raise ValueError(f"target_lengths: every U_b must be >= 0, got min {u_min}")
+    if cells >= CELLS_CAP:
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) overflows (2^61 or more; T_b up to "
+                         f"{t_max}, U_b up to {u_max})")
     if u_max > S:
         raise ValueError(f"target_lengths: U_b = {u_max} exceeds targets.size(1) = {S}")
     if logits.dim() == 4:

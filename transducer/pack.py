@@ -3,6 +3,7 @@
 import torch
 from torch.autograd.function import once_differentiable
 
+from .layout import MAX_ROWS
 from .loss import _check_tensor, _INDEX_DTYPES, _stages
 
 
@@ -57,4 +58,7 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     if u_min < 0 or u_max + 1 > predictor_out.size(1):
         raise ValueError(f"target_lengths: expected values in [0, {predictor_out.size(1) - 1}] "
                          f"(predictor_out.size(1) - 1), got [{u_min}, {u_max}]")
+    if num_rows > MAX_ROWS:
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows; at most 2^31 - 1 "
+                         f"are supported")
     return _Pack.apply(encoder_out, predictor_out, layout, num_rows)

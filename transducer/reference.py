@@ -20,14 +20,20 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
     logits (B, maxT, maxU+1, V); targets (B, S); logit_lengths, target_lengths (B,).
     RNN-T: blank moves (t, u) -> (t+1, u), label y_u moves (t, u) -> (t, u+1).
     one_sym_per_frame (RNA): label y_u moves (t, u) -> (t+1, u+1).
-    Both end with a blank from (T-1, U). An utterance with no alignment gets +inf.
+    Both end with a blank from (T-1, U). An utterance with no alignment gets +inf; one with a NaN or
+    infinite logit among its cells gets NaN (with from_log_softmax, where -inf log-probs are legal, one
+    with a NaN blank log-prob in a cell).
     """
     log_probs = logits if from_log_softmax else logits.log_softmax(dim=-1)
     losses = []
     for b in range(logits.size(0)):
         T, U = int(logit_lengths[b]), int(target_lengths[b])
+        if from_log_softmax:  # -inf log-probs are legal; a NaN blank log-prob anywhere is not
+            non_finite = bool(torch.isnan(log_probs[b, :T, :U + 1, blank]).any())
+        else:
+            non_finite = not torch.isfinite(logits[b, :T, :U + 1]).all()
         if one_sym_per_frame and U > T - 1:
-            losses.append(log_probs.new_tensor(math.inf))
+            losses.append(log_probs.new_tensor(math.nan if non_finite else math.inf))
             continue
         y = targets[b, :U].long()
         blank_lp = log_probs[b, :T, :U + 1, blank]
@@ -47,5 +53,8 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
                     terms.append(alpha[t, u - 1] + emit_lp[t, u - 1])
                 if terms:
                     alpha[t, u] = _logsumexp(terms)
-        losses.append(-(alpha[T - 1, U] + blank_lp[T - 1, U]))
+        loss = -(alpha[T - 1, U] + blank_lp[T - 1, U])
+        if non_finite:
+            loss = loss + math.nan
+        losses.append(loss)
     return torch.stack(losses)

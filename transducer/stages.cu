@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(td::kThreads)
     }
   }
   Acc m = NINF, s = Acc(0);
+  Acc nonfinite = Acc(0);  // sum of x - x: 0, or NaN once any logit is NaN or +-inf (then den is NaN)
   if (!from_log_softmax) {
     if (!early) load_chunk<Geo::G>(p, lane, nvec, buf);
     for (int i0 = lane;;) {
@@ -119,6 +120,7 @@ __global__ void __launch_bounds__(td::kThreads)
           for (int j = 0; j < VEC; ++j) {
             x[j] = to_acc(buf[k].v[j]);
             vm = x[j] > vm ? x[j] : vm;
+            nonfinite += x[j] - x[j];
           }
           if (vm > m) {
             s *= exp_fast(m - vm);  // m == -inf: s == 0 stays 0
@@ -138,22 +140,28 @@ __global__ void __launch_bounds__(td::kThreads)
     for (int o = 16; o > 0; o >>= 1) {
       const Acc m2 = shfl_xor(m, o), s2 = shfl_xor(s, o);
       lse_merge(m, s, m2, s2);
+      nonfinite += shfl_xor(nonfinite, o);
     }
     if (WPR > 1) {
-      __shared__ Acc sm[WPR > 1 ? WPR : 1], ss[WPR > 1 ? WPR : 1];
+      __shared__ Acc sm[WPR > 1 ? WPR : 1], ss[WPR > 1 ? WPR : 1], sn[WPR > 1 ? WPR : 1];
       const int w = threadIdx.x >> 5;
       if ((threadIdx.x & 31) == 0) {
         sm[w] = m;
         ss[w] = s;
+        sn[w] = nonfinite;
       }
       __syncthreads();
       if (threadIdx.x == 0) {
-        for (int k = 1; k < WPR; ++k) lse_merge(m, s, sm[k], ss[k]);
+        for (int k = 1; k < WPR; ++k) {
+          lse_merge(m, s, sm[k], ss[k]);
+          nonfinite += sn[k];
+        }
       }
     }
   }
   if (lane == 0) {
-    const Acc d = from_log_softmax ? Acc(0) : (m == NINF ? m : m + log_acc(s));
+    // a non-finite logit makes den, both log-probs and so the utterance's loss NaN (CPU twin alike)
+    const Acc d = from_log_softmax ? Acc(0) : (m == NINF ? m : m + log_acc(s)) + nonfinite;
     den[r] = d;
     lp[2ll * r] = x_blank - d;
     lp[2ll * r + 1] = has_label ? x_label - d : NINF;
@@ -322,10 +330,18 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
   const bool sm = U + 1 <= cap;
   if (RNA) {
-    if (is_beta)
+    if (is_beta) {
+      // The RNA walk reads only the band, but a NaN log-probability anywhere in the grid (a non-finite
+      // logit) makes the loss NaN, as it does in RNN-T, where every cell lies on some alignment.
+      bool nan_seen = false;
+#pragma unroll 1
+      for (int i = threadIdx.x; i < T * st; i += blockDim.x) nan_seen |= lp[2ll * (base + i)] != lp[2ll * (base + i)];
+      nan_seen = __syncthreads_or(nan_seen);
       Walk<Acc, 3>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
-    else
+      if (nan_seen && threadIdx.x == 0) loss[b] = quiet_nan<Acc>();
+    } else {
       Walk<Acc, 2>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+    }
   } else {
     if (is_beta)
       Walk<Acc, 1>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
@@ -439,11 +455,25 @@ __global__ void __launch_bounds__(td::kThreads)
 // sum T*(U+1), labels (u < U_b) outside [0, V) or equal to blank]: all that the
 // value checks need, read back in one transfer. Each thread owns a contiguous
 // run of utterances, so row_splits is one block-wide exclusive scan.
+namespace td {
+// The cell count in the stats saturates at 2^61 (kCellsCap in transducer/layout.py), so lengths whose
+// products or sums overflow 64 bits are reported instead of wrapping into a plausible count.
+constexpr long long kCellsCap = 1ll << 61;
+__device__ __forceinline__ long long cells_of(long long T, long long U) {
+  if (T > 0 && U >= 0 && (double)T * ((double)U + 1.0) >= (double)kCellsCap) return kCellsCap;
+  return T * (U + 1);
+}
+__device__ __forceinline__ long long cells_add(long long a, long long b) {
+  return a + b >= kCellsCap ? kCellsCap : a + b;  // a, b <= kCellsCap: no overflow
+}
+}  // namespace td
+
 template <typename IT, typename IU, typename I, bool STATS>
 __global__ void __launch_bounds__(1024)
     layout_kernel(const IT* __restrict__ logit_lengths, const IU* __restrict__ target_lengths,
                   const I* __restrict__ targets, int target_cols, int B, int padded_t, int max_u1, int V, int blank,
                   long long* __restrict__ table) {
+  using namespace td;
   __shared__ long long warp_sums[32];
   __shared__ long long part[6][32];
   const long long kMax = 0x7fffffffffffffffll, kMin = -kMax - 1;
@@ -468,7 +498,7 @@ __global__ void __launch_bounds__(1024)
       v[1] = T > v[1] ? T : v[1];
       v[2] = U < v[2] ? U : v[2];
       v[3] = U > v[3] ? U : v[3];
-      v[4] += T * (U + 1);
+      v[4] = cells_add(v[4], cells_of(T, U));
     }
   }
   // exclusive scan of the per-thread cell counts: within the warp, then over the warp totals
@@ -514,7 +544,7 @@ __global__ void __launch_bounds__(1024)
   for (int k = 0; k < 6; ++k) {
     for (int o = 16; o > 0; o >>= 1) {
       const long long w = __shfl_xor_sync(0xffffffffu, v[k], o);
-      v[k] = k == 0 || k == 2 ? (w < v[k] ? w : v[k]) : k == 1 || k == 3 ? (w > v[k] ? w : v[k]) : v[k] + w;
+      v[k] = k == 0 || k == 2 ? (w < v[k] ? w : v[k]) : k == 1 || k == 3 ? (w > v[k] ? w : v[k]) : cells_add(v[k], w);
     }
     if (lane == 0) part[k][warp] = v[k];
   }
@@ -524,7 +554,7 @@ __global__ void __launch_bounds__(1024)
     long long acc = part[k][0];
     for (int w = 1; w < warps; ++w) {
       const long long x = part[k][w];
-      acc = k == 0 || k == 2 ? (x < acc ? x : acc) : k == 1 || k == 3 ? (x > acc ? x : acc) : acc + x;
+      acc = k == 0 || k == 2 ? (x < acc ? x : acc) : k == 1 || k == 3 ? (x > acc ? x : acc) : cells_add(acc, x);
     }
     stats[k] = acc;
   }
