@@ -333,9 +333,16 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
     if (is_beta) {
       // The RNA walk reads only the band, but a NaN log-probability anywhere in the grid (a non-finite
       // logit) makes the loss NaN, as it does in RNN-T, where every cell lies on some alignment.
+      // Only the cells are read (u <= U): padding rows hold unspecified values.
       bool nan_seen = false;
+      const FastDivmod cols = fast_divmod_for((unsigned int)(U + 1));
 #pragma unroll 1
-      for (int i = threadIdx.x; i < T * st; i += blockDim.x) nan_seen |= lp[2ll * (base + i)] != lp[2ll * (base + i)];
+      for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
+        int t, u;
+        cols.divmod(i, t, u);
+        const Acc x = lp[2ll * (base + (long long)t * st + u)];
+        nan_seen |= x != x;
+      }
       nan_seen = __syncthreads_or(nan_seen);
       Walk<Acc, 3>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
       if (nan_seen && threadIdx.x == 0) loss[b] = quiet_nan<Acc>();
