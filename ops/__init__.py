@@ -1,30 +1,27 @@
-"""ops: fast_divmod, gather, reduce (numpy/torch on CPU, CuPy kernels on GPU).
+"""ops: the primitives under the transducer loss: fast_divmod, gather, reduce (torch on CPU, CUDA kernels).
 
-- ``FastDivmod(d)``: division by invariant integers (Granlund-Montgomery); host
-  methods perform the exact 32-bit device arithmetic of ``fast_divmod.cuh``.
-- ``gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, ...)``
-  and ``sharded_gather``: numpy.take / tf.gather semantics.
+- ``FastDivmod(d)``: division by invariant integers (Granlund-Montgomery); the host methods perform
+  the exact 32-bit device arithmetic of ``fast_divmod.cuh``.
+- ``gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, ...)`` and
+  ``sharded_gather``: numpy.take / tf.gather semantics.
 - ``reduce(x, axis, op)``: sum / max / logsumexp over one axis.
-- ``cuda_include_dir()`` / ``CUDA_INCLUDE_DIR``: the directory holding
-  ``fast_divmod.cuh`` (pass ``-I`` + it to a CuPy RawModule).
+- dtype conventions: ``accumulate_dtype``, ``is_integer_dtype``, ``ctype``, ``FLOAT_DTYPES``,
+  ``INDEX_DTYPES``.
+- ``ops.cuda``: the one launch path of every kernel (``launch``, ``vector_width``, ...), and
+  ``cuda_include_dir()``, the ``-I`` folder of the device headers ``ops/numeric.cuh`` (types,
+  conversions, math), ``ops/reduce.cuh`` (sum / max / logsumexp states, warp and block merges) and
+  ``ops/fast_divmod.cuh``.
 """
 
-import os as _os
-
+from .cuda import cuda_include_dir
+from .dtypes import FLOAT_DTYPES, INDEX_DTYPES, accumulate_dtype, ctype, is_integer_dtype
 from .fast_divmod import FAST_DIVMOD_DTYPE, MAX_DIVISOR, MAX_NUMERATOR, FastDivmod
 from .gather import gather, sharded_gather
 from .reduce import REDUCE_OPS, reduce
 
-CUDA_INCLUDE_DIR = _os.path.dirname(_os.path.abspath(__file__))
-
-
-def cuda_include_dir() -> str:
-    """Directory holding fast_divmod.cuh, for ``-I`` in RawModule options."""
-    return CUDA_INCLUDE_DIR
-
-
 __all__ = [
     "FastDivmod", "FAST_DIVMOD_DTYPE", "MAX_DIVISOR", "MAX_NUMERATOR",
     "gather", "sharded_gather", "reduce", "REDUCE_OPS",
-    "cuda_include_dir", "CUDA_INCLUDE_DIR",
+    "accumulate_dtype", "is_integer_dtype", "ctype", "FLOAT_DTYPES", "INDEX_DTYPES",
+    "cuda_include_dir",
 ]

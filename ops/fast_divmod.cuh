@@ -13,8 +13,11 @@
 // numerators. Numerators >= 2^31 are out of range (the 32-bit add could wrap):
 // kernels whose flat indices may reach 2^31 must take a 64-bit path instead.
 //
-// Include with -I<ops dir> (see ops.cuda_include_dir()). Works under NVRTC
-// (no standard headers needed) and nvcc.
+// FastDivmod::make(d) computes the same constants on the device, for divisors known only there (the
+// transducer's per-utterance row strides).
+//
+// Include as "ops/fast_divmod.cuh" with -I<the folder holding the packages> (ops.cuda_include_dir()).
+// Works under NVRTC (no standard headers needed) and nvcc.
 #pragma once
 
 #if defined(__CUDACC_RTC__)
@@ -27,6 +30,24 @@ struct FastDivmod {
   uint32_t d;  // divisor
   uint32_t m;  // magic multiplier m'
   uint32_t l;  // shift, ceil(log2 d)
+
+  // The constants for 1 <= d <= 2^31, on the device: m's quotient comes from a correctly rounded
+  // double reciprocal, fixed by one exact integer remainder test (the estimate is within 1 of the
+  // true quotient, which is < 2^32): no integer division.
+  __device__ __forceinline__ static FastDivmod make(uint32_t d) {
+    FastDivmod f;
+    f.d = d;
+    f.l = 32 - __clz(d - 1);  // __clz(0) == 32: l = 0 for d == 1
+    const long long num = (long long)(((1ull << f.l) - d) << 32);  // < 2^63
+    long long q = (long long)((double)num * __drcp_rn((double)d));
+    const long long rem = num - q * (long long)d;
+    if (rem < 0)
+      --q;
+    else if (rem >= (long long)d)
+      ++q;
+    f.m = (uint32_t)(q + 1);
+    return f;
+  }
 
   __device__ __forceinline__ uint32_t div(uint32_t n) const {
     return (__umulhi(m, n) + n) >> l;
@@ -48,10 +69,3 @@ struct FastDivmod {
     r = (int)ur;
   }
 };
-
-// Free-function spellings, for C-style callers.
-__device__ __forceinline__ uint32_t fast_div(const FastDivmod& f, uint32_t n) { return f.div(n); }
-__device__ __forceinline__ uint32_t fast_mod(const FastDivmod& f, uint32_t n) { return f.mod(n); }
-__device__ __forceinline__ void fast_divmod(const FastDivmod& f, uint32_t n, uint32_t& q, uint32_t& r) {
-  f.divmod(n, q, r);
-}

@@ -24,10 +24,13 @@ code cannot do, and is rejected. The restriction n < 2^31 keeps the 32-bit sum
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
 import torch
+
+from .dtypes import is_integer_dtype
 
 __all__ = ["FastDivmod", "FAST_DIVMOD_DTYPE", "MAX_DIVISOR", "MAX_NUMERATOR"]
 
@@ -38,16 +41,20 @@ MAX_DIVISOR = 1 << 31
 MAX_NUMERATOR = 1 << 31
 
 
-def _constants(d: int) -> tuple[int, int]:
-    l = (d - 1).bit_length()  # ceil(log2 d); 0 for d == 1
-    m = ((1 << 32) * ((1 << l) - d)) // d + 1
+def _constants(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(m, l) as int64 arrays for int64 divisors 1 <= d <= 2^31: the one computation of the constants."""
+    # l = ceil(log2 d): the exponent of (d - 1) in frexp, exact for d <= 2^31; 0 for d == 1
+    l = np.where(d > 1, np.frexp((d - 1).astype(np.float64))[1], 0).astype(np.int64)
+    # m = floor(2^32 (2^l - d) / d) + 1; 2^32 * (2^l - d) < 2^63 since 2^l - d < d <= 2^31
+    m = ((np.int64(1) << 32) * ((np.int64(1) << l) - d)) // d + 1
     return m, l
 
 
-def _is_int_dtype(dtype) -> bool:
-    if isinstance(dtype, torch.dtype):
-        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-    return np.issubdtype(dtype, np.integer)
+@functools.lru_cache(maxsize=4096)
+def _scalar_constants(d: int) -> tuple[int, int]:
+    """``_constants`` of one divisor, as Python ints; memoised, since launchers build one per launch."""
+    m, l = _constants(np.array([d], dtype=np.int64))
+    return int(m[0]), int(l[0])
 
 
 class FastDivmod:
@@ -70,7 +77,7 @@ class FastDivmod:
         self._cache = {}
         if isinstance(d, torch.Tensor) or isinstance(d, np.ndarray):
             arr = d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d
-            if not _is_int_dtype(arr.dtype):
+            if not is_integer_dtype(arr.dtype):
                 raise TypeError(f"d must hold integers, got dtype {arr.dtype}")
             if arr.ndim == 0:
                 self.__init__(int(arr))
@@ -81,10 +88,7 @@ class FastDivmod:
             if a.size and (a.min() < 1 or a.max() > MAX_DIVISOR):
                 bad = a[(a < 1) | (a > MAX_DIVISOR)][0]
                 raise ValueError(f"d must satisfy 1 <= d <= 2^31, got {int(bad)}")
-            # l = ceil(log2 d): exact for d <= 2^31 through frexp of (d - 1)
-            l = np.where(a > 1, np.frexp((a - 1).astype(np.float64))[1], 0).astype(np.int64)
-            # m = floor(2^32 (2^l - d) / d) + 1; 2^32 * (2^l - d) < 2^63 since 2^l - d < 2^31
-            m = ((np.int64(1) << 32) * ((np.int64(1) << l) - a)) // a + 1
+            m, l = _constants(a)
             self.d = a.astype(np.uint32)
             self.m = m.astype(np.uint32)
             self.l = l.astype(np.uint32)
@@ -95,7 +99,7 @@ class FastDivmod:
         d = int(d)
         if not 1 <= d <= MAX_DIVISOR:
             raise ValueError(f"d must satisfy 1 <= d <= 2^31, got {d}")
-        self.m, self.l = _constants(d)
+        self.m, self.l = _scalar_constants(d)
         self.d = d
         self._vector = False
 
@@ -155,13 +159,13 @@ class FastDivmod:
     @staticmethod
     def _as_int64(n):
         if isinstance(n, torch.Tensor):
-            if not _is_int_dtype(n.dtype):
+            if not is_integer_dtype(n.dtype):
                 raise TypeError(f"n must hold integers, got dtype {n.dtype}")
             return n.to(torch.int64), "torch"
         if isinstance(n, numbers.Integral) and not isinstance(n, bool):
             return np.int64(n), "int"
         arr = np.asarray(n)
-        if not _is_int_dtype(arr.dtype):
+        if not is_integer_dtype(arr.dtype):
             raise TypeError(f"n must hold integers, got dtype {arr.dtype}")
         return arr.astype(np.int64), "numpy"
 

@@ -12,16 +12,21 @@ Everything is flattened to
     indices (B, I)         I = prod(indices.shape[bd:])
     out     (B, O, I, K)   out[b, o, i, k] = params[b, o, indices[b, i], k]
 
-and a flat output position is split into (b, o, i, k) with FastDivmod (seeds 000,
-002). On CPU the split is done per output *row* (b, o, i) and whole K-rows are
-copied (vectorised torch/numpy, no Python loop over elements); the CUDA kernel
-(gather.cu) splits per output element, in 16-byte vectors where K allows.
+and a flat output position is split into (b, o, i, k) with FastDivmod, as ONNX
+Runtime's Gather splits its flat index with ``fast_divmod``
+(onnxruntime/core/providers/cuda/tensor/gather_impl.cu). On CPU the split is done
+per output *row* (b, o, i) and whole K-rows are copied (vectorised torch/numpy, no
+Python loop over elements); the CUDA kernel (gather.cu) splits per output word,
+in 16-byte words where the row's bytes allow (OneFlow's gather primitive moves
+rows the same way: oneflow/user/kernels/gather_kernel_util.cu).
 
 Indices: negative values wrap (idx + G); values outside [-G, G) raise
 ``IndexError`` naming ``indices`` (the check costs one host sync for CUDA
 tensors); with ``check_bounds=False`` they produce zeros instead (no sync).
 
-Sharded variant (seed 002, params split along ``axis``): pass
+Sharded variant (params split along ``axis``, OneFlow's gather of a tensor split
+along the gathered axis, whose kernel takes the shard's ``offset`` and writes zeros
+for indices outside the shard; the partial results are then summed): pass
 ``shard_offset=k``; params then holds rows [k, k + params.shape[axis]) of the
 full tensor along ``axis``, indices are *global*, and every index outside the
 shard gives 0, so summing the results of all shards gives the full gather.
@@ -34,16 +39,14 @@ when it is given, and are an error otherwise; with ``full_size`` given and
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import torch
 
-from .fast_divmod import FastDivmod, MAX_NUMERATOR
+from .dtypes import is_integer_dtype
+from .fast_divmod import MAX_NUMERATOR, FastDivmod
 
 __all__ = ["gather", "sharded_gather"]
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _Plan:
@@ -87,9 +90,7 @@ def _plan(pshape, ishape, axis, batch_dims) -> _Plan:
 
 
 def _check_index_dtype(dtype):
-    ok = (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool) if isinstance(
-        dtype, torch.dtype) else np.issubdtype(dtype, np.integer)
-    if not ok:
+    if not is_integer_dtype(dtype):
         raise TypeError(f"indices must hold integers, got dtype {dtype}")
 
 

@@ -3,9 +3,10 @@
 The input is seen as (outer, R, inner) with R = x.shape[axis]:
 - axis = last (inner == 1): one warp per row on CUDA (one block, or several
   blocks plus a combine pass, for long rows) -- the transducer's ``den``;
-- axis = 0 (outer == 1, "reduce the highest axis" with the rest flattened,
-  seed 001): tiles of 32 inner columns x 8 row-slices per block, R split
-  across blocks when the grid would otherwise be too small;
+- axis = 0 (outer == 1, the highest axis reduced with the rest flattened: the
+  case of Paddle's ReduceHigherDimKernel, paddle/phi/kernels/funcs/reduce_function.h):
+  tiles of 32 inner columns x 8 row-slices per block, R split across blocks when
+  the grid would otherwise be too small;
 - anything else: the same tiled kernel with an outer grid dimension.
 
 Dtypes: float16 / bfloat16 accumulate in float32 and return float32; float32
@@ -20,14 +21,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .dtypes import FLOAT_DTYPES, accumulate_dtype
+
 __all__ = ["reduce", "REDUCE_OPS"]
 
 REDUCE_OPS = ("sum", "max", "logsumexp")
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def reduce(x, axis, op, *, keepdim=False, out=None):
@@ -48,7 +46,7 @@ def reduce(x, axis, op, *, keepdim=False, out=None):
         if not xn.flags.c_contiguous and not xn.flags.f_contiguous:
             xn = np.ascontiguousarray(xn)
         x = torch.from_numpy(xn)
-    if x.dtype not in _FLOATS:
+    if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, bfloat16, float32 or float64, got dtype {x.dtype}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension")
@@ -58,7 +56,7 @@ def reduce(x, axis, op, *, keepdim=False, out=None):
     a = int(axis) + nd if axis < 0 else int(axis)
     if not 0 <= a < nd:
         raise ValueError(f"axis={axis} out of range for x of rank {nd}")
-    acc = _acc_dtype(x.dtype)
+    acc = accumulate_dtype(x.dtype)
     res_shape = list(x.shape)
     if keepdim:
         res_shape[a] = 1

@@ -13,16 +13,17 @@ No host synchronisation: everything is sized from shapes.
 
 from __future__ import annotations
 
+import math
 import os
 
-import numpy as np
 import torch
 
-from . import _cuda
+from .cuda import ceil_div, i32, i64, launch, num_sms
+from .dtypes import accumulate_dtype, ctype
 from .fast_divmod import FastDivmod
 
-_CU = os.path.join(_cuda.OPS_DIR, "reduce.cu")
-_TSUF = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
+_CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reduce.cu")
+_OPS = {"sum": "ops::kSum", "max": "ops::kMax", "logsumexp": "ops::kLogSumExp"}  # ops/reduce.cuh
 _THREADS = 256
 _MIN_PER_THREAD = 16  # don't split R below this many elements per thread
 
@@ -35,47 +36,41 @@ def _splits_for(base_blocks: int, R: int, threads_on_R: int, sms: int):
     target = 4 * sms
     if base_blocks >= target:
         return 1, R
-    want = _cuda.ceil_div(target, base_blocks)
+    want = ceil_div(target, base_blocks)
     cap = max(1, R // (threads_on_R * _MIN_PER_THREAD))
     splits = max(1, min(want, cap, 65535))
-    chunk = _cuda.ceil_div(R, splits)
-    splits = _cuda.ceil_div(R, chunk) if R else 1
+    chunk = ceil_div(R, splits)
+    splits = ceil_div(R, chunk) if R else 1
     return splits, chunk
 
 
 def reduce_cuda(x: torch.Tensor, axis: int, op: str, res_shape, out):
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulate_dtype(x.dtype)
     if out is None:
         out = torch.empty(res_shape, dtype=acc, device=x.device)
     elif not out.is_contiguous():
         raise ValueError("out must be contiguous")
     if out.numel() == 0:
         return out
-    shape = x.shape
-    R = int(shape[axis])
-    outer = 1
-    for s in shape[:axis]:
-        outer *= int(s)
-    inner = 1
-    for s in shape[axis + 1:]:
-        inner *= int(s)
+    R = int(x.shape[axis])
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1:])
     if R == 0:
         out.fill_(0.0 if op == "sum" else float("-inf"))
         return out
     x = x.contiguous()
     n_out = outer * inner
-    tsuf = _TSUF[x.dtype]
-    asuf = "f64" if acc == torch.float64 else "f32"
-    sms = _cuda.num_sms(x)
+    kernel_args = f"{_OPS[op]}, {ctype(x.dtype)}"
+    sms = num_sms(x)
     if inner == 1:
         tpr = 32 if R <= 1024 else _THREADS
         rows_per_block = _THREADS // tpr
-        base = _cuda.ceil_div(outer, rows_per_block)
+        base = ceil_div(outer, rows_per_block)
         splits, chunk = _splits_for(base, R, tpr, sms)
     else:
         bx = min(32, _next_pow2(inner))
         by = _THREADS // bx
-        tiles = _cuda.ceil_div(inner, bx)
+        tiles = ceil_div(inner, bx)
         base = outer * tiles
         splits, chunk = _splits_for(base, R, by, sms)
     if splits > 1:
@@ -85,20 +80,18 @@ def reduce_cuda(x: torch.Tensor, axis: int, op: str, res_shape, out):
     else:
         dst, dst_s = out, out  # ws_s unused when splits == 1
     if inner == 1:
-        grid = _cuda.ceil_div(outer * splits, rows_per_block)
-        _cuda.launch(_CU, f"reduce_rows_{op}_{tsuf}", x, (grid,), (_THREADS,), (
-            _cuda.ptr(x), _cuda.ptr(dst), _cuda.ptr(dst_s), np.int64(outer), np.int64(R),
-            np.int32(tpr), np.int32(splits), np.int64(chunk)))
+        launch(_CU, f"reduce_rows<{kernel_args}>", x, (ceil_div(outer * splits, rows_per_block),), (_THREADS,),
+               (x, dst, dst_s, i64(outer), i64(R), i32(tpr), i32(splits), i64(chunk)))
     else:
         if base >= 2 ** 31:
             raise ValueError(f"x too large for reduce over axis {axis}: {base} blocks")
-        state_bytes = 16 if acc == torch.float64 else 8
-        _cuda.launch(_CU, f"reduce_mid_{op}_{tsuf}", x, (base, splits), (bx, by), (
-            _cuda.ptr(x), _cuda.ptr(dst), _cuda.ptr(dst_s), np.int64(outer), np.int64(R),
-            np.int64(inner), FastDivmod(tiles).as_struct(), np.int32(splits), np.int64(chunk)),
-            shared_mem=bx * by * state_bytes)
+        state_bytes = 2 * acc.itemsize  # ops::ReduceState<A>: (m, s)
+        launch(_CU, f"reduce_mid<{kernel_args}>", x, (base, splits), (bx, by),
+               (x, dst, dst_s, i64(outer), i64(R), i64(inner), FastDivmod(tiles).as_struct(), i32(splits),
+                i64(chunk)),
+               shared_mem=bx * by * state_bytes)
     if splits > 1:
-        grid = min(_cuda.ceil_div(n_out, _THREADS), sms * 32)
-        _cuda.launch(_CU, f"reduce_finalize_{op}_{asuf}", x, (grid,), (_THREADS,), (
-            _cuda.ptr(ws_m), _cuda.ptr(ws_s), _cuda.ptr(out), np.int64(n_out), np.int32(splits)))
+        grid = min(ceil_div(n_out, _THREADS), sms * 32)
+        launch(_CU, f"reduce_finalize<{_OPS[op]}, {ctype(acc)}>", x, (grid,), (_THREADS,),
+               (ws_m, ws_s, out, i64(n_out), i32(splits)))
     return out

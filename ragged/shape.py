@@ -18,13 +18,13 @@ import numbers
 import numpy as np
 import torch
 
-__all__ = ["row_splits_to_row_ids", "row_ids_to_row_splits", "RaggedShape"]
+from ops import is_integer_dtype
 
+__all__ = ["row_splits_to_row_ids", "row_ids_to_row_splits", "RaggedShape", "ROW_IDS_METHODS"]
 
-def _is_int_dtype(dtype) -> bool:
-    if isinstance(dtype, torch.dtype):
-        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-    return np.issubdtype(dtype, np.integer)
+#: The CUDA kernels of row_splits_to_row_ids (ragged/ragged.cu): one binary search per element, or
+#: moderngpu's merge-path load-balancing search.
+ROW_IDS_METHODS = ("binary_search", "merge_path")
 
 
 def _as_1d_int(x, name):
@@ -34,7 +34,7 @@ def _as_1d_int(x, name):
         t = np.asarray(x)
         if t.dtype == object:
             raise TypeError(f"{name} must be an integer array")
-    if not _is_int_dtype(t.dtype):
+    if not is_integer_dtype(t.dtype):
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
     if t.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
@@ -43,7 +43,7 @@ def _as_1d_int(x, name):
 
 def _check_int(v, name):
     if isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)):
-        if isinstance(v, torch.Tensor) and v.numel() == 1 and _is_int_dtype(v.dtype):
+        if isinstance(v, torch.Tensor) and v.numel() == 1 and is_integer_dtype(v.dtype):
             return int(v)
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     v = int(v)
@@ -71,14 +71,18 @@ def _validate_row_splits(row_splits, name="row_splits"):
         raise ValueError(f"{name} must be nondecreasing")
 
 
-def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=True):
+def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=True, method=None):
     """row_ids (num_elems,) from row_splits (num_rows + 1,).
 
     ``num_elems`` defaults to ``row_splits[-1]`` (a host read, i.e. a sync for CUDA
     tensors); pass it when known to keep CUDA fully asynchronous. Output dtype:
     ``dtype`` if given (torch dtype for tensors, numpy dtype for arrays), else
-    row_splits' dtype. ``validate=False`` skips the CPU checks.
+    row_splits' dtype. ``validate=False`` skips the CPU checks. ``method``: the CUDA
+    kernel, one of ``ROW_IDS_METHODS`` or None for the measured default
+    (``ragged.ragged_cuda.DEFAULT_METHOD``); checked on every device, used on CUDA only.
     """
+    if method is not None and method not in ROW_IDS_METHODS:
+        raise ValueError(f"method must be one of {ROW_IDS_METHODS} or None, got {method!r}")
     row_splits = _as_1d_int(row_splits, "row_splits")
     is_torch = isinstance(row_splits, torch.Tensor)
     if validate:
@@ -96,11 +100,11 @@ def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=Tr
                 raise ValueError(f"num_elems={num_elems} does not match row_splits[-1]={last}")
     if is_torch:
         out_dtype = row_splits.dtype if dtype is None else dtype
-        if not isinstance(out_dtype, torch.dtype) or not _is_int_dtype(out_dtype):
+        if not isinstance(out_dtype, torch.dtype) or not is_integer_dtype(out_dtype):
             raise TypeError(f"dtype must be a torch integer dtype, got {dtype}")
         if row_splits.is_cuda:
             from .ragged_cuda import row_splits_to_row_ids_cuda
-            return row_splits_to_row_ids_cuda(row_splits, num_elems, out_dtype)
+            return row_splits_to_row_ids_cuda(row_splits, num_elems, out_dtype, method)
         sizes = row_splits[1:] - row_splits[:-1]
         ids = torch.arange(num_rows, dtype=out_dtype)
         return torch.repeat_interleave(ids, sizes, output_size=num_elems)
@@ -123,7 +127,7 @@ def row_ids_to_row_splits(row_ids, num_rows, *, dtype=None, validate=True):
     n = row_ids.shape[0]
     if is_torch:
         out_dtype = row_ids.dtype if dtype is None else dtype
-        if not isinstance(out_dtype, torch.dtype) or not _is_int_dtype(out_dtype):
+        if not isinstance(out_dtype, torch.dtype) or not is_integer_dtype(out_dtype):
             raise TypeError(f"dtype must be a torch integer dtype, got {dtype}")
     else:
         out_dtype = row_ids.dtype if dtype is None else np.dtype(dtype)

@@ -14,7 +14,7 @@ from _batches import compact
 from _imports import require
 from transducer import TransducerLoss, cpu, pack, transducer_loss, transducer_loss_reference
 from transducer.layout import Layout
-from transducer.loss import make_layout
+from transducer.library import make_layout
 
 pytestmark = pytest.mark.cuda
 

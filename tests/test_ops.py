@@ -355,74 +355,21 @@ def test_reduce_errors():
 
 
 def test_cuda_include_dir_has_header():
+    """Kernels include "ops/fast_divmod.cuh", "ragged/row_ids.cuh", ... from the folder holding the packages."""
     import os
-    assert os.path.isfile(os.path.join(ops.cuda_include_dir(), "fast_divmod.cuh"))
+    root = ops.cuda_include_dir()
+    for header in ("ops/fast_divmod.cuh", "ops/numeric.cuh", "ops/reduce.cuh", "ragged/row_ids.cuh"):
+        assert os.path.isfile(os.path.join(root, header)), header
 
 
-# ------------------------------------------- CUDA launchers on a CPU model of the kernels
-# tests/_kernel_emulator.py re-implements gather.cu / reduce.cu per thread in numpy, so the
-# launch code (grids, argument order, numpy scalar types, word widths, split-R plans)
-# and the kernels' index math run in CI without a GPU. The real kernels: test_ops_cuda.py.
-@pytest.fixture
-def emulated(monkeypatch):
-    import _kernel_emulator
-    _kernel_emulator.install(monkeypatch)
-    return _kernel_emulator
-
-
-def test_gather_launcher_emulated(emulated):
-    from ops.gather import _plan
-    from ops.gather_cuda import gather_cuda
-    rng = np.random.default_rng(0)
-    gen = torch.Generator().manual_seed(0)
-    for dtype in (torch.float16, torch.float32, torch.float64, torch.int32, torch.uint8):
-        for _ in range(6):
-            ndim = int(rng.integers(1, 5))
-            bd = int(rng.integers(0, ndim))
-            axis = int(rng.integers(bd, ndim))
-            pshape = tuple(int(x) for x in rng.integers(1, 7, ndim))
-            ishape = pshape[:bd] + tuple(int(x) for x in rng.integers(1, 5, int(rng.integers(0, 3))))
-            G = pshape[axis]
-            p = (torch.randn(pshape, generator=gen) * 100).to(dtype)
-            idx = torch.from_numpy(rng.integers(-G, G, ishape))
-            for it in (torch.int32, torch.int64):
-                plan = _plan(pshape, ishape, axis, bd)
-                got = gather_cuda(p, idx.to(it), plan, 0, plan.G, None)
-                assert torch.equal(got, ops.gather(p, idx, axis=axis, batch_dims=bd))
-    for K in (1, 3, 4, 8, 17, 64):
-        p = torch.randn(3, 13, K, generator=gen)
-        flat = torch.randn(3 * 13 * K + 1, generator=gen)
-        for src in (p, flat[1:].view(3, 13, K)):  # aligned (16-byte words) and misaligned
-            idx = torch.randint(-13, 13, (5, 2), generator=gen)
-            plan = _plan(src.shape, idx.shape, 1, 0)
-            out = torch.full((3 * 5 * 2 * K + 1,), math.nan)[1:].view(3, 5, 2, K)
-            gather_cuda(src, idx, plan, 0, plan.G, out)
-            assert torch.equal(out, ops.gather(src, idx, axis=1))
-    # sharded: sum over shards == full
-    p = torch.randn(4, 10, 8, generator=gen)
-    idx = torch.randint(-10, 10, (4, 7), generator=gen)
-    total = torch.zeros(4, 7, 8)
-    for lo, hi in [(0, 3), (3, 9), (9, 10)]:
-        shard = p[:, lo:hi].contiguous()
-        total += gather_cuda(shard, idx, _plan(shard.shape, idx.shape, 1, 1), lo, 10, None)
-    assert torch.equal(total, ops.gather(p, idx, axis=1, batch_dims=1))
-
-
-@pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
-def test_reduce_launcher_emulated(emulated, op):
-    from ops.reduce_cuda import reduce_cuda
-    gen = torch.Generator().manual_seed(1)
-    # warp rows, block rows, split rows (+ finalize), tiled mid/highest axis, split mid
-    cases = [((5, 33), 1), ((3, 1500), 1), ((1, 40000), 1), ((64, 40, 33), 1), ((20000, 3), 0),
-             ((4, 7, 2), 2), ((2, 3, 4, 5), 0), ((9, 1), 0)]
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        for shape, axis in cases:
-            x = (torch.randn(shape, generator=gen) * 3).to(dtype)
-            if op != "sum" and shape[0] > 1:
-                x[0] = -math.inf  # all -inf slices (rows or columns)
-            res_shape = tuple(s for i, s in enumerate(shape) if i != axis)
-            got = reduce_cuda(x, axis, op, res_shape, None)
-            ref = ops.reduce(x, axis, op)
-            tol = 1e-10 if dtype == torch.float64 else 1e-5
-            atol = tol * (30 * math.sqrt(shape[axis]) if op == "sum" else 1)
-            torch.testing.assert_close(got, ref, rtol=tol, atol=atol)
+def test_dtype_helpers():
+    for dt in ops.FLOAT_DTYPES:
+        assert ops.accumulate_dtype(dt) == (torch.float64 if dt == torch.float64 else torch.float32)
+    assert [ops.ctype(dt) for dt in ops.FLOAT_DTYPES + ops.INDEX_DTYPES] == [
+        "ops::half_t", "ops::bf16_t", "float", "double", "int", "long long"]
+    with pytest.raises(TypeError, match="dtype"):
+        ops.ctype(torch.bool)
+    for dt in (torch.int8, torch.uint8, torch.int32, torch.int64, np.int16, np.uint32, np.dtype("int64")):
+        assert ops.is_integer_dtype(dt)
+    for dt in (torch.bool, torch.float32, torch.complex64, np.float64, np.bool_):
+        assert not ops.is_integer_dtype(dt)

@@ -107,6 +107,22 @@ def test_gather_empty_cuda():
     assert tuple(ops.gather(p, torch.zeros(0, dtype=torch.int64, device=DEV), axis=1).shape) == (3, 0)
 
 
+def test_gather_over_2_31_words():
+    """More than 2^31 output words (1-byte words: rows of an odd number of bytes) take gather_big_kernel."""
+    K = (1 << 29) + 1
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    p = torch.randint(0, 256, (4, K), dtype=torch.uint8, device=DEV, generator=gen)
+    idx = torch.tensor([3, -1, 0, 2, -4], device=DEV)
+    got = ops.gather(p, idx, axis=0)
+    assert got.shape == (5, K) and got.numel() >= 1 << 31
+    assert torch.equal(got, p[[3, 3, 0, 2, 0]])
+    del got
+    total = torch.zeros(5, K, dtype=torch.uint8, device=DEV)  # shards of 2 and 2 rows sum to the gather
+    for lo in (0, 2):
+        total += ops.sharded_gather(p[lo:lo + 2], idx, 0, lo, full_size=4)
+    assert torch.equal(total, p[[3, 3, 0, 2, 0]])
+
+
 # -------------------------------------------------------------------- reduce
 @pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -160,24 +176,116 @@ def test_reduce_empty_axis_cuda():
 
 
 # -------------------------------------------------------------------- ragged
-@pytest.mark.parametrize("seed", range(5))
-def test_ragged_kernels_match_cpu(seed):
+METHODS = ragged.ROW_IDS_METHODS
+INDEX = [torch.int32, torch.int64]
+
+
+def _sizes(rng, num_rows, num_elems, empty=0.3):
+    """Random row sizes summing to num_elems, a fraction ``empty`` of the rows (at least) empty."""
+    sizes = np.zeros(num_rows, dtype=np.int64)
+    full = np.flatnonzero(rng.random(num_rows) >= empty)
+    if full.size == 0:
+        full = rng.integers(0, num_rows, 1)
+    sizes[full] = rng.multinomial(num_elems, np.full(full.size, 1.0 / full.size))
+    return sizes
+
+
+def _splits(sizes, dtype):
+    return torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)])).to(dtype)
+
+
+def _poison(n, dtype):
+    """Fill and free a block of n elements: torch's caching allocator hands it to the next allocation
+    of that size, so an element a kernel fails to write holds -7, not a right answer left behind by
+    an earlier call."""
+    torch.full((n,), -7, dtype=dtype, device=DEV)
+
+
+def _row_ids(rs, n, dtype, method):
+    _poison(n, dtype)
+    return ragged.row_splits_to_row_ids(rs, n, dtype=dtype, method=method)
+
+
+def _check_row_ids(rs, method):
+    """Both output dtypes against the CPU (repeat_interleave), and the way back to row_splits."""
+    n, num_rows = int(rs[-1]), rs.numel() - 1
+    rs_dev = rs.to(DEV)
+    for odt in INDEX:
+        ref = ragged.row_splits_to_row_ids(rs, n, dtype=odt)
+        got = _row_ids(rs_dev, n, odt, method)
+        assert got.device.type == "cuda" and got.dtype == odt and got.shape == (n,)
+        assert torch.equal(got.cpu(), ref), (method, num_rows, n, rs.dtype, odt)
+        _poison(num_rows + 1, rs.dtype)
+        back = ragged.row_ids_to_row_splits(got, num_rows, dtype=rs.dtype)
+        assert back.dtype == rs.dtype and torch.equal(back.cpu(), rs)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("seed", range(3))
+def test_row_ids_random_with_empty_rows(method, seed):
+    """Empty first and last rows, runs of empty rows (some longer than a 1024-step tile), int32/int64."""
     rng = np.random.default_rng(seed)
     for num_rows in (1, 2, 17, 1000, 30000):
-        sizes = rng.integers(0, 50, num_rows)
+        sizes = rng.integers(1, 50, num_rows)
         sizes[rng.random(num_rows) < 0.3] = 0
-        sizes[0] = 0
-        sizes[-1] = 0
-        for sdt in (torch.int32, torch.int64):
-            rs = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)])).to(sdt)
-            n = int(rs[-1])
-            for odt in (torch.int32, torch.int64):
-                ref = ragged.row_splits_to_row_ids(rs, n, dtype=odt)
-                got = ragged.row_splits_to_row_ids(rs.to(DEV), n, dtype=odt)
-                assert got.dtype == odt and torch.equal(got.cpu(), ref)
-                back = ragged.row_ids_to_row_splits(got, num_rows, dtype=sdt)
-                assert back.dtype == sdt and torch.equal(back.cpu(), rs)
-            assert torch.equal(ragged.row_splits_to_row_ids(rs.to(DEV)).cpu(), ragged.row_splits_to_row_ids(rs))
+        sizes[0] = sizes[-1] = 0
+        for run in (3, 1500):  # a run of empty rows somewhere
+            if num_rows > run:
+                start = int(rng.integers(0, num_rows - run))
+                sizes[start:start + run] = 0
+        for sdt in INDEX:
+            _check_row_ids(_splits(sizes, sdt), method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_row_ids_single_row_and_no_elements(method):
+    rng = np.random.default_rng(7)
+    for n in (1, 5, 1023, 1024, 1025, 4097, int(rng.integers(10000, 100000))):
+        for sdt in INDEX:
+            _check_row_ids(torch.tensor([0, n], dtype=sdt), method)
+    for num_rows in (0, 1, 3, 5000):  # num_elems == 0: every row empty
+        for sdt in INDEX:
+            rs = torch.zeros(num_rows + 1, dtype=sdt, device=DEV)
+            for odt in INDEX:
+                ids = ragged.row_splits_to_row_ids(rs, 0, dtype=odt, method=method)
+                assert ids.dtype == odt and ids.shape == (0,)
+                _poison(num_rows + 1, sdt)
+                back = ragged.row_ids_to_row_splits(ids, num_rows, dtype=sdt)
+                assert back.cpu().tolist() == [0] * (num_rows + 1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_row_ids_tile_boundaries(method):
+    """num_elems + num_rows - 1 (the merge's steps) around multiples of the 1024-step tile."""
+    rng = np.random.default_rng(11)
+    for steps in (1023, 1024, 1025, 2047, 2048, 2049, 10 * 1024 - 1, 10 * 1024, 10 * 1024 + 1):
+        for num_rows in (1, 2, 7, 300, 1024, steps):
+            num_elems = steps - num_rows + 1
+            if num_elems < 1:
+                continue
+            sizes = _sizes(rng, num_rows, num_elems)
+            for sdt in INDEX:
+                _check_row_ids(_splits(sizes, sdt), method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_row_ids_large(method):
+    """The transducer's scale: 10^7 rows of logits (elements) in 10^4 utterances (rows)."""
+    rng = np.random.default_rng(13)
+    sizes = _sizes(rng, 10_000, 10_000_000, empty=0.05)
+    for sdt in INDEX:
+        _check_row_ids(_splits(sizes, sdt), method)
+
+
+def test_row_ids_methods_agree_on_many_rows():
+    """Many rows, few elements each (the merge's row starts outnumber its elements)."""
+    rng = np.random.default_rng(17)
+    sizes = _sizes(rng, 2_000_000, 1_000_000, empty=0.5)
+    rs = _splits(sizes, torch.int64).to(DEV)
+    ref = ragged.row_splits_to_row_ids(rs.cpu(), int(rs[-1]), dtype=torch.int32)
+    for method in METHODS:
+        got = _row_ids(rs, ref.numel(), torch.int32, method)
+        assert torch.equal(got.cpu(), ref), method
 
 
 def test_ragged_all_empty_and_shape_cuda():
@@ -204,14 +312,18 @@ def test_runs_on_current_stream_and_graph_capture():
     assert torch.equal(g[:, 0], x[torch.arange(10, device=DEV), ids.long()])
     # CUDA graph capture: no host sync when num_elems / check_bounds=False are used
     static_x = torch.randn(64, 500, device=DEV)
+    static_rs = torch.tensor([0, 3, 3, 10], device=DEV)
     ops.reduce(static_x, -1, "logsumexp")  # warm up / compile outside capture
-    ragged.row_splits_to_row_ids(rs, 10, dtype=torch.int32)
+    for method in METHODS:
+        ragged.row_splits_to_row_ids(static_rs, 10, dtype=torch.int32, method=method)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         glse = ops.reduce(static_x, -1, "logsumexp")
-        gids = ragged.row_splits_to_row_ids(rs, 10, dtype=torch.int32)
+        gids = [ragged.row_splits_to_row_ids(static_rs, 10, dtype=torch.int32, method=m) for m in METHODS]
     static_x.copy_(torch.randn(64, 500, device=DEV))
+    static_rs.copy_(torch.tensor([0, 0, 6, 10]))
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(glse, torch.logsumexp(static_x, -1), rtol=1e-5, atol=1e-5)
-    assert gids.cpu().tolist() == [0, 0, 0, 2, 2, 2, 2, 2, 2, 2]
+    for g in gids:
+        assert g.cpu().tolist() == [1, 1, 1, 1, 1, 1, 2, 2, 2, 2]

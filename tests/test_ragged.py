@@ -111,21 +111,11 @@ def test_large_fast():
     assert torch.equal(ids.long(), ref)
 
 
-def test_ragged_launchers_emulated(monkeypatch):
-    """ragged_cuda's launch code against a CPU model of ragged.cu (see tests/_kernel_emulator.py)."""
-    import _kernel_emulator
-    from ragged.ragged_cuda import row_ids_to_row_splits_cuda, row_splits_to_row_ids_cuda
-    _kernel_emulator.install(monkeypatch)
-    rng = np.random.default_rng(0)
-    for num_rows in (1, 2, 17, 1000):
-        sizes = rng.integers(0, 20, num_rows)
-        sizes[rng.random(num_rows) < 0.3] = 0
-        sizes[0] = sizes[-1] = 0
-        for sdt in (torch.int32, torch.int64):
-            rs = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)])).to(sdt)
-            n = int(rs[-1])
-            for odt in (torch.int32, torch.int64):
-                ids = row_splits_to_row_ids_cuda(rs, n, odt)
-                assert ids.dtype == odt and torch.equal(ids, ragged.row_splits_to_row_ids(rs, n, dtype=odt))
-                back = row_ids_to_row_splits_cuda(ids, num_rows, sdt)
-                assert back.dtype == sdt and torch.equal(back, rs)
+def test_method_is_checked_on_every_device():
+    rs = np.array([0, 2, 2, 5])
+    for method in (None, "binary_search", "merge_path"):  # CPU results do not depend on it
+        np.testing.assert_array_equal(ragged.row_splits_to_row_ids(rs, method=method), [0, 0, 2, 2, 2])
+    assert ragged.ROW_IDS_METHODS == ("binary_search", "merge_path")
+    for bad in ("merge", "", 1):
+        with pytest.raises(ValueError, match="method"):
+            ragged.row_splits_to_row_ids(torch.from_numpy(rs), 5, method=bad)

@@ -286,10 +286,10 @@ def test_pack_bad_input():
 def test_cuda_without_cupy_names_the_extra(monkeypatch):
     import sys
 
-    from ops import _cuda
+    import ops.cuda
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail, as on a machine without it
     with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
-        _cuda.cupy()
+        ops.cuda.cupy()
     import transducer.cuda  # noqa: F401  importing the CUDA stages never needs CuPy
 
 

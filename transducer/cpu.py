@@ -10,24 +10,12 @@ import math
 
 import torch
 
-from ops import FastDivmod, gather, reduce
+from ops import FastDivmod, accumulate_dtype, gather, reduce
+from ragged import row_splits_to_row_ids
 
 from .layout import CELLS_CAP, Layout
 
 _CHUNK_ELEMENTS = 1 << 22
-
-
-def accumulate_dtype(dtype):
-    """float64 for float64 logits, float32 for everything else."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def row_coordinates(row_ids, cell_offsets, row_strides):
-    """(b, t, u) of every row as int64 tensors: row = cell_offsets[b] + t * row_strides[b] + u."""
-    b = row_ids.long()
-    local = torch.arange(b.numel(), device=b.device) - cell_offsets[b]
-    t, u = FastDivmod(row_strides[b]).divmod(local)
-    return b, t.long(), u.long()
 
 
 _INT64_MAX = 2**63 - 1
@@ -59,10 +47,12 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
 
 
 def _coordinates(layout):
-    """(b, t, u) of every row of the layout, from its row_splits."""
+    """(b, t, u) of every row of the layout as int64 tensors: row = row_splits[b] + t * row_strides[b] + u."""
     row_splits = layout.row_splits
-    b = torch.repeat_interleave(torch.arange(layout.batch_size), row_splits.diff(), output_size=int(row_splits[-1]))
-    return row_coordinates(b, row_splits[:-1], layout.row_strides)
+    b = row_splits_to_row_ids(row_splits, int(row_splits[-1]), validate=False)
+    local = torch.arange(b.numel()) - row_splits[b]
+    t, u = FastDivmod(layout.row_strides[b]).divmod(local, check=False)
+    return b, t, u
 
 
 def _cells(layout):
@@ -85,7 +75,7 @@ def _chunks(num_rows, vocab_size):
         yield start, min(start + step, num_rows)
 
 
-def log_probs(logits2d, targets, layout, blank, from_log_softmax):
+def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0):
     num_rows, vocab_size = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
     b, t, u, is_cell = _cells(layout)
@@ -101,6 +91,8 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax):
             # a NaN or infinite logit makes the row's den, so its log-probs and the loss, NaN (as on CUDA)
             den[start:end].masked_fill_(~torch.isfinite(rows).all(dim=1), math.nan)
         lp[start:end] = picked - den[start:end, None]
+    if delay_penalty:  # k2's delay penalty on the label log-probs: delay_penalty * ((T_b - 1) / 2 - t)
+        lp[:, 1] += delay_penalty * ((layout.logit_lengths[b] - 1).to(acc) * 0.5 - t)
     lp[:, 1].masked_fill_(~has_label, -math.inf)
     return lp, den
 
@@ -159,7 +151,8 @@ def alpha_beta(lp, layout, one_sym_per_frame):
 
 
 def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame):
-    """Per row: the cell's posterior and the posteriors of its blank and label arcs, times scale."""
+    """Per row: the cell's posterior and the posteriors of its blank and label arcs (zero off the
+    utterances that get a gradient)."""
     b, t, u, is_cell = _cells(layout)
     T, U, stride = layout.logit_lengths[b], layout.target_lengths[b], layout.row_strides[b]
     num_rows = lp.size(0)
@@ -178,29 +171,36 @@ def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_fra
 
     live = is_cell & (torch.isfinite(loss) & (scale != 0))[b]
     log_norm = torch.where(live, alpha + loss[b], -math.inf)
-    s = scale[b]
-    occupancy = torch.exp(log_norm + beta) * s
-    blank_arc = torch.exp(log_norm + lp[:, 0] + after_blank) * s
-    label_arc = torch.exp(log_norm + lp[:, 1] + after_label) * s
+    occupancy = torch.exp(log_norm + beta)
+    blank_arc = torch.exp(log_norm + lp[:, 0] + after_blank)
+    label_arc = torch.exp(log_norm + lp[:, 1] + after_label)
     has_label = is_cell & (u < U)
     return occupancy, blank_arc, label_arc, b, u, has_label, live
 
 
 def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
-             from_log_softmax, one_sym_per_frame, out):
+             from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0):
+    # g = softmax * (occupancy + lambda * label_arc) - [blank] blank_arc - [label] (1 + lambda) label_arc,
+    # clamped to [-clamp, clamp] (clamp > 0), times scale[b]: stages.cu's gradient_kernel says why
     num_rows, vocab_size = logits2d.shape
     occupancy, blank_arc, label_arc, b, u, has_label, live = _gradient_coefficients(
         layout, lp, alpha, beta, loss, scale, one_sym_per_frame)
     labels = _labels(targets, b, u, has_label, blank)
+    softmax_factor = occupancy + fastemit_lambda * label_arc if fastemit_lambda else occupancy
+    label_arc = label_arc * (1 + fastemit_lambda)
+    row_scale = scale[b]
     for start, end in _chunks(num_rows, vocab_size):
         rows = logits2d[start:end]
         index = torch.arange(end - start)
         if from_log_softmax:
             g = torch.zeros(end - start, vocab_size, dtype=lp.dtype)
         else:
-            g = (rows.to(lp.dtype) - den[start:end, None]).exp_().mul_(occupancy[start:end, None])
+            g = (rows.to(lp.dtype) - den[start:end, None]).exp_().mul_(softmax_factor[start:end, None])
         g[index, blank] -= blank_arc[start:end]
         g[index, labels[start:end]] -= label_arc[start:end]
+        if clamp > 0:
+            g.clamp_(-clamp, clamp)
+        g.mul_(row_scale[start:end, None])
         # padding rows and the rows of dead utterances may hold anything, even inf or NaN
         g = torch.where(live[start:end, None], g, 0.0)
         out[start:end] = g

@@ -1,26 +1,26 @@
 // Packing the joiner input straight into the compact layout, and its backward
 // (launched by transducer/cuda.py: pack_forward / pack_backward).
 //
-//   pack_forward_kernel   out[r] = enc[b, t] + pred[b, u] for row r = (b, t, u)
-//   pack_enc_grad_kernel  grad_enc[b, t]  = sum_{u <= U_b} grad_out[row(b, t, u)]   (t < T_b, else 0)
-//   pack_pred_grad_kernel grad_pred[b, u] = sum_{t < T_b}  grad_out[row(b, t, u)]   (u <= U_b, else 0)
+//   pack_forward_kernel       out[r] = enc[b, t] + pred[b, u] for row r = (b, t, u)
+//   pack_grad_kernel<, false> grad_enc[b, t]  = sum_{u <= U_b} grad_out[row(b, t, u)]   (t < T_b, else 0)
+//   pack_grad_kernel<, true>  grad_pred[b, u] = sum_{t < T_b}  grad_out[row(b, t, u)]   (u <= U_b, else 0)
 //
 // Each output row is owned by one group of TPR threads (a power of two), each
 // thread one VEC-wide slice of D at a time: no atomics, fp32 (fp64) sums.
 
-#include "common.cuh"
+#include "transducer/common.cuh"
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
                         int B, int num_rows, int max_t, int max_u1, int nvec, int log_tpr, T* __restrict__ out) {
-  using namespace td;
+  using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
   const int r = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
   if (r >= num_rows) return;
-  const Grids g{table, B};
+  const td::Grids g{table, B};
   int b, t, u;
   g.coordinates(r, b, t, u);
   const long long D = (long long)nvec * VEC;
@@ -48,7 +48,7 @@ template <typename T, int VEC, bool PRED>
 __global__ void __launch_bounds__(256)
     pack_grad_kernel(const T* __restrict__ grad_out, const long long* __restrict__ table, int B, FastDivmod per_b,
                      int num_items, int nvec, int log_tpr, T* __restrict__ grad) {
-  using namespace td;
+  using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(256)
   if (item >= num_items) return;
   int b, k;  // k = t (enc) or u (pred)
   per_b.divmod(item, b, k);
-  const Grids g{table, B};
+  const td::Grids g{table, B};
   const int Tb = (int)g.T(b), Ub = (int)g.U(b);
   const long long st = g.stride(b);
   const long long D = (long long)nvec * VEC;

@@ -14,13 +14,16 @@ def _logsumexp(terms):
 
 
 def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, blank=0,
-                              one_sym_per_frame=False, from_log_softmax=False):
+                              one_sym_per_frame=False, from_log_softmax=False, fastemit_lambda=0.0,
+                              delay_penalty=0.0):
     """Negative log-likelihood per utterance, shape (B,), in logits' dtype.
 
     logits (B, maxT, maxU+1, V); targets (B, S); logit_lengths, target_lengths (B,).
     RNN-T: blank moves (t, u) -> (t+1, u), label y_u moves (t, u) -> (t, u+1).
     one_sym_per_frame (RNA): label y_u moves (t, u) -> (t+1, u+1).
-    Both end with a blank from (T-1, U). An utterance with no alignment gets +inf; one with a NaN or
+    Both end with a blank from (T-1, U). delay_penalty (k2): the label log-prob of cell (t, u) gets
+    delay_penalty * ((T - 1) / 2 - t) before the recursion. fastemit_lambda (FastEmit, Yu et al. 2021):
+    the loss is unchanged, the gradient w.r.t. every label log-prob is scaled by 1 + fastemit_lambda. An utterance with no alignment gets +inf; one with a NaN or
     infinite logit among its cells gets NaN (with from_log_softmax, where -inf log-probs are legal, one
     with a NaN blank log-prob in a cell).
     """
@@ -38,6 +41,11 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
         y = targets[b, :U].long()
         blank_lp = log_probs[b, :T, :U + 1, blank]
         emit_lp = log_probs[b, :T, torch.arange(U), y]  # (T, U)
+        if fastemit_lambda:  # the value of emit_lp, with (1 + lambda) times its gradient
+            emit_lp = (1 + fastemit_lambda) * emit_lp - fastemit_lambda * emit_lp.detach()
+        if delay_penalty:
+            frames = torch.arange(T, dtype=emit_lp.dtype)[:, None]
+            emit_lp = emit_lp + delay_penalty * ((T - 1) / 2 - frames)
         alpha = {(0, 0): log_probs.new_zeros(())}
         for t in range(T):
             for u in range(U + 1):

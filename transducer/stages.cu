@@ -1,25 +1,24 @@
-// CUDA twin of the transducer stages (contract: transducer/layout.py).
+// CUDA twin of the transducer stages (contract: transducer/layout.py), launched by transducer/cuda.py
+// on torch's current stream, one template instantiation per name expression:
 //
-// Launched by transducer/cuda.py through cupy.RawModule with name expressions
-// (one instantiation per module); every kernel runs on torch's current stream.
+//   layout_kernel      one block: the Layout table (lengths, strides, row_splits) and the
+//                      value-check stats
+//   log_probs_kernel   one warp (or one 256-thread block, long rows) per row: den = logsumexp_v in
+//                      one online pass, lp = picked - den
+//   alpha_beta_kernel  2B blocks: block b walks alpha of utterance b, block B + b its beta (and
+//                      loss), one thread per u
+//   gradient_kernel    one warp (or block) per row: one read of the logits, one write of the gradient
 //
-//   log_probs_kernel   one warp (or one 256-thread block, large V) per row:
-//                      den = logsumexp_v in one online pass, lp = picked - den
-//   alpha_beta_kernel  2B blocks: block b walks alpha of utterance b, block
-//                      B + b its beta (and loss), one thread per u
-//   gradient_kernel    one warp (or block) per row: one read of the logits,
-//                      one write of the gradient
-//   layout_kernel      one block: the Layout table (lengths, strides,
-//                      row_splits) and the value-check stats
-//
-// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (Grids::coordinates
-// in common.cuh): b from a binary search over row_splits, t and u from a FastDivmod
-// built in the kernel from the device-side stride (no / or % anywhere).
-// Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31.
+// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in common.cuh).
+// Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31; rows themselves are below 2^31
+// (transducer/loss.py checks it).
 
-#include "common.cuh"
+#include "ops/reduce.cuh"
+#include "transducer/common.cuh"
 
 namespace td {
+
+using namespace ops;
 
 constexpr int kThreads = 256;  // block size of the per-row kernels
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip
@@ -49,46 +48,82 @@ __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   return ri;
 }
 
-// kUnroll vectors of one row: [i0, i0 + G, ..., i0 + (kUnroll-1) G], those below nvec.
-template <int G, typename V>
-__device__ __forceinline__ void load_chunk(const V* p, int i0, int nvec, V (&buf)[kUnroll]) {
-#pragma unroll
-  for (int k = 0; k < kUnroll; ++k) {
-    const int i = i0 + k * G;
-    if (i < nvec) buf[k] = p[i];
+// One row of the (N, V) logits, read by a group of G threads in VEC-wide vectors, kUnroll vectors in
+// flight per thread: what log_probs and gradient share. In the compact layout the first vectors are
+// loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
+// and the loads of strides, lengths and targets overlap them instead of delaying them.
+template <typename T, int VEC, int WPR>
+struct RowPass {
+  typedef RowGeometry<WPR> Geo;
+  typedef Vec<T, VEC> VT;
+  int lane, r, nvec;
+  long long row;  // offset of the row's first element
+  const VT* p;
+  VT buf[kUnroll];
+  bool early;
+  RowInfo ri;
+
+  // false for the threads past the last row (uniform per row, per block when WPR == 8)
+  __device__ __forceinline__ bool begin(const T* logits, const long long* table, int B, int num_rows, int V,
+                                        int nvec_, bool load_early) {
+    lane = threadIdx.x & (Geo::G - 1);
+    r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
+    if (r >= num_rows) return false;
+    nvec = nvec_;
+    row = (long long)r * V;
+    p = reinterpret_cast<const VT*>(logits + row);
+    early = load_early;
+    if (early) load(lane);
+    ri = row_info(r, Grids{table, B});
+    return true;
   }
-}
+  // kUnroll vectors from i0: [i0, i0 + G, ..., i0 + (kUnroll-1) G], those below nvec
+  __device__ __forceinline__ void load(int i0) {
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int i = i0 + k * Geo::G;
+      if (i < nvec) buf[k] = p[i];
+    }
+  }
+  // f(i, vector) over the row's vectors, in order per thread; `loads` false: no reads (buf unused)
+  template <typename F>
+  __device__ __forceinline__ void for_each(bool loads, F f) {
+    if (loads && !early) load(lane);
+    for (int i0 = lane;;) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (i0 + k * Geo::G < nvec) f(i0 + k * Geo::G, buf[k]);
+      }
+      i0 += Geo::G * kUnroll;
+      if (i0 >= nvec) break;
+      if (loads) load(i0);
+    }
+  }
+};
 
 }  // namespace td
 
 // ---------------------------------------------------------------------------
-// log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den)
-// In the compact layout (padded == 0) the first vectors of the row are loaded
-// before the row's (b, t, u) is known: they depend on r alone, so the chain
-// search for b -> strides / lengths / targets overlaps them instead of delaying them.
+// log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)),
+// penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more).
+// A NaN or +-inf logit makes den, both log-probs and so the utterance's loss NaN (the CPU twin alike):
+// the sum of x - x over the row is 0, or NaN once any x is not finite.
 template <typename T, typename I, int VEC, int WPR>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
                      const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
-                     int from_log_softmax, typename td::AccOf<T>::type* __restrict__ lp,
-                     typename td::AccOf<T>::type* __restrict__ den) {
+                     int from_log_softmax, typename ops::AccOf<T>::type delay_penalty,
+                     typename ops::AccOf<T>::type* __restrict__ lp, typename ops::AccOf<T>::type* __restrict__ den) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef RowGeometry<WPR> Geo;
-  typedef Vec<T, VEC> VT;
+  typedef typename RowPass<T, VEC, WPR>::VT VT;
   const Acc NINF = neg_inf<Acc>();
-  const int lane = threadIdx.x & (Geo::G - 1);
-  const int r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
-  if (r >= num_rows) return;  // uniform per row (per block when WPR == 8)
-  const long long row = (long long)r * V;
-  const VT* p = reinterpret_cast<const VT*>(logits + row);
-  VT buf[kUnroll];
-  const bool early = !padded && !from_log_softmax;
-  if (early) load_chunk<Geo::G>(p, lane, nvec, buf);
-
-  const RowInfo ri = row_info(r, Grids{table, B});
+  RowPass<T, VEC, WPR> pass;
+  if (!pass.begin(logits, table, B, num_rows, V, nvec, !padded && !from_log_softmax)) return;
+  const RowInfo& ri = pass.ri;
+  const int r = pass.r;
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
-    if (lane == 0) {
+    if (pass.lane == 0) {
       lp[2ll * r] = NINF;
       lp[2ll * r + 1] = NINF;
       den[r] = Acc(0);
@@ -99,72 +134,41 @@ __global__ void __launch_bounds__(td::kThreads)
   // while this kernel runs (the label index is clamped; for checked inputs the clamps change nothing).
   const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
   Acc x_blank = Acc(0), x_label = NINF;
-  if (lane == 0) {  // issued early, used after the reduction
-    x_blank = to_acc(logits[row + blank]);
+  if (pass.lane == 0) {  // issued early, used after the reduction
+    x_blank = to_acc(logits[pass.row + blank]);
     if (has_label) {
       const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
-      x_label = to_acc(logits[row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
+      x_label = to_acc(logits[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
     }
   }
-  Acc m = NINF, s = Acc(0);
-  Acc nonfinite = Acc(0);  // sum of x - x: 0, or NaN once any logit is NaN or +-inf (then den is NaN)
+  ReduceState<Acc> lse = identity<kLogSumExp, Acc>();
+  Acc nonfinite = Acc(0);
   if (!from_log_softmax) {
-    if (!early) load_chunk<Geo::G>(p, lane, nvec, buf);
-    for (int i0 = lane;;) {
+    pass.for_each(true, [&](int, const VT& vt) {
+      Acc x[VEC];
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        if (i0 + k * Geo::G < nvec) {
-          Acc x[VEC];
-          Acc vm = NINF;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            x[j] = to_acc(buf[k].v[j]);
-            vm = x[j] > vm ? x[j] : vm;
-            nonfinite += x[j] - x[j];
-          }
-          if (vm > m) {
-            s *= exp_fast(m - vm);  // m == -inf: s == 0 stays 0
-            m = vm;
-          }
-          if (m != NINF) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) s += exp_fast(x[j] - m);
-          }
-        }
+      for (int j = 0; j < VEC; ++j) {
+        x[j] = to_acc(vt.v[j]);
+        nonfinite += x[j] - x[j];
       }
-      i0 += Geo::G * kUnroll;
-      if (i0 >= nvec) break;
-      load_chunk<Geo::G>(p, i0, nvec, buf);
+      push<kLogSumExp, Acc, FastExp, VEC>(lse, x);
+    });
+    ReduceState<Acc> bad = {nonfinite, Acc(0)};
+    if (WPR == 1) {
+      lse = warp_merge<kLogSumExp, Acc, FastExp>(lse);
+      bad = warp_merge<kSum, Acc>(bad);
+    } else {
+      __shared__ ReduceState<Acc> smem[2][32];
+      lse = block_merge<kLogSumExp, Acc, FastExp>(lse, smem[0]);
+      bad = block_merge<kSum, Acc>(bad, smem[1]);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const Acc m2 = shfl_xor(m, o), s2 = shfl_xor(s, o);
-      lse_merge(m, s, m2, s2);
-      nonfinite += shfl_xor(nonfinite, o);
-    }
-    if (WPR > 1) {
-      __shared__ Acc sm[WPR > 1 ? WPR : 1], ss[WPR > 1 ? WPR : 1], sn[WPR > 1 ? WPR : 1];
-      const int w = threadIdx.x >> 5;
-      if ((threadIdx.x & 31) == 0) {
-        sm[w] = m;
-        ss[w] = s;
-        sn[w] = nonfinite;
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        for (int k = 1; k < WPR; ++k) {
-          lse_merge(m, s, sm[k], ss[k]);
-          nonfinite += sn[k];
-        }
-      }
-    }
+    nonfinite = bad.m;
   }
-  if (lane == 0) {
-    // a non-finite logit makes den, both log-probs and so the utterance's loss NaN (CPU twin alike)
-    const Acc d = from_log_softmax ? Acc(0) : (m == NINF ? m : m + log_acc(s)) + nonfinite;
+  if (pass.lane == 0) {
+    const Acc d = from_log_softmax ? Acc(0) : finish<kLogSumExp, Acc>(lse) + nonfinite;
     den[r] = d;
     lp[2ll * r] = x_blank - d;
-    lp[2ll * r + 1] = has_label ? x_label - d : NINF;
+    lp[2ll * r + 1] = has_label ? x_label - d + delay_penalty * (Acc(0.5) * (ri.T - 1) - ri.t) : NINF;
   }
 }
 
@@ -335,7 +339,7 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
       // logit) makes the loss NaN, as it does in RNN-T, where every cell lies on some alignment.
       // Only the cells are read (u <= U): padding rows hold unspecified values.
       bool nan_seen = false;
-      const FastDivmod cols = fast_divmod_for((unsigned int)(U + 1));
+      const FastDivmod cols = FastDivmod::make((unsigned int)(U + 1));
 #pragma unroll 1
       for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
         int t, u;
@@ -358,40 +362,38 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 }
 
 // ---------------------------------------------------------------------------
-// gradient of sum_b scale[b] * loss[b] w.r.t. the logits, one pass:
-//   grad = scale * ( exp(x + alpha + loss - den + beta)          (not from_log_softmax)
-//                    - [v == blank] exp(lp_blank + alpha + loss + beta(after blank))
-//                    - [v == y_u]   exp(lp_label + alpha + loss + beta(after label)) )
-// RNN-T: blank -> (t+1, u), label -> (t, u+1); RNA: blank -> (t+1, u),
-// label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0).
-// Zeros on padding rows and for utterances whose loss is not finite or whose
-// scale is 0. `out` may be `logits` (each element is read before it is written).
+// gradient of sum_b scale[b] * loss[b] w.r.t. the logits, one pass. With the posteriors of the cell,
+// gamma = exp(alpha + loss + beta), and of its arcs, occ_blank = exp(alpha + loss + lp_blank +
+// beta(after blank)) and occ_label = exp(alpha + loss + lp_label + beta(after label)):
+//   g = softmax_v * (gamma + lambda * occ_label)       (not from_log_softmax)
+//       - [v == blank] occ_blank - [v == y_u] (1 + lambda) occ_label
+//   grad = scale * clamp(g, -c, c)
+// lambda = fastemit_lambda (FastEmit, Yu et al. 2021: the gradient w.r.t. each label log-prob scaled
+// by 1 + lambda, and so its share of the softmax term); c = clamp (torchaudio's gradient clamp, for a
+// unit incoming gradient; +inf: none). RNN-T: blank -> (t+1, u), label -> (t, u+1); RNA: blank ->
+// (t+1, u), label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0). Zeros on
+// padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
+// `logits` (each element is read before it is written).
 template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
                     const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
-                    const typename td::AccOf<T>::type* __restrict__ lp,
-                    const typename td::AccOf<T>::type* __restrict__ den,
-                    const typename td::AccOf<T>::type* __restrict__ alpha,
-                    const typename td::AccOf<T>::type* __restrict__ beta,
-                    const typename td::AccOf<T>::type* __restrict__ loss,
-                    const typename td::AccOf<T>::type* __restrict__ scale, long long scale_stride, T* out) {
+                    const typename ops::AccOf<T>::type* __restrict__ lp,
+                    const typename ops::AccOf<T>::type* __restrict__ den,
+                    const typename ops::AccOf<T>::type* __restrict__ alpha,
+                    const typename ops::AccOf<T>::type* __restrict__ beta,
+                    const typename ops::AccOf<T>::type* __restrict__ loss,
+                    const typename ops::AccOf<T>::type* __restrict__ scale, long long scale_stride,
+                    typename ops::AccOf<T>::type fastemit_lambda, typename ops::AccOf<T>::type clamp, T* out) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef RowGeometry<WPR> Geo;
-  typedef Vec<T, VEC> VT;
+  typedef typename RowPass<T, VEC, WPR>::VT VT;
   const Acc NINF = neg_inf<Acc>();
-  const int lane = threadIdx.x & (Geo::G - 1);
-  const int r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
-  if (r >= num_rows) return;
-  const long long row = (long long)r * V;
-  const VT* p = reinterpret_cast<const VT*>(logits + row);
-  VT* q = reinterpret_cast<VT*>(out + row);
-  VT buf[kUnroll];
-  const bool early = !FLS && !padded;  // compact: first vectors in flight before the row's coefficients
-  if (early) load_chunk<Geo::G>(p, lane, nvec, buf);
-
-  const RowInfo ri = row_info(r, Grids{table, B});
+  RowPass<T, VEC, WPR> pass;
+  if (!pass.begin(logits, table, B, num_rows, V, nvec, !FLS && !padded)) return;
+  const RowInfo& ri = pass.ri;
+  const int r = pass.r;
+  VT* q = reinterpret_cast<VT*>(out + pass.row);
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
   if (live) {
@@ -404,21 +406,19 @@ __global__ void __launch_bounds__(td::kThreads)
     VT z;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
-    for (int i = lane; i < nvec; i += Geo::G) q[i] = z;
+    for (int i = pass.lane; i < nvec; i += RowGeometry<WPR>::G) q[i] = z;
     return;
   }
   // per-row coefficients (every thread of the row computes them; the loads broadcast)
-  const Acc a = alpha[r];
-  const Acc lognorm = a + l;
-  const Acc coef = FLS ? Acc(0) : lognorm - den[r] + beta[r];
+  const Acc lognorm = alpha[r] + l;
   const int st = ri.st;
   Acc after_blank;
   if (ri.t + 1 < ri.T)
     after_blank = beta[r + st];
   else
     after_blank = ri.u == ri.U ? Acc(0) : NINF;
-  const Acc sub_blank = exp_acc(lognorm + lp[2ll * r] + after_blank) * sc;
-  Acc sub_label = Acc(0);
+  const Acc occ_blank = exp_acc(lognorm + lp[2ll * r] + after_blank);
+  Acc occ_label = Acc(0);
   int label = -1;
   if (ri.u < ri.U) {
     Acc after_label;
@@ -426,44 +426,40 @@ __global__ void __launch_bounds__(td::kThreads)
       after_label = ri.t + 1 < ri.T ? beta[r + st + 1] : NINF;
     else
       after_label = beta[r + 1];
-    sub_label = exp_acc(lognorm + lp[2ll * r + 1] + after_label) * sc;
+    occ_label = exp_acc(lognorm + lp[2ll * r + 1] + after_label);
     label = (int)targets[(long long)ri.b * target_cols + ri.u];
   }
-
-  if (!FLS && !early) load_chunk<Geo::G>(p, lane, nvec, buf);
-  for (int i0 = lane;;) {
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int i = i0 + k * Geo::G;
-      if (i < nvec) {
-        VT o;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const int v = i * VEC + j;
-          Acc g = FLS ? Acc(0) : exp_fast(to_acc(buf[k].v[j]) + coef) * sc;
-          if (v == blank) g -= sub_blank;
-          if (v == label) g -= sub_label;
-          o.v[j] = from_acc<T>(g);
-        }
-        q[i] = o;
-      }
-    }
-    i0 += Geo::G * kUnroll;
-    if (i0 >= nvec) break;
-    if (!FLS) load_chunk<Geo::G>(p, i0, nvec, buf);
+  // log of the softmax term's factor, less den
+  Acc coef = Acc(0);
+  if (!FLS) {
+    coef = fastemit_lambda == Acc(0) ? lognorm + beta[r] : log_acc(exp_acc(lognorm + beta[r]) + fastemit_lambda * occ_label);
+    coef -= den[r];
   }
+  const Acc sub_blank = occ_blank, sub_label = (Acc(1) + fastemit_lambda) * occ_label;
+  pass.for_each(!FLS, [&](int i, const VT& vt) {
+    VT o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const int v = i * VEC + j;
+      Acc g = FLS ? Acc(0) : exp_fast(to_acc(vt.v[j]) + coef);
+      if (v == blank) g -= sub_blank;
+      if (v == label) g -= sub_label;
+      g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+      o.v[j] = from_acc<T>(g * sc);
+    }
+    q[i] = o;
+  });
 }
 
 // ---------------------------------------------------------------------------
 // layout: the Layout table of transducer/layout.py in one launch of one block,
 //   table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (6)],
-// for padded (B, padded_t, max_u1) grids when padded_t > 0, else compact ones
-// (stride U_b + 1). With STATS, stats = [min T, max T, min U, max U,
-// sum T*(U+1), labels (u < U_b) outside [0, V) or equal to blank]: all that the
-// value checks need, read back in one transfer. Each thread owns a contiguous
-// run of utterances, so row_splits is one block-wide exclusive scan.
+// for padded (B, padded_t, max_u1) grids when padded_t > 0, else compact ones (stride U_b + 1).
+// With STATS, stats = [min T, max T, min U, max U, sum T*(U+1), labels (u < U_b) outside [0, V) or
+// equal to blank]: all that the value checks need, read back in one transfer. Each thread owns a
+// contiguous run of utterances, so row_splits is one block-wide exclusive sum.
 namespace td {
-// The cell count in the stats saturates at 2^61 (kCellsCap in transducer/layout.py), so lengths whose
+// The cell count in the stats saturates at 2^61 (CELLS_CAP in transducer/layout.py), so lengths whose
 // products or sums overflow 64 bits are reported instead of wrapping into a plausible count.
 constexpr long long kCellsCap = 1ll << 61;
 __device__ __forceinline__ long long cells_of(long long T, long long U) {
@@ -481,7 +477,7 @@ __global__ void __launch_bounds__(1024)
                   const I* __restrict__ targets, int target_cols, int B, int padded_t, int max_u1, int V, int blank,
                   long long* __restrict__ table) {
   using namespace td;
-  __shared__ long long warp_sums[32];
+  __shared__ long long scan[32];
   __shared__ long long part[6][32];
   const long long kMax = 0x7fffffffffffffffll, kMin = -kMax - 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
@@ -508,32 +504,13 @@ __global__ void __launch_bounds__(1024)
       v[4] = cells_add(v[4], cells_of(T, U));
     }
   }
-  // exclusive scan of the per-thread cell counts: within the warp, then over the warp totals
-  long long incl = cells;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const long long y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    long long w = lane < warps ? warp_sums[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const long long y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
-    }
-    __syncwarp();
-    if (lane < warps) warp_sums[lane] = w;  // inclusive totals of warps 0..lane
-  }
-  __syncthreads();
-  long long run = incl - cells + (warp > 0 ? warp_sums[warp - 1] : 0);
+  long long total;
+  long long run = block_exclusive_sum(cells, scan, &total);
   for (int b = b0; b < b1; ++b) {
     splits[b] = run;
     run += padded_t > 0 ? (long long)padded_t * max_u1 : Ts[b] * strides[b];
   }
-  if (tid == 0) splits[B] = warp_sums[warps - 1];
+  if (tid == 0) splits[B] = total;
   if (!STATS) return;
 
   long long* stats = table + 4 * B + 1;
@@ -547,6 +524,7 @@ __global__ void __launch_bounds__(1024)
       }
     }
   }
+  // min, max, min, max, saturating sum, sum: over the warp, then over the warps
 #pragma unroll
   for (int k = 0; k < 6; ++k) {
     for (int o = 16; o > 0; o >>= 1) {

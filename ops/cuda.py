@@ -1,0 +1,160 @@
+"""Launching the CUDA kernels of ops, ragged and transducer (imported by them for CUDA tensors only).
+
+- ``launch(path, name, t, grid, block, args, shared_mem=0)``: one kernel launch on torch's *current*
+  stream of ``t``'s device (no host sync, capturable by ``torch.cuda.CUDAGraph``), compiled at first
+  use by NVRTC through ``cupy.RawModule`` and cached per (file, kernel, device);
+- ``vector_width(itemsize, length, tensors)``: elements per 16-byte (or narrower) access;
+- ``num_sms(t)`` and ``ceil_div(a, b)``: launch geometry.
+
+Kernels include the device headers of the packages as ``"ops/numeric.cuh"``,
+``"ragged/row_ids.cuh"``, ...: the compiler gets ``-I`` + ``cuda_include_dir()``, the folder that
+holds the packages. Importing this module never needs CuPy; launching does.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import threading
+
+import numpy as np
+import torch
+
+__all__ = ["launch", "vector_width", "num_sms", "ceil_div", "i32", "i64", "cuda_include_dir", "cupy"]
+
+_INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cuda_include_dir() -> str:
+    """The folder holding the packages: kernels include ``"ops/fast_divmod.cuh"`` and the like from it."""
+    return _INCLUDE_ROOT
+
+
+def cupy():
+    try:
+        import cupy as cp
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "CUDA tensors need CuPy: pip install -e '.[cuda]' (cupy-cuda13x) or '.[cuda12]'"
+        ) from e
+    return cp
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _source(path: str) -> str:
+    """The .cu file's text, headed by a hash of every header it includes (transitively): CuPy's
+    on-disk cache keys on the source text and options only, so an edited header must change it."""
+    h = hashlib.sha1()
+    seen, todo = set(), [path]
+    while todo:
+        f = todo.pop()
+        with open(f, "rb") as fh:
+            text = fh.read()
+        if f != path:
+            h.update(text)
+        for inc in _INCLUDE.findall(text.decode()):
+            full = os.path.join(_INCLUDE_ROOT, inc)
+            if full not in seen:
+                seen.add(full)
+                todo.append(full)
+    with open(path) as fh:
+        return f"// headers {h.hexdigest()}\n" + fh.read()
+
+
+_lock = threading.Lock()
+_functions: dict = {}
+
+
+def _function(path, name, dev):
+    """The compiled kernel ``name`` (a template instantiation or an extern "C" name) of ``path`` on ``dev``."""
+    key = (path, name, dev)
+    with _lock:
+        fn = _functions.get(key)
+        if fn is None:
+            cp = cupy()
+            with cp.cuda.Device(dev):
+                module = cp.RawModule(code=_source(path), options=("-std=c++17", f"-I{_INCLUDE_ROOT}"),
+                                      name_expressions=(name,) if name.endswith(">") else None)
+                fn = _functions[key] = module.get_function(name).kernel
+    return fn
+
+
+def _current_raw_stream(device_id: int) -> int:
+    """torch's current stream as a raw cudaStream_t (torch's private fast path when present)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
+
+
+class _RawStream:
+    """What a CuPy kernel call reads from its ``stream`` argument: the raw handle, as ``ptr``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+_raw_streams: dict = {}
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem: int = 0):
+    """Launch kernel ``name`` of the .cu file at ``path`` on torch's current stream of ``t``'s device.
+
+    ``name`` is an extern "C" name or a template instantiation (``"kernel<float, 4>"``, compiled on
+    first use). ``args``: tensors (passed as their device pointers) and numpy scalars of the kernel
+    parameters' exact C types (numpy.int32 for int, numpy.int64 for long long, a structured scalar
+    for a struct). Pass tensors, not ``x.contiguous().data_ptr()``: ``args`` holds every tensor until
+    the kernel is queued, whereas a temporary copy whose pointer alone is kept is freed at once, and
+    its memory may be handed to the next temporary before the kernel runs.
+    """
+    pointers = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    dev = t.get_device()
+    fn = _functions.get((path, name, dev)) or _function(path, name, dev)
+    handle = _current_raw_stream(dev)
+    stream = _raw_streams.get(handle) or _raw_streams.setdefault(handle, _RawStream(handle))
+    if _current_device() == dev:
+        fn(grid, block, pointers, shared_mem, stream)
+    else:  # the function belongs to dev's context
+        with torch.cuda.device(dev):
+            fn(grid, block, pointers, shared_mem, stream)
+
+
+def vector_width(itemsize: int, length: int, tensors) -> int:
+    """Elements per access: the widest of 16, 8, 4, 2 bytes that divides ``length`` elements and every
+    tensor's base address (1 if none does)."""
+    vec = 16 // itemsize
+    while vec > 1:
+        if length % vec == 0 and all(t.data_ptr() % (vec * itemsize) == 0 for t in tensors):
+            return vec
+        vec //= 2
+    return 1
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_sms(t) -> int:
+    """Multiprocessors of the device of tensor (or torch.device) ``t``."""
+    return _device_sms(t if isinstance(t, torch.device) else t.device)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def i32(x) -> np.int32:
+    """A kernel ``int`` argument."""
+    return np.int32(x)
+
+
+def i64(x) -> np.int64:
+    """A kernel ``long long`` argument."""
+    return np.int64(x)

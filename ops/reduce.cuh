@@ -1,0 +1,149 @@
+// Sum, max and logsumexp as mergeable states, and their warp- and block-wide merges; a block-wide
+// exclusive sum. Used by ops/reduce.cu (reduce over any axis), the transducer's log-probs (den, the
+// logsumexp of a row) and its layout kernel (row_splits).
+//
+// The split of a reduction into states pushed online and merged associatively, so that one reduction
+// can be spread over lanes, warps and blocks, follows Paddle's kernel-primitive reduce
+// (paddle/phi/kernels/primitive); logsumexp uses the online-softmax state of Milakov & Gimelshein
+// (arXiv:1805.02867), (m, s) standing for m + log(s).
+#pragma once
+
+#include "ops/numeric.cuh"
+
+namespace ops {
+
+enum ReduceOp : int { kSum = 0, kMax = 1, kLogSumExp = 2 };
+
+// sum / max keep the value in m. logsumexp keeps (m, s): m = max of the elements seen (NaN if any
+// is NaN), s = sum of exp(x - ref(m)) with ref(m) = m, or 0 where m is +-inf (torch's convention:
+// an all -inf slice gives log(0) + 0 = -inf, a +inf gives +inf).
+template <typename A>
+struct ReduceState {
+  A m, s;
+};
+
+template <typename A>
+__device__ __forceinline__ A lse_ref(A m) {
+  return (m == -neg_inf<A>() || m == neg_inf<A>()) ? A(0) : m;
+}
+
+template <int OP, typename A>
+__device__ __forceinline__ ReduceState<A> identity() {
+  ReduceState<A> st;
+  st.m = OP == kSum ? A(0) : neg_inf<A>();
+  st.s = A(0);
+  return st;
+}
+
+// Push N elements at once: logsumexp rescales s at most once per group (when its max grows).
+template <int OP, typename A, typename Exp = AccurateExp, int N>
+__device__ __forceinline__ void push(ReduceState<A>& st, const A (&x)[N]) {
+  if (OP == kSum) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) st.m += x[j];
+    return;
+  }
+  A vm = x[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) vm = nan_max(vm, x[j]);
+  const A m = nan_max(st.m, vm);
+  if (OP == kMax) {
+    st.m = m;
+    return;
+  }
+  if (!(m == st.m)) {  // the max grew, or became NaN
+    st.s = st.s == A(0) ? A(0) : st.s * Exp()(lse_ref(st.m) - lse_ref(m));
+    st.m = m;
+  }
+  const A r = lse_ref(m);
+#pragma unroll
+  for (int j = 0; j < N; ++j) st.s += Exp()(x[j] - r);
+}
+
+template <int OP, typename A, typename Exp = AccurateExp>
+__device__ __forceinline__ void push(ReduceState<A>& st, A x) {
+  const A one[1] = {x};
+  push<OP, A, Exp, 1>(st, one);
+}
+
+template <int OP, typename A, typename Exp = AccurateExp>
+__device__ __forceinline__ ReduceState<A> merge(ReduceState<A> a, ReduceState<A> b) {
+  ReduceState<A> r;
+  r.s = A(0);
+  if (OP == kSum) {
+    r.m = a.m + b.m;
+  } else if (OP == kMax) {
+    r.m = nan_max(a.m, b.m);
+  } else {
+    r.m = nan_max(a.m, b.m);
+    const A R = lse_ref(r.m);
+    const A ta = a.s == A(0) ? A(0) : a.s * Exp()(lse_ref(a.m) - R);
+    const A tb = b.s == A(0) ? A(0) : b.s * Exp()(lse_ref(b.m) - R);
+    r.s = r.m != r.m ? r.m : ta + tb;
+  }
+  return r;
+}
+
+template <int OP, typename A>
+__device__ __forceinline__ A finish(ReduceState<A> st) {
+  return OP == kLogSumExp ? log_acc(st.s) + lse_ref(st.m) : st.m;
+}
+
+// Merge over the 32 lanes of a warp: every lane ends with the warp's state.
+template <int OP, typename A, typename Exp = AccurateExp>
+__device__ __forceinline__ ReduceState<A> warp_merge(ReduceState<A> st) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ReduceState<A> other;
+    other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
+    other.s = OP == kLogSumExp ? __shfl_xor_sync(0xffffffffu, st.s, o) : A(0);
+    st = merge<OP, A, Exp>(st, other);
+  }
+  return st;
+}
+
+// Merge over a one-dimensional block (at most 32 warps); thread 0 ends with the block's state.
+// `smem` holds 32 states; the call contains a __syncthreads, so every thread of the block makes it.
+template <int OP, typename A, typename Exp = AccurateExp>
+__device__ __forceinline__ ReduceState<A> block_merge(ReduceState<A> st, ReduceState<A>* smem) {
+  st = warp_merge<OP, A, Exp>(st);
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) smem[warp] = st;
+  __syncthreads();
+  if (warp == 0) {
+    st = (int)threadIdx.x < warps ? smem[threadIdx.x] : identity<OP, A>();
+    st = warp_merge<OP, A, Exp>(st);
+  }
+  return st;
+}
+
+// Exclusive prefix sum of one value per thread over a one-dimensional block (at most 1024 threads):
+// returns the sum of the values of the threads before this one; *total (if given) gets the block's
+// sum in every thread. `smem` holds 32 values; every thread of the block makes the call.
+template <typename A>
+__device__ __forceinline__ A block_exclusive_sum(A value, A* smem, A* total = nullptr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  A incl = value;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const A y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) smem[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    A w = lane < warps ? smem[lane] : A(0);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const A y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    __syncwarp();
+    if (lane < warps) smem[lane] = w;  // inclusive totals of warps 0..lane
+  }
+  __syncthreads();
+  if (total) *total = smem[warps - 1];
+  return incl - value + (warp > 0 ? smem[warp - 1] : A(0));
+}
+
+}  // namespace ops

@@ -1,0 +1,94 @@
+"""Every kernel file of ops, ragged and transducer compiles to PTX, on a machine without a GPU.
+
+At run time the kernels are compiled by NVRTC on first launch (ops.cuda.launch), so a kernel that
+does not compile fails only on a GPU. Here nvcc compiles each .cu file for the oldest and newest
+targets the project supports, with the launch's options (-std=c++17, -I<the folder holding the
+packages>), and instantiates the template kernels of the table below, as ops.cuda.launch names
+them: a wrapper includes the file and takes the address of each instantiation.
+
+Skipped without nvcc on PATH.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import ops
+
+# Kernel files and the instantiations compiled for each: edit this table with the kernels.
+KERNELS = {
+    "ops/gather.cu": [
+        "gather_kernel<1, int>", "gather_kernel<2, long long>", "gather_kernel<4, int>",
+        "gather_kernel<8, long long>", "gather_kernel<16, int>", "gather_kernel<16, long long>",
+        "gather_big_kernel<1, long long>", "gather_big_kernel<16, int>",
+    ],
+    "ops/reduce.cu": [
+        f"{kernel}<{op}, {t}>"
+        for op in ("ops::kSum", "ops::kMax", "ops::kLogSumExp")
+        for kernel, types in (("reduce_rows", ("ops::half_t", "ops::bf16_t", "float", "double")),
+                              ("reduce_mid", ("ops::half_t", "ops::bf16_t", "float", "double")),
+                              ("reduce_finalize", ("float", "double")))
+        for t in types
+    ],
+    "ragged/ragged.cu": [
+        f"{kernel}<{s}, {o}>"
+        for kernel in ("row_splits_to_row_ids_binary_search", "row_splits_to_row_ids_merge_path",
+                       "row_ids_to_row_splits")
+        for s in ("int", "long long")
+        for o in ("int", "long long")
+    ],
+    "transducer/stages.cu": [
+        "layout_kernel<int, long long, int, true>", "layout_kernel<long long, int, long long, false>",
+        "log_probs_kernel<ops::half_t, int, 8, 1>", "log_probs_kernel<ops::bf16_t, long long, 8, 8>",
+        "log_probs_kernel<float, int, 4, 1>", "log_probs_kernel<double, long long, 1, 8>",
+        "alpha_beta_kernel<float, false>", "alpha_beta_kernel<double, true>",
+        "gradient_kernel<ops::half_t, int, 8, 1, false, false>",
+        "gradient_kernel<ops::bf16_t, long long, 8, 8, true, true>",
+        "gradient_kernel<float, int, 4, 1, false, true>", "gradient_kernel<double, int, 2, 8, true, false>",
+    ],
+    "transducer/pack.cu": [
+        "pack_forward_kernel<ops::half_t, 8>", "pack_forward_kernel<ops::bf16_t, 8>",
+        "pack_forward_kernel<float, 1>", "pack_forward_kernel<double, 2>",
+        "pack_grad_kernel<ops::bf16_t, 8, true>", "pack_grad_kernel<ops::bf16_t, 2, false>",
+        "pack_grad_kernel<float, 4, false>", "pack_grad_kernel<double, 1, true>",
+    ],
+}
+
+# Files whose instantiations above write bfloat16 (ops::from_acc<ops::bf16_t>, ops/numeric.cuh): from
+# compute_80 on it rounds with cvt.rn.bf16.f32; before, in integer arithmetic. No PTX for an
+# older target may hold that instruction (the driver would refuse the module on such a GPU).
+WRITES_BF16 = {"transducer/stages.cu", "transducer/pack.cu"}
+ARCHS = ("compute_75", "compute_90")
+BF16_CVT = "cvt.rn.bf16.f32"
+
+ROOT = ops.cuda_include_dir()
+NVCC = shutil.which("nvcc")
+
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit compiles the kernels)")
+
+
+def test_table_lists_every_kernel_file():
+    found = {f"{pkg}/{name}" for pkg in ("ops", "ragged", "transducer")
+             for name in os.listdir(os.path.join(ROOT, pkg)) if name.endswith(".cu")}
+    assert found == set(KERNELS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("path", sorted(KERNELS))
+def test_kernels_compile_to_ptx(path, arch, tmp_path):
+    wrapper = tmp_path / "wrapper.cu"
+    addresses = ",\n    ".join(f"(void*)&{name}" for name in KERNELS[path])
+    wrapper.write_text(f'#include "{os.path.join(ROOT, path)}"\n\n'
+                       f"extern void* const kernel_compile_test_instantiations[] = {{\n    {addresses}}};\n")
+    ptx = tmp_path / "wrapper.ptx"
+    cmd = [NVCC, "-std=c++17", "--ptx", f"-arch={arch}", f"-I{ROOT}", "-o", str(ptx), str(wrapper)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{' '.join(cmd)}\nexit {res.returncode}\n{res.stderr}{res.stdout}"
+    text = ptx.read_text()
+    assert text.count(".entry ") == len(KERNELS[path]), "one PTX entry per instantiation"
+    if int(arch.split("_")[1]) < 80:
+        assert BF16_CVT not in text, f"{path}: {BF16_CVT} in PTX for {arch}"
+    elif path in WRITES_BF16:
+        assert BF16_CVT in text, f"{path}: no {BF16_CVT} in PTX for {arch}"

@@ -1,0 +1,89 @@
+"""Argument checks shared by the loss, pack and the other entry points: each error names the argument
+and says what was expected. Conventions (dtypes) come from ``ops``."""
+
+import operator
+
+import torch
+
+from ops import FLOAT_DTYPES, INDEX_DTYPES
+
+from .layout import CELLS_CAP, MAX_ROWS
+
+__all__ = ["check_tensor", "is_index", "stages_for", "check_loss_values", "check_pack_values", "FLOAT_DTYPES",
+           "INDEX_DTYPES"]
+
+
+def check_tensor(name, x, dtypes, ndim, device):
+    """A tensor of one of ``dtypes``, with a number of dimensions in ``ndim``, on ``device`` (if given)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+    if x.dim() not in ndim:
+        raise ValueError(f"{name}: expected {' or '.join(map(str, ndim))} dimensions, got shape {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (the logits' device), got {x.device}")
+
+
+def is_index(x):
+    """An integer usable as an index (int, numpy integer, 0-d integer tensor), not a bool."""
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def stages_for(device):
+    """The stage module (``transducer.cpu`` or ``transducer.cuda``) for tensors on ``device``."""
+    if device.type == "cuda":
+        from . import cuda
+        return cuda
+    if device.type != "cpu":
+        raise ValueError(f"logits: expected a CPU or CUDA tensor, got device {device}")
+    from . import cpu
+    return cpu
+
+
+def check_loss_values(logits, targets, stats, blank):
+    """Lengths and target range against the tensors, from a Layout's stats (a list)."""
+    V, S = logits.size(-1), targets.size(1)
+    t_min, t_max, u_min, u_max, cells, bad = stats
+    if t_min < 1:
+        raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
+    if u_min < 0:
+        raise ValueError(f"target_lengths: every U_b must be >= 0, got min {u_min}")
+    if cells >= CELLS_CAP:
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) overflows (2^61 or more; T_b up to "
+                         f"{t_max}, U_b up to {u_max})")
+    if u_max > S:
+        raise ValueError(f"target_lengths: U_b = {u_max} exceeds targets.size(1) = {S}")
+    if logits.dim() == 4:
+        if t_max > logits.size(1):
+            raise ValueError(f"logit_lengths: T_b = {t_max} exceeds logits.size(1) = {logits.size(1)}")
+        if u_max + 1 > logits.size(2):
+            raise ValueError(f"target_lengths: U_b + 1 = {u_max + 1} exceeds logits.size(2) = {logits.size(2)}")
+    elif cells != logits.size(0):
+        raise ValueError(f"logits: compact logits must have sum_b T_b*(U_b+1) = {cells} rows, "
+                         f"got shape {tuple(logits.shape)}")
+    if bad:
+        raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {V}) or equal to "
+                         f"blank = {blank}")
+
+
+def check_pack_values(encoder_out, predictor_out, stats):
+    """pack's lengths against its inputs, from a Layout's stats (a list); returns the number of rows."""
+    max_t, max_u1 = encoder_out.size(1), predictor_out.size(1)
+    t_min, t_max, u_min, u_max, num_rows, _ = stats
+    if t_min < 1 or t_max > max_t:
+        raise ValueError(f"logit_lengths: expected values in [1, {max_t}] (encoder_out.size(1)), "
+                         f"got [{t_min}, {t_max}]")
+    if u_min < 0 or u_max + 1 > max_u1:
+        raise ValueError(f"target_lengths: expected values in [0, {max_u1 - 1}] (predictor_out.size(1) - 1), "
+                         f"got [{u_min}, {u_max}]")
+    if num_rows > MAX_ROWS:
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows; at most 2^31 - 1 "
+                         f"are supported")
+    return num_rows

@@ -1,0 +1,182 @@
+"""The loss and pack as registered operators (``torch.ops.transducer.*``): torch.compile and
+torch.export see one opaque op each, with a fake (meta) implementation for shapes and an autograd
+formula, instead of tracing into the CuPy launches.
+
+    transducer::loss(logits, targets, logit_lengths, target_lengths, blank, one_sym_per_frame,
+                     from_log_softmax, check_inputs, delay_penalty, fastemit_lambda, clamp,
+                     inplace_grad) -> (nll, table, lp, den, alpha, beta)
+    transducer::loss_backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank,
+                              one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, out) -> ()
+    transducer::pack(encoder_out, predictor_out, logit_lengths, target_lengths) -> (rows, table)
+    transducer::pack_backward(grad_rows, table, max_t, max_u1) -> (grad_encoder_out, grad_predictor_out)
+
+``nll`` is the (B,) negative log-likelihood (float32, or float64 for float64 logits); ``table``,
+``lp``, ``den``, ``alpha`` and ``beta`` are what backward needs (transducer/layout.py). Logits and
+targets reach ``loss`` contiguous (the callers in transducer/loss.py make them so, where autograd sees
+the copy). Callers use transducer.loss and transducer.pack, not these.
+"""
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from ops import accumulate_dtype
+
+from .checks import check_loss_values, check_pack_values, stages_for
+from .layout import MAX_ROWS, NUM_STATS, Layout
+
+__all__ = []
+
+
+def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False):
+    """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits (one launch on CUDA, no sync)."""
+    padded = logits.dim() == 4
+    return stages_for(logits.device).layout(logit_lengths, target_lengths,
+                                            logits.size(2) if padded else targets.size(1) + 1,
+                                            logits.size(1) if padded else 0, targets, logits.size(-1), blank,
+                                            with_stats)
+
+
+def layout_of(logits, targets, table):
+    """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits, from its table."""
+    padded = logits.dim() == 4
+    return Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
+
+
+def read_stats(layout):
+    """A function returning the layout's stats as a list. On CUDA the copy to pinned memory is queued
+    now, right behind the layout launch, and the function waits for that copy alone: kernels queued
+    after it run while the host checks."""
+    stats = layout.stats
+    if not stats.is_cuda:
+        return stats.tolist
+    host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+    host.copy_(stats, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(stats.device))
+    return lambda: (copied.synchronize(), host.tolist())[1]
+
+
+@torch.library.custom_op("transducer::loss", mutates_args=())
+def loss_op(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int,
+            one_sym_per_frame: bool, from_log_softmax: bool, check_inputs: bool, delay_penalty: float,
+            fastemit_lambda: float, clamp: float, inplace_grad: bool
+            ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    rows = logits.numel() // logits.size(-1)
+    if rows > MAX_ROWS:  # here, not in the Python caller: under torch.compile the rows may be symbolic
+        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
+                         f"{tuple(logits.shape)} with {rows} rows")
+    stages = stages_for(logits.device)
+    layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
+    read = read_stats(layout) if check_inputs else None
+    if read is not None and not logits.is_cuda:  # the CPU stages need valid values to run at all
+        check_loss_values(logits, targets, read(), blank)
+        read = None
+    logits2d = logits.view(-1, logits.size(-1))
+    lp, den = stages.log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty)
+    if read is not None:  # log_probs reads within bounds whatever the values; nothing else runs unchecked
+        check_loss_values(logits, targets, read(), blank)
+    alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
+    return nll, layout.table, lp, den, alpha, beta
+
+
+@loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, blank, one_sym_per_frame, from_log_softmax, check_inputs,
+      delay_penalty, fastemit_lambda, clamp, inplace_grad):
+    acc = accumulate_dtype(logits.dtype)
+    V = logits.size(-1)
+    N = logits.numel() // V
+    B = logit_lengths.size(0)
+    return (logits.new_empty(B, dtype=acc), logits.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64),
+            logits.new_empty(N, 2, dtype=acc), logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc),
+            logits.new_empty(N, dtype=acc))
+
+
+def _loss_setup_context(ctx, inputs, output):
+    (logits, targets, _, _, blank, one_sym_per_frame, from_log_softmax, _, _, fastemit_lambda, clamp,
+     inplace_grad) = inputs
+    nll, table, lp, den, alpha, beta = output
+    ctx.mark_non_differentiable(table, lp, den, alpha, beta)
+    ctx.save_for_backward(logits, targets, table, lp, den, alpha, beta, nll)
+    ctx.options = (blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad)
+
+
+def _loss_backward(ctx, grad_nll, *_):
+    logits, targets, table, lp, den, alpha, beta, nll = ctx.saved_tensors
+    blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad = ctx.options
+    out = logits if inplace_grad else torch.empty_like(logits)
+    loss_backward_op(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame,
+                     from_log_softmax, fastemit_lambda, clamp, out)
+    return out, None, None, None, None, None, None, None, None, None, None, None
+
+
+loss_op.register_autograd(_loss_backward, setup_context=_loss_setup_context)
+
+
+@torch.library.custom_op("transducer::loss_backward", mutates_args=("out",))
+def loss_backward_op(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Tensor, lp: Tensor, den: Tensor,
+                     alpha: Tensor, beta: Tensor, nll: Tensor, blank: int, one_sym_per_frame: bool,
+                     from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
+    """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
+    logits2d = logits.view(-1, logits.size(-1))
+    scale = grad_nll.to(lp.dtype)
+    stages_for(logits.device).gradient(logits2d, targets, layout_of(logits, targets, table), lp, den, alpha, beta,
+                                       nll, scale, blank, from_log_softmax, one_sym_per_frame,
+                                       out.view(logits2d.shape), fastemit_lambda, clamp)
+
+
+@loss_backward_op.register_fake
+def _(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame, from_log_softmax,
+      fastemit_lambda, clamp, out):
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- pack
+
+
+@torch.library.custom_op("transducer::pack", mutates_args=())
+def pack_op(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor
+            ) -> Tuple[Tensor, Tensor]:
+    stages = stages_for(encoder_out.device)
+    layout = stages.layout(logit_lengths, target_lengths, predictor_out.size(1))
+    num_rows = check_pack_values(encoder_out, predictor_out, layout.stats.tolist())
+    return stages.pack_forward(encoder_out, predictor_out, layout, num_rows), layout.table
+
+
+@pack_op.register_fake
+def _(encoder_out, predictor_out, logit_lengths, target_lengths):
+    # the number of rows, sum_b T_b * (U_b + 1), depends on the lengths' values
+    num_rows = torch.library.get_ctx().new_dynamic_size()
+    B = logit_lengths.size(0)
+    return (encoder_out.new_empty(num_rows, encoder_out.size(2)),
+            encoder_out.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64))
+
+
+def _pack_setup_context(ctx, inputs, output):
+    encoder_out, predictor_out, _, _ = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+    ctx.sizes = (encoder_out.size(1), predictor_out.size(1))
+
+
+def _pack_backward(ctx, grad_rows, _):
+    table, = ctx.saved_tensors
+    grad_enc, grad_pred = pack_backward_op(grad_rows.contiguous(), table, *ctx.sizes)
+    return grad_enc, grad_pred, None, None
+
+
+pack_op.register_autograd(_pack_backward, setup_context=_pack_setup_context)
+
+
+@torch.library.custom_op("transducer::pack_backward", mutates_args=())
+def pack_backward_op(grad_rows: Tensor, table: Tensor, max_t: int, max_u1: int) -> Tuple[Tensor, Tensor]:
+    layout = Layout(table, False, max_u1)
+    return stages_for(grad_rows.device).pack_backward(grad_rows, layout, max_t, max_u1)
+
+
+@pack_backward_op.register_fake
+def _(grad_rows, table, max_t, max_u1):
+    B = (table.numel() - 1 - NUM_STATS) // 4
+    D = grad_rows.size(1)
+    return grad_rows.new_empty(B, max_t, D), grad_rows.new_empty(B, max_u1, D)
