@@ -1,0 +1,61 @@
+"""The regularisers against the peers that define them, on the GPU machine (skipped where the peers are
+not importable: see ../shared/peers/README.md): k2's delay penalty (fast_rnnt.rnnt_loss) and warp-rnnt's
+FastEmit (its gradient w.r.t. the log-probabilities it takes)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from _batches import random_batch
+from transducer import transducer_loss
+
+pytestmark = pytest.mark.cuda
+
+
+def peer(name):
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not importable here (the GPU machine's .peers/setup.sh makes it so)")
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("delay_penalty", [0.1, 0.5])
+def test_delay_penalty_matches_k2(delay_penalty):
+    fast_rnnt = peer("fast_rnnt")
+    gen = torch.Generator().manual_seed(90)
+    logits, targets, T, U = random_batch(gen, 6, 30, 10, 50, 0, dtype=torch.float32, scale=2.0, min_t=2)
+    T[2], U[3] = 2, 0
+    logits, targets, T, U = logits.cuda(), targets[:, :int(U.max())].cuda(), T.cuda(), U.cuda()
+    boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], dim=1).long()
+    k2_in = logits.clone().requires_grad_()
+    want = fast_rnnt.rnnt_loss(k2_in, targets.long(), termination_symbol=0, boundary=boundary,
+                               delay_penalty=delay_penalty, reduction="none")
+    weights = torch.rand(6, generator=gen).cuda() + 0.5
+    (want * weights).sum().backward()
+    x = logits.clone().requires_grad_()
+    got = transducer_loss(x, targets, T, U, reduction="none", delay_penalty=delay_penalty)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for b in range(6):
+        torch.testing.assert_close(x.grad[b, :T[b], :U[b] + 1], k2_in.grad[b, :T[b], :U[b] + 1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fastemit_lambda", [0.01, 0.5])
+def test_fastemit_matches_warp_rnnt(fastemit_lambda):
+    warp_rnnt = peer("warp_rnnt")
+    gen = torch.Generator().manual_seed(91)
+    logits, targets, T, U = random_batch(gen, 6, 25, 8, 40, 0, dtype=torch.float32, scale=2.0, min_t=2, min_u=1)
+    log_probs = logits.log_softmax(-1).cuda()
+    targets, T, U = targets[:, :int(U.max())].cuda(), T.cuda(), U.cuda()
+    warp_in = log_probs.clone().requires_grad_()
+    want = warp_rnnt.rnnt_loss(warp_in, targets.int(), T.int(), U.int(), reduction="none", blank=0,
+                               fastemit_lambda=fastemit_lambda)
+    weights = torch.rand(6, generator=gen).cuda() + 0.5
+    (want * weights).sum().backward()
+    x = log_probs.clone().requires_grad_()
+    got = transducer_loss(x, targets, T, U, reduction="none", from_log_softmax=True, fastemit_lambda=fastemit_lambda)
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for b in range(6):
+        torch.testing.assert_close(x.grad[b, :T[b], :U[b] + 1], warp_in.grad[b, :T[b], :U[b] + 1], rtol=1e-4,
+                                   atol=1e-5)
