@@ -17,14 +17,24 @@ enum ReduceOp : int { kSum = 0, kMax = 1, kLogSumExp = 2 };
 // sum / max keep the value in m. logsumexp keeps (m, s): m = max of the elements seen (NaN if any
 // is NaN), s = sum of exp(x - ref(m)) with ref(m) = m, or 0 where m is +-inf (torch's convention:
 // an all -inf slice gives log(0) + 0 = -inf, a +inf gives +inf).
+//
+// kFinite = true drops that care for inputs the caller knows to be finite, or whose non-finite
+// values it reports another way (the transducer's den is made NaN by a separate sum of x - x): the
+// max ignores NaN and ref(m) = m. It costs one compare per element instead of three, which matters
+// in the hot loop of a softmax denominator over 16-bit logits.
 template <typename A>
 struct ReduceState {
   A m, s;
 };
 
-template <typename A>
+template <typename A, bool kFinite>
+__device__ __forceinline__ A max_of(A a, A b) {
+  return kFinite ? (b > a ? b : a) : nan_max(a, b);
+}
+
+template <typename A, bool kFinite>
 __device__ __forceinline__ A lse_ref(A m) {
-  return (m == -neg_inf<A>() || m == neg_inf<A>()) ? A(0) : m;
+  return (!kFinite && (m == -neg_inf<A>() || m == neg_inf<A>())) ? A(0) : m;
 }
 
 template <int OP, typename A>
@@ -36,7 +46,7 @@ __device__ __forceinline__ ReduceState<A> identity() {
 }
 
 // Push N elements at once: logsumexp rescales s at most once per group (when its max grows).
-template <int OP, typename A, typename Exp = AccurateExp, int N>
+template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false, int N>
 __device__ __forceinline__ void push(ReduceState<A>& st, const A (&x)[N]) {
   if (OP == kSum) {
 #pragma unroll
@@ -45,81 +55,84 @@ __device__ __forceinline__ void push(ReduceState<A>& st, const A (&x)[N]) {
   }
   A vm = x[0];
 #pragma unroll
-  for (int j = 1; j < N; ++j) vm = nan_max(vm, x[j]);
-  const A m = nan_max(st.m, vm);
+  for (int j = 1; j < N; ++j) vm = max_of<A, kFinite>(vm, x[j]);
+  const A m = max_of<A, kFinite>(st.m, vm);
   if (OP == kMax) {
     st.m = m;
     return;
   }
   if (!(m == st.m)) {  // the max grew, or became NaN
-    st.s = st.s == A(0) ? A(0) : st.s * Exp()(lse_ref(st.m) - lse_ref(m));
+    st.s = st.s == A(0) ? A(0) : st.s * Exp()(lse_ref<A, kFinite>(st.m) - lse_ref<A, kFinite>(m));
     st.m = m;
   }
-  const A r = lse_ref(m);
+  const A r = lse_ref<A, kFinite>(m);
+  if (kFinite && r == neg_inf<A>()) return;  // all -inf so far: nothing to add
 #pragma unroll
   for (int j = 0; j < N; ++j) st.s += Exp()(x[j] - r);
 }
 
-template <int OP, typename A, typename Exp = AccurateExp>
+template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false>
 __device__ __forceinline__ void push(ReduceState<A>& st, A x) {
   const A one[1] = {x};
-  push<OP, A, Exp, 1>(st, one);
+  push<OP, A, Exp, kFinite, 1>(st, one);
 }
 
-template <int OP, typename A, typename Exp = AccurateExp>
+template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false>
 __device__ __forceinline__ ReduceState<A> merge(ReduceState<A> a, ReduceState<A> b) {
   ReduceState<A> r;
   r.s = A(0);
   if (OP == kSum) {
     r.m = a.m + b.m;
   } else if (OP == kMax) {
-    r.m = nan_max(a.m, b.m);
+    r.m = max_of<A, kFinite>(a.m, b.m);
   } else {
-    r.m = nan_max(a.m, b.m);
-    const A R = lse_ref(r.m);
-    const A ta = a.s == A(0) ? A(0) : a.s * Exp()(lse_ref(a.m) - R);
-    const A tb = b.s == A(0) ? A(0) : b.s * Exp()(lse_ref(b.m) - R);
+    r.m = max_of<A, kFinite>(a.m, b.m);
+    const A R = lse_ref<A, kFinite>(r.m);
+    const A ta = a.s == A(0) ? A(0) : a.s * Exp()(lse_ref<A, kFinite>(a.m) - R);
+    const A tb = b.s == A(0) ? A(0) : b.s * Exp()(lse_ref<A, kFinite>(b.m) - R);
     r.s = r.m != r.m ? r.m : ta + tb;
   }
   return r;
 }
 
-template <int OP, typename A>
+template <int OP, typename A, bool kFinite = false>
 __device__ __forceinline__ A finish(ReduceState<A> st) {
-  return OP == kLogSumExp ? log_acc(st.s) + lse_ref(st.m) : st.m;
+  return OP == kLogSumExp ? log_acc(st.s) + lse_ref<A, kFinite>(st.m) : st.m;
 }
 
-// Merge over the 32 lanes of a warp: every lane ends with the warp's state.
-template <int OP, typename A, typename Exp = AccurateExp>
+// Merge over the 32 lanes of a warp (blockDim.x a multiple of 32): every lane ends with the warp's state.
+template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false>
 __device__ __forceinline__ ReduceState<A> warp_merge(ReduceState<A> st) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     ReduceState<A> other;
     other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
     other.s = OP == kLogSumExp ? __shfl_xor_sync(0xffffffffu, st.s, o) : A(0);
-    st = merge<OP, A, Exp>(st, other);
+    st = merge<OP, A, Exp, kFinite>(st, other);
   }
   return st;
 }
 
-// Merge over a one-dimensional block (at most 32 warps); thread 0 ends with the block's state.
-// `smem` holds 32 states; the call contains a __syncthreads, so every thread of the block makes it.
-template <int OP, typename A, typename Exp = AccurateExp>
+// Merge over a one-dimensional block of whole warps (at most 32); thread 0 ends with the block's
+// state. `smem` holds 32 states; the call contains a __syncthreads, so every thread of the block
+// makes it, and a second call on the same `smem` needs a __syncthreads before it.
+template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false>
 __device__ __forceinline__ ReduceState<A> block_merge(ReduceState<A> st, ReduceState<A>* smem) {
-  st = warp_merge<OP, A, Exp>(st);
+  st = warp_merge<OP, A, Exp, kFinite>(st);
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if ((threadIdx.x & 31) == 0) smem[warp] = st;
   __syncthreads();
   if (warp == 0) {
     st = (int)threadIdx.x < warps ? smem[threadIdx.x] : identity<OP, A>();
-    st = warp_merge<OP, A, Exp>(st);
+    st = warp_merge<OP, A, Exp, kFinite>(st);
   }
   return st;
 }
 
-// Exclusive prefix sum of one value per thread over a one-dimensional block (at most 1024 threads):
-// returns the sum of the values of the threads before this one; *total (if given) gets the block's
-// sum in every thread. `smem` holds 32 values; every thread of the block makes the call.
+// Exclusive prefix sum of one value per thread over a one-dimensional block of whole warps (at most
+// 1024 threads): returns the sum of the values of the threads before this one; *total (if given)
+// gets the block's sum in every thread. `smem` holds 32 values; every thread of the block makes the
+// call, and a second call on the same `smem` needs a __syncthreads before it.
 template <typename A>
 __device__ __forceinline__ A block_exclusive_sum(A value, A* smem, A* total = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;

@@ -61,7 +61,7 @@ class Layout(NamedTuple):
     ``table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (6)]``, where
     ``stats = [min T_b, max T_b, min U_b, max U_b, sum_b T_b*(U_b+1), bad labels]`` (the sum saturates
     at ``CELLS_CAP``; bad labels:
-    targets[b, u] with u < U_b outside [0, V) or equal to blank; unspecified without ``with_stats``).
+    targets[b, u] with u < U_b outside [0, V) or equal to blank; zeros on CUDA without ``with_stats``).
     """
 
     table: torch.Tensor  # int64 (4B + 1 + NUM_STATS,)

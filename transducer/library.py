@@ -1,6 +1,6 @@
 """The loss and pack as registered operators (``torch.ops.transducer.*``): torch.compile and
 torch.export see one opaque op each, with a fake (meta) implementation for shapes and an autograd
-formula, instead of tracing into the CuPy launches.
+formula, instead of tracing into the kernel launches.
 
     transducer::loss(logits, targets, logit_lengths, target_lengths, blank, one_sym_per_frame,
                      from_log_softmax, check_inputs, delay_penalty, fastemit_lambda, clamp,
@@ -12,8 +12,13 @@ formula, instead of tracing into the CuPy launches.
 
 ``nll`` is the (B,) negative log-likelihood (float32, or float64 for float64 logits); ``table``,
 ``lp``, ``den``, ``alpha`` and ``beta`` are what backward needs (transducer/layout.py). Logits and
-targets reach ``loss`` contiguous (the callers in transducer/loss.py make them so, where autograd sees
-the copy). Callers use transducer.loss and transducer.pack, not these.
+targets reach ``loss`` contiguous (transducer/loss.py makes them so, where autograd sees the copy).
+
+``loss`` and ``pack`` below are what the rest of the package calls: the registered ops while
+torch.compile or torch.export traces, and in eager mode autograd Functions around the same
+implementations, the same setup and the same backward. An eager call of a registered op goes through
+several Python layers (about 0.3 ms a call on the GPU machine's host, measured): the eager path skips
+them, so the op costs no host time.
 """
 
 from typing import Tuple
@@ -26,7 +31,7 @@ from ops import accumulate_dtype
 from .checks import check_loss_values, check_pack_values, stages_for
 from .layout import MAX_ROWS, NUM_STATS, Layout
 
-__all__ = []
+__all__ = ["loss", "pack", "make_layout"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False):
@@ -38,13 +43,7 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
                                             with_stats)
 
 
-def layout_of(logits, targets, table):
-    """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits, from its table."""
-    padded = logits.dim() == 4
-    return Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
-
-
-def read_stats(layout):
+def _read_stats(layout):
     """A function returning the layout's stats as a list. On CUDA the copy to pinned memory is queued
     now, right behind the layout launch, and the function waits for that copy alone: kernels queued
     after it run while the host checks."""
@@ -58,18 +57,20 @@ def read_stats(layout):
     return lambda: (copied.synchronize(), host.tolist())[1]
 
 
-@torch.library.custom_op("transducer::loss", mutates_args=())
-def loss_op(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int,
-            one_sym_per_frame: bool, from_log_softmax: bool, check_inputs: bool, delay_penalty: float,
-            fastemit_lambda: float, clamp: float, inplace_grad: bool
-            ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+# ---------------------------------------------------------------------------------------------- loss
+
+
+def _loss_forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int,
+                  one_sym_per_frame: bool, from_log_softmax: bool, check_inputs: bool, delay_penalty: float,
+                  fastemit_lambda: float, clamp: float, inplace_grad: bool
+                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     rows = logits.numel() // logits.size(-1)
     if rows > MAX_ROWS:  # here, not in the Python caller: under torch.compile the rows may be symbolic
         raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
                          f"{tuple(logits.shape)} with {rows} rows")
     stages = stages_for(logits.device)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
-    read = read_stats(layout) if check_inputs else None
+    read = _read_stats(layout) if check_inputs else None
     if read is not None and not logits.is_cuda:  # the CPU stages need valid values to run at all
         check_loss_values(logits, targets, read(), blank)
         read = None
@@ -81,16 +82,35 @@ def loss_op(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengt
     return nll, layout.table, lp, den, alpha, beta
 
 
+def _loss_backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Tensor, lp: Tensor, den: Tensor,
+                   alpha: Tensor, beta: Tensor, nll: Tensor, blank: int, one_sym_per_frame: bool,
+                   from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
+    """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
+    padded = logits.dim() == 4
+    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
+    logits2d = logits.view(-1, logits.size(-1))
+    stages_for(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, grad_nll.to(lp.dtype),
+                                       blank, from_log_softmax, one_sym_per_frame, out.view(logits2d.shape),
+                                       fastemit_lambda, clamp)
+
+
+loss_op = torch.library.custom_op("transducer::loss", _loss_forward, mutates_args=())
+loss_backward_op = torch.library.custom_op("transducer::loss_backward", _loss_backward, mutates_args=("out",))
+
+
 @loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, blank, one_sym_per_frame, from_log_softmax, check_inputs,
-      delay_penalty, fastemit_lambda, clamp, inplace_grad):
+def _(logits, targets, logit_lengths, target_lengths, *options):
     acc = accumulate_dtype(logits.dtype)
-    V = logits.size(-1)
-    N = logits.numel() // V
+    N = logits.numel() // logits.size(-1)
     B = logit_lengths.size(0)
     return (logits.new_empty(B, dtype=acc), logits.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64),
             logits.new_empty(N, 2, dtype=acc), logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc),
             logits.new_empty(N, dtype=acc))
+
+
+@loss_backward_op.register_fake
+def _(*args):
+    return None
 
 
 def _loss_setup_context(ctx, inputs, output):
@@ -102,46 +122,59 @@ def _loss_setup_context(ctx, inputs, output):
     ctx.options = (blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad)
 
 
-def _loss_backward(ctx, grad_nll, *_):
+def _loss_gradient(ctx, grad_nll, backward):
     logits, targets, table, lp, den, alpha, beta, nll = ctx.saved_tensors
     blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad = ctx.options
     out = logits if inplace_grad else torch.empty_like(logits)
-    loss_backward_op(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame,
-                     from_log_softmax, fastemit_lambda, clamp, out)
-    return out, None, None, None, None, None, None, None, None, None, None, None
+    backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame, from_log_softmax,
+             fastemit_lambda, clamp, out)
+    return (out,) + (None,) * 11
 
 
-loss_op.register_autograd(_loss_backward, setup_context=_loss_setup_context)
+loss_op.register_autograd(lambda ctx, grad_nll, *_: _loss_gradient(ctx, grad_nll, loss_backward_op),
+                          setup_context=_loss_setup_context)
 
 
-@torch.library.custom_op("transducer::loss_backward", mutates_args=("out",))
-def loss_backward_op(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Tensor, lp: Tensor, den: Tensor,
-                     alpha: Tensor, beta: Tensor, nll: Tensor, blank: int, one_sym_per_frame: bool,
-                     from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
-    """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
-    logits2d = logits.view(-1, logits.size(-1))
-    scale = grad_nll.to(lp.dtype)
-    stages_for(logits.device).gradient(logits2d, targets, layout_of(logits, targets, table), lp, den, alpha, beta,
-                                       nll, scale, blank, from_log_softmax, one_sym_per_frame,
-                                       out.view(logits2d.shape), fastemit_lambda, clamp)
+class _EagerLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(*inputs):
+        return _loss_forward(*inputs)
+
+    setup_context = staticmethod(_loss_setup_context)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_nll, *_):
+        grads = _loss_gradient(ctx, grad_nll, _loss_backward)
+        if ctx.options[-1]:  # inplace_grad: the kernel wrote through a raw pointer; tell autograd
+            torch.autograd.graph.increment_version(grads[0])
+        return grads
 
 
-@loss_backward_op.register_fake
-def _(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame, from_log_softmax,
-      fastemit_lambda, clamp, out):
-    return None
+def loss(*inputs):
+    """``transducer::loss`` (arguments as above): the registered op while tracing, else the same in eager."""
+    if torch.compiler.is_compiling():
+        return loss_op(*inputs)
+    return _EagerLoss.apply(*inputs)
 
 
 # ---------------------------------------------------------------------------------------------- pack
 
 
-@torch.library.custom_op("transducer::pack", mutates_args=())
-def pack_op(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor
-            ) -> Tuple[Tensor, Tensor]:
+def _pack_forward(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor
+                  ) -> Tuple[Tensor, Tensor]:
     stages = stages_for(encoder_out.device)
     layout = stages.layout(logit_lengths, target_lengths, predictor_out.size(1))
     num_rows = check_pack_values(encoder_out, predictor_out, layout.stats.tolist())
     return stages.pack_forward(encoder_out, predictor_out, layout, num_rows), layout.table
+
+
+def _pack_backward(grad_rows: Tensor, table: Tensor, max_t: int, max_u1: int) -> Tuple[Tensor, Tensor]:
+    return stages_for(grad_rows.device).pack_backward(grad_rows, Layout(table, False, max_u1), max_t, max_u1)
+
+
+pack_op = torch.library.custom_op("transducer::pack", _pack_forward, mutates_args=())
+pack_backward_op = torch.library.custom_op("transducer::pack_backward", _pack_backward, mutates_args=())
 
 
 @pack_op.register_fake
@@ -153,6 +186,12 @@ def _(encoder_out, predictor_out, logit_lengths, target_lengths):
             encoder_out.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64))
 
 
+@pack_backward_op.register_fake
+def _(grad_rows, table, max_t, max_u1):
+    B = (table.numel() - 1 - NUM_STATS) // 4
+    return grad_rows.new_empty(B, max_t, grad_rows.size(1)), grad_rows.new_empty(B, max_u1, grad_rows.size(1))
+
+
 def _pack_setup_context(ctx, inputs, output):
     encoder_out, predictor_out, _, _ = inputs
     ctx.mark_non_differentiable(output[1])
@@ -160,23 +199,31 @@ def _pack_setup_context(ctx, inputs, output):
     ctx.sizes = (encoder_out.size(1), predictor_out.size(1))
 
 
-def _pack_backward(ctx, grad_rows, _):
+def _pack_gradient(ctx, grad_rows, backward):
     table, = ctx.saved_tensors
-    grad_enc, grad_pred = pack_backward_op(grad_rows.contiguous(), table, *ctx.sizes)
+    grad_enc, grad_pred = backward(grad_rows.contiguous(), table, *ctx.sizes)
     return grad_enc, grad_pred, None, None
 
 
-pack_op.register_autograd(_pack_backward, setup_context=_pack_setup_context)
+pack_op.register_autograd(lambda ctx, grad_rows, _: _pack_gradient(ctx, grad_rows, pack_backward_op),
+                          setup_context=_pack_setup_context)
 
 
-@torch.library.custom_op("transducer::pack_backward", mutates_args=())
-def pack_backward_op(grad_rows: Tensor, table: Tensor, max_t: int, max_u1: int) -> Tuple[Tensor, Tensor]:
-    layout = Layout(table, False, max_u1)
-    return stages_for(grad_rows.device).pack_backward(grad_rows, layout, max_t, max_u1)
+class _EagerPack(torch.autograd.Function):
+    @staticmethod
+    def forward(*inputs):
+        return _pack_forward(*inputs)
+
+    setup_context = staticmethod(_pack_setup_context)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_rows, _):
+        return _pack_gradient(ctx, grad_rows, _pack_backward)
 
 
-@pack_backward_op.register_fake
-def _(grad_rows, table, max_t, max_u1):
-    B = (table.numel() - 1 - NUM_STATS) // 4
-    D = grad_rows.size(1)
-    return grad_rows.new_empty(B, max_t, D), grad_rows.new_empty(B, max_u1, D)
+def pack(*inputs):
+    """``transducer::pack`` (arguments as above): the registered op while tracing, else the same in eager."""
+    if torch.compiler.is_compiling():
+        return pack_op(*inputs)
+    return _EagerPack.apply(*inputs)

@@ -1,6 +1,6 @@
 """The transducer loss: the functional form, the module, and torchaudio's spelling of both.
 
-The work happens in the registered op ``torch.ops.transducer.loss`` (transducer/library.py); this
+The work happens in the op ``transducer::loss`` (transducer/library.py); this
 module checks the arguments (types, shapes, options: everything that needs no look at tensor values),
 makes logits and targets contiguous where autograd sees the copy, and reduces the per-utterance
 losses with plain torch ops, so that torch.compile traces all of it.
@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from . import library  # noqa: F401  registers torch.ops.transducer.loss
+from . import library
 from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_index
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -105,10 +105,9 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     """
     _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp, fastemit_lambda,
                      delay_penalty)
-    nll = torch.ops.transducer.loss(logits.contiguous(), targets.contiguous(), logit_lengths, target_lengths,
-                                    operator.index(blank), bool(one_sym_per_frame), bool(from_log_softmax),
-                                    bool(check_inputs), float(delay_penalty), float(fastemit_lambda),
-                                    float(clamp), bool(inplace_grad))[0]
+    nll = library.loss(logits.contiguous(), targets.contiguous(), logit_lengths, target_lengths,
+                       operator.index(blank), bool(one_sym_per_frame), bool(from_log_softmax), bool(check_inputs),
+                       float(delay_penalty), float(fastemit_lambda), float(clamp), bool(inplace_grad))[0]
     # backward sees the true losses (an infinite one gets zero gradient); the caller may see zeros. What
     # is returned is a new tensor, never the op's output that backward keeps, so it may be changed in place.
     if zero_infinity:

@@ -2,7 +2,7 @@
 
 import torch
 
-from . import library  # noqa: F401  registers torch.ops.transducer.pack
+from . import library
 from .checks import INDEX_DTYPES, check_tensor
 
 
@@ -40,5 +40,4 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     if logit_lengths.shape != (B,) or target_lengths.shape != (B,):
         raise ValueError(f"logit_lengths, target_lengths: expected shape ({B},), got "
                          f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
-    return torch.ops.transducer.pack(encoder_out.contiguous(), predictor_out.contiguous(), logit_lengths,
-                                     target_lengths)[0]
+    return library.pack(encoder_out.contiguous(), predictor_out.contiguous(), logit_lengths, target_lengths)[0]

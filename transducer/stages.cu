@@ -151,21 +151,21 @@ __global__ void __launch_bounds__(td::kThreads)
         x[j] = to_acc(vt.v[j]);
         nonfinite += x[j] - x[j];
       }
-      push<kLogSumExp, Acc, FastExp, VEC>(lse, x);
+      push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
     });
     ReduceState<Acc> bad = {nonfinite, Acc(0)};
     if (WPR == 1) {
-      lse = warp_merge<kLogSumExp, Acc, FastExp>(lse);
+      lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
       bad = warp_merge<kSum, Acc>(bad);
     } else {
       __shared__ ReduceState<Acc> smem[2][32];
-      lse = block_merge<kLogSumExp, Acc, FastExp>(lse, smem[0]);
+      lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem[0]);
       bad = block_merge<kSum, Acc>(bad, smem[1]);
     }
     nonfinite = bad.m;
   }
   if (pass.lane == 0) {
-    const Acc d = from_log_softmax ? Acc(0) : finish<kLogSumExp, Acc>(lse) + nonfinite;
+    const Acc d = from_log_softmax ? Acc(0) : finish<kLogSumExp, Acc, true>(lse) + nonfinite;
     den[r] = d;
     lp[2ll * r] = x_blank - d;
     lp[2ll * r + 1] = has_label ? x_label - d + delay_penalty * (Acc(0.5) * (ri.T - 1) - ri.t) : NINF;
@@ -511,9 +511,12 @@ __global__ void __launch_bounds__(1024)
     run += padded_t > 0 ? (long long)padded_t * max_u1 : Ts[b] * strides[b];
   }
   if (tid == 0) splits[B] = total;
-  if (!STATS) return;
-
   long long* stats = table + 4 * B + 1;
+  if (!STATS) {  // not computed, but written: the table is an output of transducer::loss
+    if (tid < 6) stats[tid] = 0;
+    return;
+  }
+
   if (target_cols > 0) {
     const long long n = (long long)B * target_cols;
     for (long long i = tid; i < n; i += blockDim.x) {
