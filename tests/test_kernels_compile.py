@@ -44,9 +44,9 @@ KERNELS = {
         "log_probs_kernel<ops::half_t, int, 8, 1>", "log_probs_kernel<ops::bf16_t, long long, 8, 8>",
         "log_probs_kernel<float, int, 4, 1>", "log_probs_kernel<double, long long, 1, 8>",
         "alpha_beta_kernel<float, false>", "alpha_beta_kernel<double, true>",
-        "gradient_kernel<ops::half_t, int, 8, 1, false, false>",
-        "gradient_kernel<ops::bf16_t, long long, 8, 8, true, true>",
-        "gradient_kernel<float, int, 4, 1, false, true>", "gradient_kernel<double, int, 2, 8, true, false>",
+        "gradient_kernel<ops::half_t, int, 8, 1, false, false, false>",
+        "gradient_kernel<ops::bf16_t, long long, 8, 8, true, true, true>",
+        "gradient_kernel<float, int, 4, 1, false, true, true>", "gradient_kernel<double, int, 2, 8, true, false, false>",
     ],
     "transducer/pack.cu": [
         "pack_forward_kernel<ops::half_t, 8>", "pack_forward_kernel<ops::bf16_t, 8>",

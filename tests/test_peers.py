@@ -23,8 +23,9 @@ def peer(name):
 def test_delay_penalty_matches_k2(delay_penalty):
     fast_rnnt = peer("fast_rnnt")
     gen = torch.Generator().manual_seed(90)
-    logits, targets, T, U = random_batch(gen, 6, 30, 10, 50, 0, dtype=torch.float32, scale=2.0, min_t=2)
-    T[2], U[3] = 2, 0
+    # k2 asserts U_b >= 1
+    logits, targets, T, U = random_batch(gen, 6, 30, 10, 50, 0, dtype=torch.float32, scale=2.0, min_t=2, min_u=1)
+    T[2] = 2
     logits, targets, T, U = logits.cuda(), targets[:, :int(U.max())].cuda(), T.cuda(), U.cuda()
     boundary = torch.stack([torch.zeros_like(T), torch.zeros_like(T), U, T], dim=1).long()
     k2_in = logits.clone().requires_grad_()

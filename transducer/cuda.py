@@ -7,7 +7,6 @@ torch-allocated outputs, no host synchronisation, so a training step stays captu
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -136,12 +135,12 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
-            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}>")
+            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(num_rows),
             i32(V), i32(V // vec), i32(blank), i32(layout.padded), lp, den,
             alpha, beta, loss, scale, i64(scale.stride(0)), _acc(lp.dtype, fastemit_lambda),
-            _acc(lp.dtype, clamp if clamp > 0 else math.inf), out))
+            _acc(lp.dtype, max(clamp, 0.0)), out))
     return out
 
 

@@ -107,7 +107,8 @@ struct RowPass {
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)),
 // penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more).
 // A NaN or +-inf logit makes den, both log-probs and so the utterance's loss NaN (the CPU twin alike):
-// the sum of x - x over the row is 0, or NaN once any x is not finite.
+// x - x is 0, or NaN for a non-finite x, and each vector's sum of it is added to the logsumexp state's
+// sum, which a NaN then keeps NaN through every rescale and merge (no reduction of its own).
 template <typename T, typename I, int VEC, int WPR>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
@@ -142,30 +143,26 @@ __global__ void __launch_bounds__(td::kThreads)
     }
   }
   ReduceState<Acc> lse = identity<kLogSumExp, Acc>();
-  Acc nonfinite = Acc(0);
   if (!from_log_softmax) {
     pass.for_each(true, [&](int, const VT& vt) {
-      Acc x[VEC];
+      Acc x[VEC], nonfinite = Acc(0);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         x[j] = to_acc(vt.v[j]);
         nonfinite += x[j] - x[j];
       }
       push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
+      lse.s += nonfinite;
     });
-    ReduceState<Acc> bad = {nonfinite, Acc(0)};
     if (WPR == 1) {
       lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
-      bad = warp_merge<kSum, Acc>(bad);
     } else {
-      __shared__ ReduceState<Acc> smem[2][32];
-      lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem[0]);
-      bad = block_merge<kSum, Acc>(bad, smem[1]);
+      __shared__ ReduceState<Acc> smem[32];
+      lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem);
     }
-    nonfinite = bad.m;
   }
   if (pass.lane == 0) {
-    const Acc d = from_log_softmax ? Acc(0) : finish<kLogSumExp, Acc, true>(lse) + nonfinite;
+    const Acc d = from_log_softmax ? Acc(0) : finish<kLogSumExp, Acc, true>(lse);
     den[r] = d;
     lp[2ll * r] = x_blank - d;
     lp[2ll * r + 1] = has_label ? x_label - d + delay_penalty * (Acc(0.5) * (ri.T - 1) - ri.t) : NINF;
@@ -370,11 +367,11 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 //   grad = scale * clamp(g, -c, c)
 // lambda = fastemit_lambda (FastEmit, Yu et al. 2021: the gradient w.r.t. each label log-prob scaled
 // by 1 + lambda, and so its share of the softmax term); c = clamp (torchaudio's gradient clamp, for a
-// unit incoming gradient; +inf: none). RNN-T: blank -> (t+1, u), label -> (t, u+1); RNA: blank ->
+// unit incoming gradient; CLAMP false: none). RNN-T: blank -> (t+1, u), label -> (t, u+1); RNA: blank ->
 // (t+1, u), label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0). Zeros on
 // padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
 // `logits` (each element is read before it is written).
-template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA>
+template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
                     const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
@@ -444,7 +441,7 @@ __global__ void __launch_bounds__(td::kThreads)
       Acc g = FLS ? Acc(0) : exp_fast(to_acc(vt.v[j]) + coef);
       if (v == blank) g -= sub_blank;
       if (v == label) g -= sub_label;
-      g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+      if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
       o.v[j] = from_acc<T>(g * sc);
     }
     q[i] = o;
