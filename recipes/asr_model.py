@@ -1,5 +1,6 @@
 """A small transducer: conv-subsampled LSTM or Conformer encoder, LSTM or stateless predictor,
-and a joiner that builds the compact (sum_b T_b*(U_b+1), V) logits through ``transducer.pack``."""
+and a joiner fused with the loss (``transducer.fused_joiner_loss``) or building the compact
+(sum_b T_b*(U_b+1), V) logits through ``transducer.pack``."""
 
 import torch
 from torch import nn
@@ -96,24 +97,44 @@ def select_state(state, keep, new):
 
 
 class Transducer(nn.Module):
+    """Encoder, predictor and joiner ``out(tanh(enc_proj(enc) + pred_proj(pred)))``; ``forward`` gives the
+    batch's mean transducer loss. ``joiner="fused"`` computes joiner and loss together
+    (transducer.fused_joiner_loss: no logits in memory), ``"unfused"`` builds the compact logits through
+    transducer.pack and passes them to ``self.criterion`` (a TransducerLoss); both give the same loss."""
+
     def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
-                 predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0):
+                 predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0, joiner="fused",
+                 one_sym_per_frame=False):
         super().__init__()
+        from transducer import TransducerLoss
+
+        if joiner not in ("fused", "unfused"):
+            raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
         self.blank = blank
+        self.joiner = joiner
         self.encoder = Encoder(encoder, num_mel_bins, encoder_dim, encoder_layers, dropout)
         self.predictor = Predictor(predictor, vocab_size, predictor_dim, blank)
         self.enc_proj = nn.Linear(encoder_dim, joiner_dim)
         self.pred_proj = nn.Linear(predictor_dim, joiner_dim)
         self.out = nn.Linear(joiner_dim, vocab_size)
+        # RNA utterances with more labels than frames have no alignment: they are left out of the loss
+        self.loss_options = dict(blank=blank, one_sym_per_frame=one_sym_per_frame, zero_infinity=one_sym_per_frame)
+        self.criterion = TransducerLoss(**self.loss_options)
 
     def forward(self, feats, feat_lens, targets, target_lens):
-        """Compact logits (sum_b T_b*(U_b+1), V) and the encoder's output lengths T_b."""
-        from transducer import pack
+        """The mean transducer loss of the batch (float32; the joiner's GEMMs in the autocast dtype under autocast)."""
+        from transducer import fused_joiner_loss, pack
 
         enc, enc_lens = self.encoder(feats, feat_lens)
         pred, _ = self.predictor(self.predictor.prepend_blank(targets))
-        h = pack(self.enc_proj(enc), self.pred_proj(pred), enc_lens, target_lens)
-        return self.out(torch.tanh(h)), enc_lens
+        enc, pred = self.enc_proj(enc), self.pred_proj(pred)
+        if self.joiner == "fused":
+            return fused_joiner_loss(enc, pred, self.out.weight, self.out.bias, targets, enc_lens, target_lens,
+                                     **self.loss_options)
+        # the logits as they are (bf16 / fp16 under autocast): the loss reads them in their own dtype and
+        # accumulates in fp32, where a .float() copy would double the largest tensor of the step
+        logits = self.out(torch.tanh(pack(enc, pred, enc_lens, target_lens)))
+        return self.criterion(logits, targets, enc_lens, target_lens)
 
     @torch.no_grad()
     def greedy_decode(self, feats, feat_lens, max_symbols=5, one_sym_per_frame=False):

@@ -75,6 +75,9 @@ def build_parser():
     m.add_argument("--predictor-dim", type=positive(int), default=128)
     m.add_argument("--joiner-dim", type=positive(int), default=128)
     m.add_argument("--rna", action="store_true", help="one symbol per frame (RNA loss and decoding)")
+    m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
+                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in memory); "
+                        "unfused: compact logits through transducer.pack, then TransducerLoss")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive(int), default=12)
     t.add_argument("--max-frames", type=positive(int), default=3000, help="padded input frames per batch")
@@ -221,15 +224,11 @@ def spec_augment(x):
     return x.squeeze(1).transpose(1, 2)
 
 
-def forward_loss(net, criterion, x, xl, y, yl, amp_dtype=None):
-    """The training loss of one batch; the model under autocast to ``amp_dtype`` when given.
-
-    The joiner's logits reach the loss as they are (bf16 / fp16 under autocast): the loss reads them in
-    their own dtype and accumulates in fp32, while a ``.float()`` copy would double the largest tensor
-    of the step."""
+def forward_loss(net, x, xl, y, yl, amp_dtype=None):
+    """The training loss of one batch; the model (joiner and loss included) under autocast to ``amp_dtype``
+    when given: its GEMMs run in that dtype, the loss arithmetic in fp32 (asr_model.Transducer)."""
     with torch.autocast(x.device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-        logits, tl = net(x, xl, y, yl)
-    return criterion(logits, y, tl, yl)
+        return net(x, xl, y, yl)
 
 
 # ---------------------------------------------------------------------- metrics
@@ -347,8 +346,6 @@ def train(a, dist, t_start):
     random.seed(a.seed)
     torch.manual_seed(a.seed)
 
-    from transducer import TransducerLoss
-
     exp = Path(a.exp_dir)
     if dist.main:
         exp.mkdir(parents=True, exist_ok=True)
@@ -372,10 +369,11 @@ def train(a, dist, t_start):
         f"{len(tokenizer)} tokens ({time.time() - t_start:.1f} s)")
 
     model = Transducer(len(tokenizer), encoder=a.encoder, encoder_dim=a.encoder_dim, encoder_layers=a.encoder_layers,
-                       predictor=a.predictor, predictor_dim=a.predictor_dim, joiner_dim=a.joiner_dim).to(device)
+                       predictor=a.predictor, predictor_dim=a.predictor_dim, joiner_dim=a.joiner_dim, joiner=a.joiner,
+                       one_sym_per_frame=a.rna).to(device)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
-        f"{a.predictor} predictor, {'RNA' if a.rna else 'RNN-T'} loss, device {device}, world {dist.world}")
-    criterion = TransducerLoss(blank=0, reduction="mean", one_sym_per_frame=a.rna, zero_infinity=a.rna)
+        f"{a.predictor} predictor, {a.joiner} joiner, {'RNA' if a.rna else 'RNN-T'} loss, device {device}, "
+        f"world {dist.world}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
                             seed=a.seed, rank=dist.rank, world=dist.world)
@@ -423,7 +421,7 @@ def train(a, dist, t_start):
             x, xl, y, yl = x.to(device), xl.to(device), y.to(device), yl.to(device)
             if not a.no_specaug:
                 x = spec_augment(x)
-            loss = forward_loss(net, criterion, x, xl, y, yl, amp_dtype if amp else None)
+            loss = forward_loss(net, x, xl, y, yl, amp_dtype if amp else None)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)

@@ -75,9 +75,9 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
         assert torch.equal(saved["model"][k], sa[k]), k
 
 
-def test_rna_and_stateless_predictor(corpus, tmp_path):
+def test_rna_stateless_predictor_unfused_joiner(corpus, tmp_path):
     r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2,
-             "--rna", "--predictor", "stateless"])
+             "--rna", "--predictor", "stateless", "--joiner", "unfused"])
     assert np.isfinite(r["history"][0]["train_loss"])
 
 
@@ -176,25 +176,23 @@ def test_short_clips_and_duration_field(tmp_path):
 
 def test_autocast_logits_reach_the_loss_as_they_are():
     from asr_model import Transducer
-    from transducer import TransducerLoss
-
-    torch.manual_seed(0)
-    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
-                       joiner_dim=8)
-    seen = []
-
-    def criterion(logits, *args):
-        seen.append(logits.dtype)
-        return TransducerLoss()(logits, *args)
 
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 31])
     y, yl = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([3, 2])
-    loss = train_toy.forward_loss(model, criterion, x, xl, y, yl, torch.bfloat16)
-    loss.backward()
-    assert seen == [torch.bfloat16] and loss.dtype == torch.float32 and torch.isfinite(loss)
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    train_toy.forward_loss(model, criterion, x, xl, y, yl)
-    assert seen[-1] == torch.float32
+    losses = {}
+    for joiner in ("unfused", "fused"):
+        torch.manual_seed(0)
+        model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
+                           joiner_dim=8, joiner=joiner).eval()
+        seen = []
+        model.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+        loss = train_toy.forward_loss(model, x, xl, y, yl, torch.bfloat16)
+        loss.backward()
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        assert seen == ([torch.bfloat16] if joiner == "unfused" else [])
+        losses[joiner] = float(train_toy.forward_loss(model, x, xl, y, yl))  # fp32
+    assert losses["fused"] == pytest.approx(losses["unfused"], rel=1e-5)
 
 
 def test_manifest_training_run(tmp_path, capsys):

@@ -46,17 +46,18 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1))
 
 
-def _coordinates(layout):
-    """(b, t, u) of every row of the layout as int64 tensors: row = row_splits[b] + t * row_strides[b] + u."""
+def _coordinates(layout, start=0, end=None):
+    """(b, t, u) of the rows [start, end) of the layout (end: all), as int64 tensors:
+    row = row_splits[b] + t * row_strides[b] + u."""
     row_splits = layout.row_splits
-    b = row_splits_to_row_ids(row_splits, int(row_splits[-1]), validate=False)
-    local = torch.arange(b.numel()) - row_splits[b]
+    b = row_splits_to_row_ids(row_splits, int(row_splits[-1]), validate=False)[start:end]
+    local = torch.arange(start, start + b.numel()) - row_splits[b]
     t, u = FastDivmod(layout.row_strides[b]).divmod(local, check=False)
     return b, t, u
 
 
-def _cells(layout):
-    b, t, u = _coordinates(layout)
+def _cells(layout, start=0, end=None):
+    b, t, u = _coordinates(layout, start, end)
     is_cell = (t < layout.logit_lengths[b]) & (u <= layout.target_lengths[b])
     return b, t, u, is_cell
 
@@ -75,10 +76,12 @@ def _chunks(num_rows, vocab_size):
         yield start, min(start + step, num_rows)
 
 
-def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0):
+def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None):
+    # logits2d holds the rows [row_start, row_start + num_rows) of the layout; so do lp and den (or, given
+    # as out, the full arrays are written there)
     num_rows, vocab_size = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
-    b, t, u, is_cell = _cells(layout)
+    b, t, u, is_cell = _cells(layout, row_start, row_start + num_rows)
     has_label = is_cell & (u < layout.target_lengths[b])
     picks = torch.stack([torch.full_like(b, blank), _labels(targets, b, u, has_label, blank)], dim=1)
     lp = torch.empty(num_rows, 2, dtype=acc)
@@ -94,7 +97,11 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     if delay_penalty:  # k2's delay penalty on the label log-probs: delay_penalty * ((T_b - 1) / 2 - t)
         lp[:, 1] += delay_penalty * ((layout.logit_lengths[b] - 1).to(acc) * 0.5 - t)
     lp[:, 1].masked_fill_(~has_label, -math.inf)
-    return lp, den
+    if out is None:
+        return lp, den
+    out[0][row_start:row_start + num_rows] = lp
+    out[1][row_start:row_start + num_rows] = den
+    return out
 
 
 def _grid(values, is_cell, rows):
@@ -150,14 +157,14 @@ def alpha_beta(lp, layout, one_sym_per_frame):
     return alpha_rows, beta_rows, loss
 
 
-def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame):
-    """Per row: the cell's posterior and the posteriors of its blank and label arcs (zero off the
-    utterances that get a gradient)."""
-    b, t, u, is_cell = _cells(layout)
+def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame, start, end):
+    """For the rows [start, end): the cell's posterior and the posteriors of its blank and label arcs (zero
+    off the utterances that get a gradient). lp, alpha and beta hold every row of the layout."""
+    b, t, u, is_cell = _cells(layout, start, end)
     T, U, stride = layout.logit_lengths[b], layout.target_lengths[b], layout.row_strides[b]
-    num_rows = lp.size(0)
-    row = torch.arange(num_rows)
-    last = num_rows - 1
+    row = torch.arange(start, end)
+    last = lp.size(0) - 1
+    lp, alpha, beta = lp[start:end], alpha[start:end], beta
     # after a blank: (t+1, u), or the end of the alignment from (T-1, U)
     after_blank = torch.where(t + 1 < T, beta[(row + stride).clamp(max=last)],
                               torch.where(u == U, 0.0, -math.inf))
@@ -171,7 +178,7 @@ def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_fra
 
     live = is_cell & (torch.isfinite(loss) & (scale != 0))[b]
     log_norm = torch.where(live, alpha + loss[b], -math.inf)
-    occupancy = torch.exp(log_norm + beta)
+    occupancy = torch.exp(log_norm + beta[start:end])
     blank_arc = torch.exp(log_norm + lp[:, 0] + after_blank)
     label_arc = torch.exp(log_norm + lp[:, 1] + after_label)
     has_label = is_cell & (u < U)
@@ -179,12 +186,14 @@ def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_fra
 
 
 def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
-             from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0):
+             from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0, row_start=0):
     # g = softmax * (occupancy + lambda * label_arc) - [blank] blank_arc - [label] (1 + lambda) label_arc,
-    # clamped to [-clamp, clamp] (clamp > 0), times scale[b]: stages.cu's gradient_kernel says why
+    # clamped to [-clamp, clamp] (clamp > 0), times scale[b]: stages.cu's gradient_kernel says why.
+    # logits2d and out hold the rows [row_start, row_start + num_rows) of the layout.
     num_rows, vocab_size = logits2d.shape
     occupancy, blank_arc, label_arc, b, u, has_label, live = _gradient_coefficients(
-        layout, lp, alpha, beta, loss, scale, one_sym_per_frame)
+        layout, lp, alpha, beta, loss, scale, one_sym_per_frame, row_start, row_start + num_rows)
+    den = den[row_start:row_start + num_rows]
     labels = _labels(targets, b, u, has_label, blank)
     softmax_factor = occupancy + fastemit_lambda * label_arc if fastemit_lambda else occupancy
     label_arc = label_arc * (1 + fastemit_lambda)
@@ -207,17 +216,23 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     return out
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows):
-    B, max_t, D = encoder_out.shape
-    b, t, u = _coordinates(layout)
-    out = encoder_out.reshape(-1, D).index_select(0, b * max_t + t)
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0):
+    D = encoder_out.size(2)
+    b, t, u = _coordinates(layout, row_start, row_start + num_rows)
+    out = encoder_out.reshape(-1, D).index_select(0, b * encoder_out.size(1) + t)
     out += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
     return out
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):
     B, D = layout.batch_size, grad_out.size(1)
-    b, t, u = _coordinates(layout)
-    grad_enc = grad_out.new_zeros(B * max_t, D).index_add_(0, b * max_t + t, grad_out)
-    grad_pred = grad_out.new_zeros(B * max_u1, D).index_add_(0, b * max_u1 + u, grad_out)
-    return grad_enc.view(B, max_t, D), grad_pred.view(B, max_u1, D)
+    grad_enc, grad_pred = grad_out.new_zeros(B, max_t, D), grad_out.new_zeros(B, max_u1, D)
+    return pack_backward_add(grad_out, layout, 0, (0, B), grad_enc, grad_pred)
+
+
+def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred):
+    B, max_t, D = grad_enc.shape
+    b, t, u = _coordinates(layout, row_start, row_start + grad_rows.size(0))
+    grad_enc.view(-1, D).index_add_(0, b * max_t + t, grad_rows.to(grad_enc.dtype))
+    grad_pred.view(-1, D).index_add_(0, b * grad_pred.size(1) + u, grad_rows.to(grad_pred.dtype))
+    return grad_enc, grad_pred

@@ -77,11 +77,14 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     return Layout(table, padded_t > 0, int(max_u1))
 
 
-def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0):
+def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None):
     num_rows, V = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
-    lp = torch.empty(num_rows, 2, dtype=acc, device=logits2d.device)
-    den = torch.empty(num_rows, dtype=acc, device=logits2d.device)
+    if out is None:
+        lp = torch.empty(num_rows, 2, dtype=acc, device=logits2d.device)
+        den = torch.empty(num_rows, dtype=acc, device=logits2d.device)
+    else:
+        lp, den = out
     if num_rows == 0:
         return lp, den
     itemsize = logits2d.element_size()
@@ -90,9 +93,8 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     rows_per_block = _THREADS // (32 * wpr)
     name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}>"
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(num_rows),
-            i32(V), i32(V // vec), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty),
-            lp, den))
+           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
+            i32(V // vec), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
 
@@ -121,7 +123,7 @@ def alpha_beta(lp, layout, one_sym_per_frame):
 
 
 def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
-             from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0):
+             from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0, row_start=0):
     num_rows, V = logits2d.shape
     if num_rows == 0:
         return out
@@ -137,14 +139,10 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
             f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(num_rows),
-            i32(V), i32(V // vec), i32(blank), i32(layout.padded), lp, den,
-            alpha, beta, loss, scale, i64(scale.stride(0)), _acc(lp.dtype, fastemit_lambda),
-            _acc(lp.dtype, max(clamp, 0.0)), out))
+           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
+            i32(V // vec), i32(blank), i32(layout.padded), lp, den, alpha, beta, loss, scale, i64(scale.stride(0)),
+            _acc(lp.dtype, fastemit_lambda), _acc(lp.dtype, max(clamp, 0.0)), out))
     return out
-
-
-# --------------------------------------------------------------------------- packing
 
 
 def _threads_per_item(nvec):
@@ -155,8 +153,9 @@ def _threads_per_item(nvec):
     return tpr
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows):
-    """Compact joiner input: out[r] = encoder_out[b, t] + predictor_out[b, u] for row r = (b, t, u)."""
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0):
+    """Compact joiner input: out[r - row_start] = encoder_out[b, t] + predictor_out[b, u] for the rows
+    r = (b, t, u) in [row_start, row_start + num_rows)."""
     _check_cuda(encoder_out, predictor_out)
     if encoder_out.dtype != predictor_out.dtype:
         raise ValueError("pack_forward: encoder_out and predictor_out must have the same dtype")
@@ -173,9 +172,32 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows):
     items_per_block = _THREADS // tpr
     name = f"pack_forward_kernel<{ctype(encoder_out.dtype)}, {vec}>"
     launch(_PACK, name, out, ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
-           (encoder_out, predictor_out, *_table(layout), i32(num_rows), i32(max_t),
-            i32(max_u1), i32(nvec), i32(tpr.bit_length() - 1), out))
+           (encoder_out, predictor_out, *_table(layout), i32(row_start), i32(num_rows), i32(max_t), i32(max_u1),
+            i32(nvec), i32(tpr.bit_length() - 1), out))
     return out
+
+
+def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate):
+    """The launches of pack_grad_kernel: for each of grads = (grad_enc, grad_pred), the sums over u and
+    over t of the rows [row_start, row_start + len(grad_rows)), items of `utterances` = (first, end)."""
+    D = grad_rows.size(1)
+    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads])
+    nvec = D // vec
+    tpr = _threads_per_item(nvec)
+    items_per_block = _THREADS // tpr
+    b0, b1 = utterances
+    for grad, pred in zip(grads, (False, True)):
+        per_b = grad.size(1)
+        num_items = (b1 - b0) * per_b
+        if num_items == 0:
+            continue
+        if layout.batch_size * per_b >= 1 << 31:
+            raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
+        name = (f"pack_grad_kernel<{ctype(grad_rows.dtype)}, {ctype(grad.dtype)}, {vec}, {_flag(pred)}, "
+                f"{_flag(accumulate)}>")
+        launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
+               (grad_rows, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items),
+                i32(row_start), i32(row_start + grad_rows.size(0)), i32(nvec), i32(tpr.bit_length() - 1), grad))
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):
@@ -183,24 +205,18 @@ def pack_backward(grad_out, layout, max_t, max_u1):
     _check_cuda(grad_out)
     grad_out = grad_out.contiguous()
     B, D = layout.batch_size, grad_out.size(1)
-    max_t, max_u1 = int(max_t), int(max_u1)
-    grad_enc = torch.empty(B, max_t, D, dtype=grad_out.dtype, device=grad_out.device)
-    grad_pred = torch.empty(B, max_u1, D, dtype=grad_out.dtype, device=grad_out.device)
-    if D == 0 or B == 0:
-        return grad_enc, grad_pred
-    vec = vector_width(grad_out.element_size(), D, [grad_out, grad_enc, grad_pred])
-    nvec = D // vec
-    tpr = _threads_per_item(nvec)
-    items_per_block = _THREADS // tpr
-    dtype = ctype(grad_out.dtype)
-    for grad, per_b, pred in ((grad_enc, max_t, False), (grad_pred, max_u1, True)):
-        num_items = B * per_b
-        if num_items == 0:
-            continue
-        if num_items >= 1 << 31:
-            raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
-        launch(_PACK, f"pack_grad_kernel<{dtype}, {vec}, {_flag(pred)}>", grad,
-               ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-               (grad_out, *_table(layout), FastDivmod(per_b).as_struct(), i32(num_items), i32(nvec),
-                i32(tpr.bit_length() - 1), grad))
+    grad_enc = torch.empty(B, int(max_t), D, dtype=grad_out.dtype, device=grad_out.device)
+    grad_pred = torch.empty(B, int(max_u1), D, dtype=grad_out.dtype, device=grad_out.device)
+    if D > 0 and B > 0:
+        _pack_grad(grad_out, layout, 0, (0, B), (grad_enc, grad_pred), False)
+    return grad_enc, grad_pred
+
+
+def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred):
+    """grad_enc (B, max_t, D) and grad_pred (B, max_u1, D), of the accumulation dtype, += the sums over u
+    and over t of the rows [row_start, row_start + len(grad_rows)), which lie in the utterances
+    [first, end) = `utterances`: pack's backward, one tile of rows at a time."""
+    _check_cuda(grad_rows)
+    if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
+        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True)
     return grad_enc, grad_pred

@@ -1,30 +1,33 @@
-// Packing the joiner input straight into the compact layout, and its backward
-// (launched by transducer/cuda.py: pack_forward / pack_backward).
+// Packing the joiner input straight into the compact layout, and its backward (launched by
+// transducer/cuda.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
+// of the layout, so that the fused joiner loss (transducer/fused.py) can go tile by tile:
 //
-//   pack_forward_kernel       out[r] = enc[b, t] + pred[b, u] for row r = (b, t, u)
-//   pack_grad_kernel<, false> grad_enc[b, t]  = sum_{u <= U_b} grad_out[row(b, t, u)]   (t < T_b, else 0)
-//   pack_grad_kernel<, true>  grad_pred[b, u] = sum_{t < T_b}  grad_out[row(b, t, u)]   (u <= U_b, else 0)
+//   pack_forward_kernel            out[r - row_start] = enc[b, t] + pred[b, u] for row r = (b, t, u)
+//   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  rows(b, t, u) in range   (t < T_b)
+//   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   rows(b, t, u) in range   (u <= U_b)
 //
-// Each output row is owned by one group of TPR threads (a power of two), each
-// thread one VEC-wide slice of D at a time: no atomics, fp32 (fp64) sums.
+// Each output row is owned by one group of TPR threads (a power of two), each thread one VEC-wide
+// slice of D at a time: no atomics, fp32 (fp64) sums. With ACCUMULATE the sums are added to the
+// output (of the accumulation type), else they overwrite it (in the rows' type).
 
 #include "transducer/common.cuh"
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
-                        int B, int num_rows, int max_t, int max_u1, int nvec, int log_tpr, T* __restrict__ out) {
+                        int B, int row_start, int num_rows, int max_t, int max_u1, int nvec, int log_tpr,
+                        T* __restrict__ out) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
-  const int r = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
-  if (r >= num_rows) return;
+  const int local = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
+  if (local >= num_rows) return;
   const td::Grids g{table, B};
   int b, t, u;
-  g.coordinates(r, b, t, u);
+  g.coordinates(row_start + local, b, t, u);
   const long long D = (long long)nvec * VEC;
-  V* po = reinterpret_cast<V*>(out + (long long)r * D);
+  V* po = reinterpret_cast<V*>(out + (long long)local * D);
   if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros
     V z;
 #pragma unroll
@@ -43,42 +46,54 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over t.
-template <typename T, int VEC, bool PRED>
+// PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
+// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them.
+template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE>
 __global__ void __launch_bounds__(256)
-    pack_grad_kernel(const T* __restrict__ grad_out, const long long* __restrict__ table, int B, FastDivmod per_b,
-                     int num_items, int nvec, int log_tpr, T* __restrict__ grad) {
+    pack_grad_kernel(const T* __restrict__ grad_rows, const long long* __restrict__ table, int B, FastDivmod per_b,
+                     int item_start, int num_items, int row_start, int row_end, int nvec, int log_tpr,
+                     O* __restrict__ grad) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
+  typedef Vec<O, VEC> VO;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
-  const int item = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
-  if (item >= num_items) return;
+  const int item = item_start + blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
+  if (item >= item_start + num_items) return;
   int b, k;  // k = t (enc) or u (pred)
   per_b.divmod(item, b, k);
   const td::Grids g{table, B};
   const int Tb = (int)g.T(b), Ub = (int)g.U(b);
   const long long st = g.stride(b);
   const long long D = (long long)nvec * VEC;
-  // first row summed and the row step between summands
+  // the rows summed: first + c * step for c in [0, count), then only those in [row_start, row_end)
   const long long first = PRED ? g.split(b) + k : g.split(b) + (long long)k * st;
-  const long long step = PRED ? st * D : D;
-  const int count = PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0);
-  V* po = reinterpret_cast<V*>(grad + (long long)item * D);
+  const long long step = PRED ? st : 1;
+  const long long count = PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0);
+  long long c0 = row_start > first ? (row_start - first + step - 1) / step : 0;
+  long long c1 = row_end > first ? (row_end - first + step - 1) / step : 0;
+  c1 = c1 < count ? c1 : count;
+  VO* po = reinterpret_cast<VO*>(grad + (long long)item * D);
   for (int i = lane; i < nvec; i += (1 << log_tpr)) {
     Acc acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
-    const T* p = grad_out + first * D + (long long)i * VEC;
+    const T* p = grad_rows + (first - row_start) * D + (long long)i * VEC;
 #pragma unroll 4
-    for (int c = 0; c < count; ++c) {
-      const V x = *reinterpret_cast<const V*>(p + c * step);
+    for (long long c = c0; c < c1; ++c) {
+      const V x = *reinterpret_cast<const V*>(p + c * step * D);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
     }
-    V o;
+    VO o;
+    if constexpr (ACCUMULATE) {
+      o = po[i];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<T>(acc[j]);
+      for (int j = 0; j < VEC; ++j) o.v[j] += (O)acc[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<O>(acc[j]);
+    }
     po[i] = o;
   }
 }

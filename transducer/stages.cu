@@ -48,29 +48,32 @@ __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   return ri;
 }
 
-// One row of the (N, V) logits, read by a group of G threads in VEC-wide vectors, kUnroll vectors in
-// flight per thread: what log_probs and gradient share. In the compact layout the first vectors are
+// One row of the logits, read by a group of G threads in VEC-wide vectors, kUnroll vectors in flight
+// per thread: what log_probs and gradient share. `logits` holds the rows [row_start, row_start +
+// num_rows) of the layout (all of them, or a tile of the fused joiner loss); the per-row arrays (lp,
+// den, alpha, beta) are indexed by the row of the layout. In the compact layout the first vectors are
 // loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
 // and the loads of strides, lengths and targets overlap them instead of delaying them.
 template <typename T, int VEC, int WPR>
 struct RowPass {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
-  int lane, r, nvec;
-  long long row;  // offset of the row's first element
+  int lane, r, nvec;  // r: the row of the layout (row_start + the row of `logits`)
+  long long row;      // offset of the row's first element in `logits`
   const VT* p;
   VT buf[kUnroll];
   bool early;
   RowInfo ri;
 
   // false for the threads past the last row (uniform per row, per block when WPR == 8)
-  __device__ __forceinline__ bool begin(const T* logits, const long long* table, int B, int num_rows, int V,
-                                        int nvec_, bool load_early) {
+  __device__ __forceinline__ bool begin(const T* logits, const long long* table, int B, int row_start, int num_rows,
+                                        int V, int nvec_, bool load_early) {
     lane = threadIdx.x & (Geo::G - 1);
-    r = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
-    if (r >= num_rows) return false;
+    const int local = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
+    if (local >= num_rows) return false;
+    r = row_start + local;
     nvec = nvec_;
-    row = (long long)r * V;
+    row = (long long)local * V;
     p = reinterpret_cast<const VT*>(logits + row);
     early = load_early;
     if (early) load(lane);
@@ -112,15 +115,15 @@ struct RowPass {
 template <typename T, typename I, int VEC, int WPR>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
-                     const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
-                     int from_log_softmax, typename ops::AccOf<T>::type delay_penalty,
+                     const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int nvec, int blank,
+                     int padded, int from_log_softmax, typename ops::AccOf<T>::type delay_penalty,
                      typename ops::AccOf<T>::type* __restrict__ lp, typename ops::AccOf<T>::type* __restrict__ den) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef typename RowPass<T, VEC, WPR>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   RowPass<T, VEC, WPR> pass;
-  if (!pass.begin(logits, table, B, num_rows, V, nvec, !padded && !from_log_softmax)) return;
+  if (!pass.begin(logits, table, B, row_start, num_rows, V, nvec, !padded && !from_log_softmax)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
@@ -374,8 +377,8 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
-                    const long long* __restrict__ table, int B, int num_rows, int V, int nvec, int blank, int padded,
-                    const typename ops::AccOf<T>::type* __restrict__ lp,
+                    const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int nvec, int blank,
+                    int padded, const typename ops::AccOf<T>::type* __restrict__ lp,
                     const typename ops::AccOf<T>::type* __restrict__ den,
                     const typename ops::AccOf<T>::type* __restrict__ alpha,
                     const typename ops::AccOf<T>::type* __restrict__ beta,
@@ -387,7 +390,7 @@ __global__ void __launch_bounds__(td::kThreads)
   typedef typename RowPass<T, VEC, WPR>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   RowPass<T, VEC, WPR> pass;
-  if (!pass.begin(logits, table, B, num_rows, V, nvec, !FLS && !padded)) return;
+  if (!pass.begin(logits, table, B, row_start, num_rows, V, nvec, !FLS && !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   VT* q = reinterpret_cast<VT*>(out + pass.row);

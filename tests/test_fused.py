@@ -1,0 +1,188 @@
+"""The fused joiner loss against the unfused composition transducer_loss(F.linear(act(pack(...)))), on
+every device: float64 exactness, gradcheck, float32, bf16 autocast, tiles that split utterances."""
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+from _batches import DEVICES
+from transducer import FusedJoinerLoss, fused_joiner_loss, pack, transducer_loss
+
+
+def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    T = torch.randint(1, max_t + 1, (B,), generator=gen)
+    U = torch.randint(0, max_u + 1, (B,), generator=gen)
+    T[0], U[0] = max_t, max_u
+    T[1], U[1] = 1, 0   # T_b = 1
+    U[2] = 0            # U_b = 0
+    if rna:
+        U = torch.minimum(U, T - 1)
+    labels = torch.tensor([v for v in range(V) if v != blank])
+    targets = labels[torch.randint(0, len(labels), (B, max_u), generator=gen)]
+    enc = torch.randn(B, max_t, J, generator=gen, dtype=torch.float64)
+    pred = torch.randn(B, max_u + 1, J, generator=gen, dtype=torch.float64)
+    weight = torch.randn(V, J, generator=gen, dtype=torch.float64) * 0.5
+    bias = torch.randn(V, generator=gen, dtype=torch.float64)
+    grads = [t.to(device, dtype).requires_grad_() for t in (enc, pred, weight, bias)]
+    return (*grads, targets.to(device), T.to(device), U.to(device),
+            torch.rand(B, generator=gen, dtype=torch.float64).to(device) + 0.5)
+
+
+def unfused(enc, pred, weight, bias, targets, T, U, activation="tanh", **options):
+    h = pack(enc, pred, T, U)
+    h = torch.tanh(h) if activation == "tanh" else torch.relu(h) if activation == "relu" else h
+    return transducer_loss(F.linear(h, weight, bias), targets, T, U, **options)
+
+
+def both(seed, device, dtype=torch.float64, reduction="none", activation="tanh", bias=True, max_rows=None,
+         **options):
+    """(losses, gradients) of the fused and the unfused loss on the same batch, weighted per utterance."""
+    enc, pred, weight, b, targets, T, U, w = joiner_batch(seed, dtype=dtype, device=device,
+                                                          rna=options.get("one_sym_per_frame", False),
+                                                          blank=options.get("blank", 0))
+    b = b if bias else None
+    params = (enc, pred, weight) + ((b,) if bias else ())
+    out = []
+    for fn in (lambda: fused_joiner_loss(enc, pred, weight, b, targets, T, U, activation=activation,
+                                         reduction=reduction, max_rows=max_rows, **options),
+               lambda: unfused(enc, pred, weight, b, targets, T, U, activation, reduction=reduction, **options)):
+        loss = fn()
+        objective = (loss * w.to(loss.dtype)).sum() if reduction == "none" else loss * 1.7
+        out.append((loss.detach(), torch.autograd.grad(objective, params)))
+    return out
+
+
+CASES = [  # activation, reduction, max_rows (tiles split utterances), options
+    ("tanh", "none", None, {}),
+    ("tanh", "mean", 5, {}),
+    ("relu", "sum", 1, {}),
+    ("identity", "none", 7, dict(blank=3)),
+    ("tanh", "none", 11, dict(one_sym_per_frame=True)),
+    ("tanh", "mean", 6, dict(clamp=0.05, fastemit_lambda=0.3, delay_penalty=0.2)),
+    ("relu", "none", 4, dict(one_sym_per_frame=True, zero_infinity=True, delay_penalty=-0.1)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_float64_equals_unfused(device, case):
+    activation, reduction, max_rows, options = CASES[case]
+    (fused, fused_grads), (want, want_grads) = both(500 + case, device, reduction=reduction, activation=activation,
+                                                    bias=case != 2, max_rows=max_rows, **options)
+    torch.testing.assert_close(fused, want, rtol=1e-10, atol=1e-12)
+    for got, exp in zip(fused_grads, want_grads):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_equals_unfused(device):
+    (fused, fused_grads), (want, want_grads) = both(520, device, dtype=torch.float32, max_rows=9)
+    torch.testing.assert_close(fused, want, rtol=1e-5, atol=1e-5)
+    for got, exp in zip(fused_grads, want_grads):
+        torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck(device):
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(530, B=3, max_t=4, max_u=2, J=3, V=5, device=device)
+    assert torch.autograd.gradcheck(
+        lambda e, p, w, b: fused_joiner_loss(e, p, w, b, targets, T, U, max_rows=4, reduction="none"),
+        (enc, pred, weight, bias), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_autocast_within_the_unfused_bound(device):
+    """Under bf16 autocast the GEMMs run in bf16, the loss in fp32. The bound: the fused loss and gradients are
+    off the fp32 ones by at most twice what the unfused bf16 path is (plus 1e-3 of the gradient's scale)."""
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(540, B=6, max_t=20, max_u=8, J=64, V=100, device=device,
+                                                             dtype=torch.float32)
+    params = (enc, pred, weight, bias)
+
+    def run(fn, autocast):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            loss = fn()
+        return loss.detach(), torch.autograd.grad(loss, params)
+
+    fused = lambda: fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=50)  # noqa: E731
+    ref_loss, ref_grads = run(fused, False)
+    un_loss, un_grads = run(lambda: unfused(enc, pred, weight, bias, targets, T, U), True)
+    fu_loss, fu_grads = run(fused, True)
+    assert fu_loss.dtype == torch.float32
+    assert abs(fu_loss - ref_loss) <= 2 * abs(un_loss - ref_loss) + 1e-3 * abs(ref_loss)
+    for fu, un, ref in zip(fu_grads, un_grads, ref_grads):
+        assert fu.dtype == ref.dtype
+        bound = 2 * (un - ref).abs().max() + 1e-3 * ref.abs().max()
+        assert (fu - ref).abs().max() <= bound
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module(device):
+    torch.manual_seed(0)
+    m = FusedJoinerLoss(12, 17, blank=0, max_rows=8).to(device).double()
+    enc, pred, _, _, targets, T, U, _ = joiner_batch(550, device=device)
+    loss = m(enc, pred, targets, T, U)
+    want = unfused(enc, pred, m.output.weight, m.output.bias, targets, T, U)
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+    logits = m.logits(enc[:, :, None], pred[:, None])
+    assert logits.shape == (5, 8, 5, 17)
+    torch.testing.assert_close(logits[0, 3, 2], m.output(torch.tanh(enc[0, 3] + pred[0, 2])))
+    assert "max_rows=8" in repr(m)
+    loss.backward()
+    assert m.output.weight.grad is not None and enc.grad is not None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(560, device=device, dtype=torch.float32)
+
+    def f(enc, pred, weight, bias):
+        return fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=16)
+
+    explained = torch._dynamo.explain(f)(enc, pred, weight, bias)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    want = f(enc, pred, weight, bias)
+    want_grads = torch.autograd.grad(want, (enc, pred, weight, bias))
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True)(enc, pred, weight, bias)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, (enc, pred, weight, bias)), want_grads):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(570, device=device)
+    args = (enc, pred, weight, bias, targets, T, U, "tanh", 0, False, True, 0.0, 0.0, -1.0, torch.float64, 7)
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
+
+
+def _bad(**change):
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(580)
+    args = dict(encoder_out=enc, predictor_out=pred, weight=weight, bias=bias, targets=targets, logit_lengths=T,
+                target_lengths=U)
+    options = {k: change.pop(k) for k in list(change) if k not in args}
+    args.update(change)
+    return fused_joiner_loss(*args.values(), **options)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(encoder_out=torch.zeros(5, 8)), ValueError, "encoder_out: expected 3 dimensions"),
+    (dict(predictor_out=torch.zeros(5, 5, 12)), TypeError, "predictor_out: expected dtype"),
+    (dict(predictor_out=torch.zeros(5, 5, 11, dtype=torch.float64)), ValueError, "predictor_out: expected shape"),
+    (dict(weight=torch.zeros(17, 11, dtype=torch.float64)), ValueError, r"weight: expected shape \(V, 12\)"),
+    (dict(bias=torch.zeros(16, dtype=torch.float64)), ValueError, r"bias: expected shape \(17,\)"),
+    (dict(targets=torch.zeros(4, 4, dtype=torch.long)), ValueError, "targets: expected 5 entries"),
+    (dict(logit_lengths=torch.tensor([8, 1, 3, 20, 2])), ValueError, r"logit_lengths: expected values in \[1, 8\]"),
+    (dict(target_lengths=torch.tensor([4, 0, 0, 5, 1])), ValueError, "target_lengths: expected values in"),
+    (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
+    (dict(activation="gelu"), ValueError, "activation: expected one of"),
+    (dict(blank=17), ValueError, r"blank: expected an int in \[0, 17\)"),
+    (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
+    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+    (dict(clamp="x"), TypeError, "clamp: expected a number"),
+])
+def test_bad_input(change, error, match):
+    with pytest.raises(error, match=match):
+        _bad(**change)

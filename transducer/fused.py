@@ -1,0 +1,350 @@
+"""The joiner and the loss in one pass over row tiles: exactly
+
+    transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets, T, U, ...)
+
+without the (sum_TU, V) logits or the (sum_TU, J) hidden in memory, in forward or backward (the idea of
+Liger-Kernel's fused linear cross-entropy, for the transducer). Rows are processed in tiles of at most
+``max_rows``: forward packs a tile's joiner input, applies the activation and the output GEMM, and keeps
+only the tile's den and blank / label log-probabilities (the log_probs stage); alpha and beta then run
+over all rows as in the unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM,
+the price of not storing them), turns the logits into their gradient in place (the gradient stage), and
+accumulates dW = dz^T h, db = sum dz and dh = dz W, whose rows are summed back into the encoder and
+predictor gradients (pack's backward, tile by tile, in fp32). GEMMs go through torch (cuBLAS); under
+autocast they run in the autocast dtype and the loss arithmetic in fp32, as in the unfused path.
+
+The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
+registered like ``transducer::loss`` (transducer/library.py), with an eager path that skips the op's
+Python layers. Sizing the tiles reads the layout (row count and row_splits) on the host: one
+device-to-host transfer in forward and one in backward.
+"""
+
+import bisect
+import operator
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ops import accumulate_dtype
+
+from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_index, stages_for
+from .layout import CELLS_CAP, MAX_ROWS, NUM_STATS, Layout
+from .loss import _REDUCTIONS, _check_options
+
+__all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
+
+ACTIVATIONS = ("tanh", "relu", "identity")
+# Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given.
+_TILE_BYTES = 128 << 20
+
+
+def _activate_(a, activation):
+    if activation == "tanh":
+        return a.tanh_()
+    if activation == "relu":
+        return a.relu_()
+    return a
+
+
+def _activation_backward_(dh, h, activation):
+    """dh * act'(a), in place, from h = act(a): tanh' = 1 - h^2, relu' = [h > 0]."""
+    if activation == "tanh":
+        return dh.mul_(1 - h * h)
+    if activation == "relu":
+        return dh.mul_(h > 0)
+    return dh
+
+
+def default_max_rows(J, V, itemsize):
+    """Rows per tile so that a tile's hidden, logits and dh take about 128 MiB (at least 256 rows)."""
+    return max(256, _TILE_BYTES // ((2 * J + V) * itemsize) // 256 * 256)
+
+
+def _tiles(num_rows, max_rows):
+    for start in range(0, num_rows, max_rows):
+        yield start, min(start + max_rows, num_rows)
+
+
+def _utterances(row_splits, start, end):
+    """The utterances [first, last + 1) whose rows meet [start, end) (row_splits: a host list)."""
+    return bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1)
+
+
+def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, blank):
+    t_min, t_max, u_min, u_max, cells, bad = stats
+    if t_min < 1 or t_max > encoder_out.size(1):
+        raise ValueError(f"logit_lengths: expected values in [1, {encoder_out.size(1)}] (encoder_out.size(1)), "
+                         f"got [{t_min}, {t_max}]")
+    if u_min < 0 or u_max + 1 > predictor_out.size(1) or u_max > targets.size(1):
+        raise ValueError(f"target_lengths: expected values in [0, {min(predictor_out.size(1) - 1, targets.size(1))}] "
+                         f"(predictor_out.size(1) - 1 and targets.size(1)), got [{u_min}, {u_max}]")
+    if cells >= CELLS_CAP or cells > MAX_ROWS:
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
+                         f"supported")
+    if bad:
+        raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {vocab_size}) or equal to "
+                         f"blank = {blank}")
+
+
+def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
+                   targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, activation: str, blank: int,
+                   one_sym_per_frame: bool, check_inputs: bool, delay_penalty: float, fastemit_lambda: float,
+                   clamp: float, compute_dtype: torch.dtype, max_rows: int
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    stages = stages_for(encoder_out.device)
+    V = weight.size(0)
+    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, blank, check_inputs)
+    table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
+    if check_inputs:
+        _check_fused_values(encoder_out, predictor_out, targets, V, table[-NUM_STATS:], blank)
+    B = layout.batch_size
+    num_rows = table[4 * B]
+    # The per-row arrays have room for B * maxT * (maxU+1) rows, a bound known from the shapes, so that
+    # the op's outputs have static shapes under torch.compile; the rows past num_rows hold zeros.
+    capacity = _capacity(encoder_out, predictor_out)
+    if num_rows > capacity:
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds "
+                         f"B * maxT * (maxU+1) = {capacity}")
+    acc = accumulate_dtype(compute_dtype)
+    lp = encoder_out.new_zeros(capacity, 2, dtype=acc)
+    den = encoder_out.new_zeros(capacity, dtype=acc)
+    W = weight.to(compute_dtype)
+    b = None if bias is None else bias.to(compute_dtype)
+    for start, end in _tiles(num_rows, max_rows):
+        h = _activate_(stages.pack_forward(encoder_out, predictor_out, layout, end - start, start), activation)
+        z = F.linear(h.to(compute_dtype), W, b)
+        stages.log_probs(z, targets, layout, blank, False, delay_penalty, start, (lp, den))
+        del h, z
+    alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
+    alpha[num_rows:] = 0
+    beta[num_rows:] = 0
+    return nll, layout.table, lp, den, alpha, beta
+
+
+def _capacity(encoder_out, predictor_out):
+    return encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
+
+
+def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor, weight: Tensor,
+                    bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, den: Tensor, alpha: Tensor,
+                    beta: Tensor, nll: Tensor, activation: str, blank: int, one_sym_per_frame: bool,
+                    fastemit_lambda: float, clamp: float, compute_dtype: torch.dtype, max_rows: int
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * nll[b]; the last
+    is zeros when there is no bias."""
+    stages = stages_for(encoder_out.device)
+    B, max_t, J = encoder_out.shape
+    layout = Layout(table, False, targets.size(1) + 1)
+    row_splits = layout.row_splits.tolist()
+    acc = lp.dtype
+    grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
+    grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
+    grad_w = weight.new_zeros(weight.shape, dtype=acc)
+    grad_b = weight.new_zeros(weight.size(0), dtype=acc)
+    scale = grad_nll.to(acc)
+    W = weight.to(compute_dtype)
+    b = None if bias is None else bias.to(compute_dtype)
+    for start, end in _tiles(row_splits[-1], max_rows):
+        h = _activate_(stages.pack_forward(encoder_out, predictor_out, layout, end - start, start), activation)
+        hc = h.to(compute_dtype)
+        dz = F.linear(hc, W, b)
+        stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame, dz,
+                        fastemit_lambda, clamp, start)
+        grad_w += dz.t().mm(hc)
+        grad_b += dz.sum(0, dtype=acc)
+        da = _activation_backward_(dz.mm(W).to(h.dtype), h, activation)
+        stages.pack_backward_add(da, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred)
+        del h, hc, dz, da
+    return (grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w.to(weight.dtype),
+            grad_b.to(weight.dtype))
+
+
+fused_op = torch.library.custom_op("transducer::fused_joiner_loss", _fused_forward, mutates_args=())
+fused_backward_op = torch.library.custom_op("transducer::fused_joiner_loss_backward", _fused_backward,
+                                            mutates_args=())
+
+
+@fused_op.register_fake
+def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *options):
+    acc = accumulate_dtype(options[-2])
+    rows = _capacity(encoder_out, predictor_out)
+    B = logit_lengths.size(0)
+    new = encoder_out.new_empty
+    return (new(B, dtype=acc), new(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(rows, 2, dtype=acc),
+            new(rows, dtype=acc), new(rows, dtype=acc), new(rows, dtype=acc))
+
+
+@fused_backward_op.register_fake
+def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
+    return (torch.empty_like(encoder_out), torch.empty_like(predictor_out), torch.empty_like(weight),
+            weight.new_empty(weight.size(0)))
+
+
+def _setup_context(ctx, inputs, output):
+    (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
+     fastemit_lambda, clamp, compute_dtype, max_rows) = inputs
+    nll, table, lp, den, alpha, beta = output
+    ctx.mark_non_differentiable(table, lp, den, alpha, beta)
+    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, table, lp, den, alpha, beta, nll)
+    ctx.options = (activation, blank, one_sym_per_frame, fastemit_lambda, clamp, compute_dtype, max_rows)
+
+
+def _gradient(ctx, grad_nll, backward):
+    encoder_out, predictor_out, weight, bias, *saved = ctx.saved_tensors
+    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, encoder_out, predictor_out, weight, bias, *saved,
+                                                   *ctx.options)
+    return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 12
+
+
+fused_op.register_autograd(lambda ctx, grad_nll, *_: _gradient(ctx, grad_nll, fused_backward_op),
+                           setup_context=_setup_context)
+
+
+class _EagerFused(torch.autograd.Function):
+    @staticmethod
+    def forward(*inputs):
+        return _fused_forward(*inputs)
+
+    setup_context = staticmethod(_setup_context)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_nll, *_):
+        return _gradient(ctx, grad_nll, _fused_backward)
+
+
+def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
+                      activation="tanh", blank=0, reduction="mean", one_sym_per_frame=False, zero_infinity=False,
+                      check_inputs=True, max_rows=None, clamp=-1.0, fastemit_lambda=0.0, delay_penalty=0.0):
+    r"""The joiner ``F.linear(act(encoder_out[b, t] + predictor_out[b, u]), weight, bias)`` and the transducer
+    loss over its logits, without the logits or the joiner's hidden in memory.
+
+    Equal to ``transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets,
+    T, U, ...)`` with the same options (see :func:`transducer.transducer_loss`); gradients flow to
+    ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``.
+
+    Args:
+        encoder_out: ``(B, maxT, J)`` float16 / bfloat16 / float32 / float64.
+        predictor_out: ``(B, maxU+1, J)``, same dtype and device.
+        weight: ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight), floating point.
+        bias: ``(V,)`` or None.
+        targets: ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
+        logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
+        target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
+        activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
+        max_rows: rows per tile; default: tile buffers of about 128 MiB. Memory is O(sum_TU) for the loss
+            plus O(max_rows * (2J + V)) for a tile.
+        blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
+            delay_penalty: as for :func:`transducer.transducer_loss`.
+
+    Returns:
+        float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Under autocast
+        the GEMMs run in the autocast dtype and the loss arithmetic in fp32.
+
+    Example::
+
+        >>> enc, pred = torch.randn(2, 5, 8, requires_grad=True), torch.randn(2, 4, 8, requires_grad=True)
+        >>> joiner = torch.nn.Linear(8, 6)
+        >>> loss = fused_joiner_loss(enc, pred, joiner.weight, joiner.bias, torch.tensor([[1, 2, 3], [4, 5, 0]]),
+        ...                          torch.tensor([5, 3]), torch.tensor([3, 2]))
+        >>> loss.backward()
+    """
+    check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
+    device = encoder_out.device
+    check_tensor("predictor_out", predictor_out, (encoder_out.dtype,), (3,), device)
+    check_tensor("weight", weight, FLOAT_DTYPES, (2,), device)
+    if bias is not None:
+        check_tensor("bias", bias, FLOAT_DTYPES, (1,), device)
+    check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
+    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
+    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
+    B, _, J = encoder_out.shape
+    V = weight.size(0)
+    if B == 0:
+        raise ValueError("encoder_out: expected at least one utterance, got an empty batch")
+    if predictor_out.size(0) != B or predictor_out.size(2) != J:
+        raise ValueError(f"predictor_out: expected shape ({B}, maxU+1, {J}) to match encoder_out "
+                         f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}")
+    if weight.size(1) != J:
+        raise ValueError(f"weight: expected shape (V, {J}) (J = encoder_out.size(2)), got {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (V,):
+        raise ValueError(f"bias: expected shape ({V},) (V = weight.size(0)), got {tuple(bias.shape)}")
+    for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
+        if x.size(0) != B:
+            raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape {tuple(x.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if not is_index(blank) or not 0 <= operator.index(blank) < V:
+        raise ValueError(f"blank: expected an int in [0, {V}) (V = weight.size(0)), got {blank!r}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+    _check_options(clamp, fastemit_lambda, delay_penalty)
+    compute_dtype = encoder_out.dtype
+    if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
+        compute_dtype = torch.get_autocast_dtype(device.type)
+    if max_rows is None:
+        max_rows = default_max_rows(J, V, torch.finfo(compute_dtype).bits // 8)
+    elif not is_index(max_rows) or operator.index(max_rows) < 1:
+        raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
+    inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
+              target_lengths, activation, operator.index(blank), bool(one_sym_per_frame), bool(check_inputs),
+              float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows))
+    with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
+        nll = (fused_op(*inputs) if torch.compiler.is_compiling() else _EagerFused.apply(*inputs))[0]
+    if zero_infinity:
+        nll = torch.where(torch.isinf(nll), 0.0, nll)
+    if reduction == "sum":
+        return nll.sum()
+    if reduction == "mean":
+        return nll.mean()
+    return nll if zero_infinity else nll.clone()
+
+
+class FusedJoinerLoss(torch.nn.Module):
+    """A joiner ``output(act(enc + pred))`` and the transducer loss over it, fused (:func:`fused_joiner_loss`).
+
+    ``loss = m(encoder_out, predictor_out, targets, T, U)`` trains; ``m.logits(enc, pred)`` gives the joiner's
+    logits for decoding, with broadcasting (for example enc ``(B, T, 1, J)`` and pred ``(B, 1, U+1, J)``).
+    The module owns the output projection as ``m.output`` (a ``Linear(joiner_dim, vocab_size)``), so a model
+    swaps its joiner's last layer for it and keeps the weights.
+
+    Example::
+
+        >>> m = FusedJoinerLoss(8, 6)
+        >>> enc, pred = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+        >>> m(enc, pred, torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([5, 3]), torch.tensor([3, 2])).backward()
+        >>> m.logits(enc[:, :, None], pred[:, None]).shape
+        torch.Size([2, 5, 4, 6])
+    """
+
+    def __init__(self, joiner_dim, vocab_size, activation="tanh", bias=True, blank=0, reduction="mean",
+                 one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
+                 fastemit_lambda=0.0, delay_penalty=0.0, device=None, dtype=None):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+        if not is_index(blank) or not 0 <= operator.index(blank) < vocab_size:
+            raise ValueError(f"blank: expected an int in [0, {vocab_size}), got {blank!r}")
+        _check_options(clamp, fastemit_lambda, delay_penalty)
+        self.output = torch.nn.Linear(joiner_dim, vocab_size, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+        self.options = dict(activation=activation, blank=operator.index(blank), reduction=reduction,
+                            one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
+                            check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
+                            fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+
+    def forward(self, encoder_out, predictor_out, targets, logit_lengths, target_lengths):
+        return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,
+                                 logit_lengths, target_lengths, **self.options)
+
+    def logits(self, encoder_out, predictor_out):
+        """``output(act(encoder_out + predictor_out))`` with broadcasting, for decoding."""
+        h = encoder_out + predictor_out
+        h = torch.tanh(h) if self.activation == "tanh" else torch.relu(h) if self.activation == "relu" else h
+        return self.output(h)
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
