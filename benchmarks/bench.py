@@ -128,6 +128,46 @@ def ours_contenders():
     return out
 
 
+def fused_contender():
+    """Protocol A only: joiner and loss fused (transducer.fused_joiner_loss), no logits in memory."""
+    try:
+        import transducer
+        err = None
+    except Exception as e:
+        err = short_error(e)
+    joiner_loss = lambda enc, pred, joiner, bt: transducer.fused_joiner_loss(  # noqa: E731
+        enc, pred, joiner.weight, joiner.bias, bt.tgt, bt.T, bt.U, reduction="sum")
+    return dict(name="ours fused joiner", layout="compact", peer=False, error=err, clobbers=False,
+                joiner_loss=joiner_loss, loss=None, pack=None)
+
+
+def k2_pruned_contender(width, vocab, dev):
+    """Protocol A only: k2's pruned RNN-T (fast_rnnt), the step icefall trains with, at its defaults: an
+    approximation of the loss (../shared/peers/README.md), with its two extra Linear(D, V) projections."""
+    try:
+        import fast_rnnt
+    except Exception as e:
+        return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error="not installed: " + short_error(e),
+                    clobbers=False, loss=None, pack=None)
+    torch.manual_seed(2)
+    am_proj, lm_proj = torch.nn.Linear(width, vocab).to(dev), torch.nn.Linear(width, vocab).to(dev)
+
+    def joiner_loss(enc, pred, joiner, bt):
+        boundary = torch.stack([torch.zeros_like(bt.T), torch.zeros_like(bt.T), bt.U, bt.T], 1).long()
+        am, lm = am_proj(enc).float(), lm_proj(pred).float()
+        simple, (px_grad, py_grad) = fast_rnnt.rnnt_loss_smoothed(
+            lm=lm, am=am, symbols=bt.tgt, termination_symbol=0, lm_only_scale=0.25, am_only_scale=0.0,
+            boundary=boundary, reduction="sum", return_grad=True)
+        ranges = fast_rnnt.get_rnnt_prune_ranges(px_grad=px_grad, py_grad=py_grad, boundary=boundary, s_range=5)
+        am_p, lm_p = fast_rnnt.do_rnnt_pruning(am=enc, lm=pred, ranges=ranges)
+        logits = joiner(torch.tanh(am_p + lm_p))
+        pruned = fast_rnnt.rnnt_loss_pruned(logits=logits.float(), symbols=bt.tgt, ranges=ranges, termination_symbol=0,
+                                            boundary=boundary, reduction="sum")
+        return 0.5 * simple + pruned
+    return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error=None, clobbers=False,
+                joiner_loss=joiner_loss, loss=None, pack=None)
+
+
 # Protocol A's step without the loss (pack + tanh + Linear, backward from logits.sum()): the part of the
 # step that no loss implementation can remove, shown for information.
 JOINER_ALONE = "joiner alone (no loss)"
@@ -292,7 +332,9 @@ def protocol_a(args, dev):
     nb, bs = args.a_warmup + args.a_steps, args.a_batch
     batches = [rows[i * bs:(i + 1) * bs] for i in range(nb)]
     res = dict(batch=bs, warmup=args.a_warmup, steps=args.a_steps, width=args.a_width, vocab=args.a_vocab)
-    contenders = ours_contenders() + peer_contenders(cuda) + [joiner_alone_contender()]
+    contenders = ours_contenders() + [fused_contender()] + peer_contenders(cuda) + [joiner_alone_contender()]
+    if cuda:
+        contenders.append(k2_pruned_contender(args.a_width, args.a_vocab, dev))
     for prec in args.a_precisions:
         dtype = DTYPES[prec]
         log(f"[A {prec}] {len(batches)} batches of {bs}, contenders: " + ", ".join(c["name"] for c in contenders))
@@ -321,8 +363,11 @@ def protocol_a(args, dev):
 
                 def step():
                     with torch.autocast(dev, dtype=torch.bfloat16 if prec == "fp32" else dtype, enabled=prec != "fp32"):
-                        h = c["pack"](enc, pred, bt) if c["layout"] == "compact" else enc[:, :, None] + pred[:, None]
-                        loss = c["loss"](joiner(torch.tanh(h)), bt)
+                        if c.get("joiner_loss"):
+                            loss = c["joiner_loss"](enc, pred, joiner, bt)
+                        else:
+                            h = c["pack"](enc, pred, bt) if c["layout"] == "compact" else enc[:, :, None] + pred[:, None]
+                            loss = c["loss"](joiner(torch.tanh(h)), bt)
                     loss.backward()
                     return loss.detach()
                 try:
@@ -454,13 +499,21 @@ def rows_a(sec):
             continue
         ta = rec.get("torchaudio")
         t_ta = ok_time(ta)
-        peers = {n: ok_time(r) for n, r in rec.items()
-                 if not n.startswith("ours") and n != JOINER_ALONE and ok_time(r)}
+        peers = {n: ok_time(r) for n, r in rec.items()  # exact losses: k2's pruned one is an approximation
+                 if not n.startswith("ours") and n != JOINER_ALONE and "approximate" not in n and ok_time(r)}
         warp = next((ok_time(r) for n, r in rec.items() if n == "warp_rnnt compact" and ok_time(r)), None)
+        unfused = ok_time(rec.get("ours compact"))
         for name, r in rec.items():
             checks = None
             t = ok_time(r)
-            if name.startswith("ours") and "padded" not in name:
+            if name == "ours fused joiner":  # issue 12's targets
+                peak = r.get("peak_mb") if t else None
+                checks = [check("peak MB", peak, 450)]
+                if prec == "fp32":
+                    checks.append(check("time/ours compact", t / unfused if t and unfused else None, 1.15))
+                else:
+                    checks.append(check("step ms", t, 8.0))
+            elif name.startswith("ours") and "padded" not in name:
                 if prec == "fp32":
                     ref, lim, rn = (warp, 0.6, "warp_rnnt compact") if warp else (t_ta, 0.31, "torchaudio")
                     checks = [check(f"time/{rn}", t / ref if t and ref else None, lim),
