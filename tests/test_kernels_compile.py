@@ -51,8 +51,9 @@ KERNELS = {
     "transducer/pack.cu": [
         "pack_forward_kernel<ops::half_t, 8>", "pack_forward_kernel<ops::bf16_t, 8>",
         "pack_forward_kernel<float, 1>", "pack_forward_kernel<double, 2>",
-        "pack_grad_kernel<ops::bf16_t, 8, true>", "pack_grad_kernel<ops::bf16_t, 2, false>",
-        "pack_grad_kernel<float, 4, false>", "pack_grad_kernel<double, 1, true>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, 8, true, false>",
+        "pack_grad_kernel<ops::bf16_t, float, 2, false, true>",
+        "pack_grad_kernel<float, float, 4, false, false>", "pack_grad_kernel<double, double, 1, true, true>",
     ],
 }
 
