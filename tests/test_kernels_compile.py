@@ -49,11 +49,11 @@ KERNELS = {
         "gradient_kernel<float, int, 4, 1, false, true, true>", "gradient_kernel<double, int, 2, 8, true, false, false>",
     ],
     "transducer/pack.cu": [
-        "pack_forward_kernel<ops::half_t, 8>", "pack_forward_kernel<ops::bf16_t, 8>",
-        "pack_forward_kernel<float, 1>", "pack_forward_kernel<double, 2>",
-        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, 8, true, false>",
-        "pack_grad_kernel<ops::bf16_t, float, 2, false, true>",
-        "pack_grad_kernel<float, float, 4, false, false>", "pack_grad_kernel<double, double, 1, true, true>",
+        "pack_forward_kernel<ops::half_t, 8, 0>", "pack_forward_kernel<ops::bf16_t, 8, 1>",
+        "pack_forward_kernel<float, 1, 2>", "pack_forward_kernel<double, 2, 1>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, 8, true, false, 0>",
+        "pack_grad_kernel<ops::bf16_t, float, 2, false, true, 1>",
+        "pack_grad_kernel<float, float, 4, false, false, 2>", "pack_grad_kernel<double, double, 1, true, true, 1>",
     ],
 }
 

@@ -216,12 +216,12 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     return out
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0):
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity"):
     D = encoder_out.size(2)
     b, t, u = _coordinates(layout, row_start, row_start + num_rows)
     out = encoder_out.reshape(-1, D).index_select(0, b * encoder_out.size(1) + t)
     out += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
-    return out
+    return out.tanh_() if activation == "tanh" else out.relu_() if activation == "relu" else out
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):
@@ -230,9 +230,14 @@ def pack_backward(grad_out, layout, max_t, max_u1):
     return pack_backward_add(grad_out, layout, 0, (0, B), grad_enc, grad_pred)
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred):
+def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
+                      activation="identity"):
     B, max_t, D = grad_enc.shape
     b, t, u = _coordinates(layout, row_start, row_start + grad_rows.size(0))
+    if activation == "tanh":
+        grad_rows = grad_rows * (1 - hidden * hidden)
+    elif activation == "relu":
+        grad_rows = grad_rows * (hidden > 0)
     grad_enc.view(-1, D).index_add_(0, b * max_t + t, grad_rows.to(grad_enc.dtype))
     grad_pred.view(-1, D).index_add_(0, b * grad_pred.size(1) + u, grad_rows.to(grad_pred.dtype))
     return grad_enc, grad_pred

@@ -153,8 +153,11 @@ def _threads_per_item(nvec):
     return tpr
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0):
-    """Compact joiner input: out[r - row_start] = encoder_out[b, t] + predictor_out[b, u] for the rows
+_ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: td::Activation
+
+
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity"):
+    """Compact joiner input: out[r - row_start] = act(encoder_out[b, t] + predictor_out[b, u]) for the rows
     r = (b, t, u) in [row_start, row_start + num_rows)."""
     _check_cuda(encoder_out, predictor_out)
     if encoder_out.dtype != predictor_out.dtype:
@@ -170,18 +173,22 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0):
     nvec = D // vec
     tpr = _threads_per_item(nvec)
     items_per_block = _THREADS // tpr
-    name = f"pack_forward_kernel<{ctype(encoder_out.dtype)}, {vec}>"
+    name = f"pack_forward_kernel<{ctype(encoder_out.dtype)}, {vec}, {_ACTIVATIONS[activation]}>"
     launch(_PACK, name, out, ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
            (encoder_out, predictor_out, *_table(layout), i32(row_start), i32(num_rows), i32(max_t), i32(max_u1),
             i32(nvec), i32(tpr.bit_length() - 1), out))
     return out
 
 
-def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate):
+def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidden=None, activation="identity"):
     """The launches of pack_grad_kernel: for each of grads = (grad_enc, grad_pred), the sums over u and
-    over t of the rows [row_start, row_start + len(grad_rows)), items of `utterances` = (first, end)."""
+    over t of the rows [row_start, row_start + len(grad_rows)) (times act'(hidden)), items of
+    `utterances` = (first, end)."""
     D = grad_rows.size(1)
-    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads])
+    act = _ACTIVATIONS[activation]
+    if act and (hidden is None or hidden.shape != grad_rows.shape or hidden.dtype != grad_rows.dtype):
+        raise ValueError("pack_backward_add: hidden must have grad_rows' shape and dtype")
+    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([hidden] if act else []))
     nvec = D // vec
     tpr = _threads_per_item(nvec)
     items_per_block = _THREADS // tpr
@@ -194,9 +201,9 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate):
         if layout.batch_size * per_b >= 1 << 31:
             raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
         name = (f"pack_grad_kernel<{ctype(grad_rows.dtype)}, {ctype(grad.dtype)}, {vec}, {_flag(pred)}, "
-                f"{_flag(accumulate)}>")
+                f"{_flag(accumulate)}, {act}>")
         launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-               (grad_rows, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items),
+               (grad_rows, hidden if act else 0, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items),
                 i32(row_start), i32(row_start + grad_rows.size(0)), i32(nvec), i32(tpr.bit_length() - 1), grad))
 
 
@@ -212,11 +219,14 @@ def pack_backward(grad_out, layout, max_t, max_u1):
     return grad_enc, grad_pred
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred):
+def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
+                      activation="identity"):
     """grad_enc (B, max_t, D) and grad_pred (B, max_u1, D), of the accumulation dtype, += the sums over u
-    and over t of the rows [row_start, row_start + len(grad_rows)), which lie in the utterances
-    [first, end) = `utterances`: pack's backward, one tile of rows at a time."""
+    and over t of grad_rows * act'(hidden) (hidden = act(enc + pred) of the same rows; grad_rows alone for
+    the identity), rows [row_start, row_start + len(grad_rows)), which lie in the utterances [first, end) =
+    `utterances`: the backward of act(pack(...)), one tile of rows at a time."""
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
-        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True)
+        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, hidden,
+                   activation)
     return grad_enc, grad_pred

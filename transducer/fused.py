@@ -4,12 +4,14 @@
 
 without the (sum_TU, V) logits or the (sum_TU, J) hidden in memory, in forward or backward (the idea of
 Liger-Kernel's fused linear cross-entropy, for the transducer). Rows are processed in tiles of at most
-``max_rows``: forward packs a tile's joiner input, applies the activation and the output GEMM, and keeps
+``max_rows``: forward packs a tile's joiner input with the activation applied (one pass), runs the output
+GEMM, and keeps
 only the tile's den and blank / label log-probabilities (the log_probs stage); alpha and beta then run
 over all rows as in the unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM,
 the price of not storing them), turns the logits into their gradient in place (the gradient stage), and
-accumulates dW = dz^T h, db = sum dz and dh = dz W, whose rows are summed back into the encoder and
-predictor gradients (pack's backward, tile by tile, in fp32). GEMMs go through torch (cuBLAS); under
+accumulates dW = dz^T h, db = sum dz and dh = dz W, whose rows, times act'(h), are summed back into the
+encoder and predictor gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the
+same pass). GEMMs go through torch (cuBLAS); under
 autocast they run in the autocast dtype and the loss arithmetic in fp32, as in the unfused path.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
@@ -37,23 +39,6 @@ __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 ACTIVATIONS = ("tanh", "relu", "identity")
 # Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given.
 _TILE_BYTES = 128 << 20
-
-
-def _activate_(a, activation):
-    if activation == "tanh":
-        return a.tanh_()
-    if activation == "relu":
-        return a.relu_()
-    return a
-
-
-def _activation_backward_(dh, h, activation):
-    """dh * act'(a), in place, from h = act(a): tanh' = 1 - h^2, relu' = [h > 0]."""
-    if activation == "tanh":
-        return dh.mul_(1 - h * h)
-    if activation == "relu":
-        return dh.mul_(h > 0)
-    return dh
 
 
 def default_max_rows(J, V, itemsize):
@@ -112,7 +97,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     W = weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
-        h = _activate_(stages.pack_forward(encoder_out, predictor_out, layout, end - start, start), activation)
+        h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         z = F.linear(h.to(compute_dtype), W, b)
         stages.log_probs(z, targets, layout, blank, False, delay_penalty, start, (lp, den))
         del h, z
@@ -146,16 +131,18 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     W = weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
     for start, end in _tiles(row_splits[-1], max_rows):
-        h = _activate_(stages.pack_forward(encoder_out, predictor_out, layout, end - start, start), activation)
+        h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         hc = h.to(compute_dtype)
         dz = F.linear(hc, W, b)
         stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame, dz,
                         fastemit_lambda, clamp, start)
         grad_w += dz.t().mm(hc)
         grad_b += dz.sum(0, dtype=acc)
-        da = _activation_backward_(dz.mm(W).to(h.dtype), h, activation)
-        stages.pack_backward_add(da, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred)
-        del h, hc, dz, da
+        dh = dz.mm(W).to(h.dtype)
+        del dz, hc
+        stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred, h,
+                                 activation)
+        del h, dh
     return (grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w.to(weight.dtype),
             grad_b.to(weight.dtype))
 

@@ -2,17 +2,39 @@
 // transducer/cuda.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
 // of the layout, so that the fused joiner loss (transducer/fused.py) can go tile by tile:
 //
-//   pack_forward_kernel            out[r - row_start] = enc[b, t] + pred[b, u] for row r = (b, t, u)
-//   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  rows(b, t, u) in range   (t < T_b)
-//   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   rows(b, t, u) in range   (u <= U_b)
+//   pack_forward_kernel            out[r - row_start] = act(enc[b, t] + pred[b, u]) for row r = (b, t, u)
+//   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  d(b, t, u) in range   (t < T_b)
+//   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   d(b, t, u) in range   (u <= U_b)
 //
-// Each output row is owned by one group of TPR threads (a power of two), each thread one VEC-wide
-// slice of D at a time: no atomics, fp32 (fp64) sums. With ACCUMULATE the sums are added to the
-// output (of the accumulation type), else they overwrite it (in the rows' type).
+// with d = grad_rows * act'(hidden) (hidden = act(enc + pred), the forward's rows) or, for the identity,
+// d = grad_rows: the fused joiner loss's activation and its backward ride on these passes instead of
+// passes of their own. The sum enc + pred is rounded to the rows' type before act, as in
+// act(pack(enc, pred)). Each output row is owned by one group of TPR threads (a power of two), each
+// thread one VEC-wide slice of D at a time: no atomics, fp32 (fp64) sums. With ACCUMULATE the sums are
+// added to the output (of the accumulation type), else they overwrite it (in the rows' type).
 
 #include "transducer/common.cuh"
 
-template <typename T, int VEC>
+namespace td {
+enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2 };
+
+template <int ACT, typename A>
+__device__ __forceinline__ A activate(A a) {
+  if (ACT == kTanh) return tanh(a);
+  if (ACT == kRelu) return a > A(0) ? a : A(0);
+  return a;
+}
+
+// act'(a) from h = act(a): tanh' = 1 - h^2, relu' = [h > 0]
+template <int ACT, typename A>
+__device__ __forceinline__ A activation_slope(A h) {
+  if (ACT == kTanh) return A(1) - h * h;
+  if (ACT == kRelu) return h > A(0) ? A(1) : A(0);
+  return A(1);
+}
+}  // namespace td
+
+template <typename T, int VEC, int ACT>
 __global__ void __launch_bounds__(256)
     pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
                         int B, int row_start, int num_rows, int max_t, int max_u1, int nvec, int log_tpr,
@@ -41,18 +63,21 @@ __global__ void __launch_bounds__(256)
     const V e = pe[i], q = pp[i];
     V o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(q.v[j]));
+    for (int j = 0; j < VEC; ++j) {
+      o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(q.v[j]));
+      if (ACT != td::kIdentity) o.v[j] = from_acc<T>(td::activate<ACT>(to_acc(o.v[j])));
+    }
     po[i] = o;
   }
 }
 
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
 // t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them.
-template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE>
+template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE, int ACT>
 __global__ void __launch_bounds__(256)
-    pack_grad_kernel(const T* __restrict__ grad_rows, const long long* __restrict__ table, int B, FastDivmod per_b,
-                     int item_start, int num_items, int row_start, int row_end, int nvec, int log_tpr,
-                     O* __restrict__ grad) {
+    pack_grad_kernel(const T* __restrict__ grad_rows, const T* __restrict__ hidden,
+                     const long long* __restrict__ table, int B, FastDivmod per_b, int item_start, int num_items,
+                     int row_start, int row_end, int nvec, int log_tpr, O* __restrict__ grad) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
@@ -78,12 +103,20 @@ __global__ void __launch_bounds__(256)
     Acc acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
-    const T* p = grad_rows + (first - row_start) * D + (long long)i * VEC;
+    const long long offset = (first - row_start) * D + (long long)i * VEC;
+    const T* p = grad_rows + offset;
+    const T* ph = hidden + offset;
 #pragma unroll 4
     for (long long c = c0; c < c1; ++c) {
       const V x = *reinterpret_cast<const V*>(p + c * step * D);
+      if (ACT == td::kIdentity) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
+        for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
+      } else {
+        const V h = *reinterpret_cast<const V*>(ph + c * step * D);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]) * td::activation_slope<ACT>(to_acc(h.v[j]));
+      }
     }
     VO o;
     if constexpr (ACCUMULATE) {
