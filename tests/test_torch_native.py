@@ -85,24 +85,40 @@ def test_compile_pack_joiner_and_loss(device):
 
 @pytest.mark.cuda
 def test_compile_reduce_overhead_cuda_graphs():
-    torch._dynamo.reset()
+    """mode="reduce-overhead" with check_inputs=False: scoring (forward) under CUDA graph trees, and a training
+    step (forward and its AOTAutograd backward) under per-graph CUDA graphs. (torch 2.11's CUDA graph trees
+    refuse the training loop's second step even for a plain (linear(h) ** 2).mean(): "accessing tensor output
+    of CUDAGraphs that has been overwritten", seen on the H100 on 2026-11-23, so that is not this op's doing.)"""
+    import torch._inductor.config as inductor_config
+
     _, _, targets, T, U, h = batch("cuda")
     linear = torch.nn.Linear(h.size(1), 11).cuda()
     f = step(TransducerLoss(blank=0, check_inputs=False), linear)
-    compiled = torch.compile(f, mode="reduce-overhead")  # forward and its AOTAutograd backward, as CUDA graphs
     gen = torch.Generator().manual_seed(82)
-    for trial in range(5):  # same shapes, new values: graph replays must follow them
-        h.copy_(torch.randn(h.shape, generator=gen))
-        torch.compiler.cudagraph_mark_step_begin()
-        linear.weight.grad = None
-        got = compiled(h, targets, T, U)
-        got.backward()
-        got, got_grad = got.detach().clone(), linear.weight.grad.clone()
-        linear.weight.grad = None
-        want = f(h, targets, T, U)
-        want.backward()
-        torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got_grad, linear.weight.grad, rtol=1e-4, atol=1e-5)
+
+    torch._dynamo.reset()
+    scorer = torch.compile(f, mode="reduce-overhead")
+    with torch.no_grad():
+        for trial in range(4):  # same shapes, new values: graph replays must follow them
+            h.copy_(torch.randn(h.shape, generator=gen))
+            torch.compiler.cudagraph_mark_step_begin()
+            torch.testing.assert_close(scorer(h, targets, T, U).clone(), f(h, targets, T, U), rtol=1e-5, atol=1e-5)
+
+    torch._dynamo.reset()
+    with inductor_config.patch({"triton.cudagraph_trees": False}):
+        trainer = torch.compile(f, mode="reduce-overhead")
+        for trial in range(4):
+            h.copy_(torch.randn(h.shape, generator=gen))
+            linear.weight.grad = None
+            got = trainer(h, targets, T, U)
+            got.backward()
+            got, got_grad = got.detach().clone(), linear.weight.grad.clone()
+            linear.weight.grad = None
+            want = f(h, targets, T, U)
+            want.backward()
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got_grad, linear.weight.grad, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,6 +8,8 @@ import math
 
 import torch
 
+__all__ = ["transducer_loss_reference", "tdt_loss_reference"]
+
 
 def _logsumexp(terms):
     return torch.logsumexp(torch.stack(terms), dim=0)
@@ -65,4 +67,74 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
         if non_finite:
             loss = loss + math.nan
         losses.append(loss)
+    return torch.stack(losses)
+
+
+def tdt_loss_reference(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
+                       fastemit_lambda=0.0):
+    """The Token-and-Duration Transducer (TDT) loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,),
+    in logits' dtype.
+
+    logits (B, maxT, maxU+1, V + D): V token scores (blank among them) then D duration scores per cell;
+    durations: D distinct ints >= 0, at least one >= 1. With tok = log_softmax of the token columns - sigma
+    and dur = log_softmax of the duration columns, from cell (t, u) a label y_{u+1} with duration d goes to
+    (t + d, u + 1) if t + d < T (d may be 0); a blank with duration d >= 1 goes to (t + d, u) if t + d < T, or
+    ends the alignment if u == U and t + d == T; the arc weighs tok + dur. The loss is
+    (1 - omega) * tdt + omega * rnnt, rnnt being the plain RNN-T loss (transducer_loss_reference) of the token
+    columns (no sigma). fastemit_lambda: the value is unchanged, the gradient w.r.t. every label token
+    log-prob is scaled by 1 + fastemit_lambda (in both terms). An utterance with no TDT alignment gets +inf
+    (a constant: no gradient, whatever omega); one with a NaN or infinite logit among its cells gets NaN.
+    """
+    durations = [int(d) for d in durations]
+    V = logits.size(-1) - len(durations)
+    tok = logits[..., :V].log_softmax(dim=-1) - sigma
+    dur = logits[..., V:].log_softmax(dim=-1)
+    tdt = _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank,
+                                   fastemit_lambda)
+    rnnt = None
+    if omega:
+        rnnt = transducer_loss_reference(logits[..., :V], targets, logit_lengths, target_lengths, blank,
+                                         fastemit_lambda=fastemit_lambda)
+    losses = []
+    for b in range(logits.size(0)):
+        T, U = int(logit_lengths[b]), int(target_lengths[b])
+        loss = tdt[b]
+        if omega and math.isfinite(float(loss.detach())):
+            loss = (1 - omega) * loss + omega * rnnt[b]
+        if not torch.isfinite(logits[b, :T, :U + 1]).all():
+            loss = loss + math.nan
+        losses.append(loss)
+    return torch.stack(losses)
+
+
+def _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank=0,
+                             fastemit_lambda=0.0):
+    """-log of the summed weight of every TDT alignment, per utterance, from the token log-probs tok
+    (B, maxT, maxU+1, V) (sigma already subtracted) and the duration log-probs dur (B, maxT, maxU+1, D).
+    +inf (a constant) where no alignment exists. No check of finiteness."""
+    losses = []
+    for b in range(tok.size(0)):
+        T, U = int(logit_lengths[b]), int(target_lengths[b])
+        y = targets[b, :U].long()
+        blank_lp = tok[b, :T, :U + 1, blank]                 # (T, U+1)
+        label_lp = tok[b, :T, torch.arange(U), y]           # (T, U): y_{u+1} from cell (t, u)
+        if fastemit_lambda:  # the value of label_lp, with (1 + lambda) times its gradient
+            label_lp = (1 + fastemit_lambda) * label_lp - fastemit_lambda * label_lp.detach()
+        dur_lp = dur[b, :T, :U + 1]                          # (T, U+1, D)
+        alpha = {(0, 0): tok.new_zeros(())} if T > 0 else {}
+        for t in range(T):
+            for u in range(U + 1):
+                if (t, u) == (0, 0):
+                    continue
+                terms = []
+                for i, d in enumerate(durations):
+                    if d >= 1 and (t - d, u) in alpha:  # a blank of duration d from (t - d, u)
+                        terms.append(alpha[t - d, u] + blank_lp[t - d, u] + dur_lp[t - d, u, i])
+                    if u >= 1 and (t - d, u - 1) in alpha:  # label y_u of duration d from (t - d, u - 1)
+                        terms.append(alpha[t - d, u - 1] + label_lp[t - d, u - 1] + dur_lp[t - d, u - 1, i])
+                if terms:
+                    alpha[t, u] = _logsumexp(terms)
+        final = [alpha[T - d, U] + blank_lp[T - d, U] + dur_lp[T - d, U, i]
+                 for i, d in enumerate(durations) if d >= 1 and (T - d, U) in alpha]
+        losses.append(-_logsumexp(final) if final else tok.new_tensor(math.inf))
     return torch.stack(losses)
