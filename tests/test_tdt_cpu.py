@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transducer import cpu
-from transducer.reference import _tdt_loss_from_log_probs, tdt_loss_reference
+from transducer.reference import _tdt_loss_from_log_probs, tdt_loss_reference, transducer_loss_reference
 from transducer.tdt_cpu import check_durations, tdt_alpha_beta, tdt_gradient, tdt_log_probs
 
 
@@ -174,20 +174,12 @@ def test_reference_omega_mixes_the_rnnt_loss():
     V, durations, blank = 5, [0, 1, 2], 4
     logits, targets, T, U = _batch(gen, 3, 5, 3, V, durations, blank)
     tdt = tdt_loss_reference(logits, targets, T, U, durations, blank, sigma=0.1)
-    from transducer.reference import transducer_loss_reference
     rnnt = transducer_loss_reference(logits[..., :V], targets, T, U, blank)
     mixed = tdt_loss_reference(logits, targets, T, U, durations, blank, sigma=0.1, omega=0.3)
     torch.testing.assert_close(mixed, 0.7 * tdt + 0.3 * rnnt, rtol=1e-13, atol=1e-13)
-    # durations [1] with a blank-free... the TDT loss with durations [1] and no duration 0 is RNA-like, but with
-    # durations [0, 1] and a duration column that always says 1 for blanks and 0 for labels it is RNN-T
-    D = 2
-    lg = logits[..., :V + D].clone()
-    lg[..., V:] = 0.0
-    big = 60.0  # durations: label -> 0, blank -> 1 only matter; equal duration scores add log(1/2) per arc
-    lg[..., V + 1] = big
-    lg[..., V] = -big
-    # with dur(1) ~ 0 and dur(0) ~ -2 big, only blanks of duration 1 and labels of duration 1 survive: that is RNA
-    del lg
+    # omega = 1: the RNN-T loss alone
+    only = tdt_loss_reference(logits, targets, T, U, durations, blank, sigma=0.1, omega=1.0)
+    torch.testing.assert_close(only, rnnt, rtol=1e-13, atol=1e-13)
 
 
 def test_reference_infeasible_utterances():
@@ -206,7 +198,7 @@ def test_reference_infeasible_utterances():
         loss = tdt_loss_reference(logits, targets, Ts, Us, durations, 0)
         assert _brute_force(logits[0].tolist(), [1] * U, T, U, durations, 0, 0.0) == (math.inf, 0)
         assert loss[0] == math.inf
-        assert math.isfinite(float(loss[1])) == (durations != [0, 2, 3] or True) or True
+        assert math.isfinite(float(loss[1]))  # T = 4, U = 0 is feasible for each
         # the stages agree, with zero gradient for the infeasible utterance (whatever omega)
         for omega in (0.0, 0.5):
             got, grad = _stages(logits, targets, Ts, Us, durations, 0, V, omega=omega, lam=0.3)
@@ -263,7 +255,7 @@ def test_log_probs_contract():
             if (b, t, u) == (0, 1, 1):
                 continue
             if t < T[b] and u < U[b]:
-                assert lp[b, t, u, 1] == tok[b, t, u, targets[b, u]]
+                assert abs(float(lp[b, t, u, 1] - tok[b, t, u, targets[b, u]])) < 1e-14
             else:  # the label at u == U_b and on padding
                 assert lp[b, t, u, 1] == -math.inf
 
@@ -316,8 +308,14 @@ def test_stages_match_reference(config, dtype, padded):
     blank = int(torch.randint(0, V, (1,), generator=gen))
     B, max_t, max_u = 6, 7, 3
     logits, targets, T, U = _batch(gen, B, max_t, max_u, V, durations, blank, dtype=dtype)
-    if 0 not in durations:  # an utterance without an alignment: U_b + 1 > T_b
-        T[3], U[3] = 2, 2
+    if durations == [3]:  # feasible only for T_b = 3 (U_b + 1)
+        U = U.clamp(max=1)
+        T = 3 * (U + 1)
+        T[3] = 4
+    elif 0 not in durations:  # feasible for U_b + 1 <= T_b
+        U = torch.minimum(U, T - 1)
+    if 0 not in durations:  # an utterance without an alignment
+        T[3], U[3] = min(int(T[3]), 2), 2
     logits[4, 0, 0, V] = math.inf  # utterance 4 has a non-finite logit
     scale = torch.rand(B, generator=gen, dtype=torch.float64) + 0.5
     scale[5] = 0.0  # no gradient for a zero scale
@@ -384,3 +382,23 @@ def test_check_durations():
     lp, lp_dur, _ = tdt_log_probs(logits.reshape(-1, 5), targets, layout, 0, 3, 0.0)
     with pytest.raises(ValueError):
         tdt_alpha_beta(lp, lp_dur, layout, [0, 1, 2])  # 3 durations for 2 duration columns
+
+
+def test_non_finite_logit_off_every_alignment_gives_nan():
+    # durations [0, 2]: frames 1 and 3 are never visited, yet a NaN there makes the loss NaN (the stage scans
+    # the cells; the recursion alone would not carry it to beta(0, 0))
+    gen = torch.Generator().manual_seed(31)
+    V, durations = 3, [0, 2]
+    logits = torch.randn(2, 4, 2, V + 2, generator=gen, dtype=torch.float64)
+    targets = torch.tensor([[1], [2]])
+    T, U = torch.tensor([4, 4]), torch.tensor([1, 1])
+    logits[0, 1, 0, 0] = math.nan
+    loss = tdt_loss_reference(logits, targets, T, U, durations, 0)
+    assert torch.isnan(loss[0]) and torch.isfinite(loss[1])
+    clean = logits.clone()
+    clean[0, 1, 0, 0] = 0.5
+    assert torch.isfinite(tdt_loss_reference(clean, targets, T, U, durations, 0)).all()
+    for padded in (True, False):
+        got, grad = _stages(logits, targets, T, U, durations, 0, V, padded=padded)
+        assert torch.isnan(got[0]) and not grad[0].any()
+        torch.testing.assert_close(got[1], loss[1], rtol=1e-12, atol=1e-12)

@@ -190,10 +190,12 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidd
         raise ValueError("pack_backward_add: hidden must have grad_rows' shape and dtype")
     vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([hidden] if act else []))
     nvec = D // vec
-    tpr = _threads_per_item(nvec)
-    items_per_block = _THREADS // tpr
     b0, b1 = utterances
     for grad, pred in zip(grads, (False, True)):
+        # an encoder item sums U_b + 1 contiguous rows: a group of threads each; a predictor item sums T_b
+        # rows a stride apart, many: a warp-sized group takes one row in 8 and the block's 8 groups meet
+        tpr, split = (32, 8) if pred else (_threads_per_item(nvec), 1)
+        items_per_block = _THREADS // tpr // split
         per_b = grad.size(1)
         num_items = (b1 - b0) * per_b
         if num_items == 0:
@@ -203,8 +205,9 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidd
         name = (f"pack_grad_kernel<{ctype(grad_rows.dtype)}, {ctype(grad.dtype)}, {vec}, {_flag(pred)}, "
                 f"{_flag(accumulate)}, {act}>")
         launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-               (grad_rows, hidden if act else 0, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items),
-                i32(row_start), i32(row_start + grad_rows.size(0)), i32(nvec), i32(tpr.bit_length() - 1), grad))
+               (grad_rows, hidden if act else 0, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b),
+                i32(num_items), i32(row_start), i32(row_start + grad_rows.size(0)), i32(nvec),
+                i32(tpr.bit_length() - 1), i32(split.bit_length() - 1), grad))
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):

@@ -37,12 +37,13 @@ from .loss import _REDUCTIONS, _check_options
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu", "identity")
-# Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given.
-_TILE_BYTES = 128 << 20
+# Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given:
+# Protocol A's step (benchmarks/RESULTS.md) peaks near 400 MB with them.
+_TILE_BYTES = 256 << 20
 
 
 def default_max_rows(J, V, itemsize):
-    """Rows per tile so that a tile's hidden, logits and dh take about 128 MiB (at least 256 rows)."""
+    """Rows per tile so that a tile's hidden, logits and dh take about 256 MiB (at least 256 rows)."""
     return max(256, _TILE_BYTES // ((2 * J + V) * itemsize) // 256 * 256)
 
 
@@ -137,7 +138,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame, dz,
                         fastemit_lambda, clamp, start)
         grad_w += dz.t().mm(hc)
-        grad_b += dz.sum(0, dtype=acc)
+        grad_b += dz.t().mv(dz.new_ones(end - start))  # a GEMV reads dz at full speed; sum(0) does not
         dh = dz.mm(W).to(h.dtype)
         del dz, hc
         stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred, h,
@@ -220,7 +221,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
         activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
-        max_rows: rows per tile; default: tile buffers of about 128 MiB. Memory is O(sum_TU) for the loss
+        max_rows: rows per tile; default: tile buffers of about 256 MiB. Memory is O(sum_TU) for the loss
             plus O(max_rows * (2J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
             delay_penalty: as for :func:`transducer.transducer_loss`.

@@ -18,9 +18,20 @@
 namespace td {
 enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2 };
 
-template <int ACT, typename A>
+// FAST: the result is rounded to a 16-bit type, whose half ulp (2^-9 at least) exceeds tanh.approx's
+// error (2^-10.99, PTX ISA), so the one-instruction approximation (sm_75 and later) is as good there.
+template <int ACT, bool FAST, typename A>
 __device__ __forceinline__ A activate(A a) {
-  if (ACT == kTanh) return tanh(a);
+  if (ACT == kTanh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    if constexpr (FAST && sizeof(A) == 4) {
+      float r;
+      asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(a));
+      return r;
+    }
+#endif
+    return tanh(a);
+  }
   if (ACT == kRelu) return a > A(0) ? a : A(0);
   return a;
 }
@@ -65,26 +76,33 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(q.v[j]));
-      if (ACT != td::kIdentity) o.v[j] = from_acc<T>(td::activate<ACT>(to_acc(o.v[j])));
+      if (ACT != td::kIdentity) o.v[j] = from_acc<T>(td::activate<ACT, sizeof(T) == 2>(to_acc(o.v[j])));
     }
     po[i] = o;
   }
 }
 
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
-// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them.
+// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them. A
+// block of 256 threads is 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an
+// item take every (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed
+// order (deterministic): the launcher splits an item whose rows are many and far apart (the predictor's
+// sums over t) and keeps an item to one group when its rows are few and contiguous.
 template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE, int ACT>
 __global__ void __launch_bounds__(256)
     pack_grad_kernel(const T* __restrict__ grad_rows, const T* __restrict__ hidden,
                      const long long* __restrict__ table, int B, FastDivmod per_b, int item_start, int num_items,
-                     int row_start, int row_end, int nvec, int log_tpr, O* __restrict__ grad) {
+                     int row_start, int row_end, int nvec, int log_tpr, int log_split, O* __restrict__ grad) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
   typedef Vec<O, VEC> VO;
-  const int lane = threadIdx.x & ((1 << log_tpr) - 1);
-  const int item = item_start + blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
-  if (item >= item_start + num_items) return;
+  __shared__ Acc partial[256][VEC];
+  const int tpr = 1 << log_tpr, lane = threadIdx.x & (tpr - 1), group = threadIdx.x >> log_tpr;
+  const int split = 1 << log_split, part = group & (split - 1);
+  const int local = blockIdx.x * (256 >> log_tpr >> log_split) + (group >> log_split);
+  const bool active = local < num_items;  // every thread reaches the barriers below
+  const int item = item_start + (active ? local : 0);
   int b, k;  // k = t (enc) or u (pred)
   per_b.divmod(item, b, k);
   const td::Grids g{table, B};
@@ -94,30 +112,45 @@ __global__ void __launch_bounds__(256)
   // the rows summed: first + c * step for c in [0, count), then only those in [row_start, row_end)
   const long long first = PRED ? g.split(b) + k : g.split(b) + (long long)k * st;
   const long long step = PRED ? st : 1;
-  const long long count = PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0);
+  const long long count = active ? (PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0)) : 0;
   long long c0 = row_start > first ? (row_start - first + step - 1) / step : 0;
   long long c1 = row_end > first ? (row_end - first + step - 1) / step : 0;
   c1 = c1 < count ? c1 : count;
   VO* po = reinterpret_cast<VO*>(grad + (long long)item * D);
-  for (int i = lane; i < nvec; i += (1 << log_tpr)) {
+  for (int i0 = 0; i0 < nvec; i0 += tpr) {
+    const int i = i0 + lane;
     Acc acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
-    const long long offset = (first - row_start) * D + (long long)i * VEC;
-    const T* p = grad_rows + offset;
-    const T* ph = hidden + offset;
+    if (i < nvec) {
+      const long long offset = (first - row_start) * D + (long long)i * VEC;
+      const T* p = grad_rows + offset;
+      const T* ph = hidden + offset;
 #pragma unroll 4
-    for (long long c = c0; c < c1; ++c) {
-      const V x = *reinterpret_cast<const V*>(p + c * step * D);
-      if (ACT == td::kIdentity) {
+      for (long long c = c0 + part; c < c1; c += split) {
+        const V x = *reinterpret_cast<const V*>(p + c * step * D);
+        if (ACT == td::kIdentity) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
-      } else {
-        const V h = *reinterpret_cast<const V*>(ph + c * step * D);
+          for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
+        } else {
+          const V h = *reinterpret_cast<const V*>(ph + c * step * D);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]) * td::activation_slope<ACT>(to_acc(h.v[j]));
+          for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]) * td::activation_slope<ACT>(to_acc(h.v[j]));
+        }
       }
     }
+    if (split > 1) {  // the item's parts meet in part 0, in order
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) partial[threadIdx.x][j] = acc[j];
+      __syncthreads();
+      if (part == 0) {
+        for (int q = 1; q < split; ++q)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) acc[j] += partial[threadIdx.x + q * tpr][j];
+      }
+      __syncthreads();
+    }
+    if (!active || part != 0 || i >= nvec) continue;
     VO o;
     if constexpr (ACCUMULATE) {
       o = po[i];
