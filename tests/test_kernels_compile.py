@@ -55,12 +55,21 @@ KERNELS = {
         "pack_grad_kernel<ops::bf16_t, float, 2, false, true, 1>",
         "pack_grad_kernel<float, float, 4, false, false, 2>", "pack_grad_kernel<double, double, 1, true, true, 1>",
     ],
+    "transducer/tdt.cu": [
+        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1>", "tdt_log_probs_kernel<float, int, 1, 8>",
+        "tdt_log_probs_kernel<double, long long, 2, 1>",
+        "tdt_alpha_beta_kernel<float>", "tdt_alpha_beta_kernel<double>",
+        "tdt_gradient_kernel<ops::half_t, int, 8, 1, false, false>",
+        "tdt_gradient_kernel<ops::bf16_t, long long, 4, 8, true, true>",
+        "tdt_gradient_kernel<float, long long, 4, 1, true, false>",
+        "tdt_gradient_kernel<double, int, 1, 8, false, true>",
+    ],
 }
 
 # Files whose instantiations above write bfloat16 (ops::from_acc<ops::bf16_t>, ops/numeric.cuh): from
 # compute_80 on it rounds with cvt.rn.bf16.f32; before, in integer arithmetic. No PTX for an
 # older target may hold that instruction (the driver would refuse the module on such a GPU).
-WRITES_BF16 = {"transducer/stages.cu", "transducer/pack.cu"}
+WRITES_BF16 = {"transducer/stages.cu", "transducer/pack.cu", "transducer/tdt.cu"}
 ARCHS = ("compute_75", "compute_90")
 BF16_CVT = "cvt.rn.bf16.f32"
 

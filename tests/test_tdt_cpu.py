@@ -1,5 +1,5 @@
 """CPU tests of the Token-and-Duration Transducer (TDT) loss: the autograd reference (brute force, gradcheck,
-infeasible and non-finite utterances, FastEmit) and the CPU stages of transducer.tdt_cpu against it."""
+infeasible and non-finite utterances, FastEmit) and the CPU stages (the TDT part of transducer.cpu) against it."""
 
 import itertools
 import math
@@ -9,7 +9,8 @@ import torch
 
 from transducer import cpu
 from transducer.reference import _tdt_loss_from_log_probs, tdt_loss_reference, transducer_loss_reference
-from transducer.tdt_cpu import check_durations, tdt_alpha_beta, tdt_gradient, tdt_log_probs
+from transducer.checks import check_durations
+from transducer.cpu import tdt_alpha_beta, tdt_gradient, tdt_log_probs
 
 
 def _batch(gen, B, max_t, max_u, V, durations, blank, dtype=torch.float64, scale=1.5):
@@ -49,7 +50,7 @@ def _stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, la
         logits2d = logits[mask]  # cells in (b, t, u) order: the compact layout
         layout = cpu.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
     assert int(layout.stats[-1]) == 0
-    lp, lp_dur, den = tdt_log_probs(logits2d, targets, layout, blank, V, sigma)
+    lp, lp_dur, den = tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, blank, sigma)
     alpha, beta, loss = tdt_alpha_beta(lp, lp_dur, layout, durations)
     rnnt, total = None, loss
     if omega:
@@ -58,9 +59,8 @@ def _stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, la
     if scale is None:
         scale = torch.ones(B, dtype=lp.dtype)
     out = logits2d if alias else torch.empty_like(logits2d)
-    got = tdt_gradient(logits2d, targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank, V, durations,
-                       out, fastemit_lambda=lam, omega=omega, rnnt=rnnt)
-    assert got is out
+    tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank,
+                 durations, out[:, :V], out[:, V:], fastemit_lambda=lam, omega=omega, rnnt=rnnt, sigma=sigma)
     if padded:
         grad = out.view(logits.shape)
         assert not grad[~mask].any()  # zeros on padding rows
@@ -237,8 +237,8 @@ def test_log_probs_contract():
     mask = _cell_mask(logits.shape, T, U)
     logits[0, 1, 1, V + 2] = math.inf  # a non-finite duration logit makes the whole row's den NaN
     layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1), targets=targets, vocab_size=V, blank=blank)
-    lp, lp_dur, den = tdt_log_probs(logits.masked_fill(~mask[..., None], math.nan).reshape(-1, W), targets, layout,
-                                    blank, V, sigma)
+    rows = logits.masked_fill(~mask[..., None], math.nan).reshape(-1, W)
+    lp, lp_dur, den = tdt_log_probs(rows[:, :V], rows[:, V:], targets, layout, blank, sigma)
     assert lp.shape == (logits[..., 0].numel(), 2) and lp_dur.shape == (lp.size(0), 3) and den.shape == lp.shape
     assert lp.dtype == lp_dur.dtype == den.dtype == torch.float64
     lp, lp_dur, den = lp.view(*mask.shape, 2), lp_dur.view(*mask.shape, 3), den.view(*mask.shape, 2)
@@ -379,7 +379,8 @@ def test_check_durations():
     gen = torch.Generator().manual_seed(29)
     logits, targets, T, U = _batch(gen, 2, 3, 1, 3, [0, 1], 0)
     layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1))
-    lp, lp_dur, _ = tdt_log_probs(logits.reshape(-1, 5), targets, layout, 0, 3, 0.0)
+    rows = logits.reshape(-1, 5)
+    lp, lp_dur, _ = tdt_log_probs(rows[:, :3], rows[:, 3:], targets, layout, 0, 0.0)
     with pytest.raises(ValueError):
         tdt_alpha_beta(lp, lp_dur, layout, [0, 1, 2])  # 3 durations for 2 duration columns
 

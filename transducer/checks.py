@@ -9,8 +9,8 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 
 from .layout import CELLS_CAP, MAX_ROWS
 
-__all__ = ["check_tensor", "is_index", "stages_for", "check_loss_values", "check_pack_values", "FLOAT_DTYPES",
-           "INDEX_DTYPES"]
+__all__ = ["check_tensor", "is_index", "stages_for", "check_loss_values", "check_pack_values", "check_durations",
+           "FLOAT_DTYPES", "INDEX_DTYPES"]
 
 
 def check_tensor(name, x, dtypes, ndim, device):
@@ -87,3 +87,19 @@ def check_pack_values(encoder_out, predictor_out, stats):
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows; at most 2^31 - 1 "
                          f"are supported")
     return num_rows
+
+
+def check_durations(durations, num_durations=None):
+    """The durations as a tuple of Python ints; ValueError unless they are distinct ints >= 0, at least one
+    >= 1 (and ``num_durations`` of them, when given)."""
+    try:
+        ds = tuple(int(d) for d in durations)
+    except TypeError:
+        raise ValueError(f"durations must be a sequence of ints, got {durations!r}") from None
+    if any(int(d) != d for d in durations):
+        raise ValueError(f"durations must be ints, got {list(durations)}")
+    if not ds or min(ds) < 0 or max(ds) < 1 or len(set(ds)) != len(ds):
+        raise ValueError(f"durations must be distinct ints >= 0 with at least one >= 1, got {list(ds)}")
+    if num_durations is not None and len(ds) != num_durations:
+        raise ValueError(f"{len(ds)} durations for {num_durations} duration columns")
+    return ds

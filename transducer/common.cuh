@@ -1,4 +1,5 @@
-// What the transducer kernels (stages.cu, pack.cu) share: where a row of the logits lives.
+// What the transducer kernels (stages.cu, tdt.cu, pack.cu) share: where a row of the logits lives, and
+// the pass over one row that the per-row kernels make.
 //
 // The element types, conversions and math come from ops/numeric.cuh, the row -> utterance search
 // from ragged/row_ids.cuh, the division by a per-utterance stride from ops/fast_divmod.cuh.
@@ -9,6 +10,8 @@
 #include "ragged/row_ids.cuh"
 
 namespace td {
+
+using namespace ops;
 
 // The Layout table (transducer/layout.py): [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats].
 // Cell (b, t, u) is row row_splits[b] + t * row_strides[b] + u of the (N, V) logits.
@@ -26,6 +29,90 @@ struct Grids {
     b = ragged::row_of(table + 3 * B, B, r);
     const long long st = stride(b);
     FastDivmod::make(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)split(b), t, u);
+  }
+};
+
+constexpr int kThreads = 256;  // block size of the per-row kernels
+constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip
+
+template <int WPR>
+struct RowGeometry {
+  static_assert(WPR == 1 || WPR == 8, "one warp or one 256-thread block per row");
+  static constexpr int G = 32 * WPR;                 // threads per row
+  static constexpr int LOG_G = WPR == 1 ? 5 : 8;
+  static constexpr int RPB = kThreads / G;           // rows per block
+};
+
+// (t, u) of row r and whether it is a cell of its utterance (not padding).
+struct RowInfo {
+  int b, t, u, T, U, st;
+  bool cell;
+};
+
+__device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
+  RowInfo ri;
+  g.coordinates(r, ri.b, ri.t, ri.u);
+  const long long st = g.stride(ri.b);
+  ri.st = st < 1 ? 1 : (int)st;
+  ri.T = (int)g.T(ri.b);
+  ri.U = (int)g.U(ri.b);
+  ri.cell = ri.t < ri.T && ri.u <= ri.U;
+  return ri;
+}
+
+// One row of the logits, read by a group of G threads in VEC-wide vectors, kUnroll vectors in flight
+// per thread: what log_probs and gradient share. `logits` holds the rows [row_start, row_start +
+// num_rows) of the layout (all of them, or a tile of the fused joiner loss); the per-row arrays (lp,
+// den, alpha, beta) are indexed by the row of the layout. In the compact layout the first vectors are
+// loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
+// and the loads of strides, lengths and targets overlap them instead of delaying them.
+template <typename T, int VEC, int WPR>
+struct RowPass {
+  typedef RowGeometry<WPR> Geo;
+  typedef Vec<T, VEC> VT;
+  int lane, r, nvec;  // r: the row of the layout (row_start + the row of `logits`)
+  long long row;      // offset of the row's first element in `logits`
+  const VT* p;
+  VT buf[kUnroll];
+  bool early;
+  RowInfo ri;
+
+  // false for the threads past the last row (uniform per row, per block when WPR == 8)
+  __device__ __forceinline__ bool begin(const T* logits, const long long* table, int B, int row_start, int num_rows,
+                                        int V, int nvec_, bool load_early) {
+    lane = threadIdx.x & (Geo::G - 1);
+    const int local = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
+    if (local >= num_rows) return false;
+    r = row_start + local;
+    nvec = nvec_;
+    row = (long long)local * V;
+    p = reinterpret_cast<const VT*>(logits + row);
+    early = load_early;
+    if (early) load(lane);
+    ri = row_info(r, Grids{table, B});
+    return true;
+  }
+  // kUnroll vectors from i0: [i0, i0 + G, ..., i0 + (kUnroll-1) G], those below nvec
+  __device__ __forceinline__ void load(int i0) {
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int i = i0 + k * Geo::G;
+      if (i < nvec) buf[k] = p[i];
+    }
+  }
+  // f(i, vector) over the row's vectors, in order per thread; `loads` false: no reads (buf unused)
+  template <typename F>
+  __device__ __forceinline__ void for_each(bool loads, F f) {
+    if (loads && !early) load(lane);
+    for (int i0 = lane;;) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (i0 + k * Geo::G < nvec) f(i0 + k * Geo::G, buf[k]);
+      }
+      i0 += Geo::G * kUnroll;
+      if (i0 >= nvec) break;
+      if (loads) load(i0);
+    }
   }
 };
 

@@ -7,6 +7,7 @@ torch-allocated outputs, no host synchronisation, so a training step stays captu
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -233,3 +234,93 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
         _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, hidden,
                    activation)
     return grad_enc, grad_pred
+
+
+# --------------------------------------------------------------------------- TDT (contract: the TDT part of transducer/cpu.py)
+
+_TDT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tdt.cu")
+MAX_DURATIONS = 16  # tdt.cu: kMaxDurations
+_DURATIONS_DTYPE = np.dtype([("n", "<i4"), ("d", "<i4", (MAX_DURATIONS,))])
+
+
+def _durations(durations):
+    """The durations as tdt.cu's struct Durations (by value)."""
+    if len(durations) > MAX_DURATIONS:
+        raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
+    padded = list(durations) + [0] * (MAX_DURATIONS - len(durations))
+    return np.array((len(durations), padded), dtype=_DURATIONS_DTYPE)[()]
+
+
+def _row_major(name, x):
+    if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
+        raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
+
+
+def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):
+    _row_major("tokens2d", tokens2d)
+    _row_major("durations2d", durations2d)
+    num_rows, V = tokens2d.shape
+    D = durations2d.size(1)
+    acc = accumulate_dtype(tokens2d.dtype)
+    if out is None:
+        dev = tokens2d.device
+        out = (torch.empty(num_rows, 2, dtype=acc, device=dev), torch.empty(num_rows, D, dtype=acc, device=dev),
+               torch.empty(num_rows, 2, dtype=acc, device=dev))
+    lp, lp_dur, den = out
+    if num_rows == 0:
+        return out
+    itemsize = tokens2d.element_size()
+    ld = tokens2d.stride(0)
+    vec = vector_width(itemsize, math.gcd(V, ld), [tokens2d])
+    wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
+    rows_per_block = _THREADS // (32 * wpr)
+    name = f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}>"
+    launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
+           (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
+            *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank), i32(layout.padded),
+            _acc(acc, sigma), lp, lp_dur, den))
+    return out
+
+
+def tdt_alpha_beta(lp, lp_dur, layout, durations):
+    num_rows = lp.size(0)
+    B = layout.batch_size
+    alpha = torch.empty(num_rows, dtype=lp.dtype, device=lp.device)
+    beta = torch.empty(num_rows, dtype=lp.dtype, device=lp.device)
+    loss = torch.empty(B, dtype=lp.dtype, device=lp.device)
+    if B == 0:
+        return alpha, beta, loss
+    threads = min(1024, (max(int(layout.max_u1), 1) + 31) // 32 * 32)
+    launch(_TDT, f"tdt_alpha_beta_kernel<{ctype(lp.dtype)}>", lp, (2 * B,), (threads,),
+           (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded), alpha, beta, loss))
+    return alpha, beta, loss
+
+
+def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank,
+                 durations, out_tokens, out_durations, fastemit_lambda=0.0, omega=0.0, rnnt=None, sigma=0.0,
+                 clamp=0.0, row_start=0):
+    for name, x in (("tokens2d", tokens2d), ("durations2d", durations2d), ("out_tokens", out_tokens),
+                    ("out_durations", out_durations)):
+        _row_major(name, x)
+    num_rows, V = tokens2d.shape
+    if num_rows == 0:
+        return
+    if omega and rnnt is None:
+        raise ValueError("transducer.cuda.tdt_gradient: omega > 0 needs the RNN-T alpha, beta and loss (rnnt)")
+    alpha_r, beta_r, loss_r = rnnt if omega else (alpha, beta, loss)
+    scale = scale.to(lp.dtype)
+    itemsize = tokens2d.element_size()
+    vec = vector_width(itemsize, math.gcd(V, math.gcd(tokens2d.stride(0), out_tokens.stride(0))),
+                       [tokens2d, out_tokens])
+    wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
+    rows_per_block = _THREADS // (32 * wpr)
+    name = (f"tdt_gradient_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(omega)}, "
+            f"{_flag(clamp > 0)}>")
+    acc = lp.dtype
+    launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
+           (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
+            targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec),
+            i32(blank), i32(layout.padded), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r, loss_r, scale,
+            i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
+            _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),
+            i64(out_durations.stride(0))))

@@ -1,0 +1,186 @@
+"""transducer.tdt_loss on every device against the float64 reference: compact and padded, concatenated and
+split heads, durations with and without 0, infeasible utterances, sigma, omega, FastEmit, clamp, every
+reduction; the registered op under opcheck and torch.compile; bad input."""
+
+import math
+
+import pytest
+import torch
+import torch._dynamo
+
+from _batches import DEVICES, cell_mask, compact
+from transducer import TDTLoss, tdt_loss, tdt_loss_reference
+
+
+def tdt_batch(seed, B=5, max_t=7, max_u=3, V=9, durations=(0, 1, 2, 3), blank=0, dtype=torch.float64):
+    """Padded (B, maxT, maxU+1, V + D) scores, targets avoiding blank, ragged lengths with T_b = 1, U_b = 0."""
+    gen = torch.Generator().manual_seed(seed)
+    T = torch.randint(1, max_t + 1, (B,), generator=gen)
+    U = torch.randint(0, max_u + 1, (B,), generator=gen)
+    T[0], U[0] = max_t, max_u
+    T[1], U[1] = 1, 0
+    U[2] = 0
+    labels = torch.tensor([v for v in range(V) if v != blank])
+    targets = labels[torch.randint(0, len(labels), (B, max_u), generator=gen)]
+    logits = torch.randn(B, max_t, max_u + 1, V + len(durations), generator=gen, dtype=torch.float64) * 1.5
+    return logits.to(dtype), targets, T, U, torch.rand(B, generator=gen, dtype=torch.float64) + 0.5
+
+
+CASES = [  # durations, blank, options
+    ([0, 1, 2, 3, 4], 0, {}),
+    ([1, 2], 3, dict(sigma=0.05)),
+    ([0, 2, 3], 8, dict(omega=0.3)),
+    ([1, 3, 4], 2, dict(fastemit_lambda=0.2, sigma=0.1, omega=0.1)),
+    ([0, 1, 2], 0, dict(clamp=0.1)),
+]
+
+
+def reference(logits, targets, T, U, durations, blank, w, clamp=-1.0, **options):
+    """The reference losses and the gradient of sum_b w_b * loss_b (clamped per utterance before weighting)."""
+    x = logits.double().clone().requires_grad_()
+    losses = tdt_loss_reference(x, targets, T, U, durations, blank, **options)
+    live = torch.isfinite(losses)
+    if clamp > 0:  # the unit gradient of each utterance, clamped, then weighted
+        grad = torch.autograd.grad(losses[live].sum(), x)[0].clamp(-clamp, clamp) * w[:, None, None, None]
+    else:
+        grad = torch.autograd.grad((losses[live] * w[live]).sum(), x)[0]
+    return losses.detach(), grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+@pytest.mark.parametrize("heads", ["joint", "split"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_matches_reference_float64(device, layout, heads, case):
+    durations, blank, options = CASES[case]
+    logits, targets, T, U, w = tdt_batch(600 + case, durations=durations, blank=blank)
+    want, want_grad = reference(logits, targets, T, U, durations, blank, w, **options)
+    V = logits.size(-1) - len(durations)
+    x = compact(logits, T, U) if layout == "compact" else logits
+    if heads == "split":
+        tok = x[..., :V].contiguous().to(device).requires_grad_()
+        dur = x[..., V:].contiguous().to(device).requires_grad_()
+        inputs, kwargs = (tok,), dict(duration_logits=dur)
+    else:
+        tok = x.to(device).requires_grad_()
+        inputs, kwargs = (tok,), {}
+    got = tdt_loss(*inputs, targets.to(device), T.to(device), U.to(device), durations, blank=blank, reduction="none",
+                   **options, **kwargs)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-9, atol=1e-10)
+    (got[torch.isfinite(got)] * w.to(device)[torch.isfinite(got)]).sum().backward()
+    grad = torch.cat([tok.grad, dur.grad], dim=-1) if heads == "split" else tok.grad
+    expect = compact(want_grad, T, U) if layout == "compact" else want_grad
+    torch.testing.assert_close(grad.cpu(), expect, rtol=1e-9, atol=1e-10)
+    if layout == "padded":
+        assert (grad.cpu()[~cell_mask(logits, T, U)] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_and_reductions(device):
+    durations = [0, 1, 2, 3, 4]
+    logits, targets, T, U, w = tdt_batch(610, B=6, max_t=20, max_u=6, V=64, durations=durations)
+    want, want_grad = reference(logits, targets, T, U, durations, 0, torch.ones(6, dtype=torch.float64), sigma=0.05)
+    x = compact(logits, T, U).float().to(device).requires_grad_()
+    args = (targets.to(device), T.to(device), U.to(device), durations)
+    for reduction, value in (("none", want), ("sum", want.sum()), ("mean", want.mean())):
+        got = tdt_loss(x, *args, reduction=reduction, sigma=0.05)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.cpu().double(), value, rtol=2e-5, atol=2e-5)
+    tdt_loss(x, *args, reduction="sum", sigma=0.05).backward()
+    torch.testing.assert_close(x.grad.cpu().double(), compact(want_grad, T, U), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(device, dtype):
+    durations = [0, 1, 2]
+    logits, targets, T, U, _ = tdt_batch(620, B=4, max_t=12, max_u=5, V=40, durations=durations)
+    half = compact(logits, T, U).to(dtype).to(device).requires_grad_()
+    full = half.detach().float().requires_grad_()
+    args = (targets.to(device), T.to(device), U.to(device), durations)
+    got, expected = tdt_loss(half, *args, reduction="none"), tdt_loss(full, *args, reduction="none")
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    got.sum().backward()
+    expected.sum().backward()
+    assert half.grad.dtype == dtype
+    eps = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+    torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infeasible_and_non_finite(device):
+    # durations [2] only: a blank moves two frames, so T_b = 3 with U_b = 0 has no alignment (+inf, zero
+    # gradient, 0 with zero_infinity); a NaN score makes its utterance NaN
+    logits, targets, T, U, _ = tdt_batch(630, B=3, max_t=4, max_u=1, V=5, durations=[2])
+    T[:], U[:] = torch.tensor([3, 4, 4]), torch.tensor([0, 1, 0])
+    logits[2, 0, 0, 3] = math.nan
+    x = logits.to(device).requires_grad_()
+    args = (targets.to(device), T.to(device), U.to(device), [2])
+    got = tdt_loss(x, *args, reduction="none")
+    want = tdt_loss_reference(logits, targets, T, U, [2])
+    assert math.isinf(got[0].item()) and math.isnan(got[2].item())
+    torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-10, atol=1e-10)
+    zeroed = tdt_loss(x, *args, reduction="none", zero_infinity=True)
+    assert zeroed[0].item() == 0 and math.isnan(zeroed[2].item())
+    zeroed[:2].sum().backward()
+    assert (x.grad[0] == 0).all() and (x.grad[2] == 0).all() and x.grad[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_and_opcheck(device):
+    logits, targets, T, U, _ = tdt_batch(640)
+    durations = [0, 1, 2, 3]
+    m = TDTLoss(durations, blank=0, sigma=0.02, reduction="sum")
+    x = logits.to(device)
+    args = (targets.to(device), T.to(device), U.to(device))
+    torch.testing.assert_close(m(x, *args), tdt_loss(x, *args, durations, sigma=0.02, reduction="sum"))
+    assert "durations=[0, 1, 2, 3]" in repr(m)
+    op_args = (x.clone().requires_grad_(), None, *args, 9, durations, 0, 0.02, 0.2, 0.1, -1.0, True)
+    torch.library.opcheck(torch.ops.transducer.tdt_loss.default, op_args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    logits, targets, T, U, _ = tdt_batch(650, dtype=torch.float32)
+    linear = torch.nn.Linear(13, 13).to(device)
+    x = logits.to(device)
+    args = (targets.to(device), T.to(device), U.to(device))
+
+    def f(x):
+        return tdt_loss(linear(x), *args, [0, 1, 2, 3], sigma=0.05, omega=0.1)
+
+    explained = torch._dynamo.explain(f)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    want = f(x)
+    want_grad = torch.autograd.grad(want, linear.weight)[0]
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True)(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, linear.weight)[0], want_grad)
+
+
+def _bad(**change):
+    logits, targets, T, U, _ = tdt_batch(660)
+    args = dict(logits=logits, targets=targets, logit_lengths=T, target_lengths=U, durations=[0, 1, 2, 3])
+    args.update({k: change.pop(k) for k in list(change) if k in args})
+    return tdt_loss(**args, **change)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(durations=[]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=[0, 1, 1, 2]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=[-1, 1, 2, 3]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=[0]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=list(range(12))), ValueError, "logits: expected at least 2 token columns"),
+    (dict(blank=9), ValueError, r"blank: expected an int in \[0, 9\)"),
+    (dict(omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
+    (dict(sigma="a"), TypeError, "sigma: expected a number"),
+    (dict(duration_logits=torch.zeros(5, 7, 4, 3, dtype=torch.float64)), ValueError, "duration_logits: expected shape"),
+    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+    (dict(target_lengths=torch.tensor([3, 0, 0, 1, 9])), ValueError, "target_lengths: U_b = 9 exceeds"),
+    (dict(targets=torch.full((5, 3), 9)), ValueError, "targets: .* outside"),
+])
+def test_bad_input(change, error, match):
+    with pytest.raises(error, match=match):
+        _bad(**change)

@@ -1,0 +1,322 @@
+// CUDA twin of the TDT stages (the TDT part of transducer/cpu.py says the math and the contract), launched by
+// transducer/cuda.py on torch's current stream:
+//
+//   tdt_log_probs_kernel   one warp (or a 256-thread block) per row: the token logsumexp in one online
+//                          pass over 16-byte vectors, the D duration scores by the first lanes
+//   tdt_alpha_beta_kernel  2B blocks: alpha of utterance b in block b, its beta and loss in block B + b;
+//                          one thread per u, one barrier per anti-diagonal (every arc of duration d moves
+//                          d or d + 1 anti-diagonals, so earlier ones are final)
+//   tdt_gradient_kernel    one warp (or block) per row: one read of the scores, one write of the gradient
+//
+// Token scores and duration scores are two row-major arrays with their own row strides (two views of
+// NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
+
+#include "ops/reduce.cuh"
+#include "transducer/common.cuh"
+
+namespace td {
+
+constexpr int kMaxDurations = 16;
+
+// The durations, by value (transducer/cuda.py fills it as a numpy structured scalar).
+struct Durations {
+  int n;
+  int d[kMaxDurations];
+};
+
+// log(sum exp(x)) over terms pushed one at a time; -inf terms are skipped, a NaN term makes it NaN.
+template <typename Acc>
+struct LogSum {
+  Acc m = neg_inf<Acc>(), s = Acc(0);
+  __device__ __forceinline__ void add(Acc x) {
+    if (x == neg_inf<Acc>() || m != m) return;
+    if (x != x) {
+      m = x;
+    } else if (x > m) {
+      s = s * exp_acc(m - x) + Acc(1);
+      m = x;
+    } else {
+      s += exp_acc(x - m);
+    }
+  }
+  __device__ __forceinline__ Acc value() const { return m == neg_inf<Acc>() || m != m ? m : m + log_acc(s); }
+};
+
+}  // namespace td
+
+// ---------------------------------------------------------------------------
+// lp[r] = (tok(blank), tok(y_{u+1})) = x - den_tok - sigma, lp_dur[r, i] = x_dur[i] - den_dur,
+// den[r] = (logsumexp of the tokens, logsumexp of the durations); a NaN or +-inf score in the row makes
+// both den entries NaN (the sum of x - x, 0 or NaN, added to them).
+template <typename T, typename I, int VEC, int WPR>
+__global__ void __launch_bounds__(td::kThreads)
+    tdt_log_probs_kernel(const T* __restrict__ tok, const T* __restrict__ dur, long long ld_tok, long long ld_dur,
+                         int D, const I* __restrict__ targets, int target_cols, const long long* __restrict__ table,
+                         int B, int row_start, int num_rows, int V, int nvec, int blank, int padded,
+                         typename ops::AccOf<T>::type sigma, typename ops::AccOf<T>::type* __restrict__ lp,
+                         typename ops::AccOf<T>::type* __restrict__ lp_dur,
+                         typename ops::AccOf<T>::type* __restrict__ den) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  typedef typename RowPass<T, VEC, WPR>::VT VT;
+  const Acc NINF = neg_inf<Acc>();
+  RowPass<T, VEC, WPR> pass;
+  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, nvec, !padded)) return;
+  const RowInfo& ri = pass.ri;
+  const int r = pass.r;
+  const long long local = r - row_start;
+  if (!ri.cell) {
+    if (pass.lane == 0) {
+      lp[2ll * r] = NINF;
+      lp[2ll * r + 1] = NINF;
+      den[2ll * r] = Acc(0);
+      den[2ll * r + 1] = Acc(0);
+    }
+    if (pass.lane < D) lp_dur[(long long)r * D + pass.lane] = NINF;
+    return;
+  }
+  const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
+  Acc x_blank = Acc(0), x_label = NINF, x_dur = NINF;
+  if (pass.lane == 0) {
+    x_blank = to_acc(tok[pass.row + blank]);
+    if (has_label) {
+      const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
+      x_label = to_acc(tok[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
+    }
+  }
+  if (pass.lane < D) x_dur = to_acc(dur[local * ld_dur + pass.lane]);
+  ReduceState<Acc> lse = identity<kLogSumExp, Acc>();
+  pass.for_each(true, [&](int, const VT& vt) {
+    Acc x[VEC], nonfinite = Acc(0);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      x[j] = to_acc(vt.v[j]);
+      nonfinite += x[j] - x[j];
+    }
+    push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
+    lse.s += nonfinite;
+  });
+  // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
+  ReduceState<Acc> lsd = identity<kLogSumExp, Acc>();
+  if (pass.lane < D) {
+    push<kLogSumExp, Acc, AccurateExp, true>(lsd, x_dur);
+    lsd.s += x_dur - x_dur;
+  }
+  if (WPR == 1) {
+    lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
+  } else {
+    __shared__ ReduceState<Acc> smem[32];
+    lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem);
+  }
+  if (threadIdx.x < 32 || WPR == 1) lsd = warp_merge<kLogSumExp, Acc, AccurateExp, true>(lsd);
+  // every lane of the row's first warp now holds both states (warp 0 of the block when WPR == 8)
+  const Acc d_tok = finish<kLogSumExp, Acc, true>(lse), d_dur = finish<kLogSumExp, Acc, true>(lsd);
+  const Acc bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
+  if (pass.lane == 0) {
+    den[2ll * r] = d_tok + bad;
+    den[2ll * r + 1] = d_dur + bad;
+    lp[2ll * r] = x_blank - d_tok - sigma + bad;
+    lp[2ll * r + 1] = has_label ? x_label - d_tok - sigma + bad : NINF;
+  }
+  if (pass.lane < D) lp_dur[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
+}
+
+// ---------------------------------------------------------------------------
+// alpha and beta over anti-diagonals n = t + u; the NaN scan and the loss as in stages.cu's
+// alpha_beta_kernel. alpha(t, u) = logsum over i of [d_i >= 1] alpha(t - d_i, u) + blank(t - d_i, u, i) and
+// [u >= 1] alpha(t - d_i, u - 1) + label(t - d_i, u - 1, i); beta the other way, with the closing blank
+// from (t, U) of duration T - t.
+template <typename Acc>
+__global__ void __launch_bounds__(1024)
+    tdt_alpha_beta_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
+                          const long long* __restrict__ table, int B, int padded, Acc* alpha, Acc* beta, Acc* loss) {
+  using namespace td;
+  int b = blockIdx.x;
+  const bool is_beta = b >= B;
+  if (is_beta) b -= B;
+  const Grids g{table, B};
+  const int T = (int)g.T(b), U = (int)g.U(b), D = durs.n;
+  const long long base = g.split(b), st = g.stride(b);
+  Acc* out = is_beta ? beta : alpha;
+  const Acc NINF = neg_inf<Acc>();
+  if (padded) {  // rows of this utterance that are not cells: -inf
+    const long long end = g.split(b + 1);
+#pragma unroll 1
+    for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
+      const long long local = i - base;
+      if (local >= (long long)T * st || local % st > U) out[i] = NINF;
+    }
+  }
+  if (T <= 0) {
+    if (is_beta && threadIdx.x == 0) loss[b] = -NINF;  // no frames: no alignment
+    return;
+  }
+  bool nan_seen = false;
+  if (is_beta) {  // a NaN log-prob anywhere in the grid (a non-finite score) makes the loss NaN
+    const FastDivmod cols = FastDivmod::make((unsigned int)(U + 1));
+#pragma unroll 1
+    for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
+      int t, u;
+      cols.divmod(i, t, u);
+      const long long c = base + (long long)t * st + u;
+      nan_seen |= lp[2 * c] != lp[2 * c] || lp[2 * c + 1] != lp[2 * c + 1];
+      for (int k = 0; k < D; ++k) nan_seen |= lp_dur[c * D + k] != lp_dur[c * D + k];
+    }
+  }
+  nan_seen = __syncthreads_or(nan_seen);
+  const int steps = T + U;
+#pragma unroll 1
+  for (int step = 0; step < steps; ++step) {
+    const int n = is_beta ? steps - 1 - step : step;
+#pragma unroll 1
+    for (int u = threadIdx.x; u <= U; u += blockDim.x) {
+      const int t = n - u;
+      if (t < 0 || t >= T) continue;
+      const long long c = base + (long long)t * st + u;
+      LogSum<Acc> acc;
+      if (!is_beta) {
+        if (t == 0 && u == 0) {
+          out[c] = Acc(0);
+          continue;
+        }
+        for (int k = 0; k < D; ++k) {
+          const int d = durs.d[k], s = t - d;
+          if (s < 0) continue;
+          if (d >= 1) {
+            const long long p = base + (long long)s * st + u;
+            acc.add(out[p] + lp[2 * p] + lp_dur[p * D + k]);
+          }
+          if (u >= 1) {
+            const long long p = base + (long long)s * st + u - 1;
+            acc.add(out[p] + lp[2 * p + 1] + lp_dur[p * D + k]);
+          }
+        }
+      } else {
+        const Acc blank = lp[2 * c], label = lp[2 * c + 1];
+        for (int k = 0; k < D; ++k) {
+          const int d = durs.d[k], s = t + d;
+          const Acc w = lp_dur[c * D + k];
+          if (d >= 1) {
+            if (s < T)
+              acc.add(out[base + (long long)s * st + u] + blank + w);
+            else if (s == T && u == U)
+              acc.add(blank + w);  // the closing blank
+          }
+          if (u < U && s < T) acc.add(out[base + (long long)s * st + u + 1] + label + w);
+        }
+      }
+      out[c] = acc.value();
+    }
+    __syncthreads();
+  }
+  if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
+}
+
+// ---------------------------------------------------------------------------
+// The gradient of sum_b scale[b] * ((1 - omega) tdt_b + omega rnnt_b) w.r.t. the token and duration scores
+// (cpu.tdt_gradient's formula), clamped for a unit incoming gradient when CLAMP. Zeros on padding rows
+// and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or whose scale is 0.
+template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP>
+__global__ void __launch_bounds__(td::kThreads)
+    tdt_gradient_kernel(const T* tok, const T* dur, long long ld_tok, long long ld_dur, td::Durations durs,
+                        const I* __restrict__ targets, int target_cols, const long long* __restrict__ table, int B,
+                        int row_start, int num_rows, int V, int nvec, int blank, int padded,
+                        const typename ops::AccOf<T>::type* __restrict__ lp,
+                        const typename ops::AccOf<T>::type* __restrict__ lp_dur,
+                        const typename ops::AccOf<T>::type* __restrict__ den,
+                        const typename ops::AccOf<T>::type* __restrict__ alpha,
+                        const typename ops::AccOf<T>::type* __restrict__ beta,
+                        const typename ops::AccOf<T>::type* __restrict__ loss,
+                        const typename ops::AccOf<T>::type* __restrict__ alpha_r,
+                        const typename ops::AccOf<T>::type* __restrict__ beta_r,
+                        const typename ops::AccOf<T>::type* __restrict__ loss_r,
+                        const typename ops::AccOf<T>::type* __restrict__ scale, long long scale_stride,
+                        typename ops::AccOf<T>::type sigma, typename ops::AccOf<T>::type fastemit_lambda,
+                        typename ops::AccOf<T>::type omega, typename ops::AccOf<T>::type clamp, T* out_tok,
+                        T* out_dur, long long ld_out_tok, long long ld_out_dur) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  typedef typename RowPass<T, VEC, WPR>::VT VT;
+  const Acc NINF = neg_inf<Acc>();
+  const int D = durs.n;
+  RowPass<T, VEC, WPR> pass;
+  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, nvec, !padded)) return;
+  const RowInfo& ri = pass.ri;
+  const int r = pass.r, lane = pass.lane;
+  const long long local = r - row_start;
+  VT* q = reinterpret_cast<VT*>(out_tok + local * ld_out_tok);
+  T* qd = out_dur + local * ld_out_dur;
+  bool live = ri.cell;
+  Acc l = Acc(0), sc = Acc(0), l_r = Acc(0);
+  if (live) {
+    l = loss[ri.b];
+    sc = scale[ri.b * scale_stride];
+    live = is_finite(l) && sc != Acc(0);
+    if (OMEGA) {
+      l_r = loss_r[ri.b];
+      live = live && is_finite(l_r);
+    }
+  }
+  if (!live) {
+    VT z;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
+    for (int i = lane; i < nvec; i += RowGeometry<WPR>::G) q[i] = z;
+    if (lane < D) qd[lane] = from_acc<T>(Acc(0));
+    return;
+  }
+  // per-row coefficients: every thread of the row computes them (the loads broadcast)
+  const Acc lognorm = alpha[r] + l;
+  const Acc gamma = exp_acc(lognorm + beta[r]);
+  const Acc lp_b = lp[2ll * r], lp_l = lp[2ll * r + 1];
+  const long long st = ri.st;
+  Acc sum_blank = Acc(0), sum_label = Acc(0), own = Acc(0);  // own: B_j + L_j of this lane's duration j
+  for (int k = 0; k < D; ++k) {
+    const int d = durs.d[k], s = ri.t + d;
+    const Acc w = lognorm + lp_dur[(long long)r * D + k];
+    Acc arc_b = Acc(0), arc_l = Acc(0);
+    if (d >= 1) {
+      if (s < ri.T)
+        arc_b = exp_acc(w + lp_b + beta[r + d * st]);
+      else if (s == ri.T && ri.u == ri.U)
+        arc_b = exp_acc(w + lp_b);
+    }
+    if (ri.u < ri.U && s < ri.T) arc_l = exp_acc(w + lp_l + beta[r + d * st + 1]);
+    sum_blank += arc_b;
+    sum_label += arc_l;
+    if (k == lane) own = arc_b + arc_l;
+  }
+  const Acc lam = fastemit_lambda, keep = Acc(1) - omega;
+  Acc factor = keep * (gamma + lam * sum_label), sub_blank = keep * sum_blank, sub_label = keep * sum_label;
+  if (OMEGA) {  // the plain RNN-T loss of the token scores (log-probs lp + sigma)
+    const Acc lognorm_r = alpha_r[r] + l_r;
+    Acc after_blank = ri.t + 1 < ri.T ? beta_r[r + st] : (ri.u == ri.U ? Acc(0) : NINF);
+    const Acc blank_r = exp_acc(lognorm_r + lp_b + sigma + after_blank);
+    const Acc label_r = ri.u < ri.U ? exp_acc(lognorm_r + lp_l + sigma + beta_r[r + 1]) : Acc(0);
+    factor += omega * (exp_acc(lognorm_r + beta_r[r]) + lam * label_r);
+    sub_blank += omega * blank_r;
+    sub_label += omega * label_r;
+  }
+  sub_label *= Acc(1) + lam;
+  const Acc coef = log_acc(factor) - den[2ll * r];
+  const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * target_cols + ri.u] : -1;
+  pass.for_each(true, [&](int i, const VT& vt) {
+    VT o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const int v = i * VEC + j;
+      Acc g = exp_fast(to_acc(vt.v[j]) + coef);
+      if (v == blank) g -= sub_blank;
+      if (v == label) g -= sub_label;
+      if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+      o.v[j] = from_acc<T>(g * sc);
+    }
+    q[i] = o;
+  });
+  if (lane < D) {
+    const Acc x = to_acc(dur[local * ld_dur + lane]);
+    Acc g = keep * (exp_acc(x - den[2ll * r + 1]) * gamma - own);
+    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+    qd[lane] = from_acc<T>(g * sc);
+  }
+}

@@ -1,0 +1,268 @@
+"""The Token-and-Duration Transducer (TDT) loss (Xu et al., ICML 2023, arXiv 2304.06795; NeMo's semantics):
+the functional form, the module, and the registered op ``transducer::tdt_loss`` (with its backward
+``transducer::tdt_loss_backward`` and an eager path that skips the op's Python layers, as in
+transducer/library.py). The stages: the TDT part of transducer/cpu.py (the math) and transducer/tdt.cu.
+"""
+
+import math
+import operator
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ops import accumulate_dtype
+
+from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_durations, check_loss_values, check_tensor, is_index,
+                     stages_for)
+from .layout import MAX_ROWS, NUM_STATS, Layout
+from .loss import _REDUCTIONS, _check_options
+
+__all__ = ["tdt_loss", "TDTLoss"]
+
+
+def _layout(logits, targets, logit_lengths, target_lengths, vocab_size, blank, with_stats):
+    padded = logits.dim() == 4
+    return stages_for(logits.device).layout(logit_lengths, target_lengths,
+                                            logits.size(2) if padded else targets.size(1) + 1,
+                                            logits.size(1) if padded else 0, targets, vocab_size, blank, with_stats)
+
+
+def _heads(logits, duration_logits, vocab_size):
+    """The (N, V) token and (N, D) duration score views of the rows (no copy)."""
+    rows = logits.view(-1, logits.size(-1))
+    if duration_logits is None:
+        return rows[:, :vocab_size], rows[:, vocab_size:]
+    return rows, duration_logits.view(-1, duration_logits.size(-1))
+
+
+def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Tensor, logit_lengths: Tensor,
+                 target_lengths: Tensor, vocab_size: int, durations: List[int], blank: int, sigma: float, omega: float,
+                 fastemit_lambda: float, clamp: float, check_inputs: bool
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll); the last three are empty
+    when omega == 0."""
+    rows = logits.numel() // logits.size(-1)
+    if rows > MAX_ROWS:
+        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
+                         f"{tuple(logits.shape)} with {rows} rows")
+    stages = stages_for(logits.device)
+    tokens, durs = _heads(logits, duration_logits, vocab_size)
+    layout = _layout(logits, targets, logit_lengths, target_lengths, vocab_size, blank, check_inputs)
+    if check_inputs:  # the CPU stages and the CUDA sizes need valid values: one small read
+        check_loss_values(logits[..., :vocab_size], targets, layout.stats.tolist(), blank)
+    lp, lp_dur, den = stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma)
+    alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
+    empty = lp.new_empty(0)
+    alpha_r = beta_r = rnnt_nll = empty
+    nll = tdt_nll
+    if omega:
+        alpha_r, beta_r, rnnt_nll = stages.alpha_beta(lp + sigma, layout, False)
+        nll = (1 - omega) * tdt_nll + omega * rnnt_nll
+    else:
+        nll = tdt_nll.clone()
+    return nll, layout.table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll
+
+
+def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Tensor], targets: Tensor,
+                  table: Tensor, lp: Tensor, lp_dur: Tensor, den: Tensor, alpha: Tensor, beta: Tensor, tdt_nll: Tensor,
+                  alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor, vocab_size: int, durations: List[int], blank: int,
+                  sigma: float, omega: float, fastemit_lambda: float, clamp: float) -> Tuple[Tensor, Tensor]:
+    """(grad_logits, grad_duration_logits) of sum_b grad_nll[b] * nll[b]; the second is empty without
+    duration_logits (the first then covers all V + D columns)."""
+    padded = logits.dim() == 4
+    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
+    grad = torch.empty_like(logits)
+    grad_durations = torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0)
+    tokens, durs = _heads(logits, duration_logits, vocab_size)
+    out_tokens, out_durs = _heads(grad, grad_durations if duration_logits is not None else None, vocab_size)
+    rnnt = (alpha_r, beta_r, rnnt_nll) if omega else None
+    stages_for(logits.device).tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll,
+                                           grad_nll.to(lp.dtype), blank, durations, out_tokens, out_durs,
+                                           fastemit_lambda, omega, rnnt, sigma, clamp)
+    return grad, grad_durations
+
+
+tdt_op = torch.library.custom_op("transducer::tdt_loss", _tdt_forward, mutates_args=())
+tdt_backward_op = torch.library.custom_op("transducer::tdt_loss_backward", _tdt_backward, mutates_args=())
+
+
+@tdt_op.register_fake
+def _(logits, duration_logits, targets, logit_lengths, target_lengths, vocab_size, durations, blank, sigma, omega,
+      *rest):
+    acc = accumulate_dtype(logits.dtype)
+    N = logits.numel() // logits.size(-1)
+    B = logit_lengths.size(0)
+    D = len(durations)
+    new = logits.new_empty
+    r = N if omega else 0
+    return (new(B, dtype=acc), new(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(N, 2, dtype=acc),
+            new(N, D, dtype=acc), new(N, 2, dtype=acc), new(N, dtype=acc), new(N, dtype=acc), new(B, dtype=acc),
+            new(r, dtype=acc), new(r, dtype=acc), new(B if omega else 0, dtype=acc))
+
+
+@tdt_backward_op.register_fake
+def _(grad_nll, logits, duration_logits, *rest):
+    return (torch.empty_like(logits),
+            torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    (logits, duration_logits, targets, _, _, vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp,
+     _) = inputs
+    nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll = output
+    ctx.mark_non_differentiable(table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll)
+    ctx.save_for_backward(logits, duration_logits, targets, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r,
+                          beta_r, rnnt_nll)
+    ctx.options = (vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp)
+    ctx.has_duration_logits = duration_logits is not None
+
+
+def _gradient(ctx, grad_nll, backward):
+    grad, grad_durations = backward(grad_nll, *ctx.saved_tensors, *ctx.options)
+    return (grad, grad_durations if ctx.has_duration_logits else None) + (None,) * 11
+
+
+tdt_op.register_autograd(lambda ctx, grad_nll, *_: _gradient(ctx, grad_nll, tdt_backward_op),
+                         setup_context=_setup_context)
+
+
+class _EagerTDT(torch.autograd.Function):
+    @staticmethod
+    def forward(*inputs):
+        return _tdt_forward(*inputs)
+
+    setup_context = staticmethod(_setup_context)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_nll, *_):
+        return _gradient(ctx, grad_nll, _tdt_backward)
+
+
+def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
+             reduction="mean", fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, check_inputs=True,
+             duration_logits=None):
+    r"""Token-and-Duration Transducer loss (NeMo's semantics), over compact or padded joiner scores.
+
+    Args:
+        logits: compact ``(sum_b T_b*(U_b+1), V + D)`` or padded ``(B, maxT, maxU+1, V + D)``: the first V
+            columns are token scores (blank among them), the last D = len(durations) duration scores (NeMo's
+            joint layout). With ``duration_logits``, ``logits`` holds the V token scores alone. float16 /
+            bfloat16 / float32 / float64; non-contiguous logits are copied once.
+        targets: ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
+        logit_lengths: ``(B,)`` int32 / int64, ``T_b >= 1``.
+        target_lengths: ``(B,)`` int32 / int64, ``U_b >= 0``.
+        durations: the D durations (frames a symbol covers): distinct ints >= 0, at least one >= 1 (a blank
+            must advance time), at most 16 on CUDA. Default none: required.
+        blank: index of blank among the token columns, in ``[0, V)``. Default 0.
+        sigma: logit under-normalisation: token log-probs are log_softmax(tokens) - sigma. Default 0.
+        omega: the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain RNN-T loss of the token
+            scores (no sigma): the expectation of NeMo's sampling the RNN-T loss with probability omega.
+            In ``[0, 1)``. Default 0.
+        reduction: ``"none"`` (per utterance), ``"sum"``, ``"mean"`` (default; the mean over the batch, as
+            for transducer_loss: NeMo and transformers divide by target lengths first).
+        fastemit_lambda: the gradient w.r.t. every label token log-prob times ``1 + fastemit_lambda``
+            (FastEmit; the loss value is unchanged). Default 0.
+        clamp: if > 0, each gradient element (for a unit incoming gradient) is clamped to
+            ``[-clamp, clamp]``. Default -1.
+        zero_infinity: infinite losses (no alignment) become 0; NaN losses stay NaN.
+        check_inputs: check lengths and labels against the tensors (one small device-to-host read).
+        duration_logits: ``(sum_TU, D)`` or ``(B, maxT, maxU+1, D)``: the duration scores as their own head
+            (transformers' joint has separate heads, and concatenating them would copy the largest tensor of
+            the step). Default None: they are the last D columns of ``logits``.
+
+    Returns:
+        float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. An utterance with
+        no alignment gets ``+inf`` and zero gradient. Gradients flow to ``logits`` (and ``duration_logits``),
+        in their dtype.
+
+    Example::
+
+        >>> logits = torch.randn(2, 6, 3, 5 + 3, requires_grad=True)   # V = 5 tokens, durations 0, 1, 2
+        >>> tdt_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1]),
+        ...          durations=[0, 1, 2]).backward()
+    """
+    check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
+    device = logits.device
+    check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
+    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
+    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
+    try:
+        durations = list(check_durations(durations))
+    except ValueError as e:
+        raise ValueError(f"durations: {e}") from None
+    D = len(durations)
+    if duration_logits is None:
+        V = logits.size(-1) - D
+    else:
+        check_tensor("duration_logits", duration_logits, (logits.dtype,), (logits.dim(),), device)
+        if duration_logits.shape[:-1] != logits.shape[:-1] or duration_logits.size(-1) != D:
+            raise ValueError(f"duration_logits: expected shape {tuple(logits.shape[:-1]) + (D,)} (logits' rows, "
+                             f"len(durations) columns), got {tuple(duration_logits.shape)}")
+        V = logits.size(-1)
+    if V < 2:
+        raise ValueError(f"logits: expected at least 2 token columns{' before the ' + str(D) + ' duration columns' if duration_logits is None else ''}, "
+                         f"got shape {tuple(logits.shape)}")
+    if device.type == "cuda" and D > 16:
+        raise ValueError(f"durations: at most 16 on CUDA, got {D}")
+    B = logit_lengths.size(0)
+    if B == 0:
+        raise ValueError("logit_lengths: expected at least one utterance, got an empty batch")
+    if target_lengths.size(0) != B:
+        raise ValueError(f"target_lengths: expected shape ({B},) like logit_lengths, got {tuple(target_lengths.shape)}")
+    if targets.size(0) != B:
+        raise ValueError(f"targets: expected {B} rows (one per utterance), got shape {tuple(targets.shape)}")
+    if logits.dim() == 4 and logits.size(0) != B:
+        raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
+                         f"{tuple(logits.shape)}")
+    if not is_index(blank) or not 0 <= operator.index(blank) < V:
+        raise ValueError(f"blank: expected an int in [0, {V}) (the token columns), got {blank!r}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+    for name, value in (("sigma", sigma), ("omega", omega)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise TypeError(f"{name}: expected a number, got {value!r}")
+    if not 0 <= omega < 1:
+        raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
+    _check_options(clamp, fastemit_lambda, 0.0)
+    inputs = (logits.contiguous(), None if duration_logits is None else duration_logits.contiguous(),
+              targets.contiguous(), logit_lengths, target_lengths, V, durations, operator.index(blank), float(sigma),
+              float(omega), float(fastemit_lambda), float(clamp), bool(check_inputs))
+    nll = (tdt_op(*inputs) if torch.compiler.is_compiling() else _EagerTDT.apply(*inputs))[0]
+    if zero_infinity:
+        nll = torch.where(torch.isinf(nll), 0.0, nll)
+    if reduction == "sum":
+        return nll.sum()
+    if reduction == "mean":
+        return nll.mean()
+    return nll if zero_infinity else nll.clone()
+
+
+class TDTLoss(torch.nn.Module):
+    """Module form of :func:`tdt_loss`: ``TDTLoss(durations=[0, 1, 2, 3, 4], blank=0)(logits, targets, T, U)``."""
+
+    def __init__(self, durations, blank=0, sigma=0.0, omega=0.0, reduction="mean", fastemit_lambda=0.0,
+                 clamp=-1.0, zero_infinity=False, check_inputs=True):
+        super().__init__()
+        try:
+            self.durations = list(check_durations(durations))
+        except ValueError as e:
+            raise ValueError(f"durations: {e}") from None
+        if not is_index(blank) or operator.index(blank) < 0:
+            raise ValueError(f"blank: expected a non-negative int, got {blank!r}")
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+        if not isinstance(omega, (int, float)) or isinstance(omega, bool) or not 0 <= omega < 1:
+            raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
+        _check_options(clamp, fastemit_lambda, 0.0)
+        self.options = dict(blank=operator.index(blank), sigma=sigma, omega=omega, reduction=reduction,
+                            fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity,
+                            check_inputs=check_inputs)
+
+    def forward(self, logits, targets, logit_lengths, target_lengths, duration_logits=None):
+        return tdt_loss(logits, targets, logit_lengths, target_lengths, self.durations,
+                        duration_logits=duration_logits, **self.options)
+
+    def extra_repr(self):
+        return f"durations={self.durations}, " + ", ".join(f"{k}={v!r}" for k, v in self.options.items())
