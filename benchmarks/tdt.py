@@ -68,9 +68,9 @@ def loss_alone(B=16, T=400, U=100, V=1024):
     for name, x in (("ours compact", rows), ("ours padded", padded)):
         x = x.detach().requires_grad_()
 
-        def step():
-            x.grad = None
+        def step():  # the gradient freed after the step: the extra memory counts it
             transducer.tdt_loss(x, y, Ts, Us, DURATIONS, sigma=0.05, reduction="sum").backward()
+            x.grad = None
         ms, mb = cuda_ms(step)
         out.append(("TDT loss alone (16,400,100,1024+5) fp32", name, ms, mb))
     TDTLossNumba = nemo_loss()
@@ -79,8 +79,8 @@ def loss_alone(B=16, T=400, U=100, V=1024):
         x = padded.detach().requires_grad_()
 
         def step():
-            x.grad = None
             fn(acts=x, labels=y, act_lens=Ts, label_lens=Us).backward()
+            x.grad = None
         ms, mb = cuda_ms(step)
         out.append(("TDT loss alone (16,400,100,1024+5) fp32", "NeMo TDTLossNumba", ms, mb))
     print(f"  (gradient size {rows.numel() * 4 / 2**20:.0f} MB)")

@@ -290,9 +290,15 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     loss = torch.empty(B, dtype=lp.dtype, device=lp.device)
     if B == 0:
         return alpha, beta, loss
-    threads = min(1024, (max(int(layout.max_u1), 1) + 31) // 32 * 32)
+    max_u1 = max(int(layout.max_u1), 1)
+    threads = min(1024, (max_u1 + 31) // 32 * 32)
+    ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): tdt.cu keeps them in smem
+    smem = ring * max_u1 * lp.element_size()
+    if smem > 48 * 1024:
+        ring, smem = 0, 0
     launch(_TDT, f"tdt_alpha_beta_kernel<{ctype(lp.dtype)}>", lp, (2 * B,), (threads,),
-           (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded), alpha, beta, loss))
+           (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded), i32(ring), alpha, beta, loss),
+           shared_mem=smem)
     return alpha, beta, loss
 
 

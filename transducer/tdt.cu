@@ -24,7 +24,8 @@ struct Durations {
   int d[kMaxDurations];
 };
 
-// log(sum exp(x)) over terms pushed one at a time; -inf terms are skipped, a NaN term makes it NaN.
+// log(sum exp(x)) over terms pushed one at a time; -inf terms are skipped, a NaN term makes it NaN. Float
+// uses the fast exp (on the recursions' critical path, as stages.cu's log_add does), double the accurate one.
 template <typename Acc>
 struct LogSum {
   Acc m = neg_inf<Acc>(), s = Acc(0);
@@ -33,10 +34,10 @@ struct LogSum {
     if (x != x) {
       m = x;
     } else if (x > m) {
-      s = s * exp_acc(m - x) + Acc(1);
+      s = s * exp_fast(m - x) + Acc(1);
       m = x;
     } else {
-      s += exp_acc(x - m);
+      s += exp_fast(x - m);
     }
   }
   __device__ __forceinline__ Acc value() const { return m == neg_inf<Acc>() || m != m ? m : m + log_acc(s); }
@@ -126,11 +127,16 @@ __global__ void __launch_bounds__(td::kThreads)
 // alpha_beta_kernel. alpha(t, u) = logsum over i of [d_i >= 1] alpha(t - d_i, u) + blank(t - d_i, u, i) and
 // [u >= 1] alpha(t - d_i, u - 1) + label(t - d_i, u - 1, i); beta the other way, with the closing blank
 // from (t, U) of duration T - t.
+// The last `ring` anti-diagonals (max duration + 2 of them: every predecessor or successor) stay in shared
+// memory, ring * (U + 1) entries, when they fit (ring > 0); else they are read back from global memory.
 template <typename Acc>
 __global__ void __launch_bounds__(1024)
     tdt_alpha_beta_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
-                          const long long* __restrict__ table, int B, int padded, Acc* alpha, Acc* beta, Acc* loss) {
+                          const long long* __restrict__ table, int B, int padded, int ring, Acc* alpha, Acc* beta,
+                          Acc* loss) {
   using namespace td;
+  extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
+  Acc* S = reinterpret_cast<Acc*>(smem_raw);
   int b = blockIdx.x;
   const bool is_beta = b >= B;
   if (is_beta) b -= B;
@@ -164,7 +170,12 @@ __global__ void __launch_bounds__(1024)
     }
   }
   nan_seen = __syncthreads_or(nan_seen);
-  const int steps = T + U;
+  const int steps = T + U, cols = U + 1;
+  const bool sm = ring > 0 && (long long)ring * cols * (long long)sizeof(Acc) <= 48 * 1024;
+  // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
+  auto at = [&](int t, int u) -> Acc {
+    return sm ? S[((t + u) % ring) * cols + u] : out[base + (long long)t * st + u];
+  };
 #pragma unroll 1
   for (int step = 0; step < steps; ++step) {
     const int n = is_beta ? steps - 1 - step : step;
@@ -175,20 +186,20 @@ __global__ void __launch_bounds__(1024)
       const long long c = base + (long long)t * st + u;
       LogSum<Acc> acc;
       if (!is_beta) {
-        if (t == 0 && u == 0) {
-          out[c] = Acc(0);
-          continue;
+        if (t == 0 && u == 0) {  // alpha(0, 0) = 0 = 0 + log(1)
+          acc.m = Acc(0);
+          acc.s = Acc(1);
         }
         for (int k = 0; k < D; ++k) {
           const int d = durs.d[k], s = t - d;
-          if (s < 0) continue;
+          if (s < 0 || (t == 0 && u == 0)) continue;
           if (d >= 1) {
             const long long p = base + (long long)s * st + u;
-            acc.add(out[p] + lp[2 * p] + lp_dur[p * D + k]);
+            acc.add(at(s, u) + lp[2 * p] + lp_dur[p * D + k]);
           }
           if (u >= 1) {
             const long long p = base + (long long)s * st + u - 1;
-            acc.add(out[p] + lp[2 * p + 1] + lp_dur[p * D + k]);
+            acc.add(at(s, u - 1) + lp[2 * p + 1] + lp_dur[p * D + k]);
           }
         }
       } else {
@@ -198,14 +209,16 @@ __global__ void __launch_bounds__(1024)
           const Acc w = lp_dur[c * D + k];
           if (d >= 1) {
             if (s < T)
-              acc.add(out[base + (long long)s * st + u] + blank + w);
+              acc.add(at(s, u) + blank + w);
             else if (s == T && u == U)
               acc.add(blank + w);  // the closing blank
           }
-          if (u < U && s < T) acc.add(out[base + (long long)s * st + u + 1] + label + w);
+          if (u < U && s < T) acc.add(at(s, u + 1) + label + w);
         }
       }
-      out[c] = acc.value();
+      const Acc v = acc.value();
+      out[c] = v;
+      if (sm) S[(n % ring) * cols + u] = v;
     }
     __syncthreads();
   }
@@ -270,11 +283,11 @@ __global__ void __launch_bounds__(td::kThreads)
   const Acc gamma = exp_acc(lognorm + beta[r]);
   const Acc lp_b = lp[2ll * r], lp_l = lp[2ll * r + 1];
   const long long st = ri.st;
-  Acc sum_blank = Acc(0), sum_label = Acc(0), own = Acc(0);  // own: B_j + L_j of this lane's duration j
-  for (int k = 0; k < D; ++k) {
-    const int d = durs.d[k], s = ri.t + d;
-    const Acc w = lognorm + lp_dur[(long long)r * D + k];
-    Acc arc_b = Acc(0), arc_l = Acc(0);
+  // the arcs of duration d_k: lane k of the row's first warp computes them, a warp sum shares them
+  Acc arc_b = Acc(0), arc_l = Acc(0);
+  if (lane < D) {
+    const int d = durs.d[lane], s = ri.t + d;
+    const Acc w = lognorm + lp_dur[(long long)r * D + lane];
     if (d >= 1) {
       if (s < ri.T)
         arc_b = exp_acc(w + lp_b + beta[r + d * st]);
@@ -282,10 +295,27 @@ __global__ void __launch_bounds__(td::kThreads)
         arc_b = exp_acc(w + lp_b);
     }
     if (ri.u < ri.U && s < ri.T) arc_l = exp_acc(w + lp_l + beta[r + d * st + 1]);
-    sum_blank += arc_b;
-    sum_label += arc_l;
-    if (k == lane) own = arc_b + arc_l;
   }
+  const Acc own = arc_b + arc_l;  // B_j + L_j of this lane's duration j
+  ReduceState<Acc> sums = {arc_b, arc_l};  // (blank, label) sums over the durations, on warp 0's lanes
+  if (threadIdx.x < 32 || WPR == 1) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sums.m += __shfl_xor_sync(0xffffffffu, sums.m, o);
+      sums.s += __shfl_xor_sync(0xffffffffu, sums.s, o);
+    }
+  }
+  if (WPR > 1) {  // a block per row: warp 0 hands the sums to the others
+    __shared__ Acc shared_sums[2];
+    if (threadIdx.x == 0) {
+      shared_sums[0] = sums.m;
+      shared_sums[1] = sums.s;
+    }
+    __syncthreads();
+    sums.m = shared_sums[0];
+    sums.s = shared_sums[1];
+  }
+  const Acc sum_blank = sums.m, sum_label = sums.s;
   const Acc lam = fastemit_lambda, keep = Acc(1) - omega;
   Acc factor = keep * (gamma + lam * sum_label), sub_blank = keep * sum_blank, sub_label = keep * sum_label;
   if (OMEGA) {  // the plain RNN-T loss of the token scores (log-probs lp + sigma)
