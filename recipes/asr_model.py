@@ -98,31 +98,45 @@ def select_state(state, keep, new):
 
 class Transducer(nn.Module):
     """Encoder, predictor and joiner ``out(tanh(enc_proj(enc) + pred_proj(pred)))``; ``forward`` gives the
-    batch's mean transducer loss. ``joiner="fused"`` computes joiner and loss together
-    (transducer.fused_joiner_loss: no logits in memory), ``"unfused"`` builds the compact logits through
-    transducer.pack and passes them to ``self.criterion`` (a TransducerLoss); both give the same loss."""
+    batch's mean loss. ``loss``: "rnnt", "rna" (one symbol per frame) or "tdt" (Token-and-Duration
+    Transducer: the joiner also scores ``durations``). ``joiner="fused"`` computes joiner and loss together
+    (transducer.fused_joiner_loss: no logits in memory; RNN-T and RNA), ``"unfused"`` builds the compact
+    logits through transducer.pack and passes them to ``self.criterion``; both give the same loss."""
 
     def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
                  predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0, joiner="fused",
-                 one_sym_per_frame=False):
+                 loss="rnnt", durations=(0, 1, 2, 3, 4), sigma=0.0, omega=0.0, fastemit_lambda=0.0,
+                 delay_penalty=0.0):
         super().__init__()
-        from transducer import TransducerLoss
+        from transducer import TDTLoss, TransducerLoss
 
         if joiner not in ("fused", "unfused"):
             raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
+        if loss not in ("rnnt", "rna", "tdt"):
+            raise ValueError(f"loss: expected 'rnnt', 'rna' or 'tdt', got {loss!r}")
+        if loss == "tdt" and joiner == "fused":
+            raise ValueError("joiner: the fused joiner loss has no TDT yet; use joiner='unfused' with loss='tdt'")
         self.blank = blank
         self.joiner = joiner
+        self.loss = loss
+        self.durations = list(durations) if loss == "tdt" else []
         self.encoder = Encoder(encoder, num_mel_bins, encoder_dim, encoder_layers, dropout)
         self.predictor = Predictor(predictor, vocab_size, predictor_dim, blank)
         self.enc_proj = nn.Linear(encoder_dim, joiner_dim)
         self.pred_proj = nn.Linear(predictor_dim, joiner_dim)
-        self.out = nn.Linear(joiner_dim, vocab_size)
-        # RNA utterances with more labels than frames have no alignment: they are left out of the loss
-        self.loss_options = dict(blank=blank, one_sym_per_frame=one_sym_per_frame, zero_infinity=one_sym_per_frame)
-        self.criterion = TransducerLoss(**self.loss_options)
+        self.out = nn.Linear(joiner_dim, vocab_size + len(self.durations))
+        if loss == "tdt":
+            self.loss_options = dict(blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda)
+            self.criterion = TDTLoss(self.durations, **self.loss_options)
+        else:
+            # RNA utterances with more labels than frames have no alignment: they are left out of the loss
+            rna = loss == "rna"
+            self.loss_options = dict(blank=blank, one_sym_per_frame=rna, zero_infinity=rna,
+                                     fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+            self.criterion = TransducerLoss(**self.loss_options)
 
     def forward(self, feats, feat_lens, targets, target_lens):
-        """The mean transducer loss of the batch (float32; the joiner's GEMMs in the autocast dtype under autocast)."""
+        """The mean loss of the batch (float32; the joiner's GEMMs in the autocast dtype under autocast)."""
         from transducer import fused_joiner_loss, pack
 
         enc, enc_lens = self.encoder(feats, feat_lens)
@@ -135,6 +149,50 @@ class Transducer(nn.Module):
         # accumulates in fp32, where a .float() copy would double the largest tensor of the step
         logits = self.out(torch.tanh(pack(enc, pred, enc_lens, target_lens)))
         return self.criterion(logits, targets, enc_lens, target_lens)
+
+    @torch.no_grad()
+    def decode(self, feats, feat_lens, max_symbols=5):
+        """Batched greedy search for the model's loss: a list of label-id lists."""
+        if self.loss == "tdt":
+            return self.greedy_decode_tdt(feats, feat_lens, max_symbols)
+        return self.greedy_decode(feats, feat_lens, max_symbols, one_sym_per_frame=self.loss == "rna")
+
+    @torch.no_grad()
+    def greedy_decode_tdt(self, feats, feat_lens, max_symbols=5):
+        """TDT greedy search (Xu et al. 2023): at each step the best token and the best duration; a label is
+        emitted (and the predictor advanced), and the frame moves on by the duration (at least 1 for a blank,
+        and after ``max_symbols`` labels on one frame)."""
+        enc, enc_lens = self.encoder(feats, feat_lens)
+        enc = self.enc_proj(enc)
+        B, T, _ = enc.shape
+        V = self.out.out_features - len(self.durations)
+        durations = torch.tensor(self.durations, device=enc.device)
+        pred, state = self.predictor.initial(B, enc.device)
+        pred = self.pred_proj(pred[:, 0])
+        hyps = [[] for _ in range(B)]
+        t = torch.zeros(B, dtype=torch.long, device=enc.device)
+        emitted = torch.zeros(B, dtype=torch.long, device=enc.device)  # labels emitted on the current frame
+        rows = torch.arange(B, device=enc.device)
+        while True:
+            active = t < enc_lens
+            if not bool(active.any()):
+                break
+            scores = self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred))
+            token, step = scores[:, :V].argmax(-1), durations[scores[:, V:].argmax(-1)]
+            emit = active & (token != self.blank)
+            for b in emit.nonzero().flatten().tolist():
+                hyps[b].append(int(token[b]))
+            if bool(emit.any()):
+                new_pred, new_state = self.predictor(token.unsqueeze(1), state)
+                keep = ~emit
+                pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
+                state = select_state(state, keep, new_state)
+            emitted = torch.where(emit, emitted + 1, 0)
+            step = torch.where(emit, step, step.clamp(min=1))  # a blank moves on
+            step = torch.where(emitted >= max_symbols, step.clamp(min=1), step)
+            emitted = torch.where(step > 0, 0, emitted)
+            t = torch.where(active, t + step, t)
+        return hyps
 
     @torch.no_grad()
     def greedy_decode(self, feats, feat_lens, max_symbols=5, one_sym_per_frame=False):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a tiny speech recogniser end to end with this library's TransducerLoss.
+"""Train a tiny speech recogniser end to end with this library's losses (RNN-T, RNA or TDT).
 
     python recipes/train_toy.py                    # eSpeak NG toy corpus, made on the first run
     python recipes/train_toy.py --quick            # a smoke test: tiny corpus, tiny model, seconds
@@ -74,10 +74,19 @@ def build_parser():
     m.add_argument("--predictor", choices=["lstm", "stateless"], default="lstm")
     m.add_argument("--predictor-dim", type=positive(int), default=128)
     m.add_argument("--joiner-dim", type=positive(int), default=128)
-    m.add_argument("--rna", action="store_true", help="one symbol per frame (RNA loss and decoding)")
-    m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
-                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in memory); "
-                        "unfused: compact logits through transducer.pack, then TransducerLoss")
+    m.add_argument("--loss", choices=["rnnt", "rna", "tdt"], default="rnnt",
+                   help="rnnt, rna (one symbol per frame) or tdt (Token-and-Duration Transducer), with the "
+                        "matching greedy decoding")
+    m.add_argument("--rna", action="store_true", help="the same as --loss rna")
+    m.add_argument("--joiner", choices=["fused", "unfused"], default=None,
+                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in memory; the "
+                        "default for rnnt and rna); unfused: compact logits through transducer.pack, then the "
+                        "loss (the default, and the only choice, for tdt)")
+    m.add_argument("--durations", default="0,1,2,3,4", help="TDT durations (frames), comma-separated")
+    m.add_argument("--sigma", type=float, default=0.05, help="TDT logit under-normalisation")
+    m.add_argument("--omega", type=float, default=0.0, help="TDT: weight of the plain RNN-T loss, in [0, 1)")
+    m.add_argument("--fastemit-lambda", type=float, default=0.0, help="FastEmit regularisation (0: off)")
+    m.add_argument("--delay-penalty", type=float, default=0.0, help="k2's delay penalty, rnnt and rna (0: off)")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive(int), default=12)
     t.add_argument("--max-frames", type=positive(int), default=3000, help="padded input frames per batch")
@@ -120,6 +129,23 @@ def parse_args(argv=None):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
         p.error("--workers, --warmup, --weight-decay and --show must be >= 0")
+    if a.rna:
+        a.loss = "rna"
+    if a.joiner is None:
+        a.joiner = "unfused" if a.loss == "tdt" else "fused"
+    if a.loss == "tdt" and a.joiner == "fused":
+        p.error("--joiner fused: the fused joiner loss has no TDT yet; use --joiner unfused with --loss tdt")
+    try:
+        a.durations = [int(d) for d in a.durations.split(",")]
+    except ValueError:
+        p.error(f"--durations must be comma-separated ints, got {a.durations!r}")
+    if a.loss == "tdt" and (not a.durations or min(a.durations) < 0 or max(a.durations) < 1
+                            or len(set(a.durations)) != len(a.durations)):
+        p.error(f"--durations must be distinct ints >= 0 with at least one >= 1, got {a.durations}")
+    if not 0 <= a.omega < 1 or a.fastemit_lambda < 0:
+        p.error("--omega must be in [0, 1) and --fastemit-lambda >= 0")
+    if a.delay_penalty and a.loss == "tdt":
+        p.error("--delay-penalty applies to --loss rnnt and rna")
     if a.device and a.device.split(":")[0] not in ("cpu", "cuda"):
         p.error(f"--device must be cpu or cuda, got {a.device!r}")
     if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -233,25 +259,18 @@ def forward_loss(net, x, xl, y, yl, amp_dtype=None):
 
 # ---------------------------------------------------------------------- metrics
 
-def edit_distance(ref, hyp):
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
-
-
 def evaluate(model, dataset, tokenizer, a, dist, max_frames):
     """Greedy-search WER and CER (%) over the dataset, summed over ranks; some (ref, hyp) pairs."""
     model.eval()
     sampler = BucketSampler([dataset.num_frames(i) for i in range(len(dataset))], max_frames, shuffle=False,
                             rank=dist.rank, world=dist.world)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=a.workers)
+    from torchaudio.functional import edit_distance
+
     counts, pairs = [0, 0, 0, 0], []
+    t0 = time.time()
     for batch, (x, xl, _, _, texts) in zip(sampler, loader):
-        hyps = model.greedy_decode(x.to(dist.device), xl.to(dist.device), one_sym_per_frame=a.rna)
+        hyps = model.decode(x.to(dist.device), xl.to(dist.device))
         for i, ref, h in zip(batch, texts, hyps):
             hyp = " ".join(tokenizer.decode(h).split())
             counts[0] += edit_distance(ref.split(), hyp.split())
@@ -261,6 +280,7 @@ def evaluate(model, dataset, tokenizer, a, dist, max_frames):
             pairs.append((i, ref, hyp))
     we, wn, ce, cn = dist.sum(counts)
     model.train()
+    evaluate.seconds = time.time() - t0
     return 100 * we / max(wn, 1), 100 * ce / max(cn, 1), [p[1:] for p in sorted(pairs)]
 
 
@@ -370,10 +390,10 @@ def train(a, dist, t_start):
 
     model = Transducer(len(tokenizer), encoder=a.encoder, encoder_dim=a.encoder_dim, encoder_layers=a.encoder_layers,
                        predictor=a.predictor, predictor_dim=a.predictor_dim, joiner_dim=a.joiner_dim, joiner=a.joiner,
-                       one_sym_per_frame=a.rna).to(device)
+                       loss=a.loss, durations=a.durations, sigma=a.sigma, omega=a.omega,
+                       fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty).to(device)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
-        f"{a.predictor} predictor, {a.joiner} joiner, {'RNA' if a.rna else 'RNN-T'} loss, device {device}, "
-        f"world {dist.world}")
+        f"{a.predictor} predictor, {a.joiner} joiner, {a.loss.upper()} loss, device {device}, world {dist.world}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
                             seed=a.seed, rank=dist.rank, world=dist.world)
@@ -471,13 +491,15 @@ def train(a, dist, t_start):
         tdist.all_gather_object(digests, param_digest(model))
         log(f"DDP: parameters {'agree' if len(set(digests)) == 1 else 'DIFFER'} across {dist.world} ranks")
     test_wer, test_cer, pairs = evaluate(model, test_set, tokenizer, a, dist, a.max_frames)
+    decode_s = evaluate.seconds
     wall = time.time() - t_start
     log(f"test ({len(test_set)} utterances{', held-out voices' if not a.manifest else ''}): "
-        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%")
+        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%  ({a.loss.upper()} greedy decoding {decode_s:.1f} s)")
     for ref, hyp in pairs[: a.show]:  # this rank's first utterances in corpus order
         log(f"  REF: {ref}\n  HYP: {hyp}{'' if ref == hyp else '   <- error'}")
     log(f"total {wall:.0f} s (data {t_data:.0f} s); checkpoint, plot and results in {exp}/")
-    result = dict(test_wer=test_wer, test_cer=test_cer, history=history, wall_s=wall, data_s=t_data,
+    result = dict(test_wer=test_wer, test_cer=test_cer, decode_s=decode_s, loss=a.loss, joiner=a.joiner,
+                  history=history, wall_s=wall, data_s=t_data,
                   world=dist.world, device=str(device), param_digests=digests,
                   step_losses=step_losses)
     if dist.main:

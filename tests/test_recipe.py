@@ -75,6 +75,19 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
         assert torch.equal(saved["model"][k], sa[k]), k
 
 
+def test_tdt_loss_and_decoding(corpus, tmp_path):
+    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 3, "--loss", "tdt",
+             "--durations", "0,1,2", "--omega", "0.1"])
+    assert np.isfinite(r["history"][0]["train_loss"]) and r["loss"] == "tdt" and r["joiner"] == "unfused"
+    assert 0 <= r["test_wer"] and r["decode_s"] > 0
+
+
+def test_regularisers_train(corpus, tmp_path):
+    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2, "--fastemit-lambda",
+             "0.01", "--delay-penalty", "0.05"])
+    assert np.isfinite(r["history"][0]["train_loss"])
+
+
 def test_rna_stateless_predictor_unfused_joiner(corpus, tmp_path):
     r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2,
              "--rna", "--predictor", "stateless", "--joiner", "unfused"])
@@ -216,6 +229,11 @@ def test_manifest_training_run(tmp_path, capsys):
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
+    (["--loss", "tdt", "--joiner", "fused"], "the fused joiner loss has no TDT yet"),
+    (["--loss", "tdt", "--durations", "0,0"], "--durations must be distinct"),
+    (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
+    (["--omega", "1"], "--omega must be in [0, 1)"),
+    (["--loss", "tdt", "--delay-penalty", "0.1"], "--delay-penalty applies to --loss rnnt and rna"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
