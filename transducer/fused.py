@@ -38,12 +38,12 @@ __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu", "identity")
 # Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given:
-# Protocol A's step (benchmarks/RESULTS.md) peaks near 400 MB with them.
-_TILE_BYTES = 256 << 20
+# Protocol A's step peaks near 430 MB with them (fp32 and bf16; benchmarks/RESULTS.md).
+_TILE_BYTES = 224 << 20
 
 
 def default_max_rows(J, V, itemsize):
-    """Rows per tile so that a tile's hidden, logits and dh take about 256 MiB (at least 256 rows)."""
+    """Rows per tile so that a tile's hidden, logits and dh take about 224 MiB (at least 256 rows)."""
     return max(256, _TILE_BYTES // ((2 * J + V) * itemsize) // 256 * 256)
 
 
@@ -221,7 +221,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
         activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
-        max_rows: rows per tile; default: tile buffers of about 256 MiB. Memory is O(sum_TU) for the loss
+        max_rows: rows per tile; default: tile buffers of about 224 MiB. Memory is O(sum_TU) for the loss
             plus O(max_rows * (2J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
             delay_penalty: as for :func:`transducer.transducer_loss`.
