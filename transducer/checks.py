@@ -9,8 +9,8 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 
 from .layout import CELLS_CAP, MAX_ROWS
 
-__all__ = ["check_tensor", "is_index", "stages_for", "check_loss_values", "check_pack_values", "check_durations",
-           "FLOAT_DTYPES", "INDEX_DTYPES"]
+__all__ = ["check_tensor", "check_batch", "is_index", "stages_for", "check_loss_values", "check_pack_values",
+           "check_durations", "FLOAT_DTYPES", "INDEX_DTYPES"]
 
 
 def check_tensor(name, x, dtypes, ndim, device):
@@ -23,6 +23,24 @@ def check_tensor(name, x, dtypes, ndim, device):
         raise ValueError(f"{name}: expected {' or '.join(map(str, ndim))} dimensions, got shape {tuple(x.shape)}")
     if device is not None and x.device != device:
         raise ValueError(f"{name}: expected a tensor on {device} (the logits' device), got {x.device}")
+
+
+def check_batch(logits, targets, logit_lengths, target_lengths):
+    """A loss's targets and lengths: index tensors on the logits' device, one row / entry per utterance."""
+    device = logits.device
+    check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
+    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
+    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
+    B = logit_lengths.size(0)
+    if B == 0:
+        raise ValueError("logit_lengths: expected at least one utterance, got an empty batch")
+    if target_lengths.size(0) != B:
+        raise ValueError(f"target_lengths: expected shape ({B},) like logit_lengths, got {tuple(target_lengths.shape)}")
+    if targets.size(0) != B:
+        raise ValueError(f"targets: expected {B} rows (one per utterance), got shape {tuple(targets.shape)}")
+    if logits.dim() == 4 and logits.size(0) != B:
+        raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
+                         f"{tuple(logits.shape)}")
 
 
 def is_index(x):

@@ -7,6 +7,7 @@
 
 #include "ops/fast_divmod.cuh"
 #include "ops/numeric.cuh"
+#include "ops/reduce.cuh"
 #include "ragged/row_ids.cuh"
 
 namespace td {
@@ -99,6 +100,30 @@ struct RowPass {
       const int i = i0 + k * Geo::G;
       if (i < nvec) buf[k] = p[i];
     }
+  }
+  // logsumexp of the row's scores (a warp per row: every lane gets it; a block per row: warp 0 does).
+  // A NaN or +-inf score makes it NaN: x - x is 0 or NaN, and each vector's sum of it joins the state's
+  // sum, which a NaN keeps NaN through every rescale and merge (no reduction of its own).
+  __device__ __forceinline__ typename AccOf<T>::type logsumexp() {
+    typedef typename AccOf<T>::type Acc;
+    ReduceState<Acc> lse = identity<kLogSumExp, Acc>();
+    for_each(true, [&](int, const VT& vt) {
+      Acc x[VEC], nonfinite = Acc(0);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        x[j] = to_acc(vt.v[j]);
+        nonfinite += x[j] - x[j];
+      }
+      push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
+      lse.s += nonfinite;
+    });
+    if (WPR == 1) {
+      lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
+    } else {
+      __shared__ ReduceState<Acc> smem[32];
+      lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem);
+    }
+    return finish<kLogSumExp, Acc, true>(lse);
   }
   // f(i, vector) over the row's vectors, in order per thread; `loads` false: no reads (buf unused)
   template <typename F>

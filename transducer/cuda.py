@@ -104,16 +104,18 @@ def _alpha_beta_smem_entries(max_u1, itemsize):
     return max_u1 if 2 * max_u1 * itemsize <= 48 * 1024 else 0
 
 
+def _walk(lp, layout):
+    """alpha, beta, loss outputs, and the block size (a thread per u) of a walk over anti-diagonals."""
+    new = lambda n: torch.empty(n, dtype=lp.dtype, device=lp.device)  # noqa: E731
+    max_u1 = max(int(layout.max_u1), 1)
+    return new(lp.size(0)), new(lp.size(0)), new(layout.batch_size), max_u1, min(1024, (max_u1 + 31) // 32 * 32)
+
+
 def alpha_beta(lp, layout, one_sym_per_frame):
-    num_rows = lp.size(0)
     B = layout.batch_size
-    alpha = torch.empty(num_rows, dtype=lp.dtype, device=lp.device)
-    beta = torch.empty(num_rows, dtype=lp.dtype, device=lp.device)
-    loss = torch.empty(B, dtype=lp.dtype, device=lp.device)
+    alpha, beta, loss, max_u1, threads = _walk(lp, layout)
     if B == 0:
         return alpha, beta, loss
-    max_u1 = max(int(layout.max_u1), 1)
-    threads = min(1024, (max_u1 + 31) // 32 * 32)
     cap = _alpha_beta_smem_entries(max_u1, lp.element_size())
     name = f"alpha_beta_kernel<{ctype(lp.dtype)}, {_flag(one_sym_per_frame)}>"
     launch(_STAGES, name, lp, (2 * B,), (threads,),
@@ -283,15 +285,10 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
 
 
 def tdt_alpha_beta(lp, lp_dur, layout, durations):
-    num_rows = lp.size(0)
     B = layout.batch_size
-    alpha = torch.empty(num_rows, dtype=lp.dtype, device=lp.device)
-    beta = torch.empty(num_rows, dtype=lp.dtype, device=lp.device)
-    loss = torch.empty(B, dtype=lp.dtype, device=lp.device)
+    alpha, beta, loss, max_u1, threads = _walk(lp, layout)
     if B == 0:
         return alpha, beta, loss
-    max_u1 = max(int(layout.max_u1), 1)
-    threads = min(1024, (max_u1 + 31) // 32 * 32)
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): tdt.cu keeps them in smem
     smem = ring * max_u1 * lp.element_size()
     if smem > 48 * 1024:

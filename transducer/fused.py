@@ -15,8 +15,7 @@ same pass). GEMMs go through torch (cuBLAS); under
 autocast they run in the autocast dtype and the loss arithmetic in fp32, as in the unfused path.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
-registered like ``transducer::loss`` (transducer/library.py), with an eager path that skips the op's
-Python layers. Sizing the tiles reads the layout (row count and row_splits) on the host: one
+registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers). Sizing the tiles reads the layout (row count and row_splits) on the host: one
 device-to-host transfer in forward and one in backward.
 """
 
@@ -32,7 +31,8 @@ from ops import accumulate_dtype
 
 from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_index, stages_for
 from .layout import CELLS_CAP, MAX_ROWS, NUM_STATS, Layout
-from .loss import _REDUCTIONS, _check_options
+from .library import Op
+from .loss import _REDUCTIONS, _check_options, _reduce
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
@@ -148,27 +148,6 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             grad_b.to(weight.dtype))
 
 
-fused_op = torch.library.custom_op("transducer::fused_joiner_loss", _fused_forward, mutates_args=())
-fused_backward_op = torch.library.custom_op("transducer::fused_joiner_loss_backward", _fused_backward,
-                                            mutates_args=())
-
-
-@fused_op.register_fake
-def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *options):
-    acc = accumulate_dtype(options[-2])
-    rows = _capacity(encoder_out, predictor_out)
-    B = logit_lengths.size(0)
-    new = encoder_out.new_empty
-    return (new(B, dtype=acc), new(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(rows, 2, dtype=acc),
-            new(rows, dtype=acc), new(rows, dtype=acc), new(rows, dtype=acc))
-
-
-@fused_backward_op.register_fake
-def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
-    return (torch.empty_like(encoder_out), torch.empty_like(predictor_out), torch.empty_like(weight),
-            weight.new_empty(weight.size(0)))
-
-
 def _setup_context(ctx, inputs, output):
     (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
      fastemit_lambda, clamp, compute_dtype, max_rows) = inputs
@@ -185,21 +164,24 @@ def _gradient(ctx, grad_nll, backward):
     return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 12
 
 
-fused_op.register_autograd(lambda ctx, grad_nll, *_: _gradient(ctx, grad_nll, fused_backward_op),
-                           setup_context=_setup_context)
+fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient)
+fused_op, fused_backward_op = fused.op, fused.backward_op
 
 
-class _EagerFused(torch.autograd.Function):
-    @staticmethod
-    def forward(*inputs):
-        return _fused_forward(*inputs)
+@fused_op.register_fake
+def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *options):
+    acc = accumulate_dtype(options[-2])
+    rows = _capacity(encoder_out, predictor_out)
+    B = logit_lengths.size(0)
+    new = encoder_out.new_empty
+    return (new(B, dtype=acc), new(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(rows, 2, dtype=acc),
+            new(rows, dtype=acc), new(rows, dtype=acc), new(rows, dtype=acc))
 
-    setup_context = staticmethod(_setup_context)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_nll, *_):
-        return _gradient(ctx, grad_nll, _fused_backward)
+@fused_backward_op.register_fake
+def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
+    return (torch.empty_like(encoder_out), torch.empty_like(predictor_out), torch.empty_like(weight),
+            weight.new_empty(weight.size(0)))
 
 
 def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
@@ -279,14 +261,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
               target_lengths, activation, operator.index(blank), bool(one_sym_per_frame), bool(check_inputs),
               float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows))
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
-        nll = (fused_op(*inputs) if torch.compiler.is_compiling() else _EagerFused.apply(*inputs))[0]
-    if zero_infinity:
-        nll = torch.where(torch.isinf(nll), 0.0, nll)
-    if reduction == "sum":
-        return nll.sum()
-    if reduction == "mean":
-        return nll.mean()
-    return nll if zero_infinity else nll.clone()
+        nll = fused(*inputs)[0]
+    return _reduce(nll, reduction, zero_infinity)
 
 
 class FusedJoinerLoss(torch.nn.Module):

@@ -14,7 +14,7 @@ formula, instead of tracing into the kernel launches.
 ``lp``, ``den``, ``alpha`` and ``beta`` are what backward needs (transducer/layout.py). Logits and
 targets reach ``loss`` contiguous (transducer/loss.py makes them so, where autograd sees the copy).
 
-``loss`` and ``pack`` below are what the rest of the package calls: the registered ops while
+``loss`` and ``pack`` below (``Op``s) are what the rest of the package calls: the registered ops while
 torch.compile or torch.export traces, and in eager mode autograd Functions around the same
 implementations, the same setup and the same backward. An eager call of a registered op goes through
 several Python layers (about 0.3 ms a call on the GPU machine's host, measured): the eager path skips
@@ -31,7 +31,7 @@ from ops import accumulate_dtype
 from .checks import check_loss_values, check_pack_values, stages_for
 from .layout import MAX_ROWS, NUM_STATS, Layout
 
-__all__ = ["loss", "pack", "make_layout"]
+__all__ = ["Op", "loss", "pack", "make_layout"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False):
@@ -55,6 +55,43 @@ def _read_stats(layout):
     copied = torch.cuda.Event()
     copied.record(torch.cuda.current_stream(stats.device))
     return lambda: (copied.synchronize(), host.tolist())[1]
+
+
+class Op:
+    """``transducer::<name>`` and ``transducer::<name>_backward`` registered with torch.library (what
+    torch.compile and torch.export trace), and an eager autograd Function around the same forward,
+    setup_context and gradient (without the registered op's Python layers). ``gradient(ctx, grad, backward)``
+    turns the incoming gradient into the inputs' gradients with ``backward``: the backward op while tracing,
+    its plain implementation in eager mode. Calling the Op picks the path."""
+
+    def __init__(self, name, forward, backward, setup_context, gradient, backward_mutates=(), after_backward=None):
+        self.op = torch.library.custom_op(f"transducer::{name}", forward, mutates_args=())
+        self.backward_op = torch.library.custom_op(f"transducer::{name}_backward", backward,
+                                                   mutates_args=backward_mutates)
+        self.op.register_autograd(lambda ctx, grad, *_: gradient(ctx, grad, self.backward_op),
+                                  setup_context=setup_context)
+
+        class Eager(torch.autograd.Function):
+            @staticmethod
+            def forward(*inputs):
+                return forward(*inputs)
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                setup_context(ctx, inputs, output)
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx, grad, *_):
+                grads = gradient(ctx, grad, backward)
+                if after_backward is not None:
+                    after_backward(ctx, grads)
+                return grads
+
+        self.eager = Eager
+
+    def __call__(self, *inputs):
+        return self.op(*inputs) if torch.compiler.is_compiling() else self.eager.apply(*inputs)
 
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -94,25 +131,6 @@ def _loss_backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Ten
                                        fastemit_lambda, clamp)
 
 
-loss_op = torch.library.custom_op("transducer::loss", _loss_forward, mutates_args=())
-loss_backward_op = torch.library.custom_op("transducer::loss_backward", _loss_backward, mutates_args=("out",))
-
-
-@loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, *options):
-    acc = accumulate_dtype(logits.dtype)
-    N = logits.numel() // logits.size(-1)
-    B = logit_lengths.size(0)
-    return (logits.new_empty(B, dtype=acc), logits.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64),
-            logits.new_empty(N, 2, dtype=acc), logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc),
-            logits.new_empty(N, dtype=acc))
-
-
-@loss_backward_op.register_fake
-def _(*args):
-    return None
-
-
 def _loss_setup_context(ctx, inputs, output):
     (logits, targets, _, _, blank, one_sym_per_frame, from_log_softmax, _, _, fastemit_lambda, clamp,
      inplace_grad) = inputs
@@ -131,31 +149,29 @@ def _loss_gradient(ctx, grad_nll, backward):
     return (out,) + (None,) * 11
 
 
-loss_op.register_autograd(lambda ctx, grad_nll, *_: _loss_gradient(ctx, grad_nll, loss_backward_op),
-                          setup_context=_loss_setup_context)
+def _after_eager_backward(ctx, grads):
+    if ctx.options[-1]:  # inplace_grad: the kernel wrote through a raw pointer; tell autograd
+        torch.autograd.graph.increment_version(grads[0])
 
 
-class _EagerLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(*inputs):
-        return _loss_forward(*inputs)
-
-    setup_context = staticmethod(_loss_setup_context)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_nll, *_):
-        grads = _loss_gradient(ctx, grad_nll, _loss_backward)
-        if ctx.options[-1]:  # inplace_grad: the kernel wrote through a raw pointer; tell autograd
-            torch.autograd.graph.increment_version(grads[0])
-        return grads
+loss = Op("loss", _loss_forward, _loss_backward, _loss_setup_context, _loss_gradient, backward_mutates=("out",),
+          after_backward=_after_eager_backward)
+loss_op, loss_backward_op = loss.op, loss.backward_op
 
 
-def loss(*inputs):
-    """``transducer::loss`` (arguments as above): the registered op while tracing, else the same in eager."""
-    if torch.compiler.is_compiling():
-        return loss_op(*inputs)
-    return _EagerLoss.apply(*inputs)
+@loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, *options):
+    acc = accumulate_dtype(logits.dtype)
+    N = logits.numel() // logits.size(-1)
+    B = logit_lengths.size(0)
+    return (logits.new_empty(B, dtype=acc), logits.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64),
+            logits.new_empty(N, 2, dtype=acc), logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc),
+            logits.new_empty(N, dtype=acc))
+
+
+@loss_backward_op.register_fake
+def _(*args):
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- pack
@@ -173,8 +189,21 @@ def _pack_backward(grad_rows: Tensor, table: Tensor, max_t: int, max_u1: int) ->
     return stages_for(grad_rows.device).pack_backward(grad_rows, Layout(table, False, max_u1), max_t, max_u1)
 
 
-pack_op = torch.library.custom_op("transducer::pack", _pack_forward, mutates_args=())
-pack_backward_op = torch.library.custom_op("transducer::pack_backward", _pack_backward, mutates_args=())
+def _pack_setup_context(ctx, inputs, output):
+    encoder_out, predictor_out, _, _ = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+    ctx.sizes = (encoder_out.size(1), predictor_out.size(1))
+
+
+def _pack_gradient(ctx, grad_rows, backward):
+    table, = ctx.saved_tensors
+    grad_enc, grad_pred = backward(grad_rows.contiguous(), table, *ctx.sizes)
+    return grad_enc, grad_pred, None, None
+
+
+pack = Op("pack", _pack_forward, _pack_backward, _pack_setup_context, _pack_gradient)
+pack_op, pack_backward_op = pack.op, pack.backward_op
 
 
 @pack_op.register_fake
@@ -190,40 +219,3 @@ def _(encoder_out, predictor_out, logit_lengths, target_lengths):
 def _(grad_rows, table, max_t, max_u1):
     B = (table.numel() - 1 - NUM_STATS) // 4
     return grad_rows.new_empty(B, max_t, grad_rows.size(1)), grad_rows.new_empty(B, max_u1, grad_rows.size(1))
-
-
-def _pack_setup_context(ctx, inputs, output):
-    encoder_out, predictor_out, _, _ = inputs
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-    ctx.sizes = (encoder_out.size(1), predictor_out.size(1))
-
-
-def _pack_gradient(ctx, grad_rows, backward):
-    table, = ctx.saved_tensors
-    grad_enc, grad_pred = backward(grad_rows.contiguous(), table, *ctx.sizes)
-    return grad_enc, grad_pred, None, None
-
-
-pack_op.register_autograd(lambda ctx, grad_rows, _: _pack_gradient(ctx, grad_rows, pack_backward_op),
-                          setup_context=_pack_setup_context)
-
-
-class _EagerPack(torch.autograd.Function):
-    @staticmethod
-    def forward(*inputs):
-        return _pack_forward(*inputs)
-
-    setup_context = staticmethod(_pack_setup_context)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_rows, _):
-        return _pack_gradient(ctx, grad_rows, _pack_backward)
-
-
-def pack(*inputs):
-    """``transducer::pack`` (arguments as above): the registered op while tracing, else the same in eager."""
-    if torch.compiler.is_compiling():
-        return pack_op(*inputs)
-    return _EagerPack.apply(*inputs)

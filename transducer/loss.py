@@ -12,7 +12,7 @@ import operator
 import torch
 
 from . import library
-from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_index
+from .checks import FLOAT_DTYPES, check_batch, check_tensor, is_index
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -20,20 +20,7 @@ _REDUCTIONS = ("none", "sum", "mean")
 def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp, fastemit_lambda,
                      delay_penalty):
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
-    device = logits.device
-    check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
-    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
-    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
-    B = logit_lengths.size(0)
-    if B == 0:
-        raise ValueError("logit_lengths: expected at least one utterance, got an empty batch")
-    if target_lengths.size(0) != B:
-        raise ValueError(f"target_lengths: expected shape ({B},) like logit_lengths, got {tuple(target_lengths.shape)}")
-    if targets.size(0) != B:
-        raise ValueError(f"targets: expected {B} rows (one per utterance), got shape {tuple(targets.shape)}")
-    if logits.dim() == 4 and logits.size(0) != B:
-        raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
-                         f"{tuple(logits.shape)}")
+    check_batch(logits, targets, logit_lengths, target_lengths)
     V = logits.size(-1)
     if not is_index(blank) or not 0 <= operator.index(blank) < V:
         raise ValueError(f"blank: expected an int in [0, {V}) (the vocabulary size is logits.size(-1)), got {blank!r}")
@@ -108,8 +95,13 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     nll = library.loss(logits.contiguous(), targets.contiguous(), logit_lengths, target_lengths,
                        operator.index(blank), bool(one_sym_per_frame), bool(from_log_softmax), bool(check_inputs),
                        float(delay_penalty), float(fastemit_lambda), float(clamp), bool(inplace_grad))[0]
-    # backward sees the true losses (an infinite one gets zero gradient); the caller may see zeros. What
-    # is returned is a new tensor, never the op's output that backward keeps, so it may be changed in place.
+    return _reduce(nll, reduction, zero_infinity)
+
+
+def _reduce(nll, reduction, zero_infinity):
+    """The per-utterance losses as the caller asked for them. Backward sees the true losses (an infinite one
+    gets zero gradient); the caller may see zeros. What is returned is a new tensor, never the op's output
+    that backward keeps, so it may be changed in place."""
     if zero_infinity:
         nll = torch.where(torch.isinf(nll), 0.0, nll)
     if reduction == "sum":

@@ -20,9 +20,8 @@
 // ---------------------------------------------------------------------------
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)),
 // penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more).
-// A NaN or +-inf logit makes den, both log-probs and so the utterance's loss NaN (the CPU twin alike):
-// x - x is 0, or NaN for a non-finite x, and each vector's sum of it is added to the logsumexp state's
-// sum, which a NaN then keeps NaN through every rescale and merge (no reduction of its own).
+// A NaN or +-inf logit makes den (RowPass::logsumexp), both log-probs and so the utterance's loss NaN (the
+// CPU twin alike).
 template <typename T, typename I, int VEC, int WPR>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
@@ -31,7 +30,6 @@ __global__ void __launch_bounds__(td::kThreads)
                      typename ops::AccOf<T>::type* __restrict__ lp, typename ops::AccOf<T>::type* __restrict__ den) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef typename RowPass<T, VEC, WPR>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   RowPass<T, VEC, WPR> pass;
   if (!pass.begin(logits, table, B, row_start, num_rows, V, nvec, !padded && !from_log_softmax)) return;
@@ -56,27 +54,8 @@ __global__ void __launch_bounds__(td::kThreads)
       x_label = to_acc(logits[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
     }
   }
-  ReduceState<Acc> lse = identity<kLogSumExp, Acc>();
-  if (!from_log_softmax) {
-    pass.for_each(true, [&](int, const VT& vt) {
-      Acc x[VEC], nonfinite = Acc(0);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        x[j] = to_acc(vt.v[j]);
-        nonfinite += x[j] - x[j];
-      }
-      push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
-      lse.s += nonfinite;
-    });
-    if (WPR == 1) {
-      lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
-    } else {
-      __shared__ ReduceState<Acc> smem[32];
-      lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem);
-    }
-  }
+  const Acc d = from_log_softmax ? Acc(0) : pass.logsumexp();
   if (pass.lane == 0) {
-    const Acc d = from_log_softmax ? Acc(0) : finish<kLogSumExp, Acc, true>(lse);
     den[r] = d;
     lp[2ll * r] = x_blank - d;
     lp[2ll * r + 1] = has_label ? x_label - d + delay_penalty * (Acc(0.5) * (ri.T - 1) - ri.t) : NINF;

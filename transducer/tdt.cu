@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(td::kThreads)
                          typename ops::AccOf<T>::type* __restrict__ den) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef typename RowPass<T, VEC, WPR>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   RowPass<T, VEC, WPR> pass;
   if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, nvec, !padded)) return;
@@ -86,32 +85,16 @@ __global__ void __launch_bounds__(td::kThreads)
     }
   }
   if (pass.lane < D) x_dur = to_acc(dur[local * ld_dur + pass.lane]);
-  ReduceState<Acc> lse = identity<kLogSumExp, Acc>();
-  pass.for_each(true, [&](int, const VT& vt) {
-    Acc x[VEC], nonfinite = Acc(0);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      x[j] = to_acc(vt.v[j]);
-      nonfinite += x[j] - x[j];
-    }
-    push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
-    lse.s += nonfinite;
-  });
+  const Acc d_tok = pass.logsumexp();
   // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
   ReduceState<Acc> lsd = identity<kLogSumExp, Acc>();
   if (pass.lane < D) {
     push<kLogSumExp, Acc, AccurateExp, true>(lsd, x_dur);
     lsd.s += x_dur - x_dur;
   }
-  if (WPR == 1) {
-    lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
-  } else {
-    __shared__ ReduceState<Acc> smem[32];
-    lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem);
-  }
   if (threadIdx.x < 32 || WPR == 1) lsd = warp_merge<kLogSumExp, Acc, AccurateExp, true>(lsd);
-  // every lane of the row's first warp now holds both states (warp 0 of the block when WPR == 8)
-  const Acc d_tok = finish<kLogSumExp, Acc, true>(lse), d_dur = finish<kLogSumExp, Acc, true>(lsd);
+  // every lane of the row's first warp now holds both (warp 0 of the block when WPR == 8)
+  const Acc d_dur = finish<kLogSumExp, Acc, true>(lsd);
   const Acc bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
   if (pass.lane == 0) {
     den[2ll * r] = d_tok + bad;

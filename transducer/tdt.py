@@ -1,7 +1,6 @@
 """The Token-and-Duration Transducer (TDT) loss (Xu et al., ICML 2023, arXiv 2304.06795; NeMo's semantics):
 the functional form, the module, and the registered op ``transducer::tdt_loss`` (with its backward
-``transducer::tdt_loss_backward`` and an eager path that skips the op's Python layers, as in
-transducer/library.py). The stages: the TDT part of transducer/cpu.py (the math) and transducer/tdt.cu.
+``transducer::tdt_loss_backward``; a ``library.Op``: an eager path skips the op's Python layers). The stages: the TDT part of transducer/cpu.py (the math) and transducer/tdt.cu.
 """
 
 import math
@@ -13,10 +12,11 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_durations, check_loss_values, check_tensor, is_index,
+from .checks import (FLOAT_DTYPES, check_batch, check_durations, check_loss_values, check_tensor, is_index,
                      stages_for)
 from .layout import MAX_ROWS, NUM_STATS, Layout
-from .loss import _REDUCTIONS, _check_options
+from .library import Op
+from .loss import _REDUCTIONS, _check_options, _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
 
@@ -83,8 +83,24 @@ def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Te
     return grad, grad_durations
 
 
-tdt_op = torch.library.custom_op("transducer::tdt_loss", _tdt_forward, mutates_args=())
-tdt_backward_op = torch.library.custom_op("transducer::tdt_loss_backward", _tdt_backward, mutates_args=())
+def _setup_context(ctx, inputs, output):
+    (logits, duration_logits, targets, _, _, vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp,
+     _) = inputs
+    nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll = output
+    ctx.mark_non_differentiable(table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll)
+    ctx.save_for_backward(logits, duration_logits, targets, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r,
+                          beta_r, rnnt_nll)
+    ctx.options = (vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp)
+    ctx.has_duration_logits = duration_logits is not None
+
+
+def _gradient(ctx, grad_nll, backward):
+    grad, grad_durations = backward(grad_nll, *ctx.saved_tensors, *ctx.options)
+    return (grad, grad_durations if ctx.has_duration_logits else None) + (None,) * 11
+
+
+tdt = Op("tdt_loss", _tdt_forward, _tdt_backward, _setup_context, _gradient)
+tdt_op, tdt_backward_op = tdt.op, tdt.backward_op
 
 
 @tdt_op.register_fake
@@ -105,39 +121,6 @@ def _(logits, duration_logits, targets, logit_lengths, target_lengths, vocab_siz
 def _(grad_nll, logits, duration_logits, *rest):
     return (torch.empty_like(logits),
             torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0))
-
-
-def _setup_context(ctx, inputs, output):
-    (logits, duration_logits, targets, _, _, vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp,
-     _) = inputs
-    nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll = output
-    ctx.mark_non_differentiable(table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll)
-    ctx.save_for_backward(logits, duration_logits, targets, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r,
-                          beta_r, rnnt_nll)
-    ctx.options = (vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp)
-    ctx.has_duration_logits = duration_logits is not None
-
-
-def _gradient(ctx, grad_nll, backward):
-    grad, grad_durations = backward(grad_nll, *ctx.saved_tensors, *ctx.options)
-    return (grad, grad_durations if ctx.has_duration_logits else None) + (None,) * 11
-
-
-tdt_op.register_autograd(lambda ctx, grad_nll, *_: _gradient(ctx, grad_nll, tdt_backward_op),
-                         setup_context=_setup_context)
-
-
-class _EagerTDT(torch.autograd.Function):
-    @staticmethod
-    def forward(*inputs):
-        return _tdt_forward(*inputs)
-
-    setup_context = staticmethod(_setup_context)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_nll, *_):
-        return _gradient(ctx, grad_nll, _tdt_backward)
 
 
 def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
@@ -185,9 +168,6 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     device = logits.device
-    check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
-    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
-    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
     try:
         durations = list(check_durations(durations))
     except ValueError as e:
@@ -206,16 +186,7 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
                          f"got shape {tuple(logits.shape)}")
     if device.type == "cuda" and D > 16:
         raise ValueError(f"durations: at most 16 on CUDA, got {D}")
-    B = logit_lengths.size(0)
-    if B == 0:
-        raise ValueError("logit_lengths: expected at least one utterance, got an empty batch")
-    if target_lengths.size(0) != B:
-        raise ValueError(f"target_lengths: expected shape ({B},) like logit_lengths, got {tuple(target_lengths.shape)}")
-    if targets.size(0) != B:
-        raise ValueError(f"targets: expected {B} rows (one per utterance), got shape {tuple(targets.shape)}")
-    if logits.dim() == 4 and logits.size(0) != B:
-        raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
-                         f"{tuple(logits.shape)}")
+    check_batch(logits, targets, logit_lengths, target_lengths)
     if not is_index(blank) or not 0 <= operator.index(blank) < V:
         raise ValueError(f"blank: expected an int in [0, {V}) (the token columns), got {blank!r}")
     if reduction not in _REDUCTIONS:
@@ -229,14 +200,8 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
     inputs = (logits.contiguous(), None if duration_logits is None else duration_logits.contiguous(),
               targets.contiguous(), logit_lengths, target_lengths, V, durations, operator.index(blank), float(sigma),
               float(omega), float(fastemit_lambda), float(clamp), bool(check_inputs))
-    nll = (tdt_op(*inputs) if torch.compiler.is_compiling() else _EagerTDT.apply(*inputs))[0]
-    if zero_infinity:
-        nll = torch.where(torch.isinf(nll), 0.0, nll)
-    if reduction == "sum":
-        return nll.sum()
-    if reduction == "mean":
-        return nll.mean()
-    return nll if zero_infinity else nll.clone()
+    nll = tdt(*inputs)[0]
+    return _reduce(nll, reduction, zero_infinity)
 
 
 class TDTLoss(torch.nn.Module):
