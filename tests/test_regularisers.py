@@ -160,3 +160,16 @@ def test_rnnt_loss_bad_blank():
         rnnt_loss(logits, targets, T, U, blank=9)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=-10)
+
+
+def test_rnnt_loss_and_module_take_the_regularisers():
+    from transducer import RNNTLoss
+    logits, targets, T, U, w = ragged_batch(74)
+    want = transducer_loss(logits, targets, T, U, blank=8, delay_penalty=0.2, fastemit_lambda=0.3, reduction="sum")
+    got = rnnt_loss(logits, targets, T, U, delay_penalty=0.2, fastemit_lambda=0.3, reduction="sum")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    module = RNNTLoss(reduction="sum", delay_penalty=0.2, fastemit_lambda=0.3)
+    torch.testing.assert_close(module(logits, targets, T, U), want, rtol=0, atol=0)
+    assert "delay_penalty=0.2" in repr(module)
+    with pytest.raises(ValueError, match="fastemit_lambda: expected a number >= 0"):
+        RNNTLoss(fastemit_lambda=-1)

@@ -152,7 +152,7 @@ class TransducerLoss(torch.nn.Module):
 
 
 def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1.0, reduction="mean",
-              fused_log_softmax=True):
+              fused_log_softmax=True, *, fastemit_lambda=0.0, delay_penalty=0.0):
     """torchaudio's ``rnnt_loss``, same arguments and semantics: switch with one changed import.
 
     Args:
@@ -165,6 +165,7 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
             ``[-clamp, clamp]``. Default -1: no clamp.
         reduction: ``"none"``, ``"sum"`` or ``"mean"`` (default; the mean over the batch).
         fused_log_softmax: ``False`` means the logits are already log-probabilities.
+        fastemit_lambda, delay_penalty: keyword-only, not torchaudio's: as for :func:`transducer_loss`.
 
     Returns:
         as :func:`transducer_loss`: float32 (float64 for float64 logits), where torchaudio returns the
@@ -183,28 +184,34 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
         raise ValueError(f"blank: expected an int in [{-V}, {V}) (negative values count from the end), got {blank!r}")
     blank = operator.index(blank) % V
     return transducer_loss(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction,
-                           from_log_softmax=not fused_log_softmax, clamp=clamp)
+                           from_log_softmax=not fused_log_softmax, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                           delay_penalty=delay_penalty)
 
 
 class RNNTLoss(torch.nn.Module):
     """torchaudio's ``RNNTLoss(blank=-1, clamp=-1, reduction="mean", fused_log_softmax=True)``: see :func:`rnnt_loss`."""
 
-    def __init__(self, blank=-1, clamp=-1.0, reduction="mean", fused_log_softmax=True):
+    def __init__(self, blank=-1, clamp=-1.0, reduction="mean", fused_log_softmax=True, *, fastemit_lambda=0.0,
+                 delay_penalty=0.0):
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
         if not is_index(blank):
             raise ValueError(f"blank: expected an int, got {blank!r}")
-        _check_options(clamp, 0.0, 0.0)
+        _check_options(clamp, fastemit_lambda, delay_penalty)
         self.blank = operator.index(blank)
         self.clamp = clamp
         self.reduction = reduction
         self.fused_log_softmax = fused_log_softmax
+        self.fastemit_lambda = fastemit_lambda
+        self.delay_penalty = delay_penalty
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=self.blank, clamp=self.clamp,
-                         reduction=self.reduction, fused_log_softmax=self.fused_log_softmax)
+                         reduction=self.reduction, fused_log_softmax=self.fused_log_softmax,
+                         fastemit_lambda=self.fastemit_lambda, delay_penalty=self.delay_penalty)
 
     def extra_repr(self):
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
-                f"fused_log_softmax={self.fused_log_softmax}")
+                f"fused_log_softmax={self.fused_log_softmax}, fastemit_lambda={self.fastemit_lambda}, "
+                f"delay_penalty={self.delay_penalty}")
