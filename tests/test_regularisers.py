@@ -164,7 +164,7 @@ def test_rnnt_loss_bad_blank():
 
 def test_rnnt_loss_and_module_take_the_regularisers():
     from transducer import RNNTLoss
-    logits, targets, T, U, w = ragged_batch(74)
+    logits, targets, T, U, w = ragged_batch(74, blank=8)  # rnnt_loss: blank = -1, the last index
     want = transducer_loss(logits, targets, T, U, blank=8, delay_penalty=0.2, fastemit_lambda=0.3, reduction="sum")
     got = rnnt_loss(logits, targets, T, U, delay_penalty=0.2, fastemit_lambda=0.3, reduction="sum")
     torch.testing.assert_close(got, want, rtol=0, atol=0)
