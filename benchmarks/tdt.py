@@ -110,6 +110,11 @@ def protocol_a(batches=4, width=512, vocab=500):
                 "ours TDT compact": lambda: transducer.tdt_loss(
                     joiner_tdt(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, DURATIONS, sigma=0.05,
                     reduction="sum"),
+                "ours RNN-T fused (scale)": lambda: transducer.fused_joiner_loss(
+                    enc, pred, joiner_rnnt.weight, joiner_rnnt.bias, y, T, U, reduction="sum"),
+                "ours TDT fused": lambda: transducer.fused_joiner_loss(
+                    enc, pred, joiner_tdt.weight, joiner_tdt.bias, y, T, U, durations=DURATIONS, sigma=0.05,
+                    reduction="sum"),
             }
             if TDTLossNumba is not None:
                 nemo = TDTLossNumba(blank=0, durations=DURATIONS, reduction="sum", sigma=0.05)

@@ -100,7 +100,7 @@ class Transducer(nn.Module):
     """Encoder, predictor and joiner ``out(tanh(enc_proj(enc) + pred_proj(pred)))``; ``forward`` gives the
     batch's mean loss. ``loss``: "rnnt", "rna" (one symbol per frame) or "tdt" (Token-and-Duration
     Transducer: the joiner also scores ``durations``). ``joiner="fused"`` computes joiner and loss together
-    (transducer.fused_joiner_loss: no logits in memory; RNN-T and RNA), ``"unfused"`` builds the compact
+    (transducer.fused_joiner_loss: no logits in memory), ``"unfused"`` builds the compact
     logits through transducer.pack and passes them to ``self.criterion``; both give the same loss."""
 
     def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
@@ -114,8 +114,6 @@ class Transducer(nn.Module):
             raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
         if loss not in ("rnnt", "rna", "tdt"):
             raise ValueError(f"loss: expected 'rnnt', 'rna' or 'tdt', got {loss!r}")
-        if loss == "tdt" and joiner == "fused":
-            raise ValueError("joiner: the fused joiner loss has no TDT yet; use joiner='unfused' with loss='tdt'")
         self.blank = blank
         self.joiner = joiner
         self.loss = loss
@@ -143,8 +141,9 @@ class Transducer(nn.Module):
         pred, _ = self.predictor(self.predictor.prepend_blank(targets))
         enc, pred = self.enc_proj(enc), self.pred_proj(pred)
         if self.joiner == "fused":
+            tdt = dict(durations=self.durations) if self.loss == "tdt" else {}
             return fused_joiner_loss(enc, pred, self.out.weight, self.out.bias, targets, enc_lens, target_lens,
-                                     **self.loss_options)
+                                     **self.loss_options, **tdt)
         # the logits as they are (bf16 / fp16 under autocast): the loss reads them in their own dtype and
         # accumulates in fp32, where a .float() copy would double the largest tensor of the step
         logits = self.out(torch.tanh(pack(enc, pred, enc_lens, target_lens)))

@@ -78,10 +78,9 @@ def build_parser():
                    help="rnnt, rna (one symbol per frame) or tdt (Token-and-Duration Transducer), with the "
                         "matching greedy decoding")
     m.add_argument("--rna", action="store_true", help="the same as --loss rna")
-    m.add_argument("--joiner", choices=["fused", "unfused"], default=None,
-                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in memory; the "
-                        "default for rnnt and rna); unfused: compact logits through transducer.pack, then the "
-                        "loss (the default, and the only choice, for tdt)")
+    m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
+                   help="fused (default): joiner and loss in one (transducer.fused_joiner_loss, no logits in "
+                        "memory); unfused: compact logits through transducer.pack, then the loss")
     m.add_argument("--durations", default="0,1,2,3,4", help="TDT durations (frames), comma-separated")
     m.add_argument("--sigma", type=float, default=0.05, help="TDT logit under-normalisation")
     m.add_argument("--omega", type=float, default=0.0, help="TDT: weight of the plain RNN-T loss, in [0, 1)")
@@ -131,10 +130,6 @@ def parse_args(argv=None):
         p.error("--workers, --warmup, --weight-decay and --show must be >= 0")
     if a.rna:
         a.loss = "rna"
-    if a.joiner is None:
-        a.joiner = "unfused" if a.loss == "tdt" else "fused"
-    if a.loss == "tdt" and a.joiner == "fused":
-        p.error("--joiner fused: the fused joiner loss has no TDT yet; use --joiner unfused with --loss tdt")
     try:
         a.durations = [int(d) for d in a.durations.split(",")]
     except ValueError:

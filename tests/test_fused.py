@@ -7,7 +7,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from _batches import DEVICES
-from transducer import FusedJoinerLoss, fused_joiner_loss, pack, transducer_loss
+from transducer import FusedJoinerLoss, fused_joiner_loss, pack, tdt_loss, transducer_loss
 
 
 def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):
@@ -154,7 +154,12 @@ def test_compile_fullgraph(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(570, device=device)
-    args = (enc, pred, weight, bias, targets, T, U, "tanh", 0, False, True, 0.0, 0.0, -1.0, torch.float64, 7)
+    args = (enc, pred, weight, bias, targets, T, U, "tanh", 0, False, True, 0.0, 0.0, -1.0, torch.float64, 7, [], 0.0,
+            0.0)
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
+    # TDT: the last 3 rows of weight score durations 0, 1, 3; omega > 0 adds the RNN-T outputs
+    tdt_targets = (targets % 14).clamp(min=1)
+    args = args[:4] + (tdt_targets,) + args[5:-3] + ([0, 1, 3], 0.1, 0.25)
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
 
 
@@ -182,7 +187,88 @@ def _bad(**change):
     (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
+    (dict(durations=[1, 1]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=[0, 1], delay_penalty=0.1), ValueError, "durations: TDT has no"),
+    (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
+    (dict(sigma=0.1), ValueError, "sigma, omega: TDT options; pass durations too"),
+    (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[0, 15\) \(the token rows"),
 ])
 def test_bad_input(change, error, match):
     with pytest.raises(error, match=match):
         _bad(**change)
+
+
+# TDT: the fused joiner loss with durations against tdt_loss(F.linear(act(pack(...)))), V = 17 - D token rows.
+TDT_CASES = [  # durations, activation, reduction, max_rows, options
+    ([0, 1, 2], "tanh", "none", None, {}),
+    ([0, 1, 2, 4], "relu", "mean", 5, dict(blank=3, sigma=0.05)),
+    ([1, 2], "tanh", "none", 1, {}),  # no duration 0: U_b > T_b utterances have no alignment
+    ([0, 2, 3], "identity", "sum", 7, dict(omega=0.3, fastemit_lambda=0.2, clamp=0.05, zero_infinity=True)),
+    ([0, 1, 2, 3], "tanh", "none", 11, dict(omega=0.5, sigma=0.1)),
+]
+
+
+def tdt_both(seed, device, durations, dtype=torch.float64, reduction="none", activation="tanh", max_rows=None,
+             **options):
+    enc, pred, weight, b, targets, T, U, w = joiner_batch(seed, dtype=dtype, device=device,
+                                                          blank=options.get("blank", 0), V=17)
+    V = 17 - len(durations)
+    targets = targets % V
+    targets[targets == options.get("blank", 0)] = (options.get("blank", 0) + 1) % V
+    params = (enc, pred, weight, b)
+    out = []
+    for fn in (lambda: fused_joiner_loss(enc, pred, weight, b, targets, T, U, activation=activation,
+                                         reduction=reduction, max_rows=max_rows, durations=durations, **options),
+               lambda: tdt_loss(F.linear(_act(pack(enc, pred, T, U), activation), weight, b), targets, T, U,
+                                durations, reduction=reduction, **options)):
+        loss = fn()
+        objective = (loss * w.to(loss.dtype)).sum() if reduction == "none" else loss * 1.7
+        out.append((loss.detach(), torch.autograd.grad(objective, params, allow_unused=True)))
+    return out
+
+
+def _act(h, activation):
+    return torch.tanh(h) if activation == "tanh" else torch.relu(h) if activation == "relu" else h
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(TDT_CASES)))
+def test_tdt_float64_equals_unfused(device, case):
+    durations, activation, reduction, max_rows, options = TDT_CASES[case]
+    (fused, fused_grads), (want, want_grads) = tdt_both(600 + case, device, durations, reduction=reduction,
+                                                        activation=activation, max_rows=max_rows, **options)
+    if durations == [1, 2]:
+        assert torch.isinf(want).any() and torch.isfinite(want).any()  # both kinds of utterance are tested
+    torch.testing.assert_close(fused, want, rtol=1e-10, atol=1e-12)
+    for got, exp in zip(fused_grads, want_grads):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tdt_float32_and_gradcheck(device):
+    (fused, fused_grads), (want, want_grads) = tdt_both(620, device, [0, 1, 2], dtype=torch.float32, max_rows=9,
+                                                        omega=0.2)
+    torch.testing.assert_close(fused, want, rtol=1e-5, atol=1e-5)
+    for got, exp in zip(fused_grads, want_grads):
+        torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(630, B=3, max_t=4, max_u=2, J=3, V=7, device=device)
+    targets = targets.clamp(max=3)
+    assert torch.autograd.gradcheck(
+        lambda e, p, w, b: fused_joiner_loss(e, p, w, b, targets, T, U, max_rows=4, reduction="none",
+                                             durations=[0, 1, 2], sigma=0.05, omega=0.3),
+        (enc, pred, weight, bias), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tdt_module(device):
+    torch.manual_seed(1)
+    m = FusedJoinerLoss(12, 14, durations=[0, 1, 2], sigma=0.05, max_rows=8).to(device).double()
+    assert m.output.weight.shape == (17, 12)
+    enc, pred, _, _, targets, T, U, _ = joiner_batch(640, device=device)
+    targets = targets % 14
+    targets[targets == 0] = 1
+    loss = m(enc, pred, targets, T, U)
+    want = tdt_loss(F.linear(torch.tanh(pack(enc, pred, T, U)), m.output.weight, m.output.bias), targets, T, U,
+                    [0, 1, 2], sigma=0.05)
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+    assert "durations=[0, 1, 2]" in repr(m)

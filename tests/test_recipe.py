@@ -78,7 +78,7 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
 def test_tdt_loss_and_decoding(corpus, tmp_path):
     r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 3, "--loss", "tdt",
              "--durations", "0,1,2", "--omega", "0.1"])
-    assert np.isfinite(r["history"][0]["train_loss"]) and r["loss"] == "tdt" and r["joiner"] == "unfused"
+    assert np.isfinite(r["history"][0]["train_loss"]) and r["loss"] == "tdt" and r["joiner"] == "fused"
     assert 0 <= r["test_wer"] and r["decode_s"] > 0
 
 
@@ -187,7 +187,8 @@ def test_short_clips_and_duration_field(tmp_path):
     assert torch.isfinite(asr_data.fbank(torch.randn(560))).all()  # two frames: the shortest clip kept
 
 
-def test_autocast_logits_reach_the_loss_as_they_are():
+@pytest.mark.parametrize("loss_kind", ["rnnt", "tdt"])
+def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
     from asr_model import Transducer
 
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 31])
@@ -196,7 +197,7 @@ def test_autocast_logits_reach_the_loss_as_they_are():
     for joiner in ("unfused", "fused"):
         torch.manual_seed(0)
         model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
-                           joiner_dim=8, joiner=joiner).eval()
+                           joiner_dim=8, joiner=joiner, loss=loss_kind, durations=(0, 1, 2), sigma=0.05).eval()
         seen = []
         model.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
         loss = train_toy.forward_loss(model, x, xl, y, yl, torch.bfloat16)
@@ -229,7 +230,6 @@ def test_manifest_training_run(tmp_path, capsys):
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
-    (["--loss", "tdt", "--joiner", "fused"], "the fused joiner loss has no TDT yet"),
     (["--loss", "tdt", "--durations", "0,0"], "--durations must be distinct"),
     (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
     (["--omega", "1"], "--omega must be in [0, 1)"),

@@ -273,14 +273,19 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
 # of them is needed.
 
 
-def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma):
+def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):
     """lp (N, 2) = [tok(blank), tok(y_{u+1})] (-inf for the label at u == U_b and on padding rows), lp_dur
     (N, D) = dur(., i), den (N, 2) = [logsumexp of the V token columns, logsumexp of the D duration columns];
     float32, or float64 for float64 logits. A NaN or infinite logit anywhere in a row (token or duration
-    column) makes both den entries of the row, so its lp and lp_dur, NaN. Padding rows may hold anything."""
+    column) makes both den entries of the row, so its lp and lp_dur, NaN. Padding rows may hold anything.
+    The scores are the rows [row_start, row_start + N) of the layout; given ``out`` = (lp, lp_dur, den) for
+    every row of the layout, those rows of it are written (the fused joiner loss's tiles); row_start > 0
+    needs out."""
+    if row_start and out is None:
+        raise ValueError("tdt_log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = tokens2d.shape
     acc = accumulate_dtype(tokens2d.dtype)
-    b, t, u, is_cell = _cells(layout)
+    b, t, u, is_cell = _cells(layout, row_start, row_start + num_rows)
     has_label = is_cell & (u < layout.target_lengths[b])
     picks = torch.stack([torch.full_like(b, blank), _labels(targets, b, u, has_label, blank)], dim=1)
     lp = torch.empty(num_rows, 2, dtype=acc)
@@ -296,7 +301,11 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma):
         lp[start:end] = picked - den[start:end, 0:1] - sigma
         lp_dur[start:end] = durs.to(acc) - den[start:end, 1:2]
     lp[:, 1].masked_fill_(~has_label, -math.inf)
-    return lp, lp_dur, den
+    if out is None:
+        return lp, lp_dur, den
+    for whole, part in zip(out, (lp, lp_dur, den)):
+        whole[row_start:row_start + num_rows] = part
+    return out
 
 
 def _step_grid(values, is_cell, rows, pad):
@@ -400,7 +409,7 @@ def _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d, start, 
 
 def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank,
                  durations, out_tokens, out_durations, fastemit_lambda=0.0, omega=0.0, rnnt=None, sigma=0.0,
-                 clamp=0.0):
+                 clamp=0.0, row_start=0):
     """Writes into ``out_tokens`` (N, V) and ``out_durations`` (N, D), the logits' dtype, the gradient of
     sum_b scale[b] * L_b w.r.t. tokens2d and durations2d, with L_b = (1 - omega) * tdt_b + omega * rnnt_b.
     ``rnnt`` = (alpha_r, beta_r, loss_r) of the plain RNN-T loss of the token columns without sigma
@@ -416,7 +425,8 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     clamped to [-clamp, clamp] when clamp > 0 (for a unit incoming gradient), then times scale[b]. FastEmit
     scales the gradient of every label token log-prob, so both terms get it (as NeMo's sampled RNN-T branch
     does). Zeros on padding rows and for utterances whose TDT loss (or, with omega > 0, RNN-T loss) is not
-    finite or whose scale is 0. The outputs may be the inputs themselves (in place)."""
+    finite or whose scale is 0. The outputs may be the inputs themselves (in place). The scores (and outputs)
+    are the rows [row_start, row_start + N) of the layout; lp, lp_dur, den, alpha and beta hold every row."""
     num_rows, V = tokens2d.shape
     ds = check_durations(durations, durations2d.size(1))
     d = torch.tensor(ds)
@@ -428,7 +438,8 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         ok &= torch.isfinite(loss_r)
         lp_r = lp + sigma  # the RNN-T log-probs: token log_softmax, no sigma
     lam = float(fastemit_lambda)
-    for start, end in _chunks(num_rows, V + len(ds)):
+    for local, local_end in _chunks(num_rows, V + len(ds)):
+        start, end = row_start + local, row_start + local_end  # rows of the layout
         b, t, u, is_cell = _cells(layout, start, end)
         live = is_cell & ok[b]
         gamma, blank_arc, label_arc = _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d,
@@ -436,8 +447,8 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         has_label = is_cell & (u < layout.target_lengths[b])
         labels = _labels(targets, b, u, has_label, blank)
         index = torch.arange(end - start)
-        p = (tokens2d[start:end].to(lp.dtype) - den[start:end, 0:1]).exp_()
-        q = (durations2d[start:end].to(lp.dtype) - den[start:end, 1:2]).exp_()
+        p = (tokens2d[local:local_end].to(lp.dtype) - den[start:end, 0:1]).exp_()
+        q = (durations2d[local:local_end].to(lp.dtype) - den[start:end, 1:2]).exp_()
         blank_total, label_total = blank_arc.sum(dim=1), label_arc.sum(dim=1)
         g_tok = p * ((1 - omega) * (gamma + lam * label_total))[:, None]
         g_tok[index, blank] -= (1 - omega) * blank_total
@@ -454,4 +465,4 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
                 g.clamp_(-clamp, clamp)
             g.mul_(scale[b][:, None])
             # padding rows and the rows of dead utterances may hold anything, even inf or NaN
-            out[start:end] = torch.where(live[:, None], g, 0.0)
+            out[local:local_end] = torch.where(live[:, None], g, 0.0)

@@ -261,6 +261,8 @@ def _row_major(name, x):
 def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):
     _row_major("tokens2d", tokens2d)
     _row_major("durations2d", durations2d)
+    if row_start and out is None:
+        raise ValueError("tdt_log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = tokens2d.shape
     D = durations2d.size(1)
     acc = accumulate_dtype(tokens2d.dtype)

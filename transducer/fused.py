@@ -20,8 +20,9 @@ device-to-host transfer in forward and one in backward.
 """
 
 import bisect
+import math
 import operator
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_index, stages_for
+from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_durations, check_tensor, is_index, stages_for
 from .layout import CELLS_CAP, MAX_ROWS, NUM_STATS, Layout
 from .library import Op
 from .loss import _REDUCTIONS, _check_options, _reduce
@@ -76,10 +77,14 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, 
 def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
                    targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, activation: str, blank: int,
                    one_sym_per_frame: bool, check_inputs: bool, delay_penalty: float, fastemit_lambda: float,
-                   clamp: float, compute_dtype: torch.dtype, max_rows: int
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
+                   omega: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                          Tensor, Tensor]:
+    """(nll, table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll); the last five are empty
+    without durations (RNN-T / RNA), the last three also when omega == 0."""
     stages = stages_for(encoder_out.device)
-    V = weight.size(0)
+    tdt = len(durations) > 0
+    V = weight.size(0) - len(durations)  # the token columns
     layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, blank, check_inputs)
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     if check_inputs:
@@ -93,19 +98,32 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds "
                          f"B * maxT * (maxU+1) = {capacity}")
     acc = accumulate_dtype(compute_dtype)
-    lp = encoder_out.new_zeros(capacity, 2, dtype=acc)
-    den = encoder_out.new_zeros(capacity, dtype=acc)
+    new = lambda *shape: encoder_out.new_zeros(*shape, dtype=acc)  # noqa: E731
+    lp = new(capacity, 2)
+    den = new(capacity, 2) if tdt else new(capacity)
+    lp_dur = new(capacity, len(durations)) if tdt else new(0)
     W = weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
         h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         z = F.linear(h.to(compute_dtype), W, b)
-        stages.log_probs(z, targets, layout, blank, False, delay_penalty, start, (lp, den))
+        if tdt:
+            stages.tdt_log_probs(z[:, :V], z[:, V:], targets, layout, blank, sigma, start, (lp, lp_dur, den))
+        else:
+            stages.log_probs(z, targets, layout, blank, False, delay_penalty, start, (lp, den))
         del h, z
-    alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
-    alpha[num_rows:] = 0
-    beta[num_rows:] = 0
-    return nll, layout.table, lp, den, alpha, beta
+    alpha_r, beta_r, rnnt_nll, tdt_nll = new(0), new(0), new(0), new(0)  # outputs may not alias each other
+    if tdt:
+        alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
+        nll = tdt_nll.clone()
+        if omega:
+            alpha_r, beta_r, rnnt_nll = stages.alpha_beta(lp + sigma, layout, False)
+            nll = (1 - omega) * tdt_nll + omega * rnnt_nll
+    else:
+        alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
+    for x in (alpha, beta, alpha_r, beta_r):
+        x[num_rows:] = 0
+    return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
 
 
 def _capacity(encoder_out, predictor_out):
@@ -114,13 +132,15 @@ def _capacity(encoder_out, predictor_out):
 
 def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor, weight: Tensor,
                     bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, den: Tensor, alpha: Tensor,
-                    beta: Tensor, nll: Tensor, activation: str, blank: int, one_sym_per_frame: bool,
-                    fastemit_lambda: float, clamp: float, compute_dtype: torch.dtype, max_rows: int
-                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                    beta: Tensor, nll: Tensor, lp_dur: Tensor, tdt_nll: Tensor, alpha_r: Tensor, beta_r: Tensor,
+                    rnnt_nll: Tensor, activation: str, blank: int, one_sym_per_frame: bool, fastemit_lambda: float,
+                    clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
+                    omega: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * nll[b]; the last
     is zeros when there is no bias."""
     stages = stages_for(encoder_out.device)
     B, max_t, J = encoder_out.shape
+    V = weight.size(0) - len(durations)
     layout = Layout(table, False, targets.size(1) + 1)
     row_splits = layout.row_splits.tolist()
     acc = lp.dtype
@@ -134,9 +154,14 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     for start, end in _tiles(row_splits[-1], max_rows):
         h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         hc = h.to(compute_dtype)
-        dz = F.linear(hc, W, b)
-        stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame, dz,
-                        fastemit_lambda, clamp, start)
+        dz = F.linear(hc, W, b)  # the tile's logits, turned into their gradient in place
+        if durations:
+            stages.tdt_gradient(dz[:, :V], dz[:, V:], targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale,
+                                blank, durations, dz[:, :V], dz[:, V:], fastemit_lambda, omega,
+                                (alpha_r, beta_r, rnnt_nll) if omega else None, sigma, clamp, start)
+        else:
+            stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame,
+                            dz, fastemit_lambda, clamp, start)
         grad_w += dz.t().mm(hc)
         grad_b += dz.t().mv(dz.new_ones(end - start))  # a GEMV reads dz at full speed; sum(0) does not
         dh = dz.mm(W).to(h.dtype)
@@ -150,18 +175,20 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
 
 def _setup_context(ctx, inputs, output):
     (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
-     fastemit_lambda, clamp, compute_dtype, max_rows) = inputs
-    nll, table, lp, den, alpha, beta = output
-    ctx.mark_non_differentiable(table, lp, den, alpha, beta)
-    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, table, lp, den, alpha, beta, nll)
-    ctx.options = (activation, blank, one_sym_per_frame, fastemit_lambda, clamp, compute_dtype, max_rows)
+     fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega) = inputs
+    nll, table, *saved = output
+    ctx.mark_non_differentiable(table, *saved)
+    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, table, saved[0], saved[1], saved[2],
+                          saved[3], nll, *saved[4:])
+    ctx.options = (activation, blank, one_sym_per_frame, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
+                   sigma, omega)
 
 
 def _gradient(ctx, grad_nll, backward):
     encoder_out, predictor_out, weight, bias, *saved = ctx.saved_tensors
     grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, encoder_out, predictor_out, weight, bias, *saved,
                                                    *ctx.options)
-    return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 12
+    return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 15
 
 
 fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient)
@@ -169,13 +196,18 @@ fused_op, fused_backward_op = fused.op, fused.backward_op
 
 
 @fused_op.register_fake
-def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *options):
-    acc = accumulate_dtype(options[-2])
+def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, activation, blank,
+      one_sym_per_frame, check_inputs, delay_penalty, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
+      sigma, omega):
+    acc = accumulate_dtype(compute_dtype)
     rows = _capacity(encoder_out, predictor_out)
     B = logit_lengths.size(0)
-    new = encoder_out.new_empty
-    return (new(B, dtype=acc), new(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(rows, 2, dtype=acc),
-            new(rows, dtype=acc), new(rows, dtype=acc), new(rows, dtype=acc))
+    tdt = len(durations) > 0
+    new = lambda *shape: encoder_out.new_empty(*shape, dtype=acc)  # noqa: E731
+    r = rows if tdt and omega else 0
+    return (new(B), encoder_out.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(rows, 2),
+            new(rows, 2) if tdt else new(rows), new(rows), new(rows), new(rows, len(durations)) if tdt else new(0),
+            new(B) if tdt else new(0), new(r), new(r), new(B) if tdt and omega else new(0))
 
 
 @fused_backward_op.register_fake
@@ -186,19 +218,22 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
 
 def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
                       activation="tanh", blank=0, reduction="mean", one_sym_per_frame=False, zero_infinity=False,
-                      check_inputs=True, max_rows=None, clamp=-1.0, fastemit_lambda=0.0, delay_penalty=0.0):
+                      check_inputs=True, max_rows=None, clamp=-1.0, fastemit_lambda=0.0, delay_penalty=0.0,
+                      durations=None, sigma=0.0, omega=0.0):
     r"""The joiner ``F.linear(act(encoder_out[b, t] + predictor_out[b, u]), weight, bias)`` and the transducer
     loss over its logits, without the logits or the joiner's hidden in memory.
 
     Equal to ``transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets,
-    T, U, ...)`` with the same options (see :func:`transducer.transducer_loss`); gradients flow to
-    ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``.
+    T, U, ...)`` with the same options (see :func:`transducer.transducer_loss`); with ``durations``, to
+    ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` (see :func:`transducer.tdt_loss`). Gradients
+    flow to ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``.
 
     Args:
         encoder_out: ``(B, maxT, J)`` float16 / bfloat16 / float32 / float64.
         predictor_out: ``(B, maxU+1, J)``, same dtype and device.
-        weight: ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight), floating point.
-        bias: ``(V,)`` or None.
+        weight: ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight), floating point; with
+            ``durations``, ``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout).
+        bias: ``(weight.size(0),)`` or None.
         targets: ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
         logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
@@ -207,6 +242,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
             plus O(max_rows * (2J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
             delay_penalty: as for :func:`transducer.transducer_loss`.
+        durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
+            loss TDT's (not with one_sym_per_frame or delay_penalty).
 
     Returns:
         float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Under autocast
@@ -230,7 +267,27 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
     B, _, J = encoder_out.shape
-    V = weight.size(0)
+    V = weight.size(0)  # the token columns and, with durations, the duration columns
+    if durations is not None:
+        try:
+            durations = list(check_durations(durations))
+        except ValueError as e:
+            raise ValueError(f"durations: {e}") from None
+        if device.type == "cuda" and len(durations) > 16:
+            raise ValueError(f"durations: at most 16 on CUDA, got {len(durations)}")
+        if one_sym_per_frame or delay_penalty:
+            raise ValueError("durations: TDT has no one_sym_per_frame or delay_penalty option")
+        for name, value in (("sigma", sigma), ("omega", omega)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise TypeError(f"{name}: expected a number, got {value!r}")
+        if not 0 <= omega < 1:
+            raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
+    elif sigma or omega:
+        raise ValueError("sigma, omega: TDT options; pass durations too")
+    D = len(durations or [])
+    if weight.size(0) - D < 2:
+        raise ValueError(f"weight: expected at least 2 token rows{' before the ' + str(D) + ' duration rows' if D else ''}, "
+                         f"got shape {tuple(weight.shape)}")
     if B == 0:
         raise ValueError("encoder_out: expected at least one utterance, got an empty batch")
     if predictor_out.size(0) != B or predictor_out.size(2) != J:
@@ -245,8 +302,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
             raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape {tuple(x.shape)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    if not is_index(blank) or not 0 <= operator.index(blank) < V:
-        raise ValueError(f"blank: expected an int in [0, {V}) (V = weight.size(0)), got {blank!r}")
+    if not is_index(blank) or not 0 <= operator.index(blank) < V - D:
+        raise ValueError(f"blank: expected an int in [0, {V - D}) (the token rows of weight), got {blank!r}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
     _check_options(clamp, fastemit_lambda, delay_penalty)
@@ -259,7 +316,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
               target_lengths, activation, operator.index(blank), bool(one_sym_per_frame), bool(check_inputs),
-              float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows))
+              float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows),
+              durations or [], float(sigma), float(omega))
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
         nll = fused(*inputs)[0]
     return _reduce(nll, reduction, zero_infinity)
@@ -271,7 +329,9 @@ class FusedJoinerLoss(torch.nn.Module):
     ``loss = m(encoder_out, predictor_out, targets, T, U)`` trains; ``m.logits(enc, pred)`` gives the joiner's
     logits for decoding, with broadcasting (for example enc ``(B, T, 1, J)`` and pred ``(B, 1, U+1, J)``).
     The module owns the output projection as ``m.output`` (a ``Linear(joiner_dim, vocab_size)``), so a model
-    swaps its joiner's last layer for it and keeps the weights.
+    swaps its joiner's last layer for it and keeps the weights. With ``durations`` (TDT) the projection is a
+    ``Linear(joiner_dim, vocab_size + len(durations))``: token scores then duration scores, as
+    :func:`transducer.tdt_loss` reads them.
 
     Example::
 
@@ -284,8 +344,14 @@ class FusedJoinerLoss(torch.nn.Module):
 
     def __init__(self, joiner_dim, vocab_size, activation="tanh", bias=True, blank=0, reduction="mean",
                  one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
-                 fastemit_lambda=0.0, delay_penalty=0.0, device=None, dtype=None):
+                 fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0, device=None,
+                 dtype=None):
         super().__init__()
+        if durations is not None:
+            try:
+                durations = list(check_durations(durations))
+            except ValueError as e:
+                raise ValueError(f"durations: {e}") from None
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
         if reduction not in _REDUCTIONS:
@@ -293,12 +359,15 @@ class FusedJoinerLoss(torch.nn.Module):
         if not is_index(blank) or not 0 <= operator.index(blank) < vocab_size:
             raise ValueError(f"blank: expected an int in [0, {vocab_size}), got {blank!r}")
         _check_options(clamp, fastemit_lambda, delay_penalty)
-        self.output = torch.nn.Linear(joiner_dim, vocab_size, bias=bias, device=device, dtype=dtype)
+        self.output = torch.nn.Linear(joiner_dim, vocab_size + len(durations or []), bias=bias, device=device,
+                                      dtype=dtype)
         self.activation = activation
         self.options = dict(activation=activation, blank=operator.index(blank), reduction=reduction,
                             one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
                             check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
                             fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+        if durations is not None:
+            self.options.update(durations=durations, sigma=sigma, omega=omega)
 
     def forward(self, encoder_out, predictor_out, targets, logit_lengths, target_lengths):
         return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,
