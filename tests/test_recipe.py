@@ -205,7 +205,7 @@ def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
         assert loss.dtype == torch.float32 and torch.isfinite(loss)
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         assert seen == ([torch.bfloat16] if joiner == "unfused" else [])
-        losses[joiner] = float(train_toy.forward_loss(model, x, xl, y, yl))  # fp32
+        losses[joiner] = float(train_toy.forward_loss(model, x, xl, y, yl).detach())  # fp32
     assert losses["fused"] == pytest.approx(losses["unfused"], rel=1e-5)
 
 
