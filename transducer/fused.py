@@ -102,13 +102,13 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     lp = new(capacity, 2)
     den = new(capacity, 2) if tdt else new(capacity)
     lp_dur = new(capacity, len(durations)) if tdt else new(0)
-    W = weight.to(compute_dtype)
-    b = None if bias is None else bias.to(compute_dtype)
+    W, b = _projection(weight, bias, compute_dtype, tdt)
     for start, end in _tiles(num_rows, max_rows):
         h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         z = F.linear(h.to(compute_dtype), W, b)
         if tdt:
-            stages.tdt_log_probs(z[:, :V], z[:, V:], targets, layout, blank, sigma, start, (lp, lp_dur, den))
+            stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, blank, sigma, start,
+                                 (lp, lp_dur, den))
         else:
             stages.log_probs(z, targets, layout, blank, False, delay_penalty, start, (lp, den))
         del h, z
@@ -124,6 +124,19 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     for x in (alpha, beta, alpha_r, beta_r):
         x[num_rows:] = 0
     return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
+
+
+def _projection(weight, bias, compute_dtype, tdt):
+    """The output projection in the compute dtype; for TDT with V + D rows padded with zero rows to a multiple
+    of 8, so that the tile's token scores start 16-byte aligned rows and the log-probs and gradient stages
+    read them in vectors (V + D = 505 would leave them 2- or 4-byte accesses), for 1.4% more GEMM at most."""
+    W = weight.to(compute_dtype)
+    b = None if bias is None else bias.to(compute_dtype)
+    pad = -weight.size(0) % 8 if tdt else 0
+    if pad:
+        W = F.pad(W, (0, 0, 0, pad))
+        b = None if b is None else F.pad(b, (0, pad))
+    return W, b
 
 
 def _capacity(encoder_out, predictor_out):
@@ -146,19 +159,20 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
-    grad_w = weight.new_zeros(weight.shape, dtype=acc)
-    grad_b = weight.new_zeros(weight.size(0), dtype=acc)
+    W, b = _projection(weight, bias, compute_dtype, bool(durations))
+    grad_w = weight.new_zeros(W.shape, dtype=acc)
+    grad_b = weight.new_zeros(W.size(0), dtype=acc)
     scale = grad_nll.to(acc)
-    W = weight.to(compute_dtype)
-    b = None if bias is None else bias.to(compute_dtype)
     for start, end in _tiles(row_splits[-1], max_rows):
         h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         hc = h.to(compute_dtype)
         dz = F.linear(hc, W, b)  # the tile's logits, turned into their gradient in place
         if durations:
-            stages.tdt_gradient(dz[:, :V], dz[:, V:], targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale,
-                                blank, durations, dz[:, :V], dz[:, V:], fastemit_lambda, omega,
+            tokens, durs = dz[:, :V], dz[:, V:weight.size(0)]
+            stages.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale, blank,
+                                durations, tokens, durs, fastemit_lambda, omega,
                                 (alpha_r, beta_r, rnnt_nll) if omega else None, sigma, clamp, start)
+            dz[:, weight.size(0):] = 0  # the padding columns: no gradient (and no NaN from a non-finite h)
         else:
             stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame,
                             dz, fastemit_lambda, clamp, start)
@@ -169,8 +183,9 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred, h,
                                  activation)
         del h, dh
-    return (grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w.to(weight.dtype),
-            grad_b.to(weight.dtype))
+    rows = weight.size(0)  # without the padding rows
+    return (grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w[:rows].to(weight.dtype),
+            grad_b[:rows].to(weight.dtype))
 
 
 def _setup_context(ctx, inputs, output):
