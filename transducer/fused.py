@@ -38,14 +38,17 @@ from .loss import _REDUCTIONS, _check_options, _reduce
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu", "identity")
-# Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given:
-# Protocol A's step peaks near 430 MB with them (fp32 and bf16; benchmarks/RESULTS.md).
-_TILE_BYTES = 224 << 20
+# Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given. CUDA:
+# Protocol A's step peaks near 430 MB with them (fp32 and bf16; benchmarks/RESULTS.md), and smaller tiles
+# cost launches and GEMM efficiency. CPU: a few thousand rows already keep the GEMMs efficient, and the
+# step peaks at 0.13x the unfused one (benchmarks/RESULTS.md).
+_TILE_BYTES = {"cuda": 224 << 20, "cpu": 16 << 20}
 
 
-def default_max_rows(J, V, itemsize):
-    """Rows per tile so that a tile's hidden, logits and dh take about 224 MiB (at least 256 rows)."""
-    return max(256, _TILE_BYTES // ((2 * J + V) * itemsize) // 256 * 256)
+def default_max_rows(J, V, itemsize, device_type="cuda"):
+    """Rows per tile so that a tile's hidden, logits and dh take about 224 MiB on CUDA, 16 MiB on the CPU
+    (at least 256 rows)."""
+    return max(256, _TILE_BYTES.get(device_type, _TILE_BYTES["cuda"]) // ((2 * J + V) * itemsize) // 256 * 256)
 
 
 def _tiles(num_rows, max_rows):
@@ -253,8 +256,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
         activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
-        max_rows: rows per tile; default: tile buffers of about 224 MiB. Memory is O(sum_TU) for the loss
-            plus O(max_rows * (2J + V)) for a tile.
+        max_rows: rows per tile; default: tile buffers of about 224 MiB on CUDA, 16 MiB on the CPU. Memory is
+            O(sum_TU) for the loss plus O(max_rows * (2J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
             delay_penalty: as for :func:`transducer.transducer_loss`.
         durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
@@ -326,7 +329,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
         compute_dtype = torch.get_autocast_dtype(device.type)
     if max_rows is None:
-        max_rows = default_max_rows(J, V, torch.finfo(compute_dtype).bits // 8)
+        max_rows = default_max_rows(J, V, torch.finfo(compute_dtype).bits // 8, device.type)
     elif not is_index(max_rows) or operator.index(max_rows) < 1:
         raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
