@@ -71,6 +71,15 @@ def _labels(targets, b, u, has_label, blank):
     return torch.where(has_label, y, blank)
 
 
+def _picks(layout, targets, blank, start, end):
+    """(b, t, u, is_cell, has_label, picks) of the rows [start, end): picks (N, 2) = [blank, y_{u+1}] are the
+    columns a row's log-probs read (blank again where the row has no label)."""
+    b, t, u, is_cell = _cells(layout, start, end)
+    has_label = is_cell & (u < layout.target_lengths[b])
+    picks = torch.stack([torch.full_like(b, blank), _labels(targets, b, u, has_label, blank)], dim=1)
+    return b, t, u, is_cell, has_label, picks
+
+
 def _chunks(num_rows, vocab_size):
     step = max(1, _CHUNK_ELEMENTS // max(vocab_size, 1))
     for start in range(0, num_rows, step):
@@ -82,9 +91,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     # as out, the full arrays are written there)
     num_rows, vocab_size = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
-    b, t, u, is_cell = _cells(layout, row_start, row_start + num_rows)
-    has_label = is_cell & (u < layout.target_lengths[b])
-    picks = torch.stack([torch.full_like(b, blank), _labels(targets, b, u, has_label, blank)], dim=1)
+    b, t, u, is_cell, has_label, picks = _picks(layout, targets, blank, row_start, row_start + num_rows)
     lp = torch.empty(num_rows, 2, dtype=acc)
     den = torch.zeros(num_rows, dtype=acc)
     for start, end in _chunks(num_rows, vocab_size):
@@ -285,9 +292,7 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
         raise ValueError("tdt_log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = tokens2d.shape
     acc = accumulate_dtype(tokens2d.dtype)
-    b, t, u, is_cell = _cells(layout, row_start, row_start + num_rows)
-    has_label = is_cell & (u < layout.target_lengths[b])
-    picks = torch.stack([torch.full_like(b, blank), _labels(targets, b, u, has_label, blank)], dim=1)
+    b, t, u, is_cell, has_label, picks = _picks(layout, targets, blank, row_start, row_start + num_rows)
     lp = torch.empty(num_rows, 2, dtype=acc)
     lp_dur = torch.empty(num_rows, durations2d.size(1), dtype=acc)
     den = torch.empty(num_rows, 2, dtype=acc)
