@@ -3,20 +3,23 @@
     transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets, T, U, ...)
 
 without the (sum_TU, V) logits or the (sum_TU, J) hidden in memory, in forward or backward (the idea of
-Liger-Kernel's fused linear cross-entropy, for the transducer). Rows are processed in tiles of at most
-``max_rows``: forward packs a tile's joiner input with the activation applied (one pass), runs the output
-GEMM, and keeps
-only the tile's den and blank / label log-probabilities (the log_probs stage); alpha and beta then run
-over all rows as in the unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM,
-the price of not storing them), turns the logits into their gradient in place (the gradient stage), and
-accumulates dW = dz^T h, db = sum dz and dh = dz W, whose rows, times act'(h), are summed back into the
-encoder and predictor gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the
-same pass). GEMMs go through torch (cuBLAS); under
-autocast they run in the autocast dtype and the loss arithmetic in fp32, as in the unfused path.
+Liger-Kernel's fused linear cross-entropy, for the transducer); with ``durations``, likewise
+``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` over a (V + D, J) projection.
+
+Rows are processed in tiles of at most ``max_rows``: forward packs a tile's joiner input with the
+activation applied (one pass), runs the output GEMM, and keeps only the tile's den and blank / label (and
+duration) log-probabilities (the log_probs stage); alpha and beta then run over all rows as in the
+unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM, the price of not storing
+them), turns the logits into their gradient in place (the gradient stage), and accumulates dW = dz^T h,
+db = sum dz and dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
+gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass). GEMMs
+go through torch (cuBLAS); under autocast they run in the autocast dtype and the loss arithmetic in fp32,
+as in the unfused path.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
-registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers). Sizing the tiles reads the layout (row count and row_splits) on the host: one
-device-to-host transfer in forward and one in backward.
+registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers).
+Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
+forward and one in backward.
 """
 
 import bisect
