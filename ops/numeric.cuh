@@ -110,13 +110,11 @@ __device__ __forceinline__ A nan_max(A a, A b) {
   return (b > a || b != b) ? b : a;
 }
 
-// Accurate exp / log / log1p.
+// Accurate exp / log.
 __device__ __forceinline__ float exp_acc(float x) { return expf(x); }
 __device__ __forceinline__ double exp_acc(double x) { return exp(x); }
 __device__ __forceinline__ float log_acc(float x) { return logf(x); }
 __device__ __forceinline__ double log_acc(double x) { return log(x); }
-__device__ __forceinline__ float log1p_acc(float x) { return log1pf(x); }
-__device__ __forceinline__ double log1p_acc(double x) { return log1p(x); }
 
 // exp on per-element hot paths: ex2.approx (one FMUL + MUFU) for float, whose relative error stays
 // near 1e-6 for the arguments seen there (|x| < ~30); the accurate exp for double.

@@ -272,3 +272,20 @@ def test_tdt_module(device):
                     [0, 1, 2], sigma=0.05)
     torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
     assert "durations=[0, 1, 2]" in repr(m)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stages_need_out_for_a_tile(device):
+    """A tile's log-probs (row_start > 0) are written into the arrays of every row: without them, an error
+    on both devices (the kernels index those arrays by layout row)."""
+    from transducer.checks import stages_for
+
+    stages = stages_for(torch.device(device))
+    T, U = torch.tensor([3, 2], device=device), torch.tensor([1, 2], device=device)
+    targets = torch.tensor([[1, 0], [2, 1]], device=device)
+    layout = stages.layout(T, U, 3, 0, targets, 5, 0, False)
+    x = torch.randn(4, 5 + 2, device=device)
+    with pytest.raises(ValueError, match="row_start > 0 needs out"):
+        stages.log_probs(x[:, :5].contiguous(), targets, layout, 0, False, 0.0, 2)
+    with pytest.raises(ValueError, match="row_start > 0 needs out"):
+        stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, 0, 0.0, 2)

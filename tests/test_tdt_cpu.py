@@ -1,5 +1,6 @@
-"""CPU tests of the Token-and-Duration Transducer (TDT) loss: the autograd reference (brute force, gradcheck,
-infeasible and non-finite utterances, FastEmit) and the CPU stages (the TDT part of transducer.cpu) against it."""
+"""Tests of the Token-and-Duration Transducer (TDT) loss: the autograd reference (brute force, gradcheck,
+infeasible and non-finite utterances, FastEmit) and the stages (the TDT part of transducer.cpu, and of
+transducer.cuda on the GPU, twins with one signature) against it."""
 
 import itertools
 import math
@@ -7,10 +8,12 @@ import math
 import pytest
 import torch
 
+from _batches import DEVICES
 from transducer import cpu
+from transducer.checks import stages_for
 from transducer.reference import _tdt_loss_from_log_probs, tdt_loss_reference, transducer_loss_reference
 from transducer.checks import check_durations
-from transducer.cpu import tdt_alpha_beta, tdt_gradient, tdt_log_probs
+from transducer.cpu import tdt_alpha_beta, tdt_log_probs
 
 
 def _batch(gen, B, max_t, max_u, V, durations, blank, dtype=torch.float64, scale=1.5):
@@ -38,29 +41,35 @@ def _cell_mask(shape, T, U):
 
 
 def _stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, lam=0.0, scale=None, padded=True,
-            alias=False):
+            alias=False, device="cpu"):
     """The loss (B,) and the gradient of sum_b scale[b] * loss[b] (padded like logits, zeros on padding) from
-    the CPU stages: tdt_log_probs, tdt_alpha_beta, (cpu.alpha_beta for omega), tdt_gradient."""
+    the stages of ``device`` (transducer.cpu or transducer.cuda, twins): tdt_log_probs, tdt_alpha_beta,
+    (alpha_beta for omega), tdt_gradient; returned on the CPU."""
+    stages = stages_for(torch.device(device))
     B, max_t, max_u1, W = logits.shape
     mask = _cell_mask(logits.shape, T, U)
     if padded:
         logits2d = logits.masked_fill(~mask[..., None], math.nan).reshape(-1, W)  # padding must not be read
-        layout = cpu.layout(T, U, max_u1, padded_t=max_t, targets=targets, vocab_size=V, blank=blank)
     else:
         logits2d = logits[mask]  # cells in (b, t, u) order: the compact layout
-        layout = cpu.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
+    logits2d, targets, T, U = (x.to(device) for x in (logits2d, targets, T, U))
+    if padded:
+        layout = stages.layout(T, U, max_u1, padded_t=max_t, targets=targets, vocab_size=V, blank=blank)
+    else:
+        layout = stages.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
     assert int(layout.stats[-1]) == 0
-    lp, lp_dur, den = tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, blank, sigma)
-    alpha, beta, loss = tdt_alpha_beta(lp, lp_dur, layout, durations)
+    lp, lp_dur, den = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, blank, sigma)
+    alpha, beta, loss = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
     rnnt, total = None, loss
     if omega:
-        rnnt = cpu.alpha_beta(lp + sigma, layout, False)
+        rnnt = stages.alpha_beta(lp + sigma, layout, False)
         total = (1 - omega) * loss + omega * rnnt[2]
-    if scale is None:
-        scale = torch.ones(B, dtype=lp.dtype)
+    scale = torch.ones(B, dtype=lp.dtype) if scale is None else scale
     out = logits2d if alias else torch.empty_like(logits2d)
-    tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank,
-                 durations, out[:, :V], out[:, V:], fastemit_lambda=lam, omega=omega, rnnt=rnnt, sigma=sigma)
+    stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, layout, lp, lp_dur, den, alpha, beta, loss,
+                        scale.to(device), blank, durations, out[:, :V], out[:, V:], fastemit_lambda=lam, omega=omega,
+                        rnnt=rnnt, sigma=sigma)
+    out, total = out.cpu(), total.cpu()
     if padded:
         grad = out.view(logits.shape)
         assert not grad[~mask].any()  # zeros on padding rows
@@ -209,9 +218,10 @@ def test_reference_infeasible_utterances():
             torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("column", ["token", "duration"])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-def test_non_finite_logits_give_nan(column, value):
+def test_non_finite_logits_give_nan(column, value, device):
     gen = torch.Generator().manual_seed(7)
     V, durations, blank = 4, [0, 1, 2], 1
     logits, targets, T, U = _batch(gen, 3, 4, 2, V, durations, blank)
@@ -223,7 +233,7 @@ def test_non_finite_logits_give_nan(column, value):
     loss = tdt_loss_reference(logits, targets, T, U, durations, blank)
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
     for padded in (True, False):
-        got, grad = _stages(logits, targets, T, U, durations, blank, V, padded=padded)
+        got, grad = _stages(logits, targets, T, U, durations, blank, V, padded=padded, device=device)
         assert torch.isnan(got[1]) and torch.isfinite(got[[0, 2]]).all()
         assert not grad[1].any()
         torch.testing.assert_close(got[[0, 2]], loss[[0, 2]], rtol=1e-12, atol=1e-12)
@@ -298,10 +308,11 @@ CONFIGS = [  # durations, sigma, omega, fastemit_lambda
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "compact"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
-def test_stages_match_reference(config, dtype, padded):
+def test_stages_match_reference(config, dtype, padded, device):
     durations, sigma, omega, lam = CONFIGS[config]
     gen = torch.Generator().manual_seed(100 + config)
     V = 5
@@ -326,7 +337,8 @@ def test_stages_match_reference(config, dtype, padded):
     assert torch.isfinite(ref).sum() >= 3
     ref_grad[5] = 0.0
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    loss, grad = _stages(logits, targets, T, U, durations, blank, V, sigma, omega, lam, scale.to(acc), padded)
+    loss, grad = _stages(logits, targets, T, U, durations, blank, V, sigma, omega, lam, scale.to(acc), padded,
+                         device=device)
     assert loss.dtype == acc and grad.dtype == dtype
     tol = 1e-9 if dtype == torch.float64 else 2e-5
     torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol, equal_nan=True)
@@ -334,14 +346,16 @@ def test_stages_match_reference(config, dtype, padded):
     assert ref_grad.abs().sum() > 1.0  # a real gradient was compared
 
 
-def test_stages_larger_ragged_batch():
+@pytest.mark.parametrize("device", DEVICES)
+def test_stages_larger_ragged_batch(device):
     gen = torch.Generator().manual_seed(17)
     V, durations, blank = 6, [0, 1, 2, 3, 4], 5
     logits, targets, T, U = _batch(gen, 5, 12, 5, V, durations, blank)
     scale = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
     ref, ref_grad = _reference(logits, targets, T, U, durations, blank, 0.05, 0.2, 0.3, scale)
     for padded in (True, False):
-        loss, grad = _stages(logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded)
+        loss, grad = _stages(logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded,
+                             device=device)
         torch.testing.assert_close(loss, ref, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
 
@@ -385,21 +399,23 @@ def test_check_durations():
         tdt_alpha_beta(lp, lp_dur, layout, [0, 1, 2])  # 3 durations for 2 duration columns
 
 
-def test_non_finite_logit_off_every_alignment_gives_nan():
-    # durations [0, 2]: frames 1 and 3 are never visited, yet a NaN there makes the loss NaN (the stage scans
-    # the cells; the recursion alone would not carry it to beta(0, 0))
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("column", [0, 4], ids=["token", "duration"])
+def test_non_finite_logit_off_every_alignment_gives_nan(column, device):
+    # durations [0, 2]: frames 1 and 3 are never visited, yet a NaN there, in a token or a duration score,
+    # makes the loss NaN (the stage scans the cells; the recursion alone would not carry it to beta(0, 0))
     gen = torch.Generator().manual_seed(31)
     V, durations = 3, [0, 2]
     logits = torch.randn(2, 4, 2, V + 2, generator=gen, dtype=torch.float64)
     targets = torch.tensor([[1], [2]])
     T, U = torch.tensor([4, 4]), torch.tensor([1, 1])
-    logits[0, 1, 0, 0] = math.nan
+    logits[0, 1, 0, column] = math.nan
     loss = tdt_loss_reference(logits, targets, T, U, durations, 0)
     assert torch.isnan(loss[0]) and torch.isfinite(loss[1])
     clean = logits.clone()
-    clean[0, 1, 0, 0] = 0.5
+    clean[0, 1, 0, column] = 0.5
     assert torch.isfinite(tdt_loss_reference(clean, targets, T, U, durations, 0)).all()
     for padded in (True, False):
-        got, grad = _stages(logits, targets, T, U, durations, 0, V, padded=padded)
+        got, grad = _stages(logits, targets, T, U, durations, 0, V, padded=padded, device=device)
         assert torch.isnan(got[0]) and not grad[0].any()
         torch.testing.assert_close(got[1], loss[1], rtol=1e-12, atol=1e-12)

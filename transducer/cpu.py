@@ -87,8 +87,10 @@ def _chunks(num_rows, vocab_size):
 
 
 def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None):
-    # logits2d holds the rows [row_start, row_start + num_rows) of the layout; so do lp and den (or, given
-    # as out, the full arrays are written there)
+    # logits2d holds the rows [row_start, row_start + num_rows) of the layout; given out = (lp, den) for every
+    # row of the layout, those rows of it are written (the fused joiner loss's tiles); row_start > 0 needs out
+    if row_start and out is None:
+        raise ValueError("log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, vocab_size = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
     b, t, u, is_cell, has_label, picks = _picks(layout, targets, blank, row_start, row_start + num_rows)

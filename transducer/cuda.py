@@ -79,6 +79,8 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
 
 
 def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None):
+    if row_start and out is None:
+        raise ValueError("log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
     if out is None:
@@ -296,8 +298,8 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     if smem > 48 * 1024:
         ring, smem = 0, 0
     launch(_TDT, f"tdt_alpha_beta_kernel<{ctype(lp.dtype)}>", lp, (2 * B,), (threads,),
-           (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded), i32(ring), alpha, beta, loss),
-           shared_mem=smem)
+           (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded), i32(ring), i32(max_u1), alpha,
+            beta, loss), shared_mem=smem)
     return alpha, beta, loss
 
 
@@ -324,7 +326,7 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     acc = lp.dtype
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
-            targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec),
+            targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V // vec),
             i32(blank), i32(layout.padded), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r, loss_r, scale,
             i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
             _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),

@@ -25,7 +25,7 @@ struct Durations {
 };
 
 // log(sum exp(x)) over terms pushed one at a time; -inf terms are skipped, a NaN term makes it NaN. Float
-// uses the fast exp (on the recursions' critical path, as stages.cu's log_add does), double the accurate one.
+// uses the fast exp (on the recursions' critical path, as ops/numeric.cuh's log_add does), double the accurate one.
 template <typename Acc>
 struct LogSum {
   Acc m = neg_inf<Acc>(), s = Acc(0);
@@ -111,12 +111,13 @@ __global__ void __launch_bounds__(td::kThreads)
 // [u >= 1] alpha(t - d_i, u - 1) + label(t - d_i, u - 1, i); beta the other way, with the closing blank
 // from (t, U) of duration T - t.
 // The last `ring` anti-diagonals (max duration + 2 of them: every predecessor or successor) stay in shared
-// memory, ring * (U + 1) entries, when they fit (ring > 0); else they are read back from global memory.
+// memory, ring * ring_cols entries, when the launcher could allot them (ring > 0) and the utterance fits
+// (U + 1 <= ring_cols); else they are read back from global memory.
 template <typename Acc>
 __global__ void __launch_bounds__(1024)
     tdt_alpha_beta_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
-                          const long long* __restrict__ table, int B, int padded, int ring, Acc* alpha, Acc* beta,
-                          Acc* loss) {
+                          const long long* __restrict__ table, int B, int padded, int ring, int ring_cols,
+                          Acc* alpha, Acc* beta, Acc* loss) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
@@ -141,20 +142,20 @@ __global__ void __launch_bounds__(1024)
     return;
   }
   bool nan_seen = false;
-  if (is_beta) {  // a NaN log-prob anywhere in the grid (a non-finite score) makes the loss NaN
+  if (is_beta) {  // a non-finite score anywhere in the grid makes the loss NaN: tdt_log_probs_kernel makes
+                  // every log-prob of such a row NaN, its blank entry included, so that one is read
     const FastDivmod cols = FastDivmod::make((unsigned int)(U + 1));
 #pragma unroll 1
     for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
       int t, u;
       cols.divmod(i, t, u);
       const long long c = base + (long long)t * st + u;
-      nan_seen |= lp[2 * c] != lp[2 * c] || lp[2 * c + 1] != lp[2 * c + 1];
-      for (int k = 0; k < D; ++k) nan_seen |= lp_dur[c * D + k] != lp_dur[c * D + k];
+      nan_seen |= lp[2 * c] != lp[2 * c];
     }
   }
   nan_seen = __syncthreads_or(nan_seen);
   const int steps = T + U, cols = U + 1;
-  const bool sm = ring > 0 && (long long)ring * cols * (long long)sizeof(Acc) <= 48 * 1024;
+  const bool sm = ring > 0 && cols <= ring_cols;  // shared memory holds ring x ring_cols entries
   // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
   auto at = [&](int t, int u) -> Acc {
     return sm ? S[((t + u) % ring) * cols + u] : out[base + (long long)t * st + u];
@@ -216,7 +217,7 @@ template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP>
 __global__ void __launch_bounds__(td::kThreads)
     tdt_gradient_kernel(const T* tok, const T* dur, long long ld_tok, long long ld_dur, td::Durations durs,
                         const I* __restrict__ targets, int target_cols, const long long* __restrict__ table, int B,
-                        int row_start, int num_rows, int V, int nvec, int blank, int padded,
+                        int row_start, int num_rows, int nvec, int blank, int padded,
                         const typename ops::AccOf<T>::type* __restrict__ lp,
                         const typename ops::AccOf<T>::type* __restrict__ lp_dur,
                         const typename ops::AccOf<T>::type* __restrict__ den,
@@ -280,25 +281,24 @@ __global__ void __launch_bounds__(td::kThreads)
     if (ri.u < ri.U && s < ri.T) arc_l = exp_acc(w + lp_l + beta[r + d * st + 1]);
   }
   const Acc own = arc_b + arc_l;  // B_j + L_j of this lane's duration j
-  ReduceState<Acc> sums = {arc_b, arc_l};  // (blank, label) sums over the durations, on warp 0's lanes
+  Acc sum_blank = arc_b, sum_label = arc_l;  // sums over the durations, on warp 0's lanes
   if (threadIdx.x < 32 || WPR == 1) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      sums.m += __shfl_xor_sync(0xffffffffu, sums.m, o);
-      sums.s += __shfl_xor_sync(0xffffffffu, sums.s, o);
+      sum_blank += __shfl_xor_sync(0xffffffffu, sum_blank, o);
+      sum_label += __shfl_xor_sync(0xffffffffu, sum_label, o);
     }
   }
   if (WPR > 1) {  // a block per row: warp 0 hands the sums to the others
     __shared__ Acc shared_sums[2];
     if (threadIdx.x == 0) {
-      shared_sums[0] = sums.m;
-      shared_sums[1] = sums.s;
+      shared_sums[0] = sum_blank;
+      shared_sums[1] = sum_label;
     }
     __syncthreads();
-    sums.m = shared_sums[0];
-    sums.s = shared_sums[1];
+    sum_blank = shared_sums[0];
+    sum_label = shared_sums[1];
   }
-  const Acc sum_blank = sums.m, sum_label = sums.s;
   const Acc lam = fastemit_lambda, keep = Acc(1) - omega;
   Acc factor = keep * (gamma + lam * sum_label), sub_blank = keep * sum_blank, sub_label = keep * sum_label;
   if (OMEGA) {  // the plain RNN-T loss of the token scores (log-probs lp + sigma)
