@@ -1,6 +1,8 @@
 """The fused joiner loss against the unfused composition transducer_loss(F.linear(act(pack(...)))), on
 every device: float64 exactness, gradcheck, float32, bf16 autocast, tiles that split utterances."""
 
+import math
+
 import pytest
 import torch
 import torch._dynamo
@@ -191,6 +193,10 @@ def _bad(**change):
     (dict(durations=[0, 1], delay_penalty=0.1), ValueError, "durations: TDT has no"),
     (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(sigma=0.1), ValueError, "sigma, omega: TDT options; pass durations too"),
+    (dict(durations=[0, 1], sigma=math.inf), ValueError, "sigma: expected a finite number"),
+    (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
+    (dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)), ValueError, "encoder_out: expected at least one"),
+    (dict(delay_penalty=math.inf), ValueError, "delay_penalty: expected a finite number"),
     (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[0, 15\) \(the token rows"),
 ])
 def test_bad_input(change, error, match):
@@ -289,3 +295,20 @@ def test_stages_need_out_for_a_tile(device):
         stages.log_probs(x[:, :5].contiguous(), targets, layout, 0, False, 0.0, 2)
     with pytest.raises(ValueError, match="row_start > 0 needs out"):
         stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, 0, 0.0, 2)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(sigma=0.5), ValueError, "sigma, omega: TDT options; pass durations too"),
+    (dict(durations=[0, 1], omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
+    (dict(durations=[0, 1], sigma="x"), TypeError, "sigma: expected a number"),
+    (dict(durations=[0, 1], one_sym_per_frame=True), ValueError, "durations: TDT has no one_sym_per_frame"),
+    (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
+    (dict(activation="gelu"), ValueError, "activation: expected one of"),
+    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+    (dict(blank=6), ValueError, r"blank: expected an int in \[0, 6\)"),
+    (dict(fastemit_lambda=-1.0), ValueError, "fastemit_lambda: expected a number >= 0"),
+])
+def test_module_bad_options(kwargs, error, match):
+    """FusedJoinerLoss checks its options when built, with the messages of fused_joiner_loss."""
+    with pytest.raises(error, match=match):
+        FusedJoinerLoss(8, 6, **kwargs)

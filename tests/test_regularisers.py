@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from _batches import DEVICES, compact, random_batch
-from transducer import rnnt_loss, transducer_loss, transducer_loss_reference
+from transducer import RNNTLoss, rnnt_loss, transducer_loss, transducer_loss_reference
 
 
 def to(device, *tensors):
@@ -147,6 +147,8 @@ def test_rnnt_loss_matches_torchaudio_cpu(device):
     (dict(fastemit_lambda=math.nan), TypeError, "fastemit_lambda: expected a number"),
     (dict(delay_penalty=None), TypeError, "delay_penalty: expected a number"),
     (dict(delay_penalty=True), TypeError, "delay_penalty: expected a number"),
+    (dict(delay_penalty=-math.inf), ValueError, "delay_penalty: expected a finite number"),
+    (dict(fastemit_lambda=math.inf), ValueError, "fastemit_lambda: expected a number >= 0, and finite"),
 ])
 def test_bad_regulariser_options(kwargs, error, match):
     logits, targets, T, U, _ = ragged_batch(72)
@@ -158,6 +160,8 @@ def test_rnnt_loss_bad_blank():
     logits, targets, T, U, _ = ragged_batch(73)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=9)
+    with pytest.raises(ValueError, match="blank: expected an int, got 1.5"):
+        RNNTLoss(blank=1.5)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=-10)
 

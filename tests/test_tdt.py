@@ -138,6 +138,9 @@ def test_module_and_opcheck(device):
     assert "durations=[0, 1, 2, 3]" in repr(m)
     op_args = (x.clone().requires_grad_(), None, *args, 9, durations, 0, 0.02, 0.2, 0.1, -1.0, True)
     torch.library.opcheck(torch.ops.transducer.tdt_loss.default, op_args)
+    # omega = 0 (the default): the RNN-T outputs are empty, and must not alias each other
+    op_args = op_args[:8] + (0.0,) + op_args[9:]
+    torch.library.opcheck(torch.ops.transducer.tdt_loss.default, op_args)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -147,17 +150,19 @@ def test_compile_fullgraph(device):
     x = logits.to(device)
     args = (targets.to(device), T.to(device), U.to(device))
 
-    def f(x):
-        return tdt_loss(linear(x), *args, [0, 1, 2, 3], sigma=0.05, omega=0.1)
+    for omega in (0.1, 0.0):
+        def f(x):
+            return tdt_loss(linear(x), *args, [0, 1, 2, 3], sigma=0.05, omega=omega)
 
-    explained = torch._dynamo.explain(f)(x)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    want = f(x)
-    want_grad = torch.autograd.grad(want, linear.weight)[0]
-    torch._dynamo.reset()
-    got = torch.compile(f, fullgraph=True)(x)
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(torch.autograd.grad(got, linear.weight)[0], want_grad)
+        explained = torch._dynamo.explain(f)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+        want = f(x)
+        want_grad = torch.autograd.grad(want, linear.weight)[0]
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True)(x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got, linear.weight)[0], want_grad)
+        torch._dynamo.reset()
 
 
 def _bad(**change):
@@ -176,6 +181,14 @@ def _bad(**change):
     (dict(blank=9), ValueError, r"blank: expected an int in \[0, 9\)"),
     (dict(omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(sigma="a"), TypeError, "sigma: expected a number"),
+    (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
+    (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
+    (dict(omega="0.1"), TypeError, "omega: expected a number"),
+    (dict(durations=3), ValueError, "durations: durations must be a sequence of ints"),
+    (dict(durations=[0, 1.5]), ValueError, "durations: durations must be ints"),
+    (dict(fastemit_lambda=math.inf), ValueError, "fastemit_lambda: expected a number >= 0, and finite"),
+    (dict(duration_logits=torch.zeros(5, 7, 4, 4, dtype=torch.float32)), TypeError, "duration_logits: expected dtype"),
+    (dict(duration_logits=[0.0]), TypeError, "duration_logits: expected a torch.Tensor"),
     (dict(duration_logits=torch.zeros(5, 7, 4, 3, dtype=torch.float64)), ValueError, "duration_logits: expected shape"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(target_lengths=torch.tensor([3, 0, 0, 1, 9])), ValueError, "target_lengths: U_b = 9 exceeds"),
@@ -184,3 +197,27 @@ def _bad(**change):
 def test_bad_input(change, error, match):
     with pytest.raises(error, match=match):
         _bad(**change)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(durations=[1, 1]), ValueError, "durations: durations must be distinct"),
+    (dict(sigma="x"), TypeError, "sigma: expected a number"),
+    (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
+    (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
+    (dict(omega="x"), TypeError, "omega: expected a number"),
+    (dict(blank=-1), ValueError, "blank: expected a non-negative int"),
+    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+    (dict(clamp="x"), TypeError, "clamp: expected a number"),
+])
+def test_module_bad_options(kwargs, error, match):
+    """TDTLoss checks its options when built, with the messages of tdt_loss."""
+    kwargs = dict(dict(durations=[0, 1, 2]), **kwargs)
+    with pytest.raises(error, match=match):
+        TDTLoss(**kwargs)
+
+
+@pytest.mark.cuda
+def test_at_most_16_durations_on_cuda():
+    logits, targets, T, U, _ = tdt_batch(670, V=5, durations=list(range(17)))
+    with pytest.raises(ValueError, match="durations: at most 16 on CUDA, got 17"):
+        tdt_loss(logits.cuda(), targets.cuda(), T.cuda(), U.cuda(), list(range(17)))

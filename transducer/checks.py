@@ -1,6 +1,7 @@
 """Argument checks shared by the loss, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
+import math
 import operator
 
 import torch
@@ -10,7 +11,13 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 from .layout import CELLS_CAP, MAX_ROWS
 
 __all__ = ["check_tensor", "check_batch", "is_index", "stages_for", "check_loss_values", "check_pack_values",
-           "check_durations", "FLOAT_DTYPES", "INDEX_DTYPES"]
+           "check_durations", "check_rows", "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES",
+           "INDEX_DTYPES", "REDUCTIONS", "MAX_DURATIONS"]
+
+REDUCTIONS = ("none", "sum", "mean")
+#: Durations a TDT loss may have on CUDA (transducer/tdt.cu's kMaxDurations: a row's durations are lanes
+#: of one warp, and tdt.cu's struct Durations holds them by value).
+MAX_DURATIONS = 16
 
 
 def check_tensor(name, x, dtypes, ndim, device):
@@ -121,3 +128,51 @@ def check_durations(durations, num_durations=None):
     if num_durations is not None and len(ds) != num_durations:
         raise ValueError(f"{len(ds)} durations for {num_durations} duration columns")
     return ds
+
+
+def check_rows(logits):
+    """At most MAX_ROWS rows (cells, padding included) in compact or padded logits: rows are int32 in the
+    kernels."""
+    rows = logits.numel() // logits.size(-1)
+    if rows > MAX_ROWS:
+        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
+                         f"{tuple(logits.shape)} with {rows} rows")
+
+
+def check_reduction(reduction):
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
+
+
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise TypeError(f"{name}: expected a number, got {value!r}")
+
+
+def check_options(clamp, fastemit_lambda, delay_penalty):
+    """The gradient options of every loss: clamp a number (<= 0: off, inf allowed), fastemit_lambda a finite
+    number >= 0, delay_penalty a finite number."""
+    for name, value in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda), ("delay_penalty", delay_penalty)):
+        _number(name, value)
+    if not 0 <= fastemit_lambda < math.inf:
+        raise ValueError(f"fastemit_lambda: expected a number >= 0, and finite, got {fastemit_lambda!r}")
+    if not math.isfinite(delay_penalty):
+        raise ValueError(f"delay_penalty: expected a finite number, got {delay_penalty!r}")
+
+
+def check_tdt_options(durations, sigma, omega, device=None):
+    """TDT's options: the durations as a list (see check_durations; at most MAX_DURATIONS on CUDA), sigma a
+    finite number, omega a number in [0, 1)."""
+    try:
+        durations = list(check_durations(durations))
+    except ValueError as e:
+        raise ValueError(f"durations: {e}") from None
+    if device is not None and device.type == "cuda" and len(durations) > MAX_DURATIONS:
+        raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
+    for name, value in (("sigma", sigma), ("omega", omega)):
+        _number(name, value)
+    if not math.isfinite(sigma):
+        raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
+    if not 0 <= omega < 1:
+        raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
+    return durations

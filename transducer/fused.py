@@ -23,7 +23,6 @@ forward and one in backward.
 """
 
 import bisect
-import math
 import operator
 from typing import List, Optional, Tuple
 
@@ -33,10 +32,11 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_durations, check_tensor, is_index, stages_for
-from .layout import CELLS_CAP, MAX_ROWS, NUM_STATS, Layout
+from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_options, check_reduction, check_tdt_options, check_tensor,
+                     is_index, stages_for)
+from .layout import MAX_ROWS, NUM_STATS, Layout
 from .library import Op
-from .loss import _REDUCTIONS, _check_options, _reduce
+from .loss import _reduce
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
@@ -72,7 +72,7 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, 
     if u_min < 0 or u_max + 1 > predictor_out.size(1) or u_max > targets.size(1):
         raise ValueError(f"target_lengths: expected values in [0, {min(predictor_out.size(1) - 1, targets.size(1))}] "
                          f"(predictor_out.size(1) - 1 and targets.size(1)), got [{u_min}, {u_max}]")
-    if cells >= CELLS_CAP or cells > MAX_ROWS:
+    if cells > MAX_ROWS:  # a saturated count (CELLS_CAP) is larger too
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
                          f"supported")
     if bad:
@@ -121,10 +121,11 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     alpha_r, beta_r, rnnt_nll, tdt_nll = new(0), new(0), new(0), new(0)  # outputs may not alias each other
     if tdt:
         alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
-        nll = tdt_nll.clone()
         if omega:
             alpha_r, beta_r, rnnt_nll = stages.alpha_beta(lp + sigma, layout, False)
             nll = (1 - omega) * tdt_nll + omega * rnnt_nll
+        else:
+            nll = tdt_nll.clone()  # outputs may not alias
     else:
         alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
     for x in (alpha, beta, alpha_r, beta_r):
@@ -237,6 +238,25 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
             weight.new_empty(weight.size(0)))
 
 
+def _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda, delay_penalty,
+                   durations, sigma, omega, device=None):
+    """The options of fused_joiner_loss and FusedJoinerLoss; the durations as a list, or None (not TDT)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    check_reduction(reduction)
+    check_options(clamp, fastemit_lambda, delay_penalty)
+    if max_rows is not None and (not is_index(max_rows) or operator.index(max_rows) < 1):
+        raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
+    if durations is None:
+        if sigma or omega:
+            raise ValueError("sigma, omega: TDT options; pass durations too")
+        return None
+    durations = check_tdt_options(durations, sigma, omega, device)
+    if one_sym_per_frame or delay_penalty:
+        raise ValueError("durations: TDT has no one_sym_per_frame or delay_penalty option")
+    return durations
+
+
 def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
                       activation="tanh", blank=0, reduction="mean", one_sym_per_frame=False, zero_infinity=False,
                       check_inputs=True, max_rows=None, clamp=-1.0, fastemit_lambda=0.0, delay_penalty=0.0,
@@ -289,22 +309,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
     B, _, J = encoder_out.shape
     V = weight.size(0)  # the token columns and, with durations, the duration columns
-    if durations is not None:
-        try:
-            durations = list(check_durations(durations))
-        except ValueError as e:
-            raise ValueError(f"durations: {e}") from None
-        if device.type == "cuda" and len(durations) > 16:
-            raise ValueError(f"durations: at most 16 on CUDA, got {len(durations)}")
-        if one_sym_per_frame or delay_penalty:
-            raise ValueError("durations: TDT has no one_sym_per_frame or delay_penalty option")
-        for name, value in (("sigma", sigma), ("omega", omega)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                raise TypeError(f"{name}: expected a number, got {value!r}")
-        if not 0 <= omega < 1:
-            raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
-    elif sigma or omega:
-        raise ValueError("sigma, omega: TDT options; pass durations too")
+    durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda,
+                               delay_penalty, durations, sigma, omega, device)
     D = len(durations or [])
     if weight.size(0) - D < 2:
         raise ValueError(f"weight: expected at least 2 token rows{' before the ' + str(D) + ' duration rows' if D else ''}, "
@@ -321,20 +327,13 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
         if x.size(0) != B:
             raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape {tuple(x.shape)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     if not is_index(blank) or not 0 <= operator.index(blank) < V - D:
         raise ValueError(f"blank: expected an int in [0, {V - D}) (the token rows of weight), got {blank!r}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-    _check_options(clamp, fastemit_lambda, delay_penalty)
     compute_dtype = encoder_out.dtype
     if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
         compute_dtype = torch.get_autocast_dtype(device.type)
     if max_rows is None:
         max_rows = default_max_rows(J, V, torch.finfo(compute_dtype).bits // 8, device.type)
-    elif not is_index(max_rows) or operator.index(max_rows) < 1:
-        raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
               target_lengths, activation, operator.index(blank), bool(one_sym_per_frame), bool(check_inputs),
               float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows),
@@ -368,21 +367,12 @@ class FusedJoinerLoss(torch.nn.Module):
                  fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0, device=None,
                  dtype=None):
         super().__init__()
-        if durations is not None:
-            try:
-                durations = list(check_durations(durations))
-            except ValueError as e:
-                raise ValueError(f"durations: {e}") from None
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+        durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda,
+                                   delay_penalty, durations, sigma, omega)
         if not is_index(blank) or not 0 <= operator.index(blank) < vocab_size:
             raise ValueError(f"blank: expected an int in [0, {vocab_size}), got {blank!r}")
-        _check_options(clamp, fastemit_lambda, delay_penalty)
         self.output = torch.nn.Linear(joiner_dim, vocab_size + len(durations or []), bias=bias, device=device,
                                       dtype=dtype)
-        self.activation = activation
         self.options = dict(activation=activation, blank=operator.index(blank), reduction=reduction,
                             one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
                             check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
@@ -396,8 +386,8 @@ class FusedJoinerLoss(torch.nn.Module):
 
     def logits(self, encoder_out, predictor_out):
         """``output(act(encoder_out + predictor_out))`` with broadcasting, for decoding."""
-        h = encoder_out + predictor_out
-        h = torch.tanh(h) if self.activation == "tanh" else torch.relu(h) if self.activation == "relu" else h
+        h, activation = encoder_out + predictor_out, self.options["activation"]
+        h = torch.tanh(h) if activation == "tanh" else torch.relu(h) if activation == "relu" else h
         return self.output(h)
 
     def extra_repr(self):

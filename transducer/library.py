@@ -28,19 +28,20 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import check_loss_values, check_pack_values, stages_for
-from .layout import MAX_ROWS, NUM_STATS, Layout
+from .checks import check_loss_values, check_pack_values, check_rows, stages_for
+from .layout import NUM_STATS, Layout
 
 __all__ = ["Op", "loss", "pack", "make_layout"]
 
 
-def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False):
-    """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits (one launch on CUDA, no sync)."""
+def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None):
+    """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits (one launch on CUDA, no sync);
+    labels are checked against ``vocab_size`` (default: logits.size(-1))."""
     padded = logits.dim() == 4
     return stages_for(logits.device).layout(logit_lengths, target_lengths,
                                             logits.size(2) if padded else targets.size(1) + 1,
-                                            logits.size(1) if padded else 0, targets, logits.size(-1), blank,
-                                            with_stats)
+                                            logits.size(1) if padded else 0, targets,
+                                            logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats)
 
 
 def _read_stats(layout):
@@ -101,10 +102,7 @@ def _loss_forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target
                   one_sym_per_frame: bool, from_log_softmax: bool, check_inputs: bool, delay_penalty: float,
                   fastemit_lambda: float, clamp: float, inplace_grad: bool
                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    rows = logits.numel() // logits.size(-1)
-    if rows > MAX_ROWS:  # here, not in the Python caller: under torch.compile the rows may be symbolic
-        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
-                         f"{tuple(logits.shape)} with {rows} rows")
+    check_rows(logits)  # here, not in the Python caller: under torch.compile the rows may be symbolic
     stages = stages_for(logits.device)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
     read = _read_stats(layout) if check_inputs else None

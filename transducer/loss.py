@@ -6,15 +6,12 @@ makes logits and targets contiguous where autograd sees the copy, and reduces th
 losses with plain torch ops, so that torch.compile traces all of it.
 """
 
-import math
 import operator
 
 import torch
 
 from . import library
-from .checks import FLOAT_DTYPES, check_batch, check_tensor, is_index
-
-_REDUCTIONS = ("none", "sum", "mean")
+from .checks import FLOAT_DTYPES, check_batch, check_options, check_reduction, check_tensor, is_index
 
 
 def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp, fastemit_lambda,
@@ -24,17 +21,8 @@ def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, redu
     V = logits.size(-1)
     if not is_index(blank) or not 0 <= operator.index(blank) < V:
         raise ValueError(f"blank: expected an int in [0, {V}) (the vocabulary size is logits.size(-1)), got {blank!r}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-    _check_options(clamp, fastemit_lambda, delay_penalty)
-
-
-def _check_options(clamp, fastemit_lambda, delay_penalty):
-    for name, value in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda), ("delay_penalty", delay_penalty)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise TypeError(f"{name}: expected a number, got {value!r}")
-    if fastemit_lambda < 0:
-        raise ValueError(f"fastemit_lambda: expected a number >= 0, got {fastemit_lambda!r}")
+    check_reduction(reduction)
+    check_options(clamp, fastemit_lambda, delay_penalty)
 
 
 def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, reduction="mean",
@@ -118,11 +106,10 @@ class TransducerLoss(torch.nn.Module):
                  zero_infinity=False, check_inputs=True, inplace_grad=False, clamp=-1.0, fastemit_lambda=0.0,
                  delay_penalty=0.0):
         super().__init__()
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+        check_reduction(reduction)
         if not is_index(blank) or operator.index(blank) < 0:
             raise ValueError(f"blank: expected a non-negative int, got {blank!r}")
-        _check_options(clamp, fastemit_lambda, delay_penalty)
+        check_options(clamp, fastemit_lambda, delay_penalty)
         self.blank = operator.index(blank)
         self.reduction = reduction
         self.one_sym_per_frame = one_sym_per_frame
@@ -194,11 +181,10 @@ class RNNTLoss(torch.nn.Module):
     def __init__(self, blank=-1, clamp=-1.0, reduction="mean", fused_log_softmax=True, *, fastemit_lambda=0.0,
                  delay_penalty=0.0):
         super().__init__()
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+        check_reduction(reduction)
         if not is_index(blank):
             raise ValueError(f"blank: expected an int, got {blank!r}")
-        _check_options(clamp, fastemit_lambda, delay_penalty)
+        check_options(clamp, fastemit_lambda, delay_penalty)
         self.blank = operator.index(blank)
         self.clamp = clamp
         self.reduction = reduction

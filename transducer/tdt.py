@@ -1,9 +1,9 @@
 """The Token-and-Duration Transducer (TDT) loss (Xu et al., ICML 2023, arXiv 2304.06795; NeMo's semantics):
 the functional form, the module, and the registered op ``transducer::tdt_loss`` (with its backward
-``transducer::tdt_loss_backward``; a ``library.Op``: an eager path skips the op's Python layers). The stages: the TDT part of transducer/cpu.py (the math) and transducer/tdt.cu.
+``transducer::tdt_loss_backward``; a ``library.Op``: an eager path skips the op's Python layers). The
+stages: the TDT part of transducer/cpu.py (the math) and transducer/tdt.cu.
 """
 
-import math
 import operator
 from typing import List, Optional, Tuple
 
@@ -12,20 +12,13 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import (FLOAT_DTYPES, check_batch, check_durations, check_loss_values, check_tensor, is_index,
-                     stages_for)
-from .layout import MAX_ROWS, NUM_STATS, Layout
-from .library import Op
-from .loss import _REDUCTIONS, _check_options, _reduce
+from .checks import (FLOAT_DTYPES, check_batch, check_loss_values, check_options, check_reduction, check_rows,
+                     check_tdt_options, check_tensor, is_index, stages_for)
+from .layout import NUM_STATS, Layout
+from .library import Op, make_layout
+from .loss import _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
-
-
-def _layout(logits, targets, logit_lengths, target_lengths, vocab_size, blank, with_stats):
-    padded = logits.dim() == 4
-    return stages_for(logits.device).layout(logit_lengths, target_lengths,
-                                            logits.size(2) if padded else targets.size(1) + 1,
-                                            logits.size(1) if padded else 0, targets, vocab_size, blank, with_stats)
 
 
 def _heads(logits, duration_logits, vocab_size):
@@ -42,20 +35,15 @@ def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Ten
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll); the last three are empty
     when omega == 0."""
-    rows = logits.numel() // logits.size(-1)
-    if rows > MAX_ROWS:
-        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
-                         f"{tuple(logits.shape)} with {rows} rows")
+    check_rows(logits)
     stages = stages_for(logits.device)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
-    layout = _layout(logits, targets, logit_lengths, target_lengths, vocab_size, blank, check_inputs)
+    layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs, vocab_size)
     if check_inputs:  # the CPU stages and the CUDA sizes need valid values: one small read
         check_loss_values(logits[..., :vocab_size], targets, layout.stats.tolist(), blank)
     lp, lp_dur, den = stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma)
     alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
-    empty = lp.new_empty(0)
-    alpha_r = beta_r = rnnt_nll = empty
-    nll = tdt_nll
+    alpha_r, beta_r, rnnt_nll = lp.new_empty(0), lp.new_empty(0), lp.new_empty(0)  # outputs may not alias
     if omega:
         alpha_r, beta_r, rnnt_nll = stages.alpha_beta(lp + sigma, layout, False)
         nll = (1 - omega) * tdt_nll + omega * rnnt_nll
@@ -137,7 +125,7 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
         logit_lengths: ``(B,)`` int32 / int64, ``T_b >= 1``.
         target_lengths: ``(B,)`` int32 / int64, ``U_b >= 0``.
         durations: the D durations (frames a symbol covers): distinct ints >= 0, at least one >= 1 (a blank
-            must advance time), at most 16 on CUDA. Default none: required.
+            must advance time), at most 16 (``checks.MAX_DURATIONS``) on CUDA. Default none: required.
         blank: index of blank among the token columns, in ``[0, V)``. Default 0.
         sigma: logit under-normalisation: token log-probs are log_softmax(tokens) - sigma. Default 0.
         omega: the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain RNN-T loss of the token
@@ -168,10 +156,7 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     device = logits.device
-    try:
-        durations = list(check_durations(durations))
-    except ValueError as e:
-        raise ValueError(f"durations: {e}") from None
+    durations = check_tdt_options(durations, sigma, omega, device)
     D = len(durations)
     if duration_logits is None:
         V = logits.size(-1) - D
@@ -184,19 +169,11 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
     if V < 2:
         raise ValueError(f"logits: expected at least 2 token columns{' before the ' + str(D) + ' duration columns' if duration_logits is None else ''}, "
                          f"got shape {tuple(logits.shape)}")
-    if device.type == "cuda" and D > 16:
-        raise ValueError(f"durations: at most 16 on CUDA, got {D}")
     check_batch(logits, targets, logit_lengths, target_lengths)
     if not is_index(blank) or not 0 <= operator.index(blank) < V:
         raise ValueError(f"blank: expected an int in [0, {V}) (the token columns), got {blank!r}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-    for name, value in (("sigma", sigma), ("omega", omega)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise TypeError(f"{name}: expected a number, got {value!r}")
-    if not 0 <= omega < 1:
-        raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
-    _check_options(clamp, fastemit_lambda, 0.0)
+    check_reduction(reduction)
+    check_options(clamp, fastemit_lambda, 0.0)
     inputs = (logits.contiguous(), None if duration_logits is None else duration_logits.contiguous(),
               targets.contiguous(), logit_lengths, target_lengths, V, durations, operator.index(blank), float(sigma),
               float(omega), float(fastemit_lambda), float(clamp), bool(check_inputs))
@@ -210,17 +187,11 @@ class TDTLoss(torch.nn.Module):
     def __init__(self, durations, blank=0, sigma=0.0, omega=0.0, reduction="mean", fastemit_lambda=0.0,
                  clamp=-1.0, zero_infinity=False, check_inputs=True):
         super().__init__()
-        try:
-            self.durations = list(check_durations(durations))
-        except ValueError as e:
-            raise ValueError(f"durations: {e}") from None
+        self.durations = check_tdt_options(durations, sigma, omega)
         if not is_index(blank) or operator.index(blank) < 0:
             raise ValueError(f"blank: expected a non-negative int, got {blank!r}")
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-        if not isinstance(omega, (int, float)) or isinstance(omega, bool) or not 0 <= omega < 1:
-            raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
-        _check_options(clamp, fastemit_lambda, 0.0)
+        check_reduction(reduction)
+        check_options(clamp, fastemit_lambda, 0.0)
         self.options = dict(blank=operator.index(blank), sigma=sigma, omega=omega, reduction=reduction,
                             fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity,
                             check_inputs=check_inputs)
