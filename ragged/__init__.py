@@ -5,11 +5,12 @@
   encodings of a ragged shape (k2's RowSplitsToRowIds / RowIdsToRowSplits);
 - ``ROW_IDS_METHODS``: the CUDA kernels of row_splits_to_row_ids, "binary_search" and
   "merge_path" (moderngpu's load-balancing search);
+- ``row_of(row_splits, elems)``: the row of some elements (torch), without every row_id;
 - ``RaggedShape``: a two-axis ragged shape, row_ids computed lazily;
 - the device header ``ragged/row_ids.cuh`` (``row_of``, ``merge_path``, ``load_balance_tile``),
   included by kernels with ``-I`` + ``ops.cuda_include_dir()``.
 """
 
-from .shape import ROW_IDS_METHODS, RaggedShape, row_ids_to_row_splits, row_splits_to_row_ids
+from .shape import ROW_IDS_METHODS, RaggedShape, row_ids_to_row_splits, row_of, row_splits_to_row_ids
 
-__all__ = ["RaggedShape", "row_ids_to_row_splits", "row_splits_to_row_ids", "ROW_IDS_METHODS"]
+__all__ = ["RaggedShape", "row_ids_to_row_splits", "row_of", "row_splits_to_row_ids", "ROW_IDS_METHODS"]

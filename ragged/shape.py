@@ -115,6 +115,14 @@ def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=Tr
     return np.repeat(np.arange(num_rows, dtype=out_dtype), sizes)
 
 
+def row_of(row_splits, elems):
+    """The row of each element index in ``elems`` (torch int64 tensors): the r with
+    ``row_splits[r] <= e < row_splits[r + 1]`` (past empty rows), as row_splits_to_row_ids(row_splits)[elems]
+    but in O(len(elems) log num_rows), without the row_ids of every element. The host twin of
+    ``ragged/row_ids.cuh``'s row_of (upper bound - 1). ``elems`` must lie in [0, row_splits[-1]): unchecked."""
+    return torch.searchsorted(row_splits, elems, right=True) - 1
+
+
 def row_ids_to_row_splits(row_ids, num_rows, *, dtype=None, validate=True):
     """row_splits (num_rows + 1,) from nondecreasing row_ids in [0, num_rows).
 

@@ -47,6 +47,20 @@ def test_round_trip_numpy_and_torch(seed):
             assert ragged.row_ids_to_row_splits(tid, num_rows, dtype=torch.int64).dtype == torch.int64
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_row_of_a_range_equals_a_slice_of_row_ids(seed):
+    rng = np.random.default_rng(seed)
+    sizes = _random_sizes(rng, 40)
+    sizes[0] = sizes[-1] = 0  # leading and trailing empty rows
+    row_splits = torch.tensor(np.concatenate([[0], np.cumsum(sizes)]))
+    n = int(row_splits[-1])
+    start, end = sorted(rng.integers(0, n + 1, 2))
+    elems = torch.arange(int(start), int(end))
+    got = ragged.row_of(row_splits, elems)
+    np.testing.assert_array_equal(got.numpy(), _naive_row_ids(row_splits.numpy())[start:end])
+    np.testing.assert_array_equal(ragged.row_of(row_splits, torch.arange(n)).numpy(), _naive_row_ids(row_splits))
+
+
 def test_trailing_and_leading_empty_rows():
     rs = np.array([0, 0, 0, 3, 3, 4, 4, 4])
     np.testing.assert_array_equal(ragged.row_splits_to_row_ids(rs), [2, 2, 2, 4])

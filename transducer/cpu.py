@@ -11,7 +11,7 @@ import math
 import torch
 
 from ops import FastDivmod, accumulate_dtype, gather, reduce
-from ragged import row_splits_to_row_ids
+from ragged import row_of
 
 from .checks import check_durations
 from .layout import CELLS_CAP, Layout
@@ -51,8 +51,9 @@ def _coordinates(layout, start=0, end=None):
     """(b, t, u) of the rows [start, end) of the layout (end: all), as int64 tensors:
     row = row_splits[b] + t * row_strides[b] + u."""
     row_splits = layout.row_splits
-    b = row_splits_to_row_ids(row_splits, int(row_splits[-1]), validate=False)[start:end]
-    local = torch.arange(start, start + b.numel()) - row_splits[b]
+    rows = torch.arange(start, int(row_splits[-1]) if end is None else end)
+    b = row_of(row_splits, rows)  # only this range's rows: the fused loss's tiles call this once each
+    local = rows - row_splits[b]
     t, u = FastDivmod(layout.row_strides[b]).divmod(local, check=False)
     return b, t, u
 
@@ -80,6 +81,12 @@ def _picks(layout, targets, blank, start, end):
     return b, t, u, is_cell, has_label, picks
 
 
+def _non_finite(rows, den):
+    """Rows holding a NaN or an infinite value, given their logsumexp ``den``: NaN or +inf make den
+    non-finite, -inf (or NaN) makes the row's min so; cheaper than a pass of isfinite over the rows."""
+    return ~(torch.isfinite(den) & torch.isfinite(rows.amin(dim=1)))
+
+
 def _chunks(num_rows, vocab_size):
     step = max(1, _CHUNK_ELEMENTS // max(vocab_size, 1))
     for start in range(0, num_rows, step):
@@ -102,7 +109,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
         if not from_log_softmax:
             den[start:end] = reduce(rows, axis=-1, op="logsumexp")
             # a NaN or infinite logit makes the row's den, so its log-probs and the loss, NaN (as on CUDA)
-            den[start:end].masked_fill_(~torch.isfinite(rows).all(dim=1), math.nan)
+            den[start:end].masked_fill_(_non_finite(rows, den[start:end]), math.nan)
         lp[start:end] = picked - den[start:end, None]
     if delay_penalty:  # k2's delay penalty on the label log-probs: delay_penalty * ((T_b - 1) / 2 - t)
         lp[:, 1] += delay_penalty * ((layout.logit_lengths[b] - 1).to(acc) * 0.5 - t)
@@ -167,10 +174,11 @@ def alpha_beta(lp, layout, one_sym_per_frame):
     return alpha_rows, beta_rows, loss
 
 
-def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame, start, end):
+def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_frame, start, end, cells=None):
     """For the rows [start, end): the cell's posterior and the posteriors of its blank and label arcs (zero
-    off the utterances that get a gradient). lp, alpha and beta hold every row of the layout."""
-    b, t, u, is_cell = _cells(layout, start, end)
+    off the utterances that get a gradient). lp, alpha and beta hold every row of the layout; ``cells``:
+    _cells(layout, start, end) when the caller has them."""
+    b, t, u, is_cell = _cells(layout, start, end) if cells is None else cells
     T, U, stride = layout.logit_lengths[b], layout.target_lengths[b], layout.row_strides[b]
     row = torch.arange(start, end)
     last = lp.size(0) - 1
@@ -302,8 +310,8 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
         tokens, durs = tokens2d[start:end], durations2d[start:end]
         den[start:end, 0] = reduce(tokens, axis=-1, op="logsumexp")
         den[start:end, 1] = reduce(durs, axis=-1, op="logsumexp")
-        finite = torch.isfinite(tokens).all(dim=1, keepdim=True) & torch.isfinite(durs).all(dim=1, keepdim=True)
-        den[start:end].masked_fill_(~finite, math.nan)
+        bad = _non_finite(tokens, den[start:end, 0]) | _non_finite(durs, den[start:end, 1])
+        den[start:end].masked_fill_(bad[:, None], math.nan)
         picked = gather(tokens, picks[start:end], axis=1, batch_dims=1).to(acc)
         lp[start:end] = picked - den[start:end, 0:1] - sigma
         lp_dur[start:end] = durs.to(acc) - den[start:end, 1:2]
@@ -392,10 +400,10 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     return alpha_rows, beta_rows, loss
 
 
-def _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d, start, end):
-    """For the rows [start, end): the cell posterior gamma (n,) and the posteriors of its blank and label arcs
-    per duration (n, D), zero off ``live`` rows."""
-    b, t, u, _ = _cells(layout, start, end)
+def _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d, start, end, cells):
+    """For the rows [start, end) (``cells`` = _cells(layout, start, end)): the cell posterior gamma (n,) and
+    the posteriors of its blank and label arcs per duration (n, D), zero off ``live`` rows."""
+    b, t, u, _ = cells
     T, U, stride = layout.logit_lengths[b], layout.target_lengths[b], layout.row_strides[b]
     last = beta.size(0) - 1
     row = torch.arange(start, end)
@@ -447,10 +455,11 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     lam = float(fastemit_lambda)
     for local, local_end in _chunks(num_rows, V + len(ds)):
         start, end = row_start + local, row_start + local_end  # rows of the layout
-        b, t, u, is_cell = _cells(layout, start, end)
+        cells = _cells(layout, start, end)
+        b, t, u, is_cell = cells
         live = is_cell & ok[b]
         gamma, blank_arc, label_arc = _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d,
-                                                           start, end)
+                                                           start, end, cells)
         has_label = is_cell & (u < layout.target_lengths[b])
         labels = _labels(targets, b, u, has_label, blank)
         index = torch.arange(end - start)
@@ -463,7 +472,7 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         g_dur = q.mul_(gamma[:, None]).sub_(blank_arc).sub_(label_arc).mul_(1 - omega)
         if omega:
             gamma_r, blank_r, label_r, *_ = _gradient_coefficients(layout, lp_r, alpha_r, beta_r, loss_r, scale,
-                                                                       False, start, end)
+                                                                       False, start, end, cells)
             g_tok += p.mul_((omega * (gamma_r + lam * label_r))[:, None])
             g_tok[index, blank] -= omega * blank_r
             g_tok[index, labels] -= omega * (1 + lam) * label_r
