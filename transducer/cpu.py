@@ -250,6 +250,10 @@ def pack_backward(grad_out, layout, max_t, max_u1):
 
 def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
                       activation="identity"):
+    """Adds the rows [row_start, row_start + n) of the joiner input's gradient, grad_rows (n, J), times the
+    activation's derivative at ``hidden`` (the rows after the activation), into grad_enc (B, maxT, J) and
+    grad_pred (B, maxU+1, J): the fused loss's tiles. ``utterances`` = (first, last + 1), the utterances the
+    rows meet (the CUDA twin launches over them)."""
     B, max_t, D = grad_enc.shape
     b, t, u = _coordinates(layout, row_start, row_start + grad_rows.size(0))
     if activation == "tanh":

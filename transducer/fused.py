@@ -280,9 +280,11 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
         activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
         max_rows: rows per tile; default: tile buffers of about 224 MiB on CUDA, 16 MiB on the CPU. Memory is
-            O(sum_TU) for the loss plus O(max_rows * (2J + V)) for a tile.
+            O(B * maxT * (maxU+1)) for the loss's per-row arrays (a bound known from the shapes, so that
+            the op's outputs have static shapes) plus O(max_rows * (2J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
-            delay_penalty: as for :func:`transducer.transducer_loss`.
+            delay_penalty: as for :func:`transducer.transducer_loss`, except that sizing the tiles reads the
+            layout on the host whatever check_inputs (one transfer in forward, one in backward).
         durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
             loss TDT's (not with one_sym_per_frame or delay_penalty).
 

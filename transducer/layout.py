@@ -25,22 +25,34 @@ The stage contract, shared by ``transducer.cpu`` and ``transducer.cuda``
     otherwise. With ``with_stats``, ``Layout.stats`` holds what the value checks
     need (see ``Layout``); ``targets`` (B, S) are then checked against
     ``[0, vocab_size)`` and ``blank``.
-``log_probs(logits2d, targets, layout, blank, from_log_softmax) -> (lp, den)``
+``log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None)
+-> (lp, den)``
     lp (N, 2): lp[r, 0] = log P(blank | cell r), lp[r, 1] = log P(y_u | cell r)
-    for u < U_b (-inf for u == U_b); den (N,) = logsumexp_v logits2d[r]
-    (zeros when ``from_log_softmax``). float32, or float64 for float64 logits.
+    for u < U_b (-inf for u == U_b), plus k2's delay penalty
+    ``delay_penalty * ((T_b - 1) / 2 - t)``; den (N,) = logsumexp_v logits2d[r]
+    (zeros when ``from_log_softmax``); a NaN or infinite logit makes den NaN. float32,
+    or float64 for float64 logits. With ``row_start``, logits2d holds the rows
+    [row_start, row_start + N) of the layout and ``out`` = (lp, den) of every row
+    is written there (the fused joiner loss's tiles; row_start > 0 needs out).
 ``alpha_beta(lp, layout, one_sym_per_frame) -> (alpha, beta, loss)``
     alpha, beta (N,) in lp's dtype, -inf at unreachable cells; loss (B,) =
-    -beta(b, 0, 0), +inf where no alignment exists.
+    -beta(b, 0, 0), +inf where no alignment exists, NaN where lp has a NaN.
 ``gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
-           from_log_softmax, one_sym_per_frame, out) -> out``
+           from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0, row_start=0) -> out``
     Writes into ``out`` (N, V), logits' dtype, the gradient of
-    sum_b scale[b] * loss[b] with respect to logits2d; ``scale`` is (B,) in lp's
-    dtype, any stride (an expanded scalar is fine). Zeros on padding rows and
-    for utterances whose loss is not finite or whose scale is 0. ``out`` may be
-    ``logits2d`` itself (each element is read before it is written).
-``pack_forward(encoder_out, predictor_out, layout, num_rows)`` and
-``pack_backward(grad_out, layout, max_t, max_u1)``: see ``transducer.pack``.
+    sum_b scale[b] * loss[b] with respect to logits2d (FastEmit's ``fastemit_lambda``
+    on the label arcs; each element clamped to [-clamp, clamp] for a unit scale when
+    clamp > 0); ``scale`` is (B,) in lp's dtype, any stride (an expanded scalar is
+    fine). Zeros on padding rows and for utterances whose loss is not finite or whose
+    scale is 0. ``out`` may be ``logits2d`` itself (each element is read before it
+    is written). With ``row_start``, logits2d and out are the rows [row_start,
+    row_start + N); lp, den, alpha and beta hold every row.
+``pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity")``,
+``pack_backward(grad_out, layout, max_t, max_u1)`` and
+``pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
+activation="identity")``: see ``transducer.pack`` and ``transducer.cpu``.
+``tdt_log_probs``, ``tdt_alpha_beta``, ``tdt_gradient``: the TDT stages; the contract is
+their docstrings in ``transducer.cpu``.
 """
 
 from typing import NamedTuple
