@@ -114,6 +114,8 @@ class Transducer(nn.Module):
             raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
         if loss not in ("rnnt", "rna", "tdt"):
             raise ValueError(f"loss: expected 'rnnt', 'rna' or 'tdt', got {loss!r}")
+        if loss == "tdt" and delay_penalty:
+            raise ValueError("delay_penalty: applies to loss='rnnt' and 'rna', not 'tdt'")
         self.blank = blank
         self.joiner = joiner
         self.loss = loss

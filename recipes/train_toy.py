@@ -8,8 +8,11 @@
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
 training. The encoder (4x conv subsampling + BiLSTM or Conformer) and the
-predictor (LSTM or stateless) meet in a joiner fed through ``transducer.pack``,
-so the loss sees compact (sum_b T_b*(U_b+1), V) logits. Tokens are characters.
+predictor (LSTM or stateless) meet in a joiner; by default the joiner and the
+loss are fused (``transducer.fused_joiner_loss``: no logits in memory), and
+``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits through
+``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt`` picks the loss and the
+matching greedy decoding. Tokens are characters.
 Each epoch writes a checkpoint and a plot of train loss and dev WER to
 --exp-dir; the run ends with greedy-search WER/CER on the test set.
 """
@@ -35,6 +38,7 @@ import torch  # noqa: E402
 import asr_data  # noqa: E402
 from asr_data import BucketSampler, CharTokenizer, SpeechDataset, collate  # noqa: E402
 from asr_model import Transducer  # noqa: E402
+from transducer.checks import check_durations  # noqa: E402
 
 QUICK = dict(n_train=96, n_dev=16, n_test=16, max_words=3)
 
@@ -81,9 +85,9 @@ def build_parser():
     m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
                    help="fused (default): joiner and loss in one (transducer.fused_joiner_loss, no logits in "
                         "memory); unfused: compact logits through transducer.pack, then the loss")
-    m.add_argument("--durations", default="0,1,2,3,4", help="TDT durations (frames), comma-separated")
-    m.add_argument("--sigma", type=float, default=0.05, help="TDT logit under-normalisation")
-    m.add_argument("--omega", type=float, default=0.0, help="TDT: weight of the plain RNN-T loss, in [0, 1)")
+    m.add_argument("--durations", help="TDT durations (frames), comma-separated (default 0,1,2,3,4)")
+    m.add_argument("--sigma", type=float, help="TDT logit under-normalisation (default 0.05)")
+    m.add_argument("--omega", type=float, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default 0)")
     m.add_argument("--fastemit-lambda", type=float, default=0.0, help="FastEmit regularisation (0: off)")
     m.add_argument("--delay-penalty", type=float, default=0.0, help="k2's delay penalty, rnnt and rna (0: off)")
     t = p.add_argument_group("training")
@@ -117,7 +121,7 @@ def parse_args(argv=None):
     if a.quick:
         given = set(x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]))
         for k, v in dict(encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32, epochs=2,
-                         warmup=5, lr=3e-3, max_frames=1500).items():
+                         warmup=5, max_frames=1500).items():
             if "--" + k.replace("_", "-") not in given:
                 setattr(a, k, v)
     if a.manifest is None and (a.dev_manifest or a.test_manifest):
@@ -128,15 +132,25 @@ def parse_args(argv=None):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
         p.error("--workers, --warmup, --weight-decay and --show must be >= 0")
+    if a.rna and a.loss != "rnnt":
+        p.error(f"--rna is --loss rna; it contradicts --loss {a.loss}")
     if a.rna:
         a.loss = "rna"
+    if a.omega is not None and not 0 <= a.omega < 1:
+        p.error("--omega must be in [0, 1)")
+    if a.loss != "tdt" and (a.durations, a.sigma, a.omega) != (None, None, None):
+        p.error("--durations, --sigma and --omega apply to --loss tdt")
+    a.durations = "0,1,2,3,4" if a.durations is None else a.durations
+    a.sigma = 0.05 if a.sigma is None else a.sigma
+    a.omega = 0.0 if a.omega is None else a.omega
     try:
         a.durations = [int(d) for d in a.durations.split(",")]
     except ValueError:
         p.error(f"--durations must be comma-separated ints, got {a.durations!r}")
-    if a.loss == "tdt" and (not a.durations or min(a.durations) < 0 or max(a.durations) < 1
-                            or len(set(a.durations)) != len(a.durations)):
-        p.error(f"--durations must be distinct ints >= 0 with at least one >= 1, got {a.durations}")
+    try:
+        check_durations(a.durations)
+    except ValueError as e:
+        p.error(f"--{e}")  # "--durations must be ..."
     if not 0 <= a.omega < 1 or a.fastemit_lambda < 0:
         p.error("--omega must be in [0, 1) and --fastemit-lambda >= 0")
     if a.delay_penalty and a.loss == "tdt":

@@ -187,6 +187,30 @@ def test_short_clips_and_duration_field(tmp_path):
     assert torch.isfinite(asr_data.fbank(torch.randn(560))).all()  # two frames: the shortest clip kept
 
 
+def test_tdt_greedy_decoding_jumps_by_the_predicted_duration():
+    """With the joiner's output fixed by its bias, the hypotheses follow from the frame counts: a label with
+    duration 2 every other frame; duration 0: max_symbols labels a frame, then a forced step; blank: none."""
+    from asr_model import Transducer
+
+    torch.manual_seed(0)
+    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
+                       joiner_dim=8, loss="tdt", durations=(0, 1, 2), joiner="unfused").eval()
+    x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
+    frames = model.encoder(x, xl)[1].tolist()
+    assert frames[0] != frames[1]
+    with pytest.raises(ValueError, match="delay_penalty: applies to loss='rnnt' and 'rna', not 'tdt'"):
+        Transducer(6, num_mel_bins=8, loss="tdt", delay_penalty=0.1)
+    for token, duration, expected in ((3, 2, lambda n: (n + 1) // 2), (3, 0, lambda n: 4 * n), (0, 0, lambda n: 0)):
+        with torch.no_grad():
+            model.out.weight.zero_()
+            model.out.bias.zero_()
+            model.out.bias[token] = 10.0
+            model.out.bias[6 + duration] = 10.0
+        hyps = model.greedy_decode_tdt(x, xl, max_symbols=4)
+        assert [len(h) for h in hyps] == [expected(n) for n in frames], (token, duration)
+        assert all(set(h) <= {token} for h in hyps)
+
+
 @pytest.mark.parametrize("loss_kind", ["rnnt", "tdt"])
 def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
     from asr_model import Transducer
@@ -234,6 +258,10 @@ def test_manifest_training_run(tmp_path, capsys):
     (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
     (["--omega", "1"], "--omega must be in [0, 1)"),
     (["--loss", "tdt", "--delay-penalty", "0.1"], "--delay-penalty applies to --loss rnnt and rna"),
+    (["--sigma", "0.3"], "--durations, --sigma and --omega apply to --loss tdt"),
+    (["--loss", "rna", "--durations", "1,2"], "--durations, --sigma and --omega apply to --loss tdt"),
+    (["--loss", "tdt", "--rna"], "--rna is --loss rna; it contradicts --loss tdt"),
+    (["--loss", "tdt", "--durations", "0"], "--durations must be distinct ints >= 0 with at least one >= 1"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
