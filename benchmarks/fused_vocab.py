@@ -5,7 +5,8 @@
 
 (B, T, U, J) = (8, 200, 50, 512): 81,600 rows; V = 500, 4000, 32000; fp32 and bf16 autocast (bf16 encoder
 and predictor outputs). The step is joiner + loss (sum) + backward after one warm-up step; its peak
-extra memory is torch.cuda.max_memory_allocated above what was allocated before it (CUDA events time it).
+extra memory is torch.cuda.max_memory_allocated above what was allocated before it (CUDA events time it;
+benchmarks/tdt.py's cuda_ms).
 """
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import transducer  # noqa: E402
+from tdt import cuda_ms  # noqa: E402  (benchmarks/tdt.py: CUDA-event time and peak extra memory)
 
 
 def main(B=8, T=200, U=50, J=512):
@@ -41,17 +43,8 @@ def main(B=8, T=200, U=50, J=512):
                     loss.backward()
                     enc.grad = pred.grad = None
                     lin.zero_grad(set_to_none=True)
-                step()
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                end.record()
-                torch.cuda.synchronize()
-                extra = (torch.cuda.max_memory_allocated() - base) / 2**20
-                print(f"{prec:<5} {V:6d} {name:<8} {start.elapsed_time(end):9.2f} {extra:10.1f}", flush=True)
+                ms, extra = cuda_ms(step, warmup=1, reps=1)
+                print(f"{prec:<5} {V:6d} {name:<8} {ms:9.2f} {extra:10.1f}", flush=True)
             del enc, pred, lin
             torch.cuda.empty_cache()
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """TDT loss benchmarks (issue 15's targets): the loss alone against NeMo's TDTLossNumba and the bandwidth
-floor, a Protocol A training step against NeMo and this library's RNN-T step, and the CPU loss against the
-RNN-T CPU loss. Prints one table; benchmarks/RESULTS.md keeps the figures.
+floor, a Protocol A training step (its batches and shapes; 3 warm-up and 4 timed batches where bench.py
+times 20) against NeMo and this library's RNN-T step, unfused and fused, and the CPU loss against the RNN-T
+CPU loss. Prints one table; benchmarks/RESULTS.md keeps the figures.
 
     python benchmarks/tdt.py            # GPU machine (NeMo from ../shared/peers when importable)
     python benchmarks/tdt.py --cpu-only
@@ -64,7 +65,8 @@ def loss_alone(B=16, T=400, U=100, V=1024):
     t_copy, _ = cuda_ms(lambda: copy.copy_(rows))
     floor = 3 * rows.numel() * 4 / (2 * rows.numel() * 4 / (t_copy * 1e-3)) * 1e3
     del copy
-    out = [("TDT loss alone (16,400,100,1024+5) fp32", "bandwidth floor (3 passes)", floor, None)]
+    case = f"TDT loss alone ({B},{T},{U},{V}+{D}) fp32"
+    out = [(case, "bandwidth floor (3 passes)", floor, None)]
     for name, x in (("ours compact", rows), ("ours padded", padded)):
         x = x.detach().requires_grad_()
 
@@ -72,7 +74,7 @@ def loss_alone(B=16, T=400, U=100, V=1024):
             transducer.tdt_loss(x, y, Ts, Us, DURATIONS, sigma=0.05, reduction="sum").backward()
             x.grad = None
         ms, mb = cuda_ms(step)
-        out.append(("TDT loss alone (16,400,100,1024+5) fp32", name, ms, mb))
+        out.append((case, name, ms, mb))
     TDTLossNumba = nemo_loss()
     if TDTLossNumba is not None:
         fn = TDTLossNumba(blank=0, durations=DURATIONS, reduction="sum", sigma=0.05)
@@ -82,7 +84,7 @@ def loss_alone(B=16, T=400, U=100, V=1024):
             fn(acts=x, labels=y, act_lens=Ts, label_lens=Us).backward()
             x.grad = None
         ms, mb = cuda_ms(step)
-        out.append(("TDT loss alone (16,400,100,1024+5) fp32", "NeMo TDTLossNumba", ms, mb))
+        out.append((case, "NeMo TDTLossNumba", ms, mb))
     print(f"  (gradient size {rows.numel() * 4 / 2**20:.0f} MB)")
     return out
 
@@ -129,10 +131,7 @@ def protocol_a(batches=4, width=512, vocab=500):
                     enc.grad = pred.grad = None
                     joiner_tdt.zero_grad(set_to_none=True)
                     joiner_rnnt.zero_grad(set_to_none=True)
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                t0 = time.perf_counter()
-                ms, _ = cuda_ms(step, warmup=0, reps=1)
+                ms, _ = cuda_ms(step, warmup=0, reps=1)  # resets the peak counter before the step
                 peak = torch.cuda.max_memory_allocated() / 2**20
                 if i >= 3:
                     recs.setdefault(name, []).append((ms, peak))

@@ -153,8 +153,8 @@ def test_row_counts_beyond_32_bits():
 
 
 def bf16_bits_rn(x):
-    """transducer/common.cuh's bf16_bits_rn, the software float -> bf16 rounding used before sm_80,
-    in numpy uint32 arithmetic."""
+    """A numpy transcription of ops/numeric.cuh's bf16_bits_rn, the software float -> bf16 rounding used
+    before sm_80 (the GPU test in tests/test_cuda.py runs the device function itself)."""
     u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
