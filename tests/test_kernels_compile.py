@@ -56,13 +56,14 @@ KERNELS = {
         "pack_grad_kernel<float, float, 4, false, false, 2>", "pack_grad_kernel<double, double, 1, true, true, 1>",
     ],
     "transducer/tdt.cu": [
-        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1>", "tdt_log_probs_kernel<float, int, 1, 8>",
-        "tdt_log_probs_kernel<double, long long, 2, 1>",
+        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true>", "tdt_log_probs_kernel<float, int, 1, 8, true>",
+        "tdt_log_probs_kernel<double, long long, 2, 1, false>", "tdt_log_probs_kernel<ops::half_t, int, 8, 8, false>",
         "tdt_alpha_beta_kernel<float>", "tdt_alpha_beta_kernel<double>",
-        "tdt_gradient_kernel<ops::half_t, int, 8, 1, false, false>",
-        "tdt_gradient_kernel<ops::bf16_t, long long, 4, 8, true, true>",
-        "tdt_gradient_kernel<float, long long, 4, 1, true, false>",
-        "tdt_gradient_kernel<double, int, 1, 8, false, true>",
+        "tdt_walk_kernel<float, 8, 2>", "tdt_walk_kernel<double, 8, 4>",
+        "tdt_gradient_kernel<ops::half_t, int, 8, 1, false, false, true>",
+        "tdt_gradient_kernel<ops::bf16_t, long long, 8, 8, true, true, false>",
+        "tdt_gradient_kernel<float, long long, 4, 1, true, false, false>",
+        "tdt_gradient_kernel<double, int, 1, 8, false, true, true>",
     ],
 }
 

@@ -308,11 +308,25 @@ CONFIGS = [  # durations, sigma, omega, fastemit_lambda
 ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+# cuda's tdt_alpha_beta has two kernels: the read-ahead walk (U + 1 <= 512, D <= 8, rings in 48 KiB) and the
+# general one; "cuda-general" forces the second.
+WALKS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("cuda-general", marks=pytest.mark.cuda)]
+
+
+def _walk_device(device, monkeypatch):
+    if device == "cuda-general":
+        import transducer.cuda
+        monkeypatch.setattr(transducer.cuda, "_WALK_MAX_THREADS", 0)
+        return "cuda"
+    return device
+
+
+@pytest.mark.parametrize("device", WALKS)
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "compact"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
-def test_stages_match_reference(config, dtype, padded, device):
+def test_stages_match_reference(config, dtype, padded, device, monkeypatch):
+    device = _walk_device(device, monkeypatch)
     durations, sigma, omega, lam = CONFIGS[config]
     gen = torch.Generator().manual_seed(100 + config)
     V = 5
@@ -344,6 +358,29 @@ def test_stages_match_reference(config, dtype, padded, device):
     torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol, equal_nan=True)
     torch.testing.assert_close(grad.double(), ref_grad, rtol=tol, atol=tol)
     assert ref_grad.abs().sum() > 1.0  # a real gradient was compared
+
+
+@pytest.mark.parametrize("device", WALKS)
+@pytest.mark.parametrize("durations, max_t, max_u", [([0, 1, 2, 3, 4], 12, 5), (list(range(10)), 9, 4),
+                                                     ([0, 1, 2], 3, 600)], ids=["D5", "D10", "U600"])
+def test_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
+    """More durations than the read-ahead walk keeps (D = 10 > 8) and more labels than its block has threads
+    (U + 1 > 512): the CUDA stages fall back to the general walk, and agree with the CPU twin."""
+    device = _walk_device(device, monkeypatch)
+    gen = torch.Generator().manual_seed(18 + max_u)
+    V, blank = 6, 2
+    logits, targets, T, U = _batch(gen, 4, max_t, max_u, V, durations, blank)
+    scale = torch.rand(4, generator=gen, dtype=torch.float64) + 0.5
+    if max_u > 100:  # the reference is a Python loop over cells: the CPU twin (itself tested above) instead
+        ref, ref_grad = _stages(logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, True)
+    else:
+        ref, ref_grad = _reference(logits, targets, T, U, durations, blank, 0.05, 0.2, 0.3, scale)
+    assert torch.isfinite(ref).sum() >= 2 and ref_grad.abs().sum() > 1.0
+    for padded in (True, False):
+        loss, grad = _stages(logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded,
+                             device=device)
+        torch.testing.assert_close(loss, ref, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -62,16 +62,23 @@ __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
 }
 
 // One row of the logits, read by a group of G threads in VEC-wide vectors, kUnroll vectors in flight
-// per thread: what log_probs and gradient share. `logits` holds the rows [row_start, row_start +
+// per thread: what log_probs and gradient share. ALIGNED: every row starts on a VEC boundary (the launcher
+// checked the base and the row stride), `n` of begin() is the row's vectors. Otherwise (NeMo's TDT joint:
+// V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
+// VEC boundary and the `tail` columns after its last whole vector are one scalar each for the first
+// head + tail (< 2 VEC) threads of the row, and the vectors between them are read as when aligned. `logits` holds the rows [row_start, row_start +
 // num_rows) of the layout (all of them, or a tile of the fused joiner loss); the per-row arrays (lp,
 // den, alpha, beta) are indexed by the row of the layout. In the compact layout the first vectors are
 // loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
 // and the loads of strides, lengths and targets overlap them instead of delaying them.
-template <typename T, int VEC, int WPR>
+template <typename T, int VEC, int WPR, bool ALIGNED = true>
 struct RowPass {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
   int lane, r, nvec;  // r: the row of the layout (row_start + the row of `logits`)
+  int head = 0;       // columns before the first vector (0 when ALIGNED)
+  int col = -1;       // !ALIGNED: the column of this thread's scalar (-1: none)
+  T x;                // and its value
   long long row;      // offset of the row's first element in `logits`
   const VT* p;
   VT buf[kUnroll];
@@ -80,14 +87,23 @@ struct RowPass {
 
   // false for the threads past the last row (uniform per row, per block when WPR == 8)
   __device__ __forceinline__ bool begin(const T* logits, const long long* table, int B, int row_start, int num_rows,
-                                        int V, int nvec_, bool load_early) {
+                                        int ld, int n, bool load_early) {
     lane = threadIdx.x & (Geo::G - 1);
     const int local = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
     if (local >= num_rows) return false;
     r = row_start + local;
-    nvec = nvec_;
-    row = (long long)local * V;
-    p = reinterpret_cast<const VT*>(logits + row);
+    row = (long long)local * ld;
+    if (ALIGNED) {
+      nvec = n;
+    } else {
+      const int mis = (int)((reinterpret_cast<unsigned long long>(logits + row) / sizeof(T)) % VEC);
+      head = min(mis ? VEC - mis : 0, n);
+      nvec = (n - head) / VEC;
+      const int tail = n - head - nvec * VEC;
+      col = lane < head ? lane : (lane < head + tail ? lane + nvec * VEC : -1);
+      if (col >= 0) x = logits[row + col];
+    }
+    p = reinterpret_cast<const VT*>(logits + row + head);
     early = load_early;
     if (early) load(lane);
     ri = row_info(r, Grids{table, B});
@@ -117,6 +133,11 @@ struct RowPass {
       push<kLogSumExp, Acc, FastExp, true, VEC>(lse, x);
       lse.s += nonfinite;
     });
+    if (!ALIGNED && col >= 0) {
+      const Acc xs = to_acc(x);
+      push<kLogSumExp, Acc, FastExp, true>(lse, xs);
+      lse.s += xs - xs;
+    }
     if (WPR == 1) {
       lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
     } else {
@@ -125,6 +146,8 @@ struct RowPass {
     }
     return finish<kLogSumExp, Acc, true>(lse);
   }
+  // the row's column of element j of vector i
+  __device__ __forceinline__ int column(int i, int j) const { return head + i * VEC + j; }
   // f(i, vector) over the row's vectors, in order per thread; `loads` false: no reads (buf unused)
   template <typename F>
   __device__ __forceinline__ void for_each(bool loads, F f) {

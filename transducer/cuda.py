@@ -260,6 +260,23 @@ def _row_major(name, x):
         raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
 
 
+def _row_access(itemsize, V, rows, outs=()):
+    """(vec, aligned) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and ``outs``
+    (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte boundary;
+    else, when every output row sits at its input row's offset from one (same base offset and row
+    strides modulo 16 bytes), 16-byte vectors between a scalar head and tail per row (common.cuh's
+    RowPass<..., false>: NeMo's 1029-wide TDT rows); else the widest width that every row allows."""
+    tensors = [rows, *outs]
+    full = 16 // itemsize
+    vec = vector_width(itemsize, math.gcd(V, *(t.stride(0) for t in tensors)), tensors)
+    if vec == full:
+        return vec, True
+    if all((o.data_ptr() - rows.data_ptr()) % 16 == 0 and (o.stride(0) - rows.stride(0)) * itemsize % 16 == 0
+           for o in outs):
+        return full, False
+    return vec, True
+
+
 def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):
     _row_major("tokens2d", tokens2d)
     _row_major("durations2d", durations2d)
@@ -277,10 +294,10 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
         return out
     itemsize = tokens2d.element_size()
     ld = tokens2d.stride(0)
-    vec = vector_width(itemsize, math.gcd(V, ld), [tokens2d])
+    vec, aligned = _row_access(itemsize, V, tokens2d)
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
-    name = f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}>"
+    name = f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
             *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank), i32(layout.padded),
@@ -288,18 +305,30 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
     return out
 
 
+_WALK_MAX_DURATIONS = 8  # tdt_walk_kernel's MAXD: the cell's log-probs it keeps in registers
+_WALK_MAX_THREADS = 512  # its launch bound
+_WALK_AHEAD = 2  # steps of log-probs read ahead (figures in benchmarks/RESULTS.md)
+_SMEM_LIMIT = 48 * 1024
+
+
 def tdt_alpha_beta(lp, lp_dur, layout, durations):
     B = layout.batch_size
     alpha, beta, loss, max_u1, threads = _walk(lp, layout)
     if B == 0:
         return alpha, beta, loss
-    ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): tdt.cu keeps them in smem
-    smem = ring * max_u1 * lp.element_size()
-    if smem > 48 * 1024:
+    D, itemsize = len(durations), lp.element_size()
+    ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
+    walk_smem = ring * max_u1 * (1 + 2 * D) * itemsize  # values and alpha's arc weights
+    args = (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded))
+    if D <= _WALK_MAX_DURATIONS and max_u1 <= _WALK_MAX_THREADS and walk_smem <= _SMEM_LIMIT:
+        launch(_TDT, f"tdt_walk_kernel<{ctype(lp.dtype)}, {_WALK_MAX_DURATIONS}, {_WALK_AHEAD}>", lp, (2 * B,),
+               (threads,), args + (i32(ring), i32(max_u1), alpha, beta, loss), shared_mem=walk_smem)
+        return alpha, beta, loss
+    smem = ring * max_u1 * itemsize
+    if smem > _SMEM_LIMIT:
         ring, smem = 0, 0
     launch(_TDT, f"tdt_alpha_beta_kernel<{ctype(lp.dtype)}>", lp, (2 * B,), (threads,),
-           (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded), i32(ring), i32(max_u1), alpha,
-            beta, loss), shared_mem=smem)
+           args + (i32(ring), i32(max_u1), alpha, beta, loss), shared_mem=smem)
     return alpha, beta, loss
 
 
@@ -317,16 +346,15 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     alpha_r, beta_r, loss_r = rnnt if omega else (alpha, beta, loss)
     scale = scale.to(lp.dtype)
     itemsize = tokens2d.element_size()
-    vec = vector_width(itemsize, math.gcd(V, math.gcd(tokens2d.stride(0), out_tokens.stride(0))),
-                       [tokens2d, out_tokens])
+    vec, aligned = _row_access(itemsize, V, tokens2d, [out_tokens])
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = (f"tdt_gradient_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(omega)}, "
-            f"{_flag(clamp > 0)}>")
+            f"{_flag(clamp > 0)}, {_flag(aligned)}>")
     acc = lp.dtype
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
-            targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V // vec),
+            targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec),
             i32(blank), i32(layout.padded), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r, loss_r, scale,
             i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
             _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),

@@ -3,9 +3,10 @@
 //
 //   tdt_log_probs_kernel   one warp (or a 256-thread block) per row: the token logsumexp in one online
 //                          pass over 16-byte vectors, the D duration scores by the first lanes
-//   tdt_alpha_beta_kernel  2B blocks: alpha of utterance b in block b, its beta and loss in block B + b;
+//   tdt_walk_kernel        2B blocks: alpha of utterance b in block b, its beta and loss in block B + b;
 //                          one thread per u, one barrier per anti-diagonal (every arc of duration d moves
-//                          d or d + 1 anti-diagonals, so earlier ones are final)
+//                          d or d + 1 anti-diagonals, so earlier ones are final); log-probs read ahead
+//   tdt_alpha_beta_kernel  the same for any U + 1 and D (a block loops over u; no read-ahead)
 //   tdt_gradient_kernel    one warp (or block) per row: one read of the scores, one write of the gradient
 //
 // Token scores and duration scores are two row-major arrays with their own row strides (two views of
@@ -43,13 +44,50 @@ struct LogSum {
   __device__ __forceinline__ Acc value() const { return m == neg_inf<Acc>() || m != m ? m : m + log_acc(s); }
 };
 
+
+// What both walks below do first: -inf on the rows of utterance b that are not cells (padded layout), the
+// loss of an utterance without frames (+inf: no alignment), and for beta whether a log-prob of the grid is
+// NaN: tdt_log_probs_kernel makes every log-prob of a row with a non-finite score NaN, its blank entry
+// included, so that one is read. false (uniform over the block): T <= 0, nothing more to do.
+template <typename Acc>
+__device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Grids& g, int b, int T, int U,
+                                           bool is_beta, int padded, Acc* out, Acc* loss, bool& nan_seen) {
+  const Acc NINF = neg_inf<Acc>();
+  const long long base = g.split(b), st = g.stride(b);
+  if (padded) {
+    const long long end = g.split(b + 1);
+#pragma unroll 1
+    for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
+      const long long local = i - base;
+      if (local >= (long long)T * st || local % st > U) out[i] = NINF;
+    }
+  }
+  if (T <= 0) {
+    if (is_beta && threadIdx.x == 0) loss[b] = -NINF;
+    return false;
+  }
+  bool seen = false;
+  if (is_beta) {
+    const FastDivmod cols = FastDivmod::make((unsigned int)(U + 1));
+#pragma unroll 1
+    for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
+      int t, u;
+      cols.divmod(i, t, u);
+      const long long c = base + (long long)t * st + u;
+      seen |= lp[2 * c] != lp[2 * c];
+    }
+  }
+  nan_seen = __syncthreads_or(seen);
+  return true;
+}
+
 }  // namespace td
 
 // ---------------------------------------------------------------------------
 // lp[r] = (tok(blank), tok(y_{u+1})) = x - den_tok - sigma, lp_dur[r, i] = x_dur[i] - den_dur,
 // den[r] = (logsumexp of the tokens, logsumexp of the durations); a NaN or +-inf score in the row makes
 // both den entries NaN (the sum of x - x, 0 or NaN, added to them).
-template <typename T, typename I, int VEC, int WPR>
+template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads)
     tdt_log_probs_kernel(const T* __restrict__ tok, const T* __restrict__ dur, long long ld_tok, long long ld_dur,
                          int D, const I* __restrict__ targets, int target_cols, const long long* __restrict__ table,
@@ -60,8 +98,8 @@ __global__ void __launch_bounds__(td::kThreads)
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  RowPass<T, VEC, WPR> pass;
-  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, nvec, !padded)) return;
+  RowPass<T, VEC, WPR, ALIGNED> pass;
+  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   const long long local = r - row_start;
@@ -129,31 +167,8 @@ __global__ void __launch_bounds__(1024)
   const long long base = g.split(b), st = g.stride(b);
   Acc* out = is_beta ? beta : alpha;
   const Acc NINF = neg_inf<Acc>();
-  if (padded) {  // rows of this utterance that are not cells: -inf
-    const long long end = g.split(b + 1);
-#pragma unroll 1
-    for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
-      const long long local = i - base;
-      if (local >= (long long)T * st || local % st > U) out[i] = NINF;
-    }
-  }
-  if (T <= 0) {
-    if (is_beta && threadIdx.x == 0) loss[b] = -NINF;  // no frames: no alignment
-    return;
-  }
-  bool nan_seen = false;
-  if (is_beta) {  // a non-finite score anywhere in the grid makes the loss NaN: tdt_log_probs_kernel makes
-                  // every log-prob of such a row NaN, its blank entry included, so that one is read
-    const FastDivmod cols = FastDivmod::make((unsigned int)(U + 1));
-#pragma unroll 1
-    for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
-      int t, u;
-      cols.divmod(i, t, u);
-      const long long c = base + (long long)t * st + u;
-      nan_seen |= lp[2 * c] != lp[2 * c];
-    }
-  }
-  nan_seen = __syncthreads_or(nan_seen);
+  bool nan_seen;
+  if (!walk_begin(lp, g, b, T, U, is_beta, padded, out, loss, nan_seen)) return;
   const int steps = T + U, cols = U + 1;
   const bool sm = ring > 0 && cols <= ring_cols;  // shared memory holds ring x ring_cols entries
   // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
@@ -210,14 +225,138 @@ __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
+// The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <= 512),
+// D <= MAXD and the launcher could allot the shared rings (`ring` = max duration + 2 anti-diagonals of
+// `cap` columns). Every cell's 2 + D log-probs are read once, AHEAD steps before the step that needs them,
+// into a register ring (as stages.cu's Walk does), so their latency stays off the critical path; the old
+// kernel above read 4 values per arc at the step itself. alpha's arcs start at earlier cells: the thread of
+// a cell publishes the cell's arc weights (blank + duration_i, label + duration_i) in a shared ring when it
+// computes the cell, and the D steps that use them read them there. beta's arcs all leave the cell itself.
+// Each cell is one logsumexp of up to 2D terms (ops::ReduceState, NaN-propagating).
+namespace td {
+
+template <typename Acc, int MAXD>
+struct CellLogProbs {
+  Acc blank, label, dur[MAXD];
+};
+
+}  // namespace td
+
+template <typename Acc, int MAXD, int AHEAD>
+__global__ void __launch_bounds__(512)
+    tdt_walk_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
+                    const long long* __restrict__ table, int B, int padded, int ring, int cap, Acc* alpha,
+                    Acc* beta, Acc* loss) {
+  using namespace td;
+  typedef CellLogProbs<Acc, MAXD> Cell;
+  extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
+  Acc* S = reinterpret_cast<Acc*>(smem_raw);  // [ring][cap]: alpha or beta of the recent anti-diagonals
+  int b = blockIdx.x;
+  const bool is_beta = b >= B;
+  if (is_beta) b -= B;
+  const Grids g{table, B};
+  const int T = (int)g.T(b), U = (int)g.U(b), D = durs.n;
+  Acc* W = S + ring * cap;  // alpha: [ring][2][D][cap], the arc weights of the cells of those anti-diagonals
+  const long long base = g.split(b), st = g.stride(b);
+  Acc* out = is_beta ? beta : alpha;
+  const Acc NINF = neg_inf<Acc>();
+  bool nan_seen;
+  if (!walk_begin(lp, g, b, T, U, is_beta, padded, out, loss, nan_seen)) return;
+  const int u = threadIdx.x, steps = T + U;
+  const bool act = u <= U;
+  auto load = [&](int s, Cell& c) {  // this thread's cell of step s
+    const int t = (is_beta ? steps - 1 - s : s) - u;
+    if (!act || t < 0 || t >= T) return;
+    const long long i = base + (long long)t * st + u;
+    c.blank = lp[2 * i];
+    c.label = lp[2 * i + 1];
+#pragma unroll
+    for (int k = 0; k < MAXD; ++k)
+      if (k < D) c.dur[k] = lp_dur[i * D + k];
+  };
+  auto step = [&](int s, const Cell& c) {
+    const int n = is_beta ? steps - 1 - s : s, t = n - u, slot = n % ring;
+    if (!act || t < 0 || t >= T) return;
+    Acc x[2 * MAXD];
+#pragma unroll
+    for (int k = 0; k < MAXD; ++k) {
+      x[2 * k] = NINF;
+      x[2 * k + 1] = NINF;
+      if (k >= D) continue;
+      const int d = durs.d[k];
+      if (!is_beta) {  // arcs from (t - d, u), anti-diagonal n - d, and (t - d, u - 1), n - d - 1
+        if (t - d < 0) continue;
+        int sl = slot - d;
+        sl += sl < 0 ? ring : 0;
+        if (d >= 1) x[2 * k] = S[sl * cap + u] + W[((2 * sl) * D + k) * cap + u];
+        if (u >= 1) {
+          sl = sl == 0 ? ring - 1 : sl - 1;
+          x[2 * k + 1] = S[sl * cap + u - 1] + W[((2 * sl + 1) * D + k) * cap + u - 1];
+        }
+      } else {  // arcs to (t + d, u), anti-diagonal n + d, and (t + d, u + 1), n + d + 1
+        const int e = t + d;
+        int sl = slot + d;
+        sl -= sl >= ring ? ring : 0;
+        if (d >= 1) {
+          if (e < T)
+            x[2 * k] = S[sl * cap + u] + c.blank + c.dur[k];
+          else if (e == T && u == U)
+            x[2 * k] = c.blank + c.dur[k];  // the closing blank
+        }
+        if (u < U && e < T) {
+          sl = sl == ring - 1 ? 0 : sl + 1;
+          x[2 * k + 1] = S[sl * cap + u + 1] + c.label + c.dur[k];
+        }
+      }
+    }
+    ReduceState<Acc> acc = identity<kLogSumExp, Acc>();
+    push<kLogSumExp, Acc, FastExp, false, 2 * MAXD>(acc, x);
+    const Acc v = !is_beta && t == 0 && u == 0 ? Acc(0) : finish<kLogSumExp, Acc, false>(acc);
+    out[base + (long long)t * st + u] = v;
+    S[slot * cap + u] = v;
+    if (!is_beta) {
+#pragma unroll
+      for (int k = 0; k < MAXD; ++k) {
+        if (k < D) {
+          W[((2 * slot) * D + k) * cap + u] = c.blank + c.dur[k];
+          W[((2 * slot + 1) * D + k) * cap + u] = c.label + c.dur[k];
+        }
+      }
+    }
+  };
+  Cell ahead[AHEAD];
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k) {
+    ahead[k].blank = ahead[k].label = NINF;
+#pragma unroll
+    for (int j = 0; j < MAXD; ++j) ahead[k].dur[j] = NINF;
+    if (k < steps) load(k, ahead[k]);
+  }
+#pragma unroll 1
+  for (int s0 = 0; s0 < steps; s0 += AHEAD) {
+#pragma unroll
+    for (int k = 0; k < AHEAD; ++k) {
+      const int s = s0 + k;
+      if (s < steps) {  // uniform over the block
+        const Cell c = ahead[k];
+        if (s + AHEAD < steps) load(s + AHEAD, ahead[k]);
+        step(s, c);
+        __syncthreads();
+      }
+    }
+  }
+  if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
+}
+
+// ---------------------------------------------------------------------------
 // The gradient of sum_b scale[b] * ((1 - omega) tdt_b + omega rnnt_b) w.r.t. the token and duration scores
 // (cpu.tdt_gradient's formula), clamped for a unit incoming gradient when CLAMP. Zeros on padding rows
 // and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or whose scale is 0.
-template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP>
+template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads)
     tdt_gradient_kernel(const T* tok, const T* dur, long long ld_tok, long long ld_dur, td::Durations durs,
                         const I* __restrict__ targets, int target_cols, const long long* __restrict__ table, int B,
-                        int row_start, int num_rows, int nvec, int blank, int padded,
+                        int row_start, int num_rows, int V, int nvec, int blank, int padded,
                         const typename ops::AccOf<T>::type* __restrict__ lp,
                         const typename ops::AccOf<T>::type* __restrict__ lp_dur,
                         const typename ops::AccOf<T>::type* __restrict__ den,
@@ -233,15 +372,17 @@ __global__ void __launch_bounds__(td::kThreads)
                         T* out_dur, long long ld_out_tok, long long ld_out_dur) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef typename RowPass<T, VEC, WPR>::VT VT;
+  typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   const int D = durs.n;
-  RowPass<T, VEC, WPR> pass;
-  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, nvec, !padded)) return;
+  RowPass<T, VEC, WPR, ALIGNED> pass;
+  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r, lane = pass.lane;
   const long long local = r - row_start;
-  VT* q = reinterpret_cast<VT*>(out_tok + local * ld_out_tok);
+  // the output row has the input row's offset from a vector boundary (the launcher checked it)
+  T* q_row = out_tok + local * ld_out_tok;
+  VT* q = reinterpret_cast<VT*>(q_row + pass.head);
   T* qd = out_dur + local * ld_out_dur;
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0), l_r = Acc(0);
@@ -258,7 +399,8 @@ __global__ void __launch_bounds__(td::kThreads)
     VT z;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
-    for (int i = lane; i < nvec; i += RowGeometry<WPR>::G) q[i] = z;
+    for (int i = lane; i < pass.nvec; i += RowGeometry<WPR>::G) q[i] = z;
+    if (!ALIGNED && pass.col >= 0) q_row[pass.col] = from_acc<T>(Acc(0));
     if (lane < D) qd[lane] = from_acc<T>(Acc(0));
     return;
   }
@@ -313,19 +455,20 @@ __global__ void __launch_bounds__(td::kThreads)
   sub_label *= Acc(1) + lam;
   const Acc coef = log_acc(factor) - den[2ll * r];
   const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * target_cols + ri.u] : -1;
+  auto grad = [&](int v, T x) {
+    Acc g = exp_fast(to_acc(x) + coef);
+    if (v == blank) g -= sub_blank;
+    if (v == label) g -= sub_label;
+    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+    return from_acc<T>(g * sc);
+  };
   pass.for_each(true, [&](int i, const VT& vt) {
     VT o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const int v = i * VEC + j;
-      Acc g = exp_fast(to_acc(vt.v[j]) + coef);
-      if (v == blank) g -= sub_blank;
-      if (v == label) g -= sub_label;
-      if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
-      o.v[j] = from_acc<T>(g * sc);
-    }
+    for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
     q[i] = o;
   });
+  if (!ALIGNED && pass.col >= 0) q_row[pass.col] = grad(pass.col, pass.x);
   if (lane < D) {
     const Acc x = to_acc(dur[local * ld_dur + lane]);
     Acc g = keep * (exp_acc(x - den[2ll * r + 1]) * gamma - own);
