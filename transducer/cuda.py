@@ -305,7 +305,7 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
     return out
 
 
-_WALK_MAX_DURATIONS = 8  # tdt_walk_kernel's MAXD: the cell's log-probs it keeps in registers
+_WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 _WALK_MAX_THREADS = 512  # its launch bound
 _WALK_AHEAD = 2  # steps of log-probs read ahead (figures in benchmarks/RESULTS.md)
 _SMEM_LIMIT = 48 * 1024
@@ -318,10 +318,10 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
         return alpha, beta, loss
     D, itemsize = len(durations), lp.element_size()
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
-    walk_smem = ring * max_u1 * (1 + 2 * D) * itemsize  # values and alpha's arc weights
+    walk_smem = ring * max_u1 * (2 * D + 1) * itemsize  # alpha's arc terms (beta's ring is smaller)
     args = (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded))
     if D <= _WALK_MAX_DURATIONS and max_u1 <= _WALK_MAX_THREADS and walk_smem <= _SMEM_LIMIT:
-        launch(_TDT, f"tdt_walk_kernel<{ctype(lp.dtype)}, {_WALK_MAX_DURATIONS}, {_WALK_AHEAD}>", lp, (2 * B,),
+        launch(_TDT, f"tdt_walk_kernel<{ctype(lp.dtype)}, {D}, {_WALK_AHEAD}>", lp, (2 * B,),
                (threads,), args + (i32(ring), i32(max_u1), alpha, beta, loss), shared_mem=walk_smem)
         return alpha, beta, loss
     smem = ring * max_u1 * itemsize

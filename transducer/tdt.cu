@@ -45,13 +45,23 @@ struct LogSum {
 };
 
 
+// durs.d[i] for a runtime i: a dynamic index into the struct (a kernel parameter) would copy it to local
+// memory in every thread, 17 stores before the first use
+__device__ __forceinline__ int duration(const Durations& durs, int i) {
+  int d = 0;
+#pragma unroll
+  for (int k = 0; k < kMaxDurations; ++k) d = k == i ? durs.d[k] : d;
+  return d;
+}
+
 // What both walks below do first: -inf on the rows of utterance b that are not cells (padded layout), the
-// loss of an utterance without frames (+inf: no alignment), and for beta whether a log-prob of the grid is
-// NaN: tdt_log_probs_kernel makes every log-prob of a row with a non-finite score NaN, its blank entry
+// loss of an utterance without frames (+inf: no alignment), and when `scan` whether a log-prob of the grid
+// is NaN: tdt_log_probs_kernel makes every log-prob of a row with a non-finite score NaN, its blank entry
 // included, so that one is read. false (uniform over the block): T <= 0, nothing more to do.
 template <typename Acc>
 __device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Grids& g, int b, int T, int U,
-                                           bool is_beta, int padded, Acc* out, Acc* loss, bool& nan_seen) {
+                                           bool is_beta, bool scan, int padded, Acc* out, Acc* loss,
+                                           bool& nan_seen) {
   const Acc NINF = neg_inf<Acc>();
   const long long base = g.split(b), st = g.stride(b);
   if (padded) {
@@ -67,10 +77,10 @@ __device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Gri
     return false;
   }
   bool seen = false;
-  if (is_beta) {
+  if (scan) {
     const FastDivmod cols = FastDivmod::make((unsigned int)(U + 1));
-#pragma unroll 1
-    for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < T * (U + 1); i += blockDim.x) {  // unrolled: 8 loads in flight
       int t, u;
       cols.divmod(i, t, u);
       const long long c = base + (long long)t * st + u;
@@ -168,7 +178,7 @@ __global__ void __launch_bounds__(1024)
   Acc* out = is_beta ? beta : alpha;
   const Acc NINF = neg_inf<Acc>();
   bool nan_seen;
-  if (!walk_begin(lp, g, b, T, U, is_beta, padded, out, loss, nan_seen)) return;
+  if (!walk_begin(lp, g, b, T, U, is_beta, is_beta, padded, out, loss, nan_seen)) return;
   const int steps = T + U, cols = U + 1;
   const bool sm = ring > 0 && cols <= ring_cols;  // shared memory holds ring x ring_cols entries
   // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
@@ -226,42 +236,74 @@ __global__ void __launch_bounds__(1024)
 
 // ---------------------------------------------------------------------------
 // The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <= 512),
-// D <= MAXD and the launcher could allot the shared rings (`ring` = max duration + 2 anti-diagonals of
-// `cap` columns). Every cell's 2 + D log-probs are read once, AHEAD steps before the step that needs them,
-// into a register ring (as stages.cu's Walk does), so their latency stays off the critical path; the old
-// kernel above read 4 values per arc at the step itself. alpha's arcs start at earlier cells: the thread of
-// a cell publishes the cell's arc weights (blank + duration_i, label + duration_i) in a shared ring when it
-// computes the cell, and the D steps that use them read them there. beta's arcs all leave the cell itself.
-// Each cell is one logsumexp of up to 2D terms (ops::ReduceState, NaN-propagating).
+// D <= 8 (a template parameter: the loops over durations unroll) and the launcher could allot the shared
+// rings (`ring` = max duration + 2 anti-diagonals of `cap` columns). Every cell's 2 + D log-probs are read
+// once, AHEAD steps before the step that needs them, into a register ring (as stages.cu's Walk does), so
+// their latency stays off the critical path; the general kernel above reads 4 values per arc at the step
+// itself. alpha's arcs start at earlier cells: the thread of a cell publishes the cell's 2D arc terms
+// (alpha + blank + duration_i, alpha + label + duration_i) in a shared ring when it computes the cell, and
+// the D steps that use them read one value an arc there. beta's arcs all leave the cell itself. Each cell is one logsumexp of 2D terms,
+// by trees (td::tree_logsumexp) since it is the walk's critical path.
 namespace td {
 
-template <typename Acc, int MAXD>
+template <typename Acc, int D>
 struct CellLogProbs {
-  Acc blank, label, dur[MAXD];
+  Acc blank, label, dur[D];
 };
+
+// log(sum_i exp(x[i])) by pairwise trees (depth log2 N, not a chain of N); -inf terms add nothing, a NaN
+// term makes it NaN (fmax skips it, its exp does not).
+template <typename Acc, int N>
+__device__ __forceinline__ Acc tree_logsumexp(const Acc (&x)[N]) {
+  Acc m[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) m[i] = x[i];
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) m[i] = fmax(m[i], m[i + w]);
+  const Acc M = m[0];
+  if (M == neg_inf<Acc>()) {  // every term -inf, or NaN
+    Acc r = M;
+#pragma unroll
+    for (int i = 0; i < N; ++i) r = x[i] != x[i] ? x[i] : r;
+    return r;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) m[i] = exp_fast(x[i] - M);
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) m[i] += m[i + w];
+  return M + log_acc(m[0]);
+}
 
 }  // namespace td
 
-template <typename Acc, int MAXD, int AHEAD>
+template <typename Acc, int D, int AHEAD>
 __global__ void __launch_bounds__(512)
     tdt_walk_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
                     const long long* __restrict__ table, int B, int padded, int ring, int cap, Acc* alpha,
                     Acc* beta, Acc* loss) {
   using namespace td;
-  typedef CellLogProbs<Acc, MAXD> Cell;
+  typedef CellLogProbs<Acc, D> Cell;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
-  Acc* S = reinterpret_cast<Acc*>(smem_raw);  // [ring][cap]: alpha or beta of the recent anti-diagonals
+  // The rings, `ring` anti-diagonals of `cap` columns. alpha: [ring][cap][2D + 1], cell (t, u)'s terms of
+  // its successors' logsumexps, alpha + blank + duration_i and alpha + label + duration_i (one load per arc
+  // for the reader, from one base address; an odd stride keeps a warp's loads off each other's banks);
+  // beta: [ring][cap], beta itself.
+  constexpr int kCell = 2 * D + 1;
+  Acc* S = reinterpret_cast<Acc*>(smem_raw);
   int b = blockIdx.x;
   const bool is_beta = b >= B;
   if (is_beta) b -= B;
   const Grids g{table, B};
-  const int T = (int)g.T(b), U = (int)g.U(b), D = durs.n;
-  Acc* W = S + ring * cap;  // alpha: [ring][2][D][cap], the arc weights of the cells of those anti-diagonals
+  const int T = (int)g.T(b), U = (int)g.U(b);
   const long long base = g.split(b), st = g.stride(b);
   Acc* out = is_beta ? beta : alpha;
   const Acc NINF = neg_inf<Acc>();
-  bool nan_seen;
-  if (!walk_begin(lp, g, b, T, U, is_beta, padded, out, loss, nan_seen)) return;
+  bool nan_seen, seen = false;  // beta reads every cell's log-probs once: the NaN scan rides on its loads
+  if (!walk_begin(lp, g, b, T, U, is_beta, false, padded, out, loss, nan_seen)) return;
   const int u = threadIdx.x, steps = T + U;
   const bool act = u <= U;
   auto load = [&](int s, Cell& c) {  // this thread's cell of step s
@@ -269,29 +311,29 @@ __global__ void __launch_bounds__(512)
     if (!act || t < 0 || t >= T) return;
     const long long i = base + (long long)t * st + u;
     c.blank = lp[2 * i];
+    seen |= c.blank != c.blank;
     c.label = lp[2 * i + 1];
 #pragma unroll
-    for (int k = 0; k < MAXD; ++k)
-      if (k < D) c.dur[k] = lp_dur[i * D + k];
+    for (int k = 0; k < D; ++k) c.dur[k] = lp_dur[i * D + k];
   };
+  int slot = is_beta ? (steps - 1) % ring : 0;  // of the step's anti-diagonal n in the rings: n % ring
   auto step = [&](int s, const Cell& c) {
-    const int n = is_beta ? steps - 1 - s : s, t = n - u, slot = n % ring;
+    const int t = (is_beta ? steps - 1 - s : s) - u;
     if (!act || t < 0 || t >= T) return;
-    Acc x[2 * MAXD];
+    Acc x[2 * D];
 #pragma unroll
-    for (int k = 0; k < MAXD; ++k) {
+    for (int k = 0; k < D; ++k) {
+      const int d = durs.d[k];
       x[2 * k] = NINF;
       x[2 * k + 1] = NINF;
-      if (k >= D) continue;
-      const int d = durs.d[k];
       if (!is_beta) {  // arcs from (t - d, u), anti-diagonal n - d, and (t - d, u - 1), n - d - 1
         if (t - d < 0) continue;
         int sl = slot - d;
         sl += sl < 0 ? ring : 0;
-        if (d >= 1) x[2 * k] = S[sl * cap + u] + W[((2 * sl) * D + k) * cap + u];
+        if (d >= 1) x[2 * k] = S[(sl * cap + u) * kCell + 2 * k];
         if (u >= 1) {
           sl = sl == 0 ? ring - 1 : sl - 1;
-          x[2 * k + 1] = S[sl * cap + u - 1] + W[((2 * sl + 1) * D + k) * cap + u - 1];
+          x[2 * k + 1] = S[(sl * cap + u - 1) * kCell + 2 * k + 1];
         }
       } else {  // arcs to (t + d, u), anti-diagonal n + d, and (t + d, u + 1), n + d + 1
         const int e = t + d;
@@ -309,18 +351,16 @@ __global__ void __launch_bounds__(512)
         }
       }
     }
-    ReduceState<Acc> acc = identity<kLogSumExp, Acc>();
-    push<kLogSumExp, Acc, FastExp, false, 2 * MAXD>(acc, x);
-    const Acc v = !is_beta && t == 0 && u == 0 ? Acc(0) : finish<kLogSumExp, Acc, false>(acc);
+    const Acc v = !is_beta && t == 0 && u == 0 ? Acc(0) : tree_logsumexp(x);
     out[base + (long long)t * st + u] = v;
-    S[slot * cap + u] = v;
-    if (!is_beta) {
+    if (is_beta) {
+      S[slot * cap + u] = v;
+    } else {
+      Acc* q = S + (slot * cap + u) * kCell;
 #pragma unroll
-      for (int k = 0; k < MAXD; ++k) {
-        if (k < D) {
-          W[((2 * slot) * D + k) * cap + u] = c.blank + c.dur[k];
-          W[((2 * slot + 1) * D + k) * cap + u] = c.label + c.dur[k];
-        }
+      for (int k = 0; k < D; ++k) {
+        q[2 * k] = v + c.blank + c.dur[k];
+        q[2 * k + 1] = v + c.label + c.dur[k];
       }
     }
   };
@@ -329,7 +369,7 @@ __global__ void __launch_bounds__(512)
   for (int k = 0; k < AHEAD; ++k) {
     ahead[k].blank = ahead[k].label = NINF;
 #pragma unroll
-    for (int j = 0; j < MAXD; ++j) ahead[k].dur[j] = NINF;
+    for (int j = 0; j < D; ++j) ahead[k].dur[j] = NINF;
     if (k < steps) load(k, ahead[k]);
   }
 #pragma unroll 1
@@ -341,10 +381,12 @@ __global__ void __launch_bounds__(512)
         const Cell c = ahead[k];
         if (s + AHEAD < steps) load(s + AHEAD, ahead[k]);
         step(s, c);
+        slot = is_beta ? (slot == 0 ? ring - 1 : slot - 1) : (slot == ring - 1 ? 0 : slot + 1);
         __syncthreads();
       }
     }
   }
+  nan_seen = __syncthreads_or(seen);
   if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
 }
 
@@ -412,7 +454,7 @@ __global__ void __launch_bounds__(td::kThreads)
   // the arcs of duration d_k: lane k of the row's first warp computes them, a warp sum shares them
   Acc arc_b = Acc(0), arc_l = Acc(0);
   if (lane < D) {
-    const int d = durs.d[lane], s = ri.t + d;
+    const int d = duration(durs, lane), s = ri.t + d;
     const Acc w = lognorm + lp_dur[(long long)r * D + lane];
     if (d >= 1) {
       if (s < ri.T)
