@@ -10,6 +10,7 @@ import torch._dynamo
 
 from _batches import DEVICES, cell_mask, compact
 from transducer import TDTLoss, tdt_loss, tdt_loss_reference
+from transducer.tdt import _rows
 
 
 def tdt_batch(seed, B=5, max_t=7, max_u=3, V=9, durations=(0, 1, 2, 3), blank=0, dtype=torch.float64):
@@ -125,6 +126,30 @@ def test_infeasible_and_non_finite(device):
     assert zeroed[0].item() == 0 and math.isnan(zeroed[2].item())
     zeroed[:2].sum().backward()
     assert (x.grad[0] == 0).all() and (x.grad[2] == 0).all() and x.grad[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+def test_column_views_of_a_wider_joint(device, layout):
+    """Token and duration heads as column slices of one joint padded to a width of 16 (read in place, no
+    copy): the loss and gradients of the contiguous heads; the padding columns get a zero gradient."""
+    logits, targets, T, U, w = tdt_batch(31, V=9, durations=(0, 1, 2), blank=4, dtype=torch.float32)
+    if layout == "compact":
+        logits = compact(logits, T, U)
+    joint = torch.randn(*logits.shape[:-1], 16, dtype=torch.float32)
+    joint[..., :9], joint[..., 13:] = logits[..., :9], logits[..., 9:]
+    joint = joint.to(device).requires_grad_()
+    assert all(_rows(v) is v for v in (joint[..., :9], joint[..., 13:]))  # no copy
+    args = (targets.to(device), T.to(device), U.to(device), [0, 1, 2])
+    loss = tdt_loss(joint[..., :9], *args, blank=4, reduction="none", duration_logits=joint[..., 13:])
+    (loss * w.float().to(device)).sum().backward()
+    x = logits.to(device).requires_grad_()
+    ref = tdt_loss(x, *args, blank=4, reduction="none")
+    (ref * w.float().to(device)).sum().backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(joint.grad[..., :9], x.grad[..., :9])
+    torch.testing.assert_close(joint.grad[..., 13:], x.grad[..., 9:])
+    assert joint.grad[..., 9:13].abs().max() == 0 and x.grad.abs().sum() > 1.0
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -44,7 +44,7 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
                                             logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats)
 
 
-def _read_stats(layout):
+def read_stats(layout):
     """A function returning the layout's stats as a list. On CUDA the copy to pinned memory is queued
     now, right behind the layout launch, and the function waits for that copy alone: kernels queued
     after it run while the host checks."""
@@ -105,7 +105,7 @@ def _loss_forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target
     check_rows(logits)  # here, not in the Python caller: under torch.compile the rows may be symbolic
     stages = stages_for(logits.device)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
-    read = _read_stats(layout) if check_inputs else None
+    read = read_stats(layout) if check_inputs else None
     if read is not None and not logits.is_cuda:  # the CPU stages need valid values to run at all
         check_loss_values(logits, targets, read(), blank)
         read = None

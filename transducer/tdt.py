@@ -15,7 +15,7 @@ from ops import accumulate_dtype
 from .checks import (FLOAT_DTYPES, check_batch, check_loss_values, check_options, check_reduction, check_rows,
                      check_tdt_options, check_tensor, is_index, stages_for)
 from .layout import NUM_STATS, Layout
-from .library import Op, make_layout
+from .library import Op, make_layout, read_stats
 from .loss import _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
@@ -29,6 +29,19 @@ def _heads(logits, duration_logits, vocab_size):
     return rows, duration_logits.view(-1, duration_logits.size(-1))
 
 
+def _rows(x):
+    """``x`` itself when its rows can be read in place (unit column stride, leading dims that flatten to one
+    row index: a column slice of a wider joint output, such as the token and duration columns of a joint
+    whose width is padded to a multiple of 8), else a contiguous copy."""
+    if x.stride(-1) == 1:
+        try:
+            x.view(-1, x.size(-1))
+            return x
+        except RuntimeError:
+            pass
+    return x.contiguous()
+
+
 def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Tensor, logit_lengths: Tensor,
                  target_lengths: Tensor, vocab_size: int, durations: List[int], blank: int, sigma: float, omega: float,
                  fastemit_lambda: float, clamp: float, check_inputs: bool
@@ -39,9 +52,13 @@ def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Ten
     stages = stages_for(logits.device)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs, vocab_size)
-    if check_inputs:  # the CPU stages and the CUDA sizes need valid values: one small read
-        check_loss_values(logits[..., :vocab_size], targets, layout.stats.tolist(), blank)
+    read = read_stats(layout) if check_inputs else None
+    if read is not None and not logits.is_cuda:  # the CPU stages need valid values to run at all
+        check_loss_values(logits[..., :vocab_size], targets, read(), blank)
+        read = None
     lp, lp_dur, den = stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma)
+    if read is not None:  # as for transducer_loss: tdt_log_probs reads within bounds whatever the values
+        check_loss_values(logits[..., :vocab_size], targets, read(), blank)
     alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
     alpha_r, beta_r, rnnt_nll = lp.new_empty(0), lp.new_empty(0), lp.new_empty(0)  # outputs may not alias
     if omega:
@@ -120,7 +137,8 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
         logits: compact ``(sum_b T_b*(U_b+1), V + D)`` or padded ``(B, maxT, maxU+1, V + D)``: the first V
             columns are token scores (blank among them), the last D = len(durations) duration scores (NeMo's
             joint layout). With ``duration_logits``, ``logits`` holds the V token scores alone. float16 /
-            bfloat16 / float32 / float64; non-contiguous logits are copied once.
+            bfloat16 / float32 / float64. Rows are read in place when the last dim has unit stride (a column
+            slice of a wider tensor); other layouts are copied once.
         targets: ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
         logit_lengths: ``(B,)`` int32 / int64, ``T_b >= 1``.
         target_lengths: ``(B,)`` int32 / int64, ``U_b >= 0``.
@@ -174,7 +192,7 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
         raise ValueError(f"blank: expected an int in [0, {V}) (the token columns), got {blank!r}")
     check_reduction(reduction)
     check_options(clamp, fastemit_lambda, 0.0)
-    inputs = (logits.contiguous(), None if duration_logits is None else duration_logits.contiguous(),
+    inputs = (_rows(logits), None if duration_logits is None else _rows(duration_logits),
               targets.contiguous(), logit_lengths, target_lengths, V, durations, operator.index(blank), float(sigma),
               float(omega), float(fastemit_lambda), float(clamp), bool(check_inputs))
     nll = tdt(*inputs)[0]
