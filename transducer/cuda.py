@@ -90,13 +90,14 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
         lp, den = out
     if num_rows == 0:
         return lp, den
-    itemsize = logits2d.element_size()
-    vec = vector_width(itemsize, V, [logits2d])
+    _row_major("logits2d", logits2d)
+    itemsize, ld = logits2d.element_size(), logits2d.stride(0)
+    vec = vector_width(itemsize, math.gcd(V, ld), [logits2d])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}>"
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
+           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
             i32(V // vec), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
@@ -132,19 +133,18 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     num_rows, V = logits2d.shape
     if num_rows == 0:
         return out
-    if not (logits2d.is_contiguous() and out.is_contiguous()):
-        raise ValueError("transducer.cuda.gradient: logits2d and out must be contiguous")
-    if out.shape != logits2d.shape or out.dtype != logits2d.dtype:
-        raise ValueError("transducer.cuda.gradient: out must have the logits' shape and dtype")
+    _row_major("logits2d", logits2d)
+    if out.shape != logits2d.shape or out.dtype != logits2d.dtype or out.stride() != logits2d.stride():
+        raise ValueError("transducer.cuda.gradient: out must have the logits' shape, dtype and strides")
     scale = scale.to(lp.dtype)
-    itemsize = logits2d.element_size()
-    vec = vector_width(itemsize, V, [out] if from_log_softmax else [logits2d, out])
+    itemsize, ld = logits2d.element_size(), logits2d.stride(0)
+    vec = vector_width(itemsize, math.gcd(V, ld), [out] if from_log_softmax else [logits2d, out])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
             f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
+           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
             i32(V // vec), i32(blank), i32(layout.padded), lp, den, alpha, beta, loss, scale, i64(scale.stride(0)),
             _acc(lp.dtype, fastemit_lambda), _acc(lp.dtype, max(clamp, 0.0)), out))
     return out

@@ -108,7 +108,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     lp = new(capacity, 2)
     den = new(capacity, 2) if tdt else new(capacity)
     lp_dur = new(capacity, len(durations)) if tdt else new(0)
-    W, b = _projection(weight, bias, compute_dtype, tdt)
+    W, b = _projection(weight, bias, compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
         h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
         z = F.linear(h.to(compute_dtype), W, b)
@@ -116,7 +116,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, blank, sigma, start,
                                  (lp, lp_dur, den))
         else:
-            stages.log_probs(z, targets, layout, blank, False, delay_penalty, start, (lp, den))
+            stages.log_probs(z[:, :V], targets, layout, blank, False, delay_penalty, start, (lp, den))
         del h, z
     alpha_r, beta_r, rnnt_nll, tdt_nll = new(0), new(0), new(0), new(0)  # outputs may not alias each other
     if tdt:
@@ -133,13 +133,14 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
 
 
-def _projection(weight, bias, compute_dtype, tdt):
-    """The output projection in the compute dtype; for TDT with V + D rows padded with zero rows to a multiple
-    of 8, so that the tile's token scores start 16-byte aligned rows and the log-probs and gradient stages
-    read them in vectors (V + D = 505 would leave them 2- or 4-byte accesses), for 1.4% more GEMM at most."""
+def _projection(weight, bias, compute_dtype):
+    """The output projection in the compute dtype, its rows padded with zero rows to a multiple of 8 (for at
+    most 7 / V more GEMM): the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast
+    kernels on them (with 500 or 505 columns it fell back to older, 2-3x slower ones in bf16: RESULTS.md)
+    and the log-probs and gradient stages read them in vectors. The stages read the V (+ D) real columns."""
     W = weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
-    pad = -weight.size(0) % 8 if tdt else 0
+    pad = -weight.size(0) % 8
     if pad:
         W = F.pad(W, (0, 0, 0, pad))
         b = None if b is None else F.pad(b, (0, pad))
@@ -166,7 +167,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
-    W, b = _projection(weight, bias, compute_dtype, bool(durations))
+    W, b = _projection(weight, bias, compute_dtype)
     grad_w = weight.new_zeros(W.shape, dtype=acc)
     grad_b = weight.new_zeros(W.size(0), dtype=acc)
     scale = grad_nll.to(acc)
@@ -179,10 +180,12 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             stages.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale, blank,
                                 durations, tokens, durs, fastemit_lambda, omega,
                                 (alpha_r, beta_r, rnnt_nll) if omega else None, sigma, clamp, start)
-            dz[:, weight.size(0):] = 0  # the padding columns: no gradient (and no NaN from a non-finite h)
         else:
-            stages.gradient(dz, targets, layout, lp, den, alpha, beta, nll, scale, blank, False, one_sym_per_frame,
-                            dz, fastemit_lambda, clamp, start)
+            tokens = dz[:, :V]
+            stages.gradient(tokens, targets, layout, lp, den, alpha, beta, nll, scale, blank, False,
+                            one_sym_per_frame, tokens, fastemit_lambda, clamp, start)
+        if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
+            dz[:, weight.size(0):] = 0
         grad_w += dz.t().mm(hc)
         grad_b += dz.t().mv(dz.new_ones(end - start))  # a GEMV reads dz at full speed; sum(0) does not
         dh = dz.mm(W).to(h.dtype)
