@@ -133,6 +133,9 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
 
 
+_ROW_MULTIPLE = 8  # the projection's rows are padded to a multiple of it
+
+
 def _projection(weight, bias, compute_dtype):
     """The output projection in the compute dtype, its rows padded with zero rows to a multiple of 8 (for at
     most 7 / V more GEMM): the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast
@@ -140,7 +143,7 @@ def _projection(weight, bias, compute_dtype):
     and the log-probs and gradient stages read them in vectors. The stages read the V (+ D) real columns."""
     W = weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
-    pad = -weight.size(0) % 8
+    pad = -weight.size(0) % _ROW_MULTIPLE
     if pad:
         W = F.pad(W, (0, 0, 0, pad))
         b = None if b is None else F.pad(b, (0, pad))
