@@ -133,17 +133,19 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
 
 
-_ROW_MULTIPLE = 8  # the projection's rows are padded to a multiple of it
+_ROW_MULTIPLES = (128, 8)  # the projection's rows are padded to a multiple of the first that costs <= 3%
 
 
 def _projection(weight, bias, compute_dtype):
-    """The output projection in the compute dtype, its rows padded with zero rows to a multiple of 8 (for at
-    most 7 / V more GEMM): the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast
-    kernels on them (with 500 or 505 columns it fell back to older, 2-3x slower ones in bf16: RESULTS.md)
-    and the log-probs and gradient stages read them in vectors. The stages read the V (+ D) real columns."""
+    """The output projection in the compute dtype, its rows padded with zero rows to a multiple of 128 where
+    that adds at most 3% to the GEMMs, else of 8: the tile's rows then start on 16-byte boundaries, so that
+    cuBLAS runs its fast kernels on them (with 500 or 505 columns it fell back to older, 2-3x slower ones in
+    bf16; 512 ran faster than 504: RESULTS.md section 5) and the log-probs and gradient stages read them in
+    vectors. The stages read the V (+ D) real columns; the padding columns get no gradient."""
     W = weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
-    pad = -weight.size(0) % _ROW_MULTIPLE
+    rows = weight.size(0)
+    pad = next(p for p in (-rows % m for m in _ROW_MULTIPLES) if p <= 0.03 * rows or p < 8)
     if pad:
         W = F.pad(W, (0, 0, 0, pad))
         b = None if b is None else F.pad(b, (0, pad))
