@@ -6,7 +6,8 @@
     python benchmarks/bench.py --out DIR       # write RESULTS.md, results.png, results.json to DIR
     python benchmarks/bench.py --from-json F   # re-render RESULTS.md / results.png from a raw json
 
-Protocol A: training step (joiner + loss + backward) on LibriSpeech (T, U) batches.
+Protocol A: training step (joiner + loss + backward) on LibriSpeech (T, U) batches; each contender's timed
+step on a batch follows an untimed one on the same batch.
 Protocol B: the loss alone at three shapes, against a copy-bandwidth floor.
 scale:      one compact fp16 case with more than 2^31 logit elements.
 CPU:        our CPU path against torchaudio's CPU loss.
@@ -371,6 +372,12 @@ def protocol_a(args, dev):
                     loss.backward()
                     return loss.detach()
                 try:
+                    # an untimed step on the batch first: a contender's first step on new shapes, between
+                    # contenders of very different footprints, paid the allocator's new segments (synchronous
+                    # cudaMalloc), 2x on some steps (RESULTS.md section 5); a training loop's allocator is warm
+                    step()
+                    enc.grad = pred.grad = None
+                    joiner.zero_grad(set_to_none=True)
                     loss, ms, peak, base = measure(step, cuda)
                 except Exception as e:
                     r.update(status="error", msg=short_error(e))
