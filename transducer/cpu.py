@@ -219,18 +219,23 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     for start, end in _chunks(num_rows, vocab_size):
         rows = logits2d[start:end]
         index = torch.arange(end - start)
+        # formed in the output rows when they have the arithmetic's dtype (out may be the logits themselves):
+        # no allocation of the chunk's size, whose fresh pages cost more than the arithmetic
+        dst = out[start:end]
+        g = dst if dst.dtype == lp.dtype else torch.empty(dst.shape, dtype=lp.dtype)
         if from_log_softmax:
-            g = torch.zeros(end - start, vocab_size, dtype=lp.dtype)
+            g.zero_()
         else:
-            g = (rows.to(lp.dtype) - den[start:end, None]).exp_().mul_(softmax_factor[start:end, None])
+            torch.sub(rows.to(lp.dtype), den[start:end, None], out=g).exp_().mul_(softmax_factor[start:end, None])
         g[index, blank] -= blank_arc[start:end]
         g[index, labels[start:end]] -= label_arc[start:end]
         if clamp > 0:
             g.clamp_(-clamp, clamp)
         g.mul_(row_scale[start:end, None])
         # padding rows and the rows of dead utterances may hold anything, even inf or NaN
-        g = torch.where(live[start:end, None], g, 0.0)
-        out[start:end] = g
+        g.masked_fill_(~live[start:end, None], 0.0)
+        if g is not dst:
+            dst.copy_(g)
     return out
 
 
@@ -376,25 +381,33 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     close_dur = torch.where(d == frames_left[..., None], lp_dur[rows], -math.inf).logsumexp(dim=-1)
     final = _step_grid(torch.zeros_like(lp[:, 0]), closes, rows, pad)  # -inf off the closing cells
     final[:, pad:pad + steps, 1:-1] += torch.where(closes, lp[:, 0][rows] + close_dur, -math.inf)
-    inside = torch.zeros(final.shape, dtype=torch.bool)
-    inside[:, pad:pad + steps, 1:-1] = is_cell
 
-    alpha = torch.full_like(final, -math.inf)
-    beta = torch.full_like(final, -math.inf)
+    # The walks over steps, one gather, one add and one logsumexp a step: the 2D (+ 1) terms of a step's cells
+    # are read from the flat (B, S * W) grid by index tensors built once, their weights gathered once before.
+    # No mask per step: every weight of a cell off the grid is -inf, so an off-grid cell passes nothing on
+    # (alpha) and receives nothing (beta: its own arcs' weights); only cells are read out below.
+    S, W = final.size(1), max_u1 + 2
+    flat = torch.full((2, B, S * W + 1), -math.inf, dtype=lp.dtype)  # alpha, beta; [-1]: a constant 0
+    flat[:, :, -1] = 0.0
+    alpha, beta = (x[:, :-1].view(B, S, W) for x in flat)
     alpha[:, pad, 1] = 0.0
-    cells, right, left = slice(1, max_u1 + 1), slice(2, max_u1 + 2), slice(0, max_u1)
+    cells, left = slice(1, max_u1 + 1), slice(0, max_u1)
+    col = torch.arange(1, max_u1 + 1)
     ar = torch.arange(D)
-    for n in range(pad + 1, pad + steps):
-        src = n - d  # a blank of duration d_i from step n - d_i, a label from step n - d_i - 1
-        terms = torch.cat([alpha[:, src, cells] + blank_w[:, src, ar, cells],
-                           alpha[:, src - 1, left] + label_w[:, src - 1, ar, left]], dim=1)
-        alpha[:, n, cells] = torch.where(inside[:, n, cells], terms.logsumexp(dim=1), -math.inf)
+    # alpha: at step n, the blank of duration d_i from (n - d_i, u) and the label from (n - d_i - 1, u - 1)
+    n_all = torch.arange(pad + 1, pad + steps)[:, None]
+    w_in = torch.cat([blank_w[:, n_all - d, ar, cells], label_w[:, n_all - d - 1, ar, left]], dim=2)
+    at_in = torch.cat([(n_all - d)[..., None] * W + col, (n_all - d - 1)[..., None] * W + col - 1], dim=1)
+    for i, n in enumerate(range(pad + 1, pad + steps)):
+        alpha[:, n, cells] = (flat[0][:, at_in[i]] + w_in[:, i]).logsumexp(dim=1)
+    # beta: at step n, the blank to (n + d_i, u), the label to (n + d_i + 1, u + 1), the closing blank (the 0)
+    n_all = torch.arange(pad, pad + steps)[:, None]
+    w_out = torch.cat([blank_w[:, pad:pad + steps, :, cells], label_w[:, pad:pad + steps, :, cells],
+                       final[:, pad:pad + steps, None, cells]], dim=2)
+    at_out = torch.cat([(n_all + d)[..., None] * W + col, (n_all + d + 1)[..., None] * W + col + 1,
+                        torch.full((steps, 1, max_u1), S * W)], dim=1)
     for n in range(pad + steps - 1, pad - 1, -1):
-        dst = n + d
-        terms = torch.cat([beta[:, dst, cells] + blank_w[:, n, :, cells],
-                           beta[:, dst + 1, right] + label_w[:, n, :, cells],
-                           final[:, n, None, cells]], dim=1)
-        beta[:, n, cells] = torch.where(inside[:, n, cells], terms.logsumexp(dim=1), -math.inf)
+        beta[:, n, cells] = (flat[1][:, at_out[n - pad]] + w_out[:, n - pad]).logsumexp(dim=1)
 
     nan_seen = (torch.isnan(lp[rows]).any(dim=-1) | torch.isnan(lp_dur[rows]).any(dim=-1)) & is_cell
     loss = torch.where(nan_seen.flatten(1).any(dim=1), math.nan, -beta[:, pad, 1])
@@ -467,22 +480,32 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         has_label = is_cell & (u < layout.target_lengths[b])
         labels = _labels(targets, b, u, has_label, blank)
         index = torch.arange(end - start)
-        p = (tokens2d[local:local_end].to(lp.dtype) - den[start:end, 0:1]).exp_()
-        q = (durations2d[local:local_end].to(lp.dtype) - den[start:end, 1:2]).exp_()
         blank_total, label_total = blank_arc.sum(dim=1), label_arc.sum(dim=1)
-        g_tok = p * ((1 - omega) * (gamma + lam * label_total))[:, None]
-        g_tok[index, blank] -= (1 - omega) * blank_total
-        g_tok[index, labels] -= (1 - omega) * (1 + lam) * label_total
-        g_dur = q.mul_(gamma[:, None]).sub_(blank_arc).sub_(label_arc).mul_(1 - omega)
+        factor = (1 - omega) * (gamma + lam * label_total)  # of the softmax, per row
+        sub_blank = (1 - omega) * blank_total
+        sub_label = (1 - omega) * (1 + lam) * label_total
         if omega:
             gamma_r, blank_r, label_r, *_ = _gradient_coefficients(layout, lp_r, alpha_r, beta_r, loss_r, scale,
                                                                        False, start, end, cells)
-            g_tok += p.mul_((omega * (gamma_r + lam * label_r))[:, None])
-            g_tok[index, blank] -= omega * blank_r
-            g_tok[index, labels] -= omega * (1 + lam) * label_r
-        for g, out in ((g_tok, out_tokens), (g_dur, out_durations)):
+            factor += omega * (gamma_r + lam * label_r)
+            sub_blank += omega * blank_r
+            sub_label += omega * (1 + lam) * label_r
+        # the token gradient is formed in its output rows when they have the arithmetic's dtype (no
+        # allocation of the chunk's size: fresh pages cost more than the arithmetic here)
+        dst = out_tokens[local:local_end]
+        g_tok = dst if dst.dtype == lp.dtype else torch.empty(dst.shape, dtype=lp.dtype)
+        torch.sub(tokens2d[local:local_end].to(lp.dtype), den[start:end, 0:1], out=g_tok).exp_()
+        g_tok.mul_(factor[:, None])
+        g_tok[index, blank] -= sub_blank
+        g_tok[index, labels] -= sub_label
+        q = (durations2d[local:local_end].to(lp.dtype) - den[start:end, 1:2]).exp_()
+        g_dur = q.mul_(gamma[:, None]).sub_(blank_arc).sub_(label_arc).mul_(1 - omega)
+        dead = ~live[:, None]
+        for g in (g_tok, g_dur):
             if clamp > 0:
                 g.clamp_(-clamp, clamp)
             g.mul_(scale[b][:, None])
-            # padding rows and the rows of dead utterances may hold anything, even inf or NaN
-            out[local:local_end] = torch.where(live[:, None], g, 0.0)
+            g.masked_fill_(dead, 0.0)  # padding rows and dead utterances' rows may hold anything, even NaN
+        if g_tok is not dst:
+            dst.copy_(g_tok)
+        out_durations[local:local_end] = g_dur
