@@ -66,9 +66,10 @@ __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
 // checked the base and the row stride), `n` of begin() is the row's vectors. Otherwise (NeMo's TDT joint:
 // V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
 // VEC boundary and the `tail` columns after its last whole vector are one scalar each for the first
-// head + tail (< 2 VEC) threads of the row, and the vectors between them are read as when aligned. `logits` holds the rows [row_start, row_start +
-// num_rows) of the layout (all of them, or a tile of the fused joiner loss); the per-row arrays (lp,
-// den, alpha, beta) are indexed by the row of the layout. In the compact layout the first vectors are
+// head + tail (< 2 VEC) threads of the row, and the vectors between them are read as when aligned.
+// `logits` holds the rows [row_start, row_start + num_rows) of the layout (all of them, or a tile of
+// the fused joiner loss), `ld` apart; the per-row arrays (lp, den, alpha, beta) are indexed by the row of
+// the layout. In the compact layout the first vectors are
 // loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
 // and the loads of strides, lengths and targets overlap them instead of delaying them.
 template <typename T, int VEC, int WPR, bool ALIGNED = true>

@@ -242,8 +242,9 @@ __global__ void __launch_bounds__(1024)
 // their latency stays off the critical path; the general kernel above reads 4 values per arc at the step
 // itself. alpha's arcs start at earlier cells: the thread of a cell publishes the cell's 2D arc terms
 // (alpha + blank + duration_i, alpha + label + duration_i) in a shared ring when it computes the cell, and
-// the D steps that use them read one value an arc there. beta's arcs all leave the cell itself. Each cell is one logsumexp of 2D terms,
-// by trees (td::tree_logsumexp) since it is the walk's critical path.
+// the D steps that use them read one value an arc there. beta's arcs all leave the cell itself. Each cell
+// is one logsumexp of 2D terms, by trees (td::tree_logsumexp) since it is the walk's critical path. The
+// walk is bound by its instructions, not its loads (RESULTS.md section 5): 4 warps a block, one a scheduler.
 namespace td {
 
 template <typename Acc, int D>
