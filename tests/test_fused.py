@@ -154,14 +154,20 @@ def test_compile_fullgraph(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
+@pytest.mark.parametrize("static_shapes", [True, False])
+def test_opcheck(device, static_shapes):
+    # static_shapes: per-row outputs sized by the shapes' bound (as torch.compile calls the op), else by the
+    # lengths' row count (eager calls; the fake gives a data-dependent size)
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(570, device=device)
     args = (enc, pred, weight, bias, targets, T, U, "tanh", 0, False, True, 0.0, 0.0, -1.0, torch.float64, 7, [], 0.0,
-            0.0)
+            0.0, static_shapes)
+    out = torch.ops.transducer.fused_joiner_loss.default(*args)
+    rows = int((T * (U + 1)).sum())
+    assert out[2].shape == (enc.size(0) * enc.size(1) * pred.size(1) if static_shapes else rows, 2)
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
     # TDT: the last 3 rows of weight score durations 0, 1, 3; omega > 0 adds the RNN-T outputs
     tdt_targets = (targets % 14).clamp(min=1)
-    args = args[:4] + (tdt_targets,) + args[5:-3] + ([0, 1, 3], 0.1, 0.25)
+    args = args[:4] + (tdt_targets,) + args[5:-4] + ([0, 1, 3], 0.1, 0.25, static_shapes)
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
 
 

@@ -41,12 +41,13 @@ KERNELS = {
     ],
     "transducer/stages.cu": [
         "layout_kernel<int, long long, int, true>", "layout_kernel<long long, int, long long, false>",
-        "log_probs_kernel<ops::half_t, int, 8, 1>", "log_probs_kernel<ops::bf16_t, long long, 8, 8>",
-        "log_probs_kernel<float, int, 4, 1>", "log_probs_kernel<double, long long, 1, 8>",
+        "log_probs_kernel<ops::half_t, int, 8, 1, true>", "log_probs_kernel<ops::bf16_t, long long, 8, 8, false>",
+        "log_probs_kernel<float, int, 4, 1, false>", "log_probs_kernel<double, long long, 1, 8, true>",
         "alpha_beta_kernel<float, false>", "alpha_beta_kernel<double, true>",
-        "gradient_kernel<ops::half_t, int, 8, 1, false, false, false>",
-        "gradient_kernel<ops::bf16_t, long long, 8, 8, true, true, true>",
-        "gradient_kernel<float, int, 4, 1, false, true, true>", "gradient_kernel<double, int, 2, 8, true, false, false>",
+        "gradient_kernel<ops::half_t, int, 8, 1, false, false, false, true>",
+        "gradient_kernel<ops::bf16_t, long long, 8, 8, true, true, true, false>",
+        "gradient_kernel<float, int, 4, 1, false, true, true, false>",
+        "gradient_kernel<double, int, 2, 8, true, false, false, true>",
     ],
     "transducer/pack.cu": [
         "pack_forward_kernel<ops::half_t, 8, 0>", "pack_forward_kernel<ops::bf16_t, 8, 1>",

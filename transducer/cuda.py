@@ -52,6 +52,29 @@ def _check_cuda(*tensors):
             raise ValueError("transducer.cuda: every tensor must be on a CUDA device")
 
 
+def _row_major(name, x):
+    if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
+        raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
+
+
+def _row_access(itemsize, V, rows, outs=()):
+    """(vec, aligned) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and ``outs``
+    (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte boundary;
+    else, when every output row sits at its input row's offset from one (same base offset and row
+    strides modulo 16 bytes), 16-byte vectors between a scalar head and tail per row (common.cuh's
+    RowPass<..., false>: NeMo's 1029-wide TDT rows, the 500 token columns of the fused joiner's 512-wide
+    tiles); else the widest width that every row allows."""
+    tensors = [rows, *outs]
+    full = 16 // itemsize
+    vec = vector_width(itemsize, math.gcd(V, *(t.stride(0) for t in tensors)), tensors)
+    if vec == full:
+        return vec, True
+    if all((o.data_ptr() - rows.data_ptr()) % 16 == 0 and (o.stride(0) - rows.stride(0)) * itemsize % 16 == 0
+           for o in outs):
+        return full, False
+    return vec, True
+
+
 def _table(layout):
     """The layout's table and batch size: every kernel finds T_b, U_b, strides and row_splits in it."""
     return layout.table, i32(layout.batch_size)
@@ -92,13 +115,13 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
         return lp, den
     _row_major("logits2d", logits2d)
     itemsize, ld = logits2d.element_size(), logits2d.stride(0)
-    vec = vector_width(itemsize, math.gcd(V, ld), [logits2d])
+    vec, aligned = _row_access(itemsize, V, logits2d)
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
-    name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}>"
+    name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
-            i32(V // vec), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
+            i32(V // vec if aligned else V), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
 
@@ -138,14 +161,14 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
         raise ValueError("transducer.cuda.gradient: out must have the logits' shape, dtype and strides")
     scale = scale.to(lp.dtype)
     itemsize, ld = logits2d.element_size(), logits2d.stride(0)
-    vec = vector_width(itemsize, math.gcd(V, ld), [out] if from_log_softmax else [logits2d, out])
+    vec, aligned = _row_access(itemsize, V, logits2d, [out])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
-            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}>")
+            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}, {_flag(aligned)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
-            i32(V // vec), i32(blank), i32(layout.padded), lp, den, alpha, beta, loss, scale, i64(scale.stride(0)),
+            i32(V // vec if aligned else V), i32(blank), i32(layout.padded), lp, den, alpha, beta, loss, scale, i64(scale.stride(0)),
             _acc(lp.dtype, fastemit_lambda), _acc(lp.dtype, max(clamp, 0.0)), out))
     return out
 
@@ -253,28 +276,6 @@ def _durations(durations):
         raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
     padded = list(durations) + [0] * (MAX_DURATIONS - len(durations))
     return np.array((len(durations), padded), dtype=_DURATIONS_DTYPE)[()]
-
-
-def _row_major(name, x):
-    if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
-        raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
-
-
-def _row_access(itemsize, V, rows, outs=()):
-    """(vec, aligned) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and ``outs``
-    (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte boundary;
-    else, when every output row sits at its input row's offset from one (same base offset and row
-    strides modulo 16 bytes), 16-byte vectors between a scalar head and tail per row (common.cuh's
-    RowPass<..., false>: NeMo's 1029-wide TDT rows); else the widest width that every row allows."""
-    tensors = [rows, *outs]
-    full = 16 // itemsize
-    vec = vector_width(itemsize, math.gcd(V, *(t.stride(0) for t in tensors)), tensors)
-    if vec == full:
-        return vec, True
-    if all((o.data_ptr() - rows.data_ptr()) % 16 == 0 and (o.stride(0) - rows.stride(0)) * itemsize % 16 == 0
-           for o in outs):
-        return full, False
-    return vec, True
 
 
 def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):

@@ -23,6 +23,7 @@ forward and one in backward.
 """
 
 import bisect
+import functools
 import operator
 from typing import List, Optional, Tuple
 
@@ -55,8 +56,12 @@ def default_max_rows(J, V, itemsize, device_type="cuda"):
 
 
 def _tiles(num_rows, max_rows):
-    for start in range(0, num_rows, max_rows):
-        yield start, min(start + max_rows, num_rows)
+    """[start, end) of the fewest tiles of at most max_rows rows, of equal sizes (within one row): a small
+    last tile would cost a tile's launches and slow, thin GEMMs for little work."""
+    count = -(-num_rows // max_rows)
+    size = -(-num_rows // count) if count else 0
+    for start in range(0, num_rows, size or 1):
+        yield start, min(start + size, num_rows)
 
 
 def _utterances(row_splits, start, end):
@@ -84,8 +89,8 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
                    targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, activation: str, blank: int,
                    one_sym_per_frame: bool, check_inputs: bool, delay_penalty: float, fastemit_lambda: float,
                    clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
-                   omega: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                          Tensor, Tensor]:
+                   omega: float, static_shapes: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                               Tensor, Tensor, Tensor, Tensor]:
     """(nll, table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll); the last five are empty
     without durations (RNN-T / RNA), the last three also when omega == 0."""
     stages = stages_for(encoder_out.device)
@@ -97,14 +102,17 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
         _check_fused_values(encoder_out, predictor_out, targets, V, table[-NUM_STATS:], blank)
     B = layout.batch_size
     num_rows = table[4 * B]
-    # The per-row arrays have room for B * maxT * (maxU+1) rows, a bound known from the shapes, so that
-    # the op's outputs have static shapes under torch.compile; the rows past num_rows hold zeros.
-    capacity = _capacity(encoder_out, predictor_out)
-    if num_rows > capacity:
+    bound = _capacity(encoder_out, predictor_out)
+    if num_rows > bound:
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds "
-                         f"B * maxT * (maxU+1) = {capacity}")
+                         f"B * maxT * (maxU+1) = {bound}")
+    # static_shapes (set while torch.compile traces): the per-row arrays have room for B * maxT * (maxU+1)
+    # rows, a bound known from the shapes, so that the op's outputs have static shapes, and the rows past
+    # num_rows hold zeros; in eager mode they have num_rows rows (about half the bound in Protocol A).
+    capacity = bound if static_shapes else num_rows
     acc = accumulate_dtype(compute_dtype)
-    new = lambda *shape: encoder_out.new_zeros(*shape, dtype=acc)  # noqa: E731
+    new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
+    new = functools.partial(new, dtype=acc)
     lp = new(capacity, 2)
     den = new(capacity, 2) if tdt else new(capacity)
     lp_dur = new(capacity, len(durations)) if tdt else new(0)
@@ -128,8 +136,9 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             nll = tdt_nll.clone()  # outputs may not alias
     else:
         alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
-    for x in (alpha, beta, alpha_r, beta_r):
-        x[num_rows:] = 0
+    if capacity > num_rows:
+        for x in (alpha, beta, alpha_r, beta_r):
+            x[num_rows:] = 0
     return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
 
 
@@ -205,7 +214,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
 
 def _setup_context(ctx, inputs, output):
     (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
-     fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega) = inputs
+     fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega, _) = inputs
     nll, table, *saved = output
     ctx.mark_non_differentiable(table, *saved)
     ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, table, saved[0], saved[1], saved[2],
@@ -218,7 +227,7 @@ def _gradient(ctx, grad_nll, backward):
     encoder_out, predictor_out, weight, bias, *saved = ctx.saved_tensors
     grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, encoder_out, predictor_out, weight, bias, *saved,
                                                    *ctx.options)
-    return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 15
+    return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 16
 
 
 fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient)
@@ -228,9 +237,9 @@ fused_op, fused_backward_op = fused.op, fused.backward_op
 @fused_op.register_fake
 def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, activation, blank,
       one_sym_per_frame, check_inputs, delay_penalty, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
-      sigma, omega):
+      sigma, omega, static_shapes):
     acc = accumulate_dtype(compute_dtype)
-    rows = _capacity(encoder_out, predictor_out)
+    rows = _capacity(encoder_out, predictor_out) if static_shapes else torch.library.get_ctx().new_dynamic_size()
     B = logit_lengths.size(0)
     tdt = len(durations) > 0
     new = lambda *shape: encoder_out.new_empty(*shape, dtype=acc)  # noqa: E731
@@ -288,8 +297,9 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
         activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
         max_rows: rows per tile; default: tile buffers of about 224 MiB on CUDA, 16 MiB on the CPU. Memory is
-            O(B * maxT * (maxU+1)) for the loss's per-row arrays (a bound known from the shapes, so that
-            the op's outputs have static shapes) plus O(max_rows * (2J + V)) for a tile.
+            O(sum_b T_b*(U_b+1)) for the loss's per-row arrays (under torch.compile O(B * maxT * (maxU+1)),
+            a bound known from the shapes, so that the op's outputs have static shapes) plus
+            O(max_rows * (2J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
             delay_penalty: as for :func:`transducer.transducer_loss`, except that sizing the tiles reads the
             layout on the host whatever check_inputs (one transfer in forward, one in backward).
@@ -347,7 +357,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
               target_lengths, activation, operator.index(blank), bool(one_sym_per_frame), bool(check_inputs),
               float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows),
-              durations or [], float(sigma), float(omega))
+              durations or [], float(sigma), float(omega), torch.compiler.is_compiling())
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
         nll = fused(*inputs)[0]
     return _reduce(nll, reduction, zero_infinity)

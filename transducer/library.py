@@ -72,18 +72,23 @@ class Op:
         self.op.register_autograd(lambda ctx, grad, *_: gradient(ctx, grad, self.backward_op),
                                   setup_context=setup_context)
 
+        # forward(ctx, *inputs), not a separate setup_context: torch's apply then skips binding the
+        # arguments to forward's signature (inspect.signature, each call). The outputs other than the first
+        # are non-differentiable: without materialised gradients autograd does not fill zeros for them.
         class Eager(torch.autograd.Function):
             @staticmethod
-            def forward(*inputs):
-                return forward(*inputs)
-
-            @staticmethod
-            def setup_context(ctx, inputs, output):
+            def forward(ctx, *inputs):
+                ctx.set_materialize_grads(False)
+                output = forward(*inputs)
                 setup_context(ctx, inputs, output)
+                ctx.num_inputs = len(inputs)
+                return output
 
             @staticmethod
             @torch.autograd.function.once_differentiable
             def backward(ctx, grad, *_):
+                if grad is None:  # nothing reached the first output: no gradient
+                    return (None,) * ctx.num_inputs
                 grads = gradient(ctx, grad, backward)
                 if after_backward is not None:
                     after_backward(ctx, grads)

@@ -21,8 +21,8 @@
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)),
 // penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more).
 // A NaN or +-inf logit makes den (RowPass::logsumexp), both log-probs and so the utterance's loss NaN (the
-// CPU twin alike).
-template <typename T, typename I, int VEC, int WPR>
+// CPU twin alike). ALIGNED: as for RowPass (common.cuh); when false, `nvec` is the row's columns.
+template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
                      const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(td::kThreads)
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  RowPass<T, VEC, WPR> pass;
+  RowPass<T, VEC, WPR, ALIGNED> pass;
   if (!pass.begin(logits, table, B, row_start, num_rows, ld, nvec, !padded && !from_log_softmax)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
@@ -264,8 +264,9 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 // unit incoming gradient; CLAMP false: none). RNN-T: blank -> (t+1, u), label -> (t, u+1); RNA: blank ->
 // (t+1, u), label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0). Zeros on
 // padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
-// `logits` (each element is read before it is written).
-template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP>
+// `logits` (each element is read before it is written). ALIGNED: as for log_probs_kernel; when false, `out`'s
+// rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it).
+template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
                     const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
@@ -279,13 +280,14 @@ __global__ void __launch_bounds__(td::kThreads)
                     typename ops::AccOf<T>::type fastemit_lambda, typename ops::AccOf<T>::type clamp, T* out) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef typename RowPass<T, VEC, WPR>::VT VT;
+  typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
-  RowPass<T, VEC, WPR> pass;
+  RowPass<T, VEC, WPR, ALIGNED> pass;
   if (!pass.begin(logits, table, B, row_start, num_rows, ld, nvec, !FLS && !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
-  VT* q = reinterpret_cast<VT*>(out + pass.row);
+  T* q_row = out + pass.row;
+  VT* q = reinterpret_cast<VT*>(q_row + pass.head);
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
   if (live) {
@@ -298,7 +300,8 @@ __global__ void __launch_bounds__(td::kThreads)
     VT z;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
-    for (int i = pass.lane; i < nvec; i += RowGeometry<WPR>::G) q[i] = z;
+    for (int i = pass.lane; i < pass.nvec; i += RowGeometry<WPR>::G) q[i] = z;
+    if (!ALIGNED && pass.col >= 0) q_row[pass.col] = from_acc<T>(Acc(0));
     return;
   }
   // per-row coefficients (every thread of the row computes them; the loads broadcast)
@@ -328,19 +331,20 @@ __global__ void __launch_bounds__(td::kThreads)
     coef -= den[r];
   }
   const Acc sub_blank = occ_blank, sub_label = (Acc(1) + fastemit_lambda) * occ_label;
+  auto grad = [&](int v, T x) {
+    Acc g = FLS ? Acc(0) : exp_fast(to_acc(x) + coef);
+    if (v == blank) g -= sub_blank;
+    if (v == label) g -= sub_label;
+    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+    return from_acc<T>(g * sc);
+  };
   pass.for_each(!FLS, [&](int i, const VT& vt) {
     VT o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const int v = i * VEC + j;
-      Acc g = FLS ? Acc(0) : exp_fast(to_acc(vt.v[j]) + coef);
-      if (v == blank) g -= sub_blank;
-      if (v == label) g -= sub_label;
-      if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
-      o.v[j] = from_acc<T>(g * sc);
-    }
+    for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
     q[i] = o;
   });
+  if (!ALIGNED && pass.col >= 0) q_row[pass.col] = grad(pass.col, pass.x);
 }
 
 // ---------------------------------------------------------------------------
