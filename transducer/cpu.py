@@ -239,12 +239,18 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     return out
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity"):
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None):
     D = encoder_out.size(2)
     b, t, u = _coordinates(layout, row_start, row_start + num_rows)
-    out = encoder_out.reshape(-1, D).index_select(0, b * encoder_out.size(1) + t)
-    out += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
-    return out.tanh_() if activation == "tanh" else out.relu_() if activation == "relu" else out
+    rows = encoder_out.reshape(-1, D).index_select(0, b * encoder_out.size(1) + t)
+    rows += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
+    rows = rows.tanh_() if activation == "tanh" else rows.relu_() if activation == "relu" else rows
+    if out is None:
+        return rows
+    if out.shape != rows.shape or out.dtype != rows.dtype:
+        raise ValueError(f"pack_forward: out must be a {tuple(rows.shape)} {rows.dtype} tensor, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    return out.copy_(rows)
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):

@@ -184,9 +184,22 @@ def _threads_per_item(nvec):
 _ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: td::Activation
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity"):
+def _pack_out(encoder_out, num_rows, out):
+    """pack_forward's output: ``out`` (checked: (num_rows, D), the inputs' dtype, rows with unit column stride,
+    a wider matrix's first D columns for example), or a new (num_rows, D) tensor."""
+    shape = (int(num_rows), encoder_out.size(2))
+    if out is None:
+        return torch.empty(shape, dtype=encoder_out.dtype, device=encoder_out.device)
+    if out.shape != shape or out.dtype != encoder_out.dtype or out.device != encoder_out.device or (
+            shape[1] > 1 and out.stride(1) != 1):
+        raise ValueError(f"pack_forward: out must be a {shape} {encoder_out.dtype} tensor on {encoder_out.device} "
+                         f"with unit column stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
+    return out
+
+
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None):
     """Compact joiner input: out[r - row_start] = act(encoder_out[b, t] + predictor_out[b, u]) for the rows
-    r = (b, t, u) in [row_start, row_start + num_rows)."""
+    r = (b, t, u) in [row_start, row_start + num_rows); written into ``out`` when given (see _pack_out)."""
     _check_cuda(encoder_out, predictor_out)
     if encoder_out.dtype != predictor_out.dtype:
         raise ValueError("pack_forward: encoder_out and predictor_out must have the same dtype")
@@ -194,17 +207,18 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     B, max_t, D = encoder_out.shape
     max_u1 = predictor_out.size(1)
     num_rows = int(num_rows)
-    out = torch.empty(num_rows, D, dtype=encoder_out.dtype, device=encoder_out.device)
+    out = _pack_out(encoder_out, num_rows, out)
     if num_rows == 0 or D == 0:
         return out
-    vec = vector_width(encoder_out.element_size(), D, [encoder_out, predictor_out, out])
+    ld = out.stride(0)
+    vec = vector_width(encoder_out.element_size(), math.gcd(D, ld), [encoder_out, predictor_out, out])
     nvec = D // vec
     tpr = _threads_per_item(nvec)
     items_per_block = _THREADS // tpr
     name = f"pack_forward_kernel<{ctype(encoder_out.dtype)}, {vec}, {_ACTIVATIONS[activation]}>"
     launch(_PACK, name, out, ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
            (encoder_out, predictor_out, *_table(layout), i32(row_start), i32(num_rows), i32(max_t), i32(max_u1),
-            i32(nvec), i32(tpr.bit_length() - 1), out))
+            i32(nvec), i32(tpr.bit_length() - 1), i64(ld), out))
     return out
 
 
@@ -214,9 +228,12 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidd
     `utterances` = (first, end)."""
     D = grad_rows.size(1)
     act = _ACTIVATIONS[activation]
-    if act and (hidden is None or hidden.shape != grad_rows.shape or hidden.dtype != grad_rows.dtype):
-        raise ValueError("pack_backward_add: hidden must have grad_rows' shape and dtype")
-    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([hidden] if act else []))
+    if act and (hidden is None or hidden.shape != grad_rows.shape or hidden.dtype != grad_rows.dtype or
+                (D > 1 and hidden.stride(1) != 1)):
+        raise ValueError("pack_backward_add: hidden must have grad_rows' shape and dtype, rows of unit column stride")
+    ld_hidden = hidden.stride(0) if act else D
+    vec = vector_width(grad_rows.element_size(), math.gcd(D, ld_hidden),
+                       [grad_rows, *grads] + ([hidden] if act else []))
     nvec = D // vec
     b0, b1 = utterances
     for grad, pred in zip(grads, (False, True)):
@@ -235,7 +252,7 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidd
         launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
                (grad_rows, hidden if act else 0, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b),
                 i32(num_items), i32(row_start), i32(row_start + grad_rows.size(0)), i32(nvec),
-                i32(tpr.bit_length() - 1), i32(split.bit_length() - 1), grad))
+                i32(tpr.bit_length() - 1), i32(split.bit_length() - 1), i64(ld_hidden), grad))
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):

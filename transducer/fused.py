@@ -10,8 +10,9 @@ Rows are processed in tiles of at most ``max_rows``: forward packs a tile's join
 activation applied (one pass), runs the output GEMM, and keeps only the tile's den and blank / label (and
 duration) log-probabilities (the log_probs stage); alpha and beta then run over all rows as in the
 unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM, the price of not storing
-them), turns the logits into their gradient in place (the gradient stage), and accumulates dW = dz^T h,
-db = sum dz and dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
+them), turns the logits into their gradient in place (the gradient stage), and accumulates dW = dz^T h
+and db = sum dz (one GEMM: a bias rides as a column of the projection against a column of ones) and
+dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
 gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass). GEMMs
 go through torch (cuBLAS); under autocast they run in the autocast dtype and the loss arithmetic in fp32,
 as in the unfused path.
@@ -116,16 +117,16 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     lp = new(capacity, 2)
     den = new(capacity, 2) if tdt else new(capacity)
     lp_dur = new(capacity, len(durations)) if tdt else new(0)
-    W, b = _projection(weight, bias, compute_dtype)
+    Wx, _ = _projection(weight, bias, compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
-        h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
-        z = F.linear(h.to(compute_dtype), W, b)
+        h, hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        z = F.linear(hx, Wx)
         if tdt:
             stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, blank, sigma, start,
                                  (lp, lp_dur, den))
         else:
             stages.log_probs(z[:, :V], targets, layout, blank, False, delay_penalty, start, (lp, den))
-        del h, z
+        del h, hx, z
     alpha_r, beta_r, rnnt_nll, tdt_nll = new(0), new(0), new(0), new(0)  # outputs may not alias each other
     if tdt:
         alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
@@ -146,19 +147,43 @@ _ROW_MULTIPLES = (128, 8)  # the projection's rows are padded to a multiple of t
 
 
 def _projection(weight, bias, compute_dtype):
-    """The output projection in the compute dtype, its rows padded with zero rows to a multiple of 128 where
-    that adds at most 3% to the GEMMs, else of 8: the tile's rows then start on 16-byte boundaries, so that
-    cuBLAS runs its fast kernels on them (with 500 or 505 columns it fell back to older, 2-3x slower ones in
-    bf16; 512 ran faster than 504: RESULTS.md section 5) and the log-probs and gradient stages read them in
-    vectors. The stages read the V (+ D) real columns; the padding columns get no gradient."""
-    W = weight.to(compute_dtype)
-    b = None if bias is None else bias.to(compute_dtype)
-    rows = weight.size(0)
+    """(Wx, W): the output projection in the compute dtype, and with a bias Wx = [W | b | 0] (the bias as
+    column J, zero columns up to a multiple of 8) against hidden rows [h | 1 ... 1] (_hidden): the bias is
+    added by the GEMM, and its gradient, the logits' gradient's column sums, comes out of the weight
+    gradient's GEMM as column J (a GEMV of its own read the tile at a third of the HBM rate: RESULTS.md).
+    Without a bias, Wx = W. W = Wx[:, :J].
+
+    The rows are padded with zero rows to a multiple of 128 where that adds at most 3% to the GEMMs, else
+    of 8: the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast kernels on them
+    (with 500 or 505 columns it fell back to older, 2-3x slower ones in bf16; 512 ran faster than 504:
+    RESULTS.md section 5) and the log-probs and gradient stages read them in vectors. The stages read the
+    V (+ D) real columns; the padding columns get no gradient."""
+    rows, J = weight.shape
     pad = next(p for p in (-rows % m for m in _ROW_MULTIPLES) if p <= 0.03 * rows or p < 8)
-    if pad:
-        W = F.pad(W, (0, 0, 0, pad))
-        b = None if b is None else F.pad(b, (0, pad))
-    return W, b
+    cols = J if bias is None else (J + 8) // 8 * 8
+    Wx = weight.new_zeros(rows + pad, cols, dtype=compute_dtype)
+    Wx[:rows, :J] = weight
+    if bias is not None:
+        Wx[:rows, J] = bias
+    return Wx, Wx[:, :J]
+
+
+def _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx):
+    """(h, hx) of the rows [start, end): h = act(encoder_out[b, t] + predictor_out[b, u]) in the inputs'
+    dtype; hx the GEMMs' operand against Wx (_projection), in its dtype: h, then with a bias columns of
+    ones. h is a view of hx where the dtypes agree."""
+    J, rows = encoder_out.size(2), end - start
+    if Wx.size(1) == J:  # no bias
+        h = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation)
+        return h, h.to(Wx.dtype)
+    hx = encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
+    hx[:, J:] = 1
+    if encoder_out.dtype == Wx.dtype:
+        h = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation, hx[:, :J])
+    else:
+        h = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation)
+        hx[:, :J] = h
+    return h, hx
 
 
 def _capacity(encoder_out, predictor_out):
@@ -181,14 +206,12 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
-    W, b = _projection(weight, bias, compute_dtype)
-    grad_w = weight.new_zeros(W.shape, dtype=acc)
-    grad_b = weight.new_zeros(W.size(0), dtype=acc)
+    Wx, W = _projection(weight, bias, compute_dtype)
+    grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
     for start, end in _tiles(row_splits[-1], max_rows):
-        h = stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation)
-        hc = h.to(compute_dtype)
-        dz = F.linear(hc, W, b)  # the tile's logits, turned into their gradient in place
+        h, hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
         if durations:
             tokens, durs = dz[:, :V], dz[:, V:weight.size(0)]
             stages.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale, blank,
@@ -200,16 +223,16 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
                             one_sym_per_frame, tokens, fastemit_lambda, clamp, start)
         if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
             dz[:, weight.size(0):] = 0
-        grad_w += dz.t().mm(hc)
-        grad_b += dz.t().mv(dz.new_ones(end - start))  # a GEMV reads dz at full speed; sum(0) does not
+        grad_wx += dz.t().mm(hx)
         dh = dz.mm(W).to(h.dtype)
-        del dz, hc
+        del dz, hx
         stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred, h,
                                  activation)
         del h, dh
     rows = weight.size(0)  # without the padding rows
-    return (grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w[:rows].to(weight.dtype),
-            grad_b[:rows].to(weight.dtype))
+    grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
+    grad_b = grad_wx[:rows, J].clone() if bias is not None else grad_wx.new_zeros(rows)  # outputs may not alias
+    return grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w, grad_b.to(weight.dtype)
 
 
 def _setup_context(ctx, inputs, output):

@@ -3,6 +3,7 @@
 // of the layout, so that the fused joiner loss (transducer/fused.py) can go tile by tile:
 //
 //   pack_forward_kernel            out[r - row_start] = act(enc[b, t] + pred[b, u]) for row r = (b, t, u)
+//                                  (out's rows ld_out apart: the fused loss packs into a wider matrix)
 //   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  d(b, t, u) in range   (t < T_b)
 //   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   d(b, t, u) in range   (u <= U_b)
 //
@@ -49,7 +50,7 @@ template <typename T, int VEC, int ACT>
 __global__ void __launch_bounds__(256)
     pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
                         int B, int row_start, int num_rows, int max_t, int max_u1, int nvec, int log_tpr,
-                        T* __restrict__ out) {
+                        long long ld_out, T* __restrict__ out) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(256)
   int b, t, u;
   g.coordinates(row_start + local, b, t, u);
   const long long D = (long long)nvec * VEC;
-  V* po = reinterpret_cast<V*>(out + (long long)local * D);
+  V* po = reinterpret_cast<V*>(out + (long long)local * ld_out);
   if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros
     V z;
 #pragma unroll
@@ -83,7 +84,8 @@ __global__ void __launch_bounds__(256)
 }
 
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
-// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them. A
+// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them (and
+// hidden, its rows ld_hidden apart). A
 // block of 256 threads is 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an
 // item take every (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed
 // order (deterministic): the launcher splits an item whose rows are many and far apart (the predictor's
@@ -92,7 +94,8 @@ template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE, int ACT>
 __global__ void __launch_bounds__(256)
     pack_grad_kernel(const T* __restrict__ grad_rows, const T* __restrict__ hidden,
                      const long long* __restrict__ table, int B, FastDivmod per_b, int item_start, int num_items,
-                     int row_start, int row_end, int nvec, int log_tpr, int log_split, O* __restrict__ grad) {
+                     int row_start, int row_end, int nvec, int log_tpr, int log_split, long long ld_hidden,
+                     O* __restrict__ grad) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
@@ -123,9 +126,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
     if (i < nvec) {
-      const long long offset = (first - row_start) * D + (long long)i * VEC;
-      const T* p = grad_rows + offset;
-      const T* ph = hidden + offset;
+      const T* p = grad_rows + (first - row_start) * D + (long long)i * VEC;
+      const T* ph = hidden + (first - row_start) * ld_hidden + (long long)i * VEC;
 #pragma unroll 4
       for (long long c = c0 + part; c < c1; c += split) {
         const V x = *reinterpret_cast<const V*>(p + c * step * D);
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
         } else {
-          const V h = *reinterpret_cast<const V*>(ph + c * step * D);
+          const V h = *reinterpret_cast<const V*>(ph + c * step * ld_hidden);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]) * td::activation_slope<ACT>(to_acc(h.v[j]));
         }
