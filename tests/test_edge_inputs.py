@@ -176,3 +176,24 @@ def test_software_bf16_rounding_matches_torch():
     nans = ~finite
     assert nans.any()
     assert np.isnan(torch.from_numpy(got[nans].view(np.int16)).view(torch.bfloat16).float().numpy()).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_infinite_incoming_gradient(device):
+    """An infinite incoming gradient gives the unit gradient times inf (no NaN from inf - inf): the CPU stages
+    multiply the scale into their per-row terms only when it is finite."""
+    gen = torch.Generator().manual_seed(31)
+    T, U, V = torch.tensor([4, 3]), torch.tensor([2, 1]), 6
+    logits = torch.randn(int((T * (U + 1)).sum()), V, generator=gen, dtype=torch.float64).to(device)
+    targets = torch.randint(1, V, (2, 2), generator=gen).to(device)
+    grads = []
+    for weight in (torch.tensor([0.0, 1.0]), torch.tensor([0.0, math.inf])):
+        x = logits.clone().requires_grad_()
+        transducer_loss(x, targets, T.to(device), U.to(device), reduction="none").backward(weight.to(device,
+                                                                                                   torch.float64))
+        grads.append(x.grad)
+    unit, infinite = grads
+    rows = int(T[0] * (U[0] + 1))
+    assert torch.equal(infinite[:rows], torch.zeros_like(unit[:rows]))
+    assert (unit[rows:] != 0).all()
+    torch.testing.assert_close(infinite[rows:], unit[rows:] * math.inf)

@@ -203,6 +203,13 @@ def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_fra
     return occupancy, blank_arc, label_arc, b, u, has_label, live
 
 
+def _fold_scale(scale, clamp):
+    """Whether the gradients may multiply the incoming scale into their per-row terms (one pass over the chunk
+    fewer) instead of into the chunk: not with a clamp (it applies before the scale), nor with an infinite
+    scale (inf - inf at the blank and label columns would give NaN where the CUDA twins give -inf)."""
+    return clamp <= 0 and bool(torch.isfinite(scale).all())
+
+
 def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
              from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0, row_start=0):
     # g = softmax * (occupancy + lambda * label_arc) - [blank] blank_arc - [label] (1 + lambda) label_arc,
@@ -216,7 +223,8 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     softmax_factor = occupancy + fastemit_lambda * label_arc if fastemit_lambda else occupancy
     label_arc = label_arc * (1 + fastemit_lambda)
     row_scale = scale[b]
-    if clamp <= 0:  # the scale rides on the per-row terms: one pass over the chunk fewer
+    fold = _fold_scale(scale, clamp)
+    if fold:
         softmax_factor, blank_arc, label_arc = (x * row_scale for x in (softmax_factor, blank_arc, label_arc))
     dead = ~live
     for start, end in _chunks(num_rows, vocab_size):
@@ -232,8 +240,9 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
             torch.sub(rows.to(lp.dtype), den[start:end, None], out=g).exp_().mul_(softmax_factor[start:end, None])
         g[index, blank] -= blank_arc[start:end]
         g[index, labels[start:end]] -= label_arc[start:end]
-        if clamp > 0:
-            g.clamp_(-clamp, clamp)
+        if not fold:
+            if clamp > 0:
+                g.clamp_(-clamp, clamp)
             g.mul_(row_scale[start:end, None])
         # padding rows and the rows of dead utterances may hold anything, even inf or NaN
         if dead[start:end].any():
@@ -510,7 +519,8 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
             sub_blank += omega * blank_r
             sub_label += omega * (1 + lam) * label_r
         row_scale = scale[b]
-        if clamp <= 0:  # the scale rides on the per-row terms: one pass over the chunk fewer
+        fold = _fold_scale(scale, clamp)
+        if fold:
             factor, sub_blank, sub_label = (x * row_scale for x in (factor, sub_blank, sub_label))
         # the token gradient is formed in its output rows when they have the arithmetic's dtype (no
         # allocation of the chunk's size: fresh pages cost more than the arithmetic here)
@@ -522,8 +532,11 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         g_tok[index, labels] -= sub_label
         q = (durations2d[local:local_end].to(lp.dtype) - den[start:end, 1:2]).exp_()
         g_dur = q.mul_(gamma[:, None]).sub_(blank_arc).sub_(label_arc).mul_(1 - omega)
+        if not fold:
+            if clamp > 0:
+                g_tok.clamp_(-clamp, clamp)
+            g_tok.mul_(row_scale[:, None])
         if clamp > 0:
-            g_tok.clamp_(-clamp, clamp).mul_(row_scale[:, None])
             g_dur.clamp_(-clamp, clamp)
         g_dur.mul_(row_scale[:, None])
         dead = ~live

@@ -60,9 +60,8 @@ def _tiles(num_rows, max_rows):
     """[start, end) of the fewest tiles of at most max_rows rows, of equal sizes (within one row): a small
     last tile would cost a tile's launches and slow, thin GEMMs for little work."""
     count = -(-num_rows // max_rows)
-    size = -(-num_rows // count) if count else 0
-    for start in range(0, num_rows, size or 1):
-        yield start, min(start + size, num_rows)
+    for i in range(count):
+        yield i * num_rows // count, (i + 1) * num_rows // count
 
 
 def _utterances(row_splits, start, end):

@@ -47,10 +47,12 @@ The stage contract, shared by ``transducer.cpu`` and ``transducer.cuda``
     scale is 0. ``out`` may be ``logits2d`` itself (each element is read before it
     is written). With ``row_start``, logits2d and out are the rows [row_start,
     row_start + N); lp, den, alpha and beta hold every row.
-``pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity")``,
-``pack_backward(grad_out, layout, max_t, max_u1)`` and
+``pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None)``
+(``out``: a (num_rows, J) destination with unit column stride, such as the first J columns of a wider
+matrix), ``pack_backward(grad_out, layout, max_t, max_u1)`` and
 ``pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
-activation="identity")``: see ``transducer.pack`` and ``transducer.cpu``.
+activation="identity")`` (``hidden`` with grad_rows' shape, rows of unit column stride any distance apart):
+see ``transducer.pack`` and ``transducer.cpu``.
 ``tdt_log_probs``, ``tdt_alpha_beta``, ``tdt_gradient``: the TDT stages; the contract is
 their docstrings in ``transducer.cpu``.
 """
