@@ -498,6 +498,7 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         ok &= torch.isfinite(loss_r)
         lp_r = lp + sigma  # the RNN-T log-probs: token log_softmax, no sigma
     lam = float(fastemit_lambda)
+    fold = _fold_scale(scale, clamp)
     for local, local_end in _chunks(num_rows, V + len(ds)):
         start, end = row_start + local, row_start + local_end  # rows of the layout
         cells = _cells(layout, start, end)
@@ -519,7 +520,6 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
             sub_blank += omega * blank_r
             sub_label += omega * (1 + lam) * label_r
         row_scale = scale[b]
-        fold = _fold_scale(scale, clamp)
         if fold:
             factor, sub_blank, sub_label = (x * row_scale for x in (factor, sub_blank, sub_label))
         # the token gradient is formed in its output rows when they have the arithmetic's dtype (no

@@ -87,7 +87,7 @@ class Op:
             @staticmethod
             @torch.autograd.function.once_differentiable
             def backward(ctx, grad, *_):
-                if grad is None:  # nothing reached the first output: no gradient
+                if grad is None:  # no gradient reached the first output (gradcheck's check_undefined_grad)
                     return (None,) * ctx.num_inputs
                 grads = gradient(ctx, grad, backward)
                 if after_backward is not None:
