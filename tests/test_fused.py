@@ -318,3 +318,23 @@ def test_module_bad_options(kwargs, error, match):
     """FusedJoinerLoss checks its options when built, with the messages of fused_joiner_loss."""
     with pytest.raises(error, match=match):
         FusedJoinerLoss(8, 6, **kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pack_forward_into_a_wider_matrix(device):
+    """The stages' pack_forward(out=): written into the first J columns of a wider matrix (the fused loss's
+    hidden rows with a column of ones), the rest untouched; a wrong shape or dtype is a ValueError."""
+    from transducer.checks import stages_for
+    enc, pred, _, _, targets, T, U, _ = joiner_batch(590, device=device)
+    stages = stages_for(enc.device)
+    layout = stages.layout(T, U, pred.size(1))
+    rows = int((T * (U + 1)).sum())
+    want = torch.tanh(pack(enc, pred, T, U))
+    wide = torch.full((rows, enc.size(2) + 5), 7.0, dtype=enc.dtype, device=enc.device)
+    got = stages.pack_forward(enc, pred, layout, rows, 0, "tanh", wide[:, :enc.size(2)])
+    assert got.data_ptr() == wide.data_ptr()
+    torch.testing.assert_close(wide[:, :enc.size(2)], want)
+    assert (wide[:, enc.size(2):] == 7.0).all()
+    for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].float()):
+        with pytest.raises(ValueError, match="pack_forward: out must be"):
+            stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
