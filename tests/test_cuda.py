@@ -281,6 +281,37 @@ def test_matches_torchaudio_without_fused_log_softmax():
                                    rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("from_log_softmax", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_off_a_16_byte_boundary(from_log_softmax, dtype):
+    # contiguous logits one element past an aligned address: the gradient (a new, aligned tensor) lies
+    # at another offset from a 16-byte boundary than the logits; with from_log_softmax the gradient
+    # kernel reads no logits and lays its row pass on the gradient alone (transducer.cuda.gradient)
+    gen = torch.Generator().manual_seed(71 + from_log_softmax)
+    logits, targets, T, U = random_batch(gen, 4, 12, 5, 500, blank=3, scale=3.0)
+    T[1], U[2] = 1, 0
+    if from_log_softmax:
+        logits = logits.log_softmax(-1)
+    logits = logits.to(dtype)
+    ref_in = logits.double().requires_grad_()
+    ref = transducer_loss_reference(ref_in, targets, T, U, blank=3, from_log_softmax=from_log_softmax)
+    ref.sum().backward()
+    ref = ref.detach()
+    logits = compact(logits, T, U)
+    buf = torch.empty(logits.numel() + 1, dtype=dtype, device=DEV)
+    x = buf[1:].view(logits.shape)
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    x.copy_(logits.to(DEV)).requires_grad_()
+    got = transducer_loss(x, *(a.to(DEV) for a in (targets, T, U)), blank=3, reduction="none",
+                          from_log_softmax=from_log_softmax)
+    got.sum().backward()
+    # float32: absolute error ~ |loss| ulp (as above); bf16: the gradient is rounded to 8 bits
+    atol = 1e-6 * max(1.0, float(ref.abs().max())) if dtype == torch.float32 else 1e-2
+    rtol = 1e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=0)
+    torch.testing.assert_close(x.grad.cpu().double(), compact(ref_in.grad, T, U), rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize("layout", ["compact", "padded"])
 @pytest.mark.parametrize("rna", [False, True])
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])

@@ -61,7 +61,7 @@ __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   return ri;
 }
 
-// One row of the logits, read by a group of G threads in VEC-wide vectors, kUnroll vectors in flight
+// One row of the logits, read by a group of G threads in VEC-wide vectors, UNROLL vectors in flight
 // per thread: what log_probs and gradient share. ALIGNED: every row starts on a VEC boundary (the launcher
 // checked the base and the row stride), `n` of begin() is the row's vectors. Otherwise (NeMo's TDT joint:
 // V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
@@ -76,13 +76,17 @@ template <typename T, int VEC, int WPR, bool ALIGNED = true>
 struct RowPass {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
+  // Vectors in flight per thread: 16-byte vectors of 8 halves hold 4 registers each, and 4 of them in
+  // flight beside the gradient kernels' state spilled (64 registers and spills -> 48 and none with 2;
+  // tdt_gradient on a bf16 tile 109.5 -> 93.8 us, H100, RESULTS.md section 6).
+  static constexpr int UNROLL = VEC >= 8 ? 2 : kUnroll;
   int lane, r, nvec;  // r: the row of the layout (row_start + the row of `logits`)
   int head = 0;       // columns before the first vector (0 when ALIGNED)
   int col = -1;       // !ALIGNED: the column of this thread's scalar (-1: none)
   T x;                // and its value
   long long row;      // offset of the row's first element in `logits`
   const VT* p;
-  VT buf[kUnroll];
+  VT buf[UNROLL];
   bool early;
   RowInfo ri;
 
@@ -110,10 +114,10 @@ struct RowPass {
     ri = row_info(r, Grids{table, B});
     return true;
   }
-  // kUnroll vectors from i0: [i0, i0 + G, ..., i0 + (kUnroll-1) G], those below nvec
+  // UNROLL vectors from i0: [i0, i0 + G, ..., i0 + (UNROLL-1) G], those below nvec
   __device__ __forceinline__ void load(int i0) {
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < UNROLL; ++k) {
       const int i = i0 + k * Geo::G;
       if (i < nvec) buf[k] = p[i];
     }
@@ -155,10 +159,10 @@ struct RowPass {
     if (loads && !early) load(lane);
     for (int i0 = lane;;) {
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
+      for (int k = 0; k < UNROLL; ++k) {
         if (i0 + k * Geo::G < nvec) f(i0 + k * Geo::G, buf[k]);
       }
-      i0 += Geo::G * kUnroll;
+      i0 += Geo::G * UNROLL;
       if (i0 >= nvec) break;
       if (loads) load(i0);
     }

@@ -120,7 +120,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     rows_per_block = _THREADS // (32 * wpr)
     name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
+           (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
             i32(V // vec if aligned else V), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
@@ -161,13 +161,16 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
         raise ValueError("transducer.cuda.gradient: out must have the logits' shape, dtype and strides")
     scale = scale.to(lp.dtype)
     itemsize, ld = logits2d.element_size(), logits2d.stride(0)
-    vec, aligned = _row_access(itemsize, V, logits2d, [out])
+    # The gradient w.r.t. log-probs does not read them: with from_log_softmax the row pass is laid on
+    # `out` alone (same shape and strides), so the logits' alignment does not narrow its vectors.
+    rows = out if from_log_softmax else logits2d
+    vec, aligned = _row_access(itemsize, V, rows, [out])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
             f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}, {_flag(aligned)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
+           (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
             i32(V // vec if aligned else V), i32(blank), i32(layout.padded), lp, den, alpha, beta, loss, scale, i64(scale.stride(0)),
             _acc(lp.dtype, fastemit_lambda), _acc(lp.dtype, max(clamp, 0.0)), out))
     return out

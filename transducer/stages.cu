@@ -265,7 +265,8 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 // (t+1, u), label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0). Zeros on
 // padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
 // `logits` (each element is read before it is written). ALIGNED: as for log_probs_kernel; when false, `out`'s
-// rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it).
+// rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it). FLS reads no
+// logits: the launcher passes `out` as `logits` then, so that only out's alignment sets the vectors.
 template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
