@@ -120,7 +120,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     rows_per_block = _THREADS // (32 * wpr)
     name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
+           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
             i32(V // vec if aligned else V), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
