@@ -272,18 +272,20 @@ def pack_backward(grad_out, layout, max_t, max_u1):
     return pack_backward_add(grad_out, layout, 0, (0, B), grad_enc, grad_pred)
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
+def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
                       activation="identity"):
     """Adds the rows [row_start, row_start + n) of the joiner input's gradient, grad_rows (n, J), times the
-    activation's derivative at ``hidden`` (the rows after the activation), into grad_enc (B, maxT, J) and
-    grad_pred (B, maxU+1, J): the fused loss's tiles. ``utterances`` = (first, last + 1), the utterances the
-    rows meet (the CUDA twin launches over them)."""
+    activation's derivative at h = act(enc[b, t] + pred[b, u]) (recomputed from ``inputs`` = (encoder_out,
+    predictor_out) as pack_forward computes it), into grad_enc (B, maxT, J) and grad_pred (B, maxU+1, J):
+    the fused loss's tiles. ``utterances`` = (first, last + 1), the utterances the rows meet (the CUDA twin
+    launches over them)."""
     B, max_t, D = grad_enc.shape
     b, t, u = _coordinates(layout, row_start, row_start + grad_rows.size(0))
-    if activation == "tanh":
-        grad_rows = grad_rows * (1 - hidden * hidden)
-    elif activation == "relu":
-        grad_rows = grad_rows * (hidden > 0)
+    if activation != "identity":
+        if inputs is None:
+            raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) with an activation")
+        hidden = pack_forward(*inputs, layout, grad_rows.size(0), row_start, activation)
+        grad_rows = grad_rows * (1 - hidden * hidden) if activation == "tanh" else grad_rows * (hidden > 0)
     grad_enc.view(-1, D).index_add_(0, b * max_t + t, grad_rows.to(grad_enc.dtype))
     grad_pred.view(-1, D).index_add_(0, b * grad_pred.size(1) + u, grad_rows.to(grad_pred.dtype))
     return grad_enc, grad_pred

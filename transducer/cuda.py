@@ -225,18 +225,22 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     return out
 
 
-def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidden=None, activation="identity"):
+def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inputs=None, activation="identity"):
     """The launches of pack_grad_kernel: for each of grads = (grad_enc, grad_pred), the sums over u and
-    over t of the rows [row_start, row_start + len(grad_rows)) (times act'(hidden)), items of
-    `utterances` = (first, end)."""
+    over t of the rows [row_start, row_start + len(grad_rows)) (times act'(h), h recomputed from
+    ``inputs`` = (encoder_out, predictor_out)), items of `utterances` = (first, end)."""
     D = grad_rows.size(1)
     act = _ACTIVATIONS[activation]
-    if act and (hidden is None or hidden.shape != grad_rows.shape or hidden.dtype != grad_rows.dtype or
-                (D > 1 and hidden.stride(1) != 1)):
-        raise ValueError("pack_backward_add: hidden must have grad_rows' shape and dtype, rows of unit column stride")
-    ld_hidden = hidden.stride(0) if act else D
-    vec = vector_width(grad_rows.element_size(), math.gcd(D, ld_hidden),
-                       [grad_rows, *grads] + ([hidden] if act else []))
+    if act:
+        enc, pred = inputs if inputs is not None else (None, None)
+        if (enc is None or pred is None or enc.dtype != grad_rows.dtype or pred.dtype != grad_rows.dtype or
+                enc.shape != grads[0].shape or pred.shape != grads[1].shape):
+            raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) of grad_rows' dtype and "
+                             "the shapes of grad_enc and grad_pred")
+        enc, pred = enc.contiguous(), pred.contiguous()
+    else:
+        enc = pred = 0
+    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([enc, pred] if act else []))
     nvec = D // vec
     b0, b1 = utterances
     for grad, pred in zip(grads, (False, True)):
@@ -253,9 +257,10 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, hidd
         name = (f"pack_grad_kernel<{ctype(grad_rows.dtype)}, {ctype(grad.dtype)}, {vec}, {_flag(pred)}, "
                 f"{_flag(accumulate)}, {act}>")
         launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-               (grad_rows, hidden if act else 0, *_table(layout), FastDivmod(per_b).as_struct(), i32(b0 * per_b),
-                i32(num_items), i32(row_start), i32(row_start + grad_rows.size(0)), i32(nvec),
-                i32(tpr.bit_length() - 1), i32(split.bit_length() - 1), i64(ld_hidden), grad))
+               (grad_rows, enc, pred, i32(grads[0].size(1)), i32(grads[1].size(1)), *_table(layout),
+                FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items), i32(row_start),
+                i32(row_start + grad_rows.size(0)), i32(nvec), i32(tpr.bit_length() - 1),
+                i32(split.bit_length() - 1), grad))
 
 
 def pack_backward(grad_out, layout, max_t, max_u1):
@@ -270,15 +275,16 @@ def pack_backward(grad_out, layout, max_t, max_u1):
     return grad_enc, grad_pred
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, hidden=None,
+def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
                       activation="identity"):
     """grad_enc (B, max_t, D) and grad_pred (B, max_u1, D), of the accumulation dtype, += the sums over u
-    and over t of grad_rows * act'(hidden) (hidden = act(enc + pred) of the same rows; grad_rows alone for
-    the identity), rows [row_start, row_start + len(grad_rows)), which lie in the utterances [first, end) =
-    `utterances`: the backward of act(pack(...)), one tile of rows at a time."""
+    and over t of grad_rows * act'(h) (h = act(enc + pred) of the same rows, recomputed from ``inputs`` =
+    (encoder_out, predictor_out) as pack_forward computes it; grad_rows alone for the identity), rows
+    [row_start, row_start + len(grad_rows)), which lie in the utterances [first, end) = `utterances`: the
+    backward of act(pack(...)), one tile of rows at a time."""
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
-        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, hidden,
+        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, inputs,
                    activation)
     return grad_enc, grad_pred
 

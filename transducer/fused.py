@@ -13,7 +13,8 @@ unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM, 
 them), turns the logits into their gradient in place (the gradient stage), and accumulates dW = dz^T h
 and db = sum dz (one GEMM: a bias rides as a column of the projection against a column of ones) and
 dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
-gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass). GEMMs
+gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass, h
+recomputed there from the input rows, which stay in cache, rather than kept and read back). GEMMs
 go through torch (cuBLAS); under autocast they run in the autocast dtype and the loss arithmetic in fp32,
 as in the unfused path.
 
@@ -51,9 +52,9 @@ _TILE_BYTES = {"cuda": 224 << 20, "cpu": 16 << 20}
 
 
 def default_max_rows(J, V, itemsize, device_type="cuda"):
-    """Rows per tile so that a tile's hidden, logits and dh take about 224 MiB on CUDA, 16 MiB on the CPU
-    (at least 256 rows)."""
-    return max(256, _TILE_BYTES.get(device_type, _TILE_BYTES["cuda"]) // ((2 * J + V) * itemsize) // 256 * 256)
+    """Rows per tile so that the two tile buffers alive at a time (hidden and logits, then logits and dh)
+    take about 224 MiB on CUDA, 16 MiB on the CPU (at least 256 rows)."""
+    return max(256, _TILE_BYTES.get(device_type, _TILE_BYTES["cuda"]) // ((J + V) * itemsize) // 256 * 256)
 
 
 def _tiles(num_rows, max_rows):
@@ -118,14 +119,14 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     lp_dur = new(capacity, len(durations)) if tdt else new(0)
     Wx, _ = _projection(weight, bias, compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
-        h, hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
         z = F.linear(hx, Wx)
         if tdt:
             stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, blank, sigma, start,
                                  (lp, lp_dur, den))
         else:
             stages.log_probs(z[:, :V], targets, layout, blank, False, delay_penalty, start, (lp, den))
-        del h, hx, z
+        del hx, z
     alpha_r, beta_r, rnnt_nll, tdt_nll = new(0), new(0), new(0), new(0)  # outputs may not alias each other
     if tdt:
         alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
@@ -168,21 +169,19 @@ def _projection(weight, bias, compute_dtype):
 
 
 def _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx):
-    """(h, hx) of the rows [start, end): h = act(encoder_out[b, t] + predictor_out[b, u]) in the inputs'
-    dtype; hx the GEMMs' operand against Wx (_projection), in its dtype: h, then with a bias columns of
-    ones. h is a view of hx where the dtypes agree."""
+    """The GEMMs' operand against Wx (_projection) for the rows [start, end), in Wx's dtype: h = act(
+    encoder_out[b, t] + predictor_out[b, u]) (computed in the inputs' dtype), then with a bias columns of
+    ones. The backward recomputes act'(h) from the inputs (pack_backward_add), so h is not kept."""
     J, rows = encoder_out.size(2), end - start
     if Wx.size(1) == J:  # no bias
-        h = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation)
-        return h, h.to(Wx.dtype)
+        return stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation).to(Wx.dtype)
     hx = encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
     hx[:, J:] = 1
     if encoder_out.dtype == Wx.dtype:
-        h = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation, hx[:, :J])
+        stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation, hx[:, :J])
     else:
-        h = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation)
-        hx[:, :J] = h
-    return h, hx
+        hx[:, :J] = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation)
+    return hx
 
 
 def _capacity(encoder_out, predictor_out):
@@ -209,7 +208,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
     for start, end in _tiles(row_splits[-1], max_rows):
-        h, hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
         dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
         if durations:
             tokens, durs = dz[:, :V], dz[:, V:weight.size(0)]
@@ -223,11 +222,12 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
             dz[:, weight.size(0):] = 0
         grad_wx += dz.t().mm(hx)
-        dh = dz.mm(W).to(h.dtype)
-        del dz, hx
-        stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred, h,
-                                 activation)
-        del h, dh
+        del hx  # a tile holds two of (hidden, logits, dh) at a time: default_max_rows
+        dh = dz.mm(W)
+        del dz
+        stages.pack_backward_add(dh.to(encoder_out.dtype), layout, start, _utterances(row_splits, start, end),
+                                 grad_enc, grad_pred, (encoder_out, predictor_out), activation)
+        del dh
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
     grad_b = grad_wx[:rows, J].clone() if bias is not None else grad_wx.new_zeros(rows)  # outputs may not alias

@@ -7,10 +7,11 @@
 //   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  d(b, t, u) in range   (t < T_b)
 //   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   d(b, t, u) in range   (u <= U_b)
 //
-// with d = grad_rows * act'(hidden) (hidden = act(enc + pred), the forward's rows) or, for the identity,
-// d = grad_rows: the fused joiner loss's activation and its backward ride on these passes instead of
-// passes of their own. The sum enc + pred is rounded to the rows' type before act, as in
-// act(pack(enc, pred)). Each output row is owned by one group of TPR threads (a power of two), each
+// with d = grad_rows * act'(h), h = act(enc[b, t] + pred[b, u]) recomputed as pack_forward_kernel computes
+// it (same roundings: the same h), or, for the identity, d = grad_rows: the fused joiner loss's activation
+// and its backward ride on these passes instead of passes of their own, and the tile's hidden need not be
+// kept (or read back: the input rows a pass reads besides grad_rows are few and stay in cache). The sum
+// enc + pred is rounded to the rows' type before act, as in act(pack(enc, pred)). Each output row is owned by one group of TPR threads (a power of two), each
 // thread one VEC-wide slice of D at a time: no atomics, fp32 (fp64) sums. With ACCUMULATE the sums are
 // added to the output (of the accumulation type), else they overwrite it (in the rows' type).
 
@@ -35,6 +36,20 @@ __device__ __forceinline__ A activate(A a) {
   }
   if (ACT == kRelu) return a > A(0) ? a : A(0);
   return a;
+}
+
+// act(e + p) for one vector of the joiner input, rounded to T after the sum and after act: pack_forward
+// writes it, pack_grad recomputes it (bit for bit)
+template <int ACT, typename T, int VEC>
+__device__ __forceinline__ ops::Vec<T, VEC> joiner_input(const ops::Vec<T, VEC>& e, const ops::Vec<T, VEC>& p) {
+  using namespace ops;
+  Vec<T, VEC> o;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(p.v[j]));
+    if (ACT != kIdentity) o.v[j] = from_acc<T>(activate<ACT, sizeof(T) == 2>(to_acc(o.v[j])));
+  }
+  return o;
 }
 
 // act'(a) from h = act(a): tanh' = 1 - h^2, relu' = [h > 0]
@@ -71,30 +86,22 @@ __global__ void __launch_bounds__(256)
   }
   const V* pe = reinterpret_cast<const V*>(enc + ((long long)b * max_t + t) * D);
   const V* pp = reinterpret_cast<const V*>(pred + ((long long)b * max_u1 + u) * D);
-  for (int i = lane; i < nvec; i += (1 << log_tpr)) {
-    const V e = pe[i], q = pp[i];
-    V o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(q.v[j]));
-      if (ACT != td::kIdentity) o.v[j] = from_acc<T>(td::activate<ACT, sizeof(T) == 2>(to_acc(o.v[j])));
-    }
-    po[i] = o;
-  }
+  for (int i = lane; i < nvec; i += (1 << log_tpr)) po[i] = td::joiner_input<ACT>(pe[i], pp[i]);
 }
 
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
-// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them (and
-// hidden, its rows ld_hidden apart). A
+// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them; enc
+// (B, max_t, D) and pred (B, max_u1, D) are read only for an activation (h; a row whose t or u lies past
+// them, possible with unchecked lengths, had h = 0 in forward, as here). A
 // block of 256 threads is 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an
 // item take every (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed
 // order (deterministic): the launcher splits an item whose rows are many and far apart (the predictor's
 // sums over t) and keeps an item to one group when its rows are few and contiguous.
 template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE, int ACT>
 __global__ void __launch_bounds__(256)
-    pack_grad_kernel(const T* __restrict__ grad_rows, const T* __restrict__ hidden,
-                     const long long* __restrict__ table, int B, FastDivmod per_b, int item_start, int num_items,
-                     int row_start, int row_end, int nvec, int log_tpr, int log_split, long long ld_hidden,
+    pack_grad_kernel(const T* __restrict__ grad_rows, const T* __restrict__ enc, const T* __restrict__ pred,
+                     int max_t, int max_u1, const long long* __restrict__ table, int B, FastDivmod per_b,
+                     int item_start, int num_items, int row_start, int row_end, int nvec, int log_tpr, int log_split,
                      O* __restrict__ grad) {
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
@@ -127,7 +134,16 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
     if (i < nvec) {
       const T* p = grad_rows + (first - row_start) * D + (long long)i * VEC;
-      const T* ph = hidden + (first - row_start) * ld_hidden + (long long)i * VEC;
+      // the item's own input row (enc[b, k] or pred[b, k]) and the other input's rows, the other
+      // coordinate (u or t) being c: row first + c * step of the layout is (b, t, c) or (b, c, u); null
+      // pointers for the identity
+      V own;
+      const T* other = nullptr;
+      const int other_rows = PRED ? max_t : max_u1;
+      if (ACT != td::kIdentity) {
+        own = *reinterpret_cast<const V*>((PRED ? pred : enc) + (long long)item * D + (long long)i * VEC);
+        other = (PRED ? enc + (long long)b * max_t * D : pred + (long long)b * max_u1 * D) + (long long)i * VEC;
+      }
 #pragma unroll 4
       for (long long c = c0 + part; c < c1; c += split) {
         const V x = *reinterpret_cast<const V*>(p + c * step * D);
@@ -135,7 +151,13 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
         } else {
-          const V h = *reinterpret_cast<const V*>(ph + c * step * ld_hidden);
+          V h;
+          if (c < other_rows) {
+            h = td::joiner_input<ACT>(own, *reinterpret_cast<const V*>(other + c * D));
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) h.v[j] = from_acc<T>(Acc(0));
+          }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]) * td::activation_slope<ACT>(to_acc(h.v[j]));
         }
