@@ -232,15 +232,15 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
     D = grad_rows.size(1)
     act = _ACTIVATIONS[activation]
     if act:
-        enc, pred = inputs if inputs is not None else (None, None)
-        if (enc is None or pred is None or enc.dtype != grad_rows.dtype or pred.dtype != grad_rows.dtype or
-                enc.shape != grads[0].shape or pred.shape != grads[1].shape):
+        enc, prd = inputs if inputs is not None else (None, None)
+        if (enc is None or prd is None or enc.dtype != grad_rows.dtype or prd.dtype != grad_rows.dtype or
+                enc.shape != grads[0].shape or prd.shape != grads[1].shape):
             raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) of grad_rows' dtype and "
                              "the shapes of grad_enc and grad_pred")
-        enc, pred = enc.contiguous(), pred.contiguous()
+        enc, prd = enc.contiguous(), prd.contiguous()
     else:
-        enc = pred = 0
-    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([enc, pred] if act else []))
+        enc = prd = 0
+    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([enc, prd] if act else []))
     nvec = D // vec
     b0, b1 = utterances
     for grad, pred in zip(grads, (False, True)):
@@ -257,7 +257,7 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
         name = (f"pack_grad_kernel<{ctype(grad_rows.dtype)}, {ctype(grad.dtype)}, {vec}, {_flag(pred)}, "
                 f"{_flag(accumulate)}, {act}>")
         launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-               (grad_rows, enc, pred, i32(grads[0].size(1)), i32(grads[1].size(1)), *_table(layout),
+               (grad_rows, enc, prd, i32(grads[0].size(1)), i32(grads[1].size(1)), *_table(layout),
                 FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items), i32(row_start),
                 i32(row_start + grad_rows.size(0)), i32(nvec), i32(tpr.bit_length() - 1),
                 i32(split.bit_length() - 1), grad))
