@@ -44,16 +44,16 @@ from .loss import _reduce
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu", "identity")
-# Tile buffers (the tile's hidden, logits and dh) of about this many bytes when max_rows is not given. CUDA:
-# Protocol A's step peaks near 430 MB with them (fp32 and bf16; benchmarks/RESULTS.md), and smaller tiles
-# cost launches and GEMM efficiency. CPU: a few thousand rows already keep the GEMMs efficient, and the
+# Tile buffers (two of the tile's hidden, logits and dh) of about this many bytes when max_rows is not
+# given. CUDA: Protocol A's step peaks near 400 MiB with them (fp32 and bf16; benchmarks/RESULTS.md), and
+# smaller tiles cost launches, host time and GEMM efficiency. CPU: a few thousand rows already keep the GEMMs efficient, and the
 # step peaks at 0.13x the unfused one (benchmarks/RESULTS.md).
-_TILE_BYTES = {"cuda": 224 << 20, "cpu": 16 << 20}
+_TILE_BYTES = {"cuda": 256 << 20, "cpu": 16 << 20}
 
 
 def default_max_rows(J, V, itemsize, device_type="cuda"):
     """Rows per tile so that the two tile buffers alive at a time (hidden and logits, then logits and dh)
-    take about 224 MiB on CUDA, 16 MiB on the CPU (at least 256 rows)."""
+    take about 256 MiB on CUDA, 16 MiB on the CPU (at least 256 rows)."""
     return max(256, _TILE_BYTES.get(device_type, _TILE_BYTES["cuda"]) // ((J + V) * itemsize) // 256 * 256)
 
 
@@ -215,10 +215,12 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             stages.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale, blank,
                                 durations, tokens, durs, fastemit_lambda, omega,
                                 (alpha_r, beta_r, rnnt_nll) if omega else None, sigma, clamp, start)
+            del tokens, durs  # views of dz, which is freed below: a view left alive kept a third tile buffer
         else:
             tokens = dz[:, :V]
             stages.gradient(tokens, targets, layout, lp, den, alpha, beta, nll, scale, blank, False,
                             one_sym_per_frame, tokens, fastemit_lambda, clamp, start)
+            del tokens
         if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
             dz[:, weight.size(0):] = 0
         grad_wx += dz.t().mm(hx)
@@ -318,7 +320,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
         activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
-        max_rows: rows per tile; default: tile buffers of about 224 MiB on CUDA, 16 MiB on the CPU. Memory is
+        max_rows: rows per tile; default: tile buffers of about 256 MiB on CUDA, 16 MiB on the CPU. Memory is
             O(sum_b T_b*(U_b+1)) for the loss's per-row arrays (under torch.compile O(B * maxT * (maxU+1)),
             a bound known from the shapes, so that the op's outputs have static shapes) plus
             O(max_rows * (2J + V)) for a tile.
