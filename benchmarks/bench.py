@@ -205,6 +205,8 @@ def peer_contenders(cuda):
         except Exception as e:
             out.append(dict(name="warp_rnnt", layout="padded", loss=None, error="not installed: " + short_error(e)))
         try:
+            if not hasattr(np, "row_stack"):  # numpy 2.5 removed it; warprnnt_numba 0.4.1 still calls it
+                np.row_stack = np.vstack
             try:
                 from warprnnt_numba import RNNTLossNumba
             except ImportError:
