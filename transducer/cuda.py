@@ -185,6 +185,7 @@ def _threads_per_item(nvec):
 
 
 _ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: td::Activation
+_PACK_ROWS = 4  # pack.cu: kPackRows
 
 
 def _pack_out(encoder_out, num_rows, out):
@@ -217,9 +218,10 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     vec = vector_width(encoder_out.element_size(), math.gcd(D, ld), [encoder_out, predictor_out, out])
     nvec = D // vec
     tpr = _threads_per_item(nvec)
-    items_per_block = _THREADS // tpr
+    groups = (num_rows + _PACK_ROWS - 1) // _PACK_ROWS  # a group of tpr threads writes _PACK_ROWS rows
+    groups_per_block = _THREADS // tpr
     name = f"pack_forward_kernel<{ctype(encoder_out.dtype)}, {vec}, {_ACTIVATIONS[activation]}>"
-    launch(_PACK, name, out, ((num_rows + items_per_block - 1) // items_per_block,), (_THREADS,),
+    launch(_PACK, name, out, ((groups + groups_per_block - 1) // groups_per_block,), (_THREADS,),
            (encoder_out, predictor_out, *_table(layout), i32(row_start), i32(num_rows), i32(max_t), i32(max_u1),
             i32(nvec), i32(tpr.bit_length() - 1), i64(ld), out))
     return out

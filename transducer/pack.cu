@@ -61,6 +61,12 @@ __device__ __forceinline__ A activation_slope(A h) {
 }
 }  // namespace td
 
+// kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
+// and steps to the next rows (a search again only where a row starts another utterance), and has the
+// rows' loads in flight together. One row per group (a search, a FastDivmod and one vector per thread)
+// wrote at half the copy rate (RESULTS.md section 7).
+constexpr int kPackRows = 4;
+
 template <typename T, int VEC, int ACT>
 __global__ void __launch_bounds__(256)
     pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
@@ -69,24 +75,55 @@ __global__ void __launch_bounds__(256)
   using namespace ops;
   typedef typename AccOf<T>::type Acc;
   typedef Vec<T, VEC> V;
+  constexpr int R = kPackRows;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
-  const int local = blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr);
-  if (local >= num_rows) return;
+  const int first = (blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr)) * R;
+  if (first >= num_rows) return;
   const td::Grids g{table, B};
-  int b, t, u;
-  g.coordinates(row_start + local, b, t, u);
   const long long D = (long long)nvec * VEC;
-  V* po = reinterpret_cast<V*>(out + (long long)local * ld_out);
-  if (t >= max_t || u >= max_u1) {  // not a cell of the inputs (inconsistent lengths): zeros
-    V z;
+  int b, t, u;
+  g.coordinates(row_start + first, b, t, u);
+  long long end = g.split(b + 1);  // the first row past utterance b
+  long long st = g.stride(b);
+  const V* pe[R];
+  const V* pp[R];
+  bool inside[R], cell[R];  // a row of the tile; and a cell of the inputs (else zeros: inconsistent lengths)
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
-    for (int i = lane; i < nvec; i += (1 << log_tpr)) po[i] = z;
-    return;
+  for (int k = 0; k < R; ++k) {
+    const int r = row_start + first + k;
+    inside[k] = first + k < num_rows;
+    if (k > 0 && inside[k]) {
+      if (r < end) {
+        if (++u >= st) u = 0, ++t;
+      } else {
+        g.coordinates(r, b, t, u);
+        end = g.split(b + 1);
+        st = g.stride(b);
+      }
+    }
+    cell[k] = inside[k] && t < max_t && u < max_u1;
+    pe[k] = reinterpret_cast<const V*>(enc + ((long long)b * max_t + t) * D);
+    pp[k] = reinterpret_cast<const V*>(pred + ((long long)b * max_u1 + u) * D);
   }
-  const V* pe = reinterpret_cast<const V*>(enc + ((long long)b * max_t + t) * D);
-  const V* pp = reinterpret_cast<const V*>(pred + ((long long)b * max_u1 + u) * D);
-  for (int i = lane; i < nvec; i += (1 << log_tpr)) po[i] = td::joiner_input<ACT>(pe[i], pp[i]);
+  for (int i = lane; i < nvec; i += (1 << log_tpr)) {
+    V e[R], p[R];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (cell[k]) e[k] = pe[k][i], p[k] = pp[k][i];
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (!inside[k]) continue;
+      V o;
+      if (cell[k]) {
+        o = td::joiner_input<ACT>(e[k], p[k]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<T>(Acc(0));
+      }
+      reinterpret_cast<V*>(out + (long long)(first + k) * ld_out)[i] = o;
+    }
+  }
 }
 
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
