@@ -396,12 +396,18 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     blank_ok = (d >= 1).to(lp.dtype).log()  # 0, or -inf for a blank of duration 0 (not an arc)
     blank_w = _step_grid(lp[:, 0:1] + lp_dur + blank_ok, is_cell, rows, pad)
     label_w = _step_grid(lp[:, 1:2] + lp_dur, is_cell, rows, pad)
-    # the closing blank from (t, U_b) of duration T_b - t (at most one, the durations being distinct)
-    closes = is_cell & (u == U)
-    frames_left = torch.where(closes, T - t, -1)  # (B, steps, max_u1)
-    close_dur = torch.where(d == frames_left[..., None], lp_dur[rows], -math.inf).logsumexp(dim=-1)
-    final = _step_grid(torch.zeros_like(lp[:, 0]), closes, rows, pad)  # -inf off the closing cells
-    final[:, pad:pad + steps, 1:-1] += torch.where(closes, lp[:, 0][rows] + close_dur, -math.inf)
+    # the closing blanks: from (T_b - d_i, U_b) with duration d_i >= 1, one cell per duration (distinct), at
+    # step T_b - d_i + U_b; -inf elsewhere
+    S, W = blank_w.size(1), max_u1 + 2
+    final = lp.new_full((B, S, W), -math.inf)
+    T_b, U_b = layout.logit_lengths, layout.target_lengths
+    for i, di in enumerate(ds):
+        t_close = T_b - di
+        ok = (di >= 1) & (t_close >= 0)
+        if ok.any():
+            bs = ok.nonzero().squeeze(1)
+            r = layout.cell_offsets[bs] + t_close[bs] * layout.row_strides[bs] + U_b[bs]
+            final[bs, pad + t_close[bs] + U_b[bs], U_b[bs] + 1] = lp[r, 0] + lp_dur[r, i]
 
     # The walks over steps, one gather, one add and one logsumexp a step: the 2D (+ 1) terms of a step's cells
     # are read from the flat (B, S * W) grid by index tensors built once, their weights sliced once before
@@ -409,7 +415,6 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     # grid is -inf, so an off-grid cell passes nothing on (alpha) and receives nothing (beta: its own arcs'
     # weights); only cells are read out below. index_select and logsumexp's out= cost about 10 us a step less
     # than advanced indexing and an assignment (torch's per-op overhead bounds this loop).
-    S, W = final.size(1), max_u1 + 2
     flat = torch.full((2, B, S * W + 1), -math.inf, dtype=lp.dtype)  # alpha, beta; [-1]: a constant 0
     flat[:, :, -1] = 0.0
     alpha, beta = (x[:, :-1].view(B, S, W) for x in flat)
@@ -439,11 +444,16 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
         terms = flat[1].index_select(1, at_out[n - pad]).view(B, 2 * D + 1, max_u1).add_(w_out[n - pad])
         torch.logsumexp(terms, dim=1, out=beta[:, n, cells])
 
-    nan_seen = (torch.isnan(lp[rows]).any(dim=-1) | torch.isnan(lp_dur[rows]).any(dim=-1)) & is_cell
-    loss = torch.where(nan_seen.flatten(1).any(dim=1), math.nan, -beta[:, pad, 1])
+    loss = -beta[:, pad, 1]
+    nan_rows = torch.isnan(lp).any(dim=1) | torch.isnan(lp_dur).any(dim=1)
+    if nan_rows.any():  # rare: which utterances have a NaN in a cell (padding rows may hold anything)
+        nan_seen = nan_rows[rows] & is_cell
+        loss = torch.where(nan_seen.flatten(1).any(dim=1), math.nan, loss)
 
-    alpha_rows[rows[is_cell]] = alpha[:, pad:pad + steps, cells][is_cell]
-    beta_rows[rows[is_cell]] = beta[:, pad:pad + steps, cells][is_cell]
+    picked = is_cell.flatten().nonzero().squeeze(1)
+    dst = rows.flatten()[picked]
+    alpha_rows[dst] = alpha[:, pad:pad + steps, cells].flatten()[picked]
+    beta_rows[dst] = beta[:, pad:pad + steps, cells].flatten()[picked]
     return alpha_rows, beta_rows, loss
 
 
