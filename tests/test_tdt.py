@@ -116,7 +116,7 @@ def test_infeasible_and_non_finite(device):
     logits, targets, T, U, _ = tdt_batch(630, B=3, max_t=4, max_u=1, V=5, durations=[2])
     T[:], U[:] = torch.tensor([3, 4, 4]), torch.tensor([0, 1, 0])
     logits[2, 0, 0, 3] = math.nan
-    logits[0, 1, 1, 2] = math.nan  # a padding row of utterance 0 (U_0 = 0): read by no one, changes nothing
+    logits[0, 1, 1, 2] = math.nan  # a padding row of utterance 0 (U_0 = 0): its log-probs go unused
     x = logits.to(device).requires_grad_()
     args = (targets.to(device), T.to(device), U.to(device), [2])
     got = tdt_loss(x, *args, reduction="none")

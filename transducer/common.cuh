@@ -34,7 +34,7 @@ struct Grids {
 };
 
 constexpr int kThreads = 256;  // block size of the per-row kernels
-constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip
+constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
 
 template <int WPR>
 struct RowGeometry {

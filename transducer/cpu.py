@@ -284,8 +284,9 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
     if activation != "identity":
         if inputs is None:
             raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) with an activation")
-        hidden = pack_forward(*inputs, layout, grad_rows.size(0), row_start, activation)
-        grad_rows = grad_rows * (1 - hidden * hidden) if activation == "tanh" else grad_rows * (hidden > 0)
+        hidden = pack_forward(*inputs, layout, grad_rows.size(0), row_start, activation)  # a fresh tensor
+        slope = hidden.mul_(hidden).neg_().add_(1) if activation == "tanh" else hidden.gt_(0)  # in place
+        grad_rows = slope.mul_(grad_rows)
     grad_enc.view(-1, D).index_add_(0, b * max_t + t, grad_rows.to(grad_enc.dtype))
     grad_pred.view(-1, D).index_add_(0, b * grad_pred.size(1) + u, grad_rows.to(grad_pred.dtype))
     return grad_enc, grad_pred

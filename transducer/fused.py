@@ -53,7 +53,8 @@ _TILE_BYTES = {"cuda": 256 << 20, "cpu": 16 << 20}
 
 def default_max_rows(J, V, itemsize, device_type="cuda"):
     """Rows per tile so that the two tile buffers alive at a time (hidden and logits, then logits and dh)
-    take about 256 MiB on CUDA, 16 MiB on the CPU (at least 256 rows)."""
+    take about 256 MiB on CUDA, 16 MiB on the CPU (at least 256 rows). With inputs wider than the compute
+    dtype (fp32 under bf16 autocast) a tile briefly holds an fp32 copy of the hidden or of dh beside them."""
     return max(256, _TILE_BYTES.get(device_type, _TILE_BYTES["cuda"]) // ((J + V) * itemsize) // 256 * 256)
 
 
@@ -323,7 +324,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         max_rows: rows per tile; default: tile buffers of about 256 MiB on CUDA, 16 MiB on the CPU. Memory is
             O(sum_b T_b*(U_b+1)) for the loss's per-row arrays (under torch.compile O(B * maxT * (maxU+1)),
             a bound known from the shapes, so that the op's outputs have static shapes) plus
-            O(max_rows * (2J + V)) for a tile.
+            O(max_rows * (J + V)) for a tile.
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
             delay_penalty: as for :func:`transducer.transducer_loss`, except that sizing the tiles reads the
             layout on the host whatever check_inputs (one transfer in forward, one in backward).

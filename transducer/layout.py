@@ -51,8 +51,8 @@ The stage contract, shared by ``transducer.cpu`` and ``transducer.cuda``
 (``out``: a (num_rows, J) destination with unit column stride, such as the first J columns of a wider
 matrix), ``pack_backward(grad_out, layout, max_t, max_u1)`` and
 ``pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
-activation="identity")`` (``inputs`` = (encoder_out, predictor_out), from which the activation's
-derivative is recomputed): see ``transducer.pack`` and ``transducer.cpu``.
+activation="identity")`` (``inputs`` = (encoder_out, predictor_out) of grad_rows' dtype, from which the
+activation's derivative is recomputed): see ``transducer.pack`` and ``transducer.cpu``.
 ``tdt_log_probs``, ``tdt_alpha_beta``, ``tdt_gradient``: the TDT stages; the contract is
 their docstrings in ``transducer.cpu``.
 """
