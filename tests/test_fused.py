@@ -338,3 +338,33 @@ def test_pack_forward_into_a_wider_matrix(device):
     for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].float()):
         with pytest.raises(ValueError, match="pack_forward: out must be"):
             stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_pack_backward_add_recomputes_the_activation(device, activation):
+    """The stages' pack_backward_add over a tile that splits utterances: the sums of grad_rows * act'(h), h
+    recomputed from inputs = (encoder_out, predictor_out), equal autograd's through act(pack(...)); with an
+    activation and no inputs, a ValueError."""
+    from transducer.checks import stages_for
+    from transducer.fused import _utterances
+    enc, pred, _, _, _, T, U, _ = joiner_batch(595, device=device)
+    stages = stages_for(enc.device)
+    layout = stages.layout(T, U, pred.size(1))
+    rows = int((T * (U + 1)).sum())
+    start, end = 3, rows - 2
+    grad_rows = torch.randn(end - start, enc.size(2), dtype=enc.dtype, generator=torch.Generator().manual_seed(5))
+    grad_rows = grad_rows.to(device)
+    e, p = enc.detach().requires_grad_(), pred.detach().requires_grad_()
+    act = torch.tanh if activation == "tanh" else torch.relu
+    (act(pack(e, p, T, U))[start:end] * grad_rows).sum().backward()
+    grad_enc, grad_pred = torch.zeros_like(enc), torch.zeros_like(pred)
+    row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
+    stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,
+                             (enc, pred), activation)
+    assert grad_enc.abs().sum() > 0 and grad_pred.abs().sum() > 0
+    torch.testing.assert_close(grad_enc, e.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_pred, p.grad, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="pack_backward_add: inputs must be"):
+        stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc,
+                                 grad_pred, None, activation)
