@@ -12,8 +12,9 @@
 // and its backward ride on these passes instead of passes of their own, and the tile's hidden need not be
 // kept (or read back: the input rows a pass reads besides grad_rows are few and stay in cache). The sum
 // enc + pred is rounded to the rows' type before act, as in act(pack(enc, pred)). Each output row is owned
-// by one group of TPR threads (a power of two), each thread one VEC-wide slice of D at a time: no atomics, fp32 (fp64) sums. With ACCUMULATE the sums are
-// added to the output (of the accumulation type), else they overwrite it (in the rows' type).
+// by one group of TPR threads (a power of two), each thread one VEC-wide slice of D at a time: no atomics,
+// fp32 (fp64) sums. With ACCUMULATE the sums are added to the output (of the accumulation type), else they
+// overwrite it (in the rows' type).
 
 #include "transducer/common.cuh"
 
