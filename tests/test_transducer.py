@@ -7,7 +7,7 @@ import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch
 from _imports import require
-from transducer import TransducerLoss, pack, transducer_loss, transducer_loss_reference
+from transducer import TransducerLoss, pack, tdt_loss, tdt_loss_reference, transducer_loss, transducer_loss_reference
 
 
 def reduce_like(losses, reduction):
@@ -320,6 +320,66 @@ def test_non_finite_utterances_get_zero_gradient(layout, device):
     assert torch.isnan(losses[1]) and torch.isfinite(losses[[0, 2]]).all()
     torch.where(torch.isfinite(losses), losses, 0.0).sum().backward()
     assert not torch.isnan(x.grad).any()
+
+
+JOINT_WIDTHS = [(torch.float32, 37), (torch.bfloat16, 37), (torch.bfloat16, 500), (torch.float32, 8193),
+                (torch.bfloat16, 8197)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("loss", ["rnnt", "tdt"])
+@pytest.mark.parametrize("dtype,width", JOINT_WIDTHS)
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+def test_joint_output_rows_off_16_bytes(device, loss, dtype, width, layout):
+    """Logits made by an op (a joint Linear) with rows that are not a multiple of 16 bytes (TDT's 500 + 5
+    columns): on CUDA their gradient goes on to that op in rows padded to 16 bytes (library.gradient_buffer;
+    the kernels write them through shared memory when no narrower vector fits both row widths), with the
+    values that a leaf copy of the same logits gets in a contiguous .grad; both equal the float64 reference's."""
+    gen = torch.Generator().manual_seed(width + 2 * (dtype == torch.bfloat16) + 4 * (loss == "tdt") + 8 * len(layout))
+    durations = [0, 1, 2, 3, 4]
+    V = width - len(durations) if loss == "tdt" else width
+    blank = V // 2
+    _, _, T, U = random_batch(gen, 4, 6, 3, 2, 0)
+    T[1], U[2] = 1, 0
+    targets = torch.randint(0, V - 1, (4, 3), generator=gen)
+    targets += targets >= blank  # labels other than blank
+    padded = torch.randn(4, 6, int(U.max()) + 1, width, generator=gen, dtype=torch.float64).to(dtype)
+    base = (padded if layout == "padded" else compact(padded, T, U)).to(device)
+    w = torch.rand(4, generator=gen, dtype=torch.float64) + 0.5
+    args = tuple(a.to(device) for a in (targets, T, U))
+
+    def weighted_loss(logits):
+        if loss == "tdt":
+            losses = tdt_loss(logits, *args, durations, blank=blank, reduction="none")
+        else:
+            losses = transducer_loss(logits, *args, blank=blank, reduction="none")
+        (losses * w.to(device)).sum().backward()
+        return losses
+
+    seen = []
+    made = base.clone().requires_grad_()
+    out = made * 1
+    out.register_hook(seen.append)
+    losses = weighted_loss(out)
+    grad = seen[0]
+    itemsize = base.element_size()
+    wide = -(-width * itemsize // 16) * 16 // itemsize
+    assert grad.shape == base.shape and grad.stride(-1) == 1
+    assert grad.stride(-2) == (wide if device == "cuda" else width)
+    leaf = base.clone().requires_grad_()
+    weighted_loss(leaf)
+    assert leaf.grad.is_contiguous()
+    torch.testing.assert_close(grad, leaf.grad, rtol=0, atol=0)
+    torch.testing.assert_close(made.grad, leaf.grad, rtol=0, atol=0)
+
+    x = padded.double().requires_grad_()
+    ref = (tdt_loss_reference(x, targets, T, U, durations, blank) if loss == "tdt" else
+           transducer_loss_reference(x, targets, T, U, blank))
+    (ref * w).sum().backward()
+    want = x.grad if layout == "padded" else compact(x.grad, T, U)
+    torch.testing.assert_close(losses.cpu().double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2.0 ** -7, atol=1e-4)
+    torch.testing.assert_close(grad.cpu().double(), want, **tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

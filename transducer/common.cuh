@@ -169,4 +169,72 @@ struct RowPass {
   }
 };
 
+// Where a gradient kernel writes the row its RowPass reads: `n` columns from `row`. STAGED false: the
+// output row lies at the input row's offset from a 16-byte boundary (the logits themselves, or a tensor
+// of their layout), so each vector of the pass is stored as it is, and the head and tail scalars
+// likewise. STAGED true: the output rows start on 16-byte boundaries and the input rows do not (the loss
+// returns the gradient of a 505-wide joint output in 512-wide rows, which cuBLAS's GEMMs read with wide
+// loads: benchmarks/RESULTS.md section 8). The values are then stored one by one into the row's copy in
+// shared memory (RPB rows of `n` rounded up to VEC elements a block, 16-byte aligned), which the row's
+// threads write out in whole vectors once every value is in (finish).
+template <typename T, int VEC, int WPR, bool STAGED>
+struct RowOut {
+  typedef RowGeometry<WPR> Geo;
+  typedef Vec<T, VEC> VT;
+  T* row;    // the output row
+  T* stage;  // STAGED: its copy in shared memory
+  int head, n;
+
+  __device__ __forceinline__ void begin(T* out_row, int pass_head, int columns) {
+    row = out_row;
+    head = pass_head;
+    n = columns;
+    if (STAGED) {
+      extern __shared__ __align__(16) unsigned char row_out_stage[];
+      stage = reinterpret_cast<T*>(row_out_stage) + (threadIdx.x >> Geo::LOG_G) * ((n + VEC - 1) / VEC * VEC);
+    }
+  }
+  // vector i of the pass: columns head + i * VEC, ..., head + i * VEC + VEC - 1
+  __device__ __forceinline__ void put(int i, const VT& o) {
+    if (STAGED) {
+      T* s = stage + head + i * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s[j] = o.v[j];
+    } else {
+      reinterpret_cast<VT*>(row + head)[i] = o;
+    }
+  }
+  __device__ __forceinline__ void put_scalar(int col, T x) { (STAGED ? stage : row)[col] = x; }
+  // after the row's last put, by every thread of the row
+  __device__ __forceinline__ void finish(int lane) {
+    if (!STAGED) return;
+    if (WPR == 1)
+      __syncwarp();
+    else
+      __syncthreads();
+    const int nvec = n / VEC;
+    const VT* s = reinterpret_cast<const VT*>(stage);
+    VT* q = reinterpret_cast<VT*>(row);
+    for (int i = lane; i < nvec; i += Geo::G) q[i] = s[i];
+    for (int c = nvec * VEC + lane; c < n; c += Geo::G) row[c] = stage[c];
+  }
+  // zeros over the whole row, by every thread of the row; pass_nvec and pass_col: the pass's (unstaged:
+  // the vectors are the pass's, at its head, and the scalar at its column)
+  __device__ __forceinline__ void zero(int lane, int pass_nvec, int pass_col) {
+    VT z;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(typename AccOf<T>::type(0));
+    if (STAGED) {
+      const int nvec = n / VEC;
+      VT* q = reinterpret_cast<VT*>(row);
+      for (int i = lane; i < nvec; i += Geo::G) q[i] = z;
+      for (int c = nvec * VEC + lane; c < n; c += Geo::G) row[c] = z.v[0];
+    } else {
+      VT* q = reinterpret_cast<VT*>(row + head);
+      for (int i = lane; i < pass_nvec; i += Geo::G) q[i] = z;
+      if (pass_col >= 0) row[pass_col] = z.v[0];
+    }
+  }
+};
+
 }  // namespace td

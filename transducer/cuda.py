@@ -14,13 +14,14 @@ import numpy as np
 import torch
 
 from ops import FastDivmod, accumulate_dtype, ctype
-from ops.cuda import i32, i64, launch, num_sms, vector_width
+from ops.cuda import ceil_div, i32, i64, launch, num_sms, vector_width
 
 from .layout import NUM_STATS, Layout
 
 _STAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages.cu")
 _PACK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack.cu")
 _THREADS = 256  # block size of the per-row kernels (stages.cu: kThreads)
+_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a launch may take without opting in
 
 
 def _flag(x):
@@ -57,22 +58,33 @@ def _row_major(name, x):
         raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
 
 
-def _row_access(itemsize, V, rows, outs=()):
-    """(vec, aligned) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and ``outs``
-    (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte boundary;
-    else, when every output row sits at its input row's offset from one (same base offset and row
+def _row_access(itemsize, V, rows, outs=(), stage_rows=0):
+    """(vec, aligned, staged) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and
+    ``outs`` (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte
+    boundary; else, when every output row sits at its input row's offset from one (same base offset and row
     strides modulo 16 bytes), 16-byte vectors between a scalar head and tail per row (common.cuh's
     RowPass<..., false>: NeMo's 1029-wide TDT rows, the 500 token columns of the fused joiner's 512-wide
-    tiles); else the widest width that every row allows."""
+    tiles); else the widest width that every row allows, or, for a gradient kernel (``stage_rows``: its rows
+    a block) writing one output whose rows start on 16-byte boundaries, when that width is under 8 bytes and
+    the block's rows fit in shared memory, the unaligned pass with the output assembled there (staged:
+    common.cuh's RowOut; a 505-wide joint's gradient in 512-wide rows)."""
     tensors = [rows, *outs]
     full = 16 // itemsize
     vec = vector_width(itemsize, math.gcd(V, *(t.stride(0) for t in tensors)), tensors)
     if vec == full:
-        return vec, True
+        return vec, True, False
     if all((o.data_ptr() - rows.data_ptr()) % 16 == 0 and (o.stride(0) - rows.stride(0)) * itemsize % 16 == 0
            for o in outs):
-        return full, False
-    return vec, True
+        return full, False, False
+    if (stage_rows and len(outs) == 1 and vec * itemsize < 8 and vector_width(itemsize, outs[0].stride(0), outs) == full
+            and _stage_bytes(stage_rows, V, itemsize) <= _SMEM_LIMIT):
+        return full, False, True
+    return vec, True, False
+
+
+def _stage_bytes(stage_rows, V, itemsize):
+    """Shared memory of RowOut<..., true>: a block's rows, V columns rounded up to 16 bytes."""
+    return stage_rows * ceil_div(V * itemsize, 16) * 16
 
 
 def _table(layout):
@@ -115,7 +127,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
         return lp, den
     _row_major("logits2d", logits2d)
     itemsize, ld = logits2d.element_size(), logits2d.stride(0)
-    vec, aligned = _row_access(itemsize, V, logits2d)
+    vec, aligned, _ = _row_access(itemsize, V, logits2d)
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
@@ -127,7 +139,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
 
 def _alpha_beta_smem_entries(max_u1, itemsize):
     """Entries per shared-memory buffer (two buffers), or 0 to keep the previous step in global memory."""
-    return max_u1 if 2 * max_u1 * itemsize <= 48 * 1024 else 0
+    return max_u1 if 2 * max_u1 * itemsize <= _SMEM_LIMIT else 0
 
 
 def _walk(lp, layout):
@@ -157,22 +169,26 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     if num_rows == 0:
         return out
     _row_major("logits2d", logits2d)
-    if out.shape != logits2d.shape or out.dtype != logits2d.dtype or out.stride() != logits2d.stride():
-        raise ValueError("transducer.cuda.gradient: out must have the logits' shape, dtype and strides")
+    if out.shape != logits2d.shape or out.dtype != logits2d.dtype:
+        raise ValueError("transducer.cuda.gradient: out must have the logits' shape and dtype")
+    _row_major("out", out)
     scale = scale.to(lp.dtype)
-    itemsize, ld = logits2d.element_size(), logits2d.stride(0)
+    itemsize = logits2d.element_size()
     # The gradient w.r.t. log-probs does not read them: with from_log_softmax the row pass is laid on
-    # `out` alone (same shape and strides), so the logits' alignment does not narrow its vectors.
+    # `out` alone, so the logits' alignment does not narrow its vectors.
     rows = out if from_log_softmax else logits2d
-    vec, aligned = _row_access(itemsize, V, rows, [out])
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
+    vec, aligned, staged = _row_access(itemsize, V, rows, [out], rows_per_block)
     name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
-            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}, {_flag(aligned)}>")
+            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}, {_flag(aligned)}, "
+            f"{_flag(staged)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
-            i32(V // vec if aligned else V), i32(blank), i32(layout.padded), lp, den, alpha, beta, loss, scale, i64(scale.stride(0)),
-            _acc(lp.dtype, fastemit_lambda), _acc(lp.dtype, max(clamp, 0.0)), out))
+           (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
+            i32(rows.stride(0)), i32(V // vec if aligned else V), i64(out.stride(0)), i32(blank), i32(layout.padded),
+            lp, den, alpha, beta, loss, scale, i64(scale.stride(0)), _acc(lp.dtype, fastemit_lambda),
+            _acc(lp.dtype, max(clamp, 0.0)), out),
+           shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
     return out
 
 
@@ -323,7 +339,7 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
         return out
     itemsize = tokens2d.element_size()
     ld = tokens2d.stride(0)
-    vec, aligned = _row_access(itemsize, V, tokens2d)
+    vec, aligned, _ = _row_access(itemsize, V, tokens2d)
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     name = f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
@@ -337,7 +353,6 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
 _WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 _WALK_MAX_THREADS = 512  # its launch bound
 _WALK_AHEAD = 2  # steps of log-probs read ahead (figures in benchmarks/RESULTS.md)
-_SMEM_LIMIT = 48 * 1024
 
 
 def tdt_alpha_beta(lp, lp_dur, layout, durations):
@@ -375,11 +390,11 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     alpha_r, beta_r, loss_r = rnnt if omega else (alpha, beta, loss)
     scale = scale.to(lp.dtype)
     itemsize = tokens2d.element_size()
-    vec, aligned = _row_access(itemsize, V, tokens2d, [out_tokens])
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
+    vec, aligned, staged = _row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
     name = (f"tdt_gradient_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(omega)}, "
-            f"{_flag(clamp > 0)}, {_flag(aligned)}>")
+            f"{_flag(clamp > 0)}, {_flag(aligned)}, {_flag(staged)}>")
     acc = lp.dtype
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
@@ -387,4 +402,5 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
             i32(blank), i32(layout.padded), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r, loss_r, scale,
             i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
             _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),
-            i64(out_durations.stride(0))))
+            i64(out_durations.stride(0))),
+           shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)

@@ -31,7 +31,7 @@ from ops import accumulate_dtype
 from .checks import check_loss_values, check_pack_values, check_rows, stages_for
 from .layout import NUM_STATS, Layout
 
-__all__ = ["Op", "loss", "pack", "make_layout"]
+__all__ = ["Op", "loss", "pack", "make_layout", "gradient_buffer"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None):
@@ -58,6 +58,28 @@ def read_stats(layout):
     return lambda: (copied.synchronize(), host.tolist())[1]
 
 
+def gradient_buffer(logits, wide_rows):
+    """An uninitialised tensor of the logits' shape and dtype for their gradient. With ``wide_rows`` and rows
+    whose bytes are not a multiple of 16, its rows are padded to one (a view of the first V columns of a
+    wider tensor): cuBLAS then reads the gradient with 16-byte loads in the joint Linear's backward. The
+    weight gradient of a 512 -> 505 joint (TDT: 500 tokens + 5 durations) takes 0.78 ms instead of 2.52
+    (bf16, 700k rows, H100: benchmarks/RESULTS.md section 7); the gradient kernels write such rows through
+    shared memory (common.cuh's RowOut). The loss passes ``wide_rows`` for eager CUDA logits that an op
+    produced (a leaf's .grad would be copied to the leaf's strides; a compiled graph expects the strides
+    of its fake)."""
+    V, itemsize = logits.size(-1), logits.element_size()
+    if not wide_rows or V * itemsize % 16 == 0:
+        return torch.empty_like(logits)
+    width = -(-V * itemsize // 16) * 16 // itemsize
+    return logits.new_empty(logits.shape[:-1] + (width,))[..., :V]
+
+
+def wide_gradient_rows(ctx, logits):
+    """Whether the gradient of ``logits`` goes into gradient_buffer's wide rows: eager (ctx.eager, set by
+    Op's eager path), CUDA, and made by an op rather than a leaf."""
+    return getattr(ctx, "eager", False) and logits.is_cuda and logits.grad_fn is not None
+
+
 class Op:
     """``transducer::<name>`` and ``transducer::<name>_backward`` registered with torch.library (what
     torch.compile and torch.export trace), and an eager autograd Function around the same forward,
@@ -79,6 +101,7 @@ class Op:
             @staticmethod
             def forward(ctx, *inputs):
                 ctx.set_materialize_grads(False)
+                ctx.eager = True  # setup_context may read it (wide_gradient_rows)
                 output = forward(*inputs)
                 setup_context(ctx, inputs, output)
                 ctx.num_inputs = len(inputs)
@@ -141,12 +164,13 @@ def _loss_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(table, lp, den, alpha, beta)
     ctx.save_for_backward(logits, targets, table, lp, den, alpha, beta, nll)
     ctx.options = (blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad)
+    ctx.wide_rows = wide_gradient_rows(ctx, logits)
 
 
 def _loss_gradient(ctx, grad_nll, backward):
     logits, targets, table, lp, den, alpha, beta, nll = ctx.saved_tensors
     blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad = ctx.options
-    out = logits if inplace_grad else torch.empty_like(logits)
+    out = logits if inplace_grad else gradient_buffer(logits, ctx.wide_rows)
     backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame, from_log_softmax,
              fastemit_lambda, clamp, out)
     return (out,) + (None,) * 11

@@ -265,13 +265,14 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 // (t+1, u), label -> (t+1, u+1); the blank from (T-1, U) ends the alignment (beta = 0). Zeros on
 // padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
 // `logits` (each element is read before it is written). ALIGNED: as for log_probs_kernel; when false, `out`'s
-// rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it). FLS reads no
-// logits: the launcher passes `out` as `logits` then, so that only out's alignment sets the vectors.
-template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP, bool ALIGNED>
+// rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it), or, STAGED, start
+// on one (common.cuh's RowOut). `out`'s rows are `ld_out` apart. FLS reads no logits: the launcher passes
+// `out` as `logits` then, so that only out's alignment sets the vectors.
+template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP, bool ALIGNED, bool STAGED>
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
                     const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
-                    int blank,
+                    long long ld_out, int blank,
                     int padded, const typename ops::AccOf<T>::type* __restrict__ lp,
                     const typename ops::AccOf<T>::type* __restrict__ den,
                     const typename ops::AccOf<T>::type* __restrict__ alpha,
@@ -287,8 +288,8 @@ __global__ void __launch_bounds__(td::kThreads)
   if (!pass.begin(logits, table, B, row_start, num_rows, ld, nvec, !FLS && !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
-  T* q_row = out + pass.row;
-  VT* q = reinterpret_cast<VT*>(q_row + pass.head);
+  RowOut<T, VEC, WPR, STAGED> dst;
+  dst.begin(out + (long long)(r - row_start) * ld_out, pass.head, V);
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
   if (live) {
@@ -298,11 +299,7 @@ __global__ void __launch_bounds__(td::kThreads)
     if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
   }
   if (!live) {
-    VT z;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
-    for (int i = pass.lane; i < pass.nvec; i += RowGeometry<WPR>::G) q[i] = z;
-    if (!ALIGNED && pass.col >= 0) q_row[pass.col] = from_acc<T>(Acc(0));
+    dst.zero(pass.lane, pass.nvec, pass.col);
     return;
   }
   // per-row coefficients (every thread of the row computes them; the loads broadcast)
@@ -343,9 +340,10 @@ __global__ void __launch_bounds__(td::kThreads)
     VT o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
-    q[i] = o;
+    dst.put(i, o);
   });
-  if (!ALIGNED && pass.col >= 0) q_row[pass.col] = grad(pass.col, pass.x);
+  if (!ALIGNED && pass.col >= 0) dst.put_scalar(pass.col, grad(pass.col, pass.x));
+  dst.finish(pass.lane);
 }
 
 // ---------------------------------------------------------------------------

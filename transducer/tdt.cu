@@ -394,8 +394,10 @@ __global__ void __launch_bounds__(512)
 // ---------------------------------------------------------------------------
 // The gradient of sum_b scale[b] * ((1 - omega) tdt_b + omega rnnt_b) w.r.t. the token and duration scores
 // (cpu.tdt_gradient's formula), clamped for a unit incoming gradient when CLAMP. Zeros on padding rows
-// and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or whose scale is 0.
-template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool ALIGNED>
+// and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or whose scale is 0. The token
+// gradient's rows lie at the token rows' offsets from a 16-byte boundary, or, STAGED, start on one
+// (common.cuh's RowOut; the launcher checked which).
+template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool ALIGNED, bool STAGED>
 __global__ void __launch_bounds__(td::kThreads)
     tdt_gradient_kernel(const T* tok, const T* dur, long long ld_tok, long long ld_dur, td::Durations durs,
                         const I* __restrict__ targets, int target_cols, const long long* __restrict__ table, int B,
@@ -423,9 +425,8 @@ __global__ void __launch_bounds__(td::kThreads)
   const RowInfo& ri = pass.ri;
   const int r = pass.r, lane = pass.lane;
   const long long local = r - row_start;
-  // the output row has the input row's offset from a vector boundary (the launcher checked it)
-  T* q_row = out_tok + local * ld_out_tok;
-  VT* q = reinterpret_cast<VT*>(q_row + pass.head);
+  RowOut<T, VEC, WPR, STAGED> dst;
+  dst.begin(out_tok + local * ld_out_tok, pass.head, V);
   T* qd = out_dur + local * ld_out_dur;
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0), l_r = Acc(0);
@@ -439,11 +440,7 @@ __global__ void __launch_bounds__(td::kThreads)
     }
   }
   if (!live) {
-    VT z;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) z.v[j] = from_acc<T>(Acc(0));
-    for (int i = lane; i < pass.nvec; i += RowGeometry<WPR>::G) q[i] = z;
-    if (!ALIGNED && pass.col >= 0) q_row[pass.col] = from_acc<T>(Acc(0));
+    dst.zero(lane, pass.nvec, pass.col);
     if (lane < D) qd[lane] = from_acc<T>(Acc(0));
     return;
   }
@@ -509,9 +506,10 @@ __global__ void __launch_bounds__(td::kThreads)
     VT o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
-    q[i] = o;
+    dst.put(i, o);
   });
-  if (!ALIGNED && pass.col >= 0) q_row[pass.col] = grad(pass.col, pass.x);
+  if (!ALIGNED && pass.col >= 0) dst.put_scalar(pass.col, grad(pass.col, pass.x));
+  dst.finish(lane);
   if (lane < D) {
     const Acc x = to_acc(dur[local * ld_dur + lane]);
     Acc g = keep * (exp_acc(x - den[2ll * r + 1]) * gamma - own);

@@ -15,7 +15,7 @@ from ops import accumulate_dtype
 from .checks import (FLOAT_DTYPES, check_batch, check_loss_values, check_options, check_reduction, check_rows,
                      check_tdt_options, check_tensor, is_index, stages_for)
 from .layout import NUM_STATS, Layout
-from .library import Op, make_layout, read_stats
+from .library import Op, gradient_buffer, make_layout, read_stats, wide_gradient_rows
 from .loss import _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
@@ -72,12 +72,13 @@ def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Ten
 def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Tensor], targets: Tensor,
                   table: Tensor, lp: Tensor, lp_dur: Tensor, den: Tensor, alpha: Tensor, beta: Tensor, tdt_nll: Tensor,
                   alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor, vocab_size: int, durations: List[int], blank: int,
-                  sigma: float, omega: float, fastemit_lambda: float, clamp: float) -> Tuple[Tensor, Tensor]:
+                  sigma: float, omega: float, fastemit_lambda: float, clamp: float, wide_rows: bool
+                  ) -> Tuple[Tensor, Tensor]:
     """(grad_logits, grad_duration_logits) of sum_b grad_nll[b] * nll[b]; the second is empty without
-    duration_logits (the first then covers all V + D columns)."""
+    duration_logits (the first then covers all V + D columns). wide_rows: see library.gradient_buffer."""
     padded = logits.dim() == 4
     layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
-    grad = torch.empty_like(logits)
+    grad = gradient_buffer(logits, wide_rows)
     grad_durations = torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
     out_tokens, out_durs = _heads(grad, grad_durations if duration_logits is not None else None, vocab_size)
@@ -97,10 +98,11 @@ def _setup_context(ctx, inputs, output):
                           beta_r, rnnt_nll)
     ctx.options = (vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp)
     ctx.has_duration_logits = duration_logits is not None
+    ctx.wide_rows = wide_gradient_rows(ctx, logits)
 
 
 def _gradient(ctx, grad_nll, backward):
-    grad, grad_durations = backward(grad_nll, *ctx.saved_tensors, *ctx.options)
+    grad, grad_durations = backward(grad_nll, *ctx.saved_tensors, *ctx.options, ctx.wide_rows)
     return (grad, grad_durations if ctx.has_duration_logits else None) + (None,) * 11
 
 
