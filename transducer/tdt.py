@@ -166,7 +166,7 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
     Returns:
         float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. An utterance with
         no alignment gets ``+inf`` and zero gradient. Gradients flow to ``logits`` (and ``duration_logits``),
-        in their dtype.
+        in their dtype; the one of ``logits`` in padded rows as for :func:`transducer_loss`.
 
     Example::
 
