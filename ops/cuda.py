@@ -2,7 +2,8 @@
 
 - ``launch(path, name, t, grid, block, args, shared_mem=0)``: one kernel launch on torch's *current*
   stream of ``t``'s device (no host sync, capturable by ``torch.cuda.CUDAGraph``), compiled at first
-  use by NVRTC through ``cupy.RawModule`` and cached per (file, kernel, device);
+  use by NVRTC through ``cupy.RawModule`` and cached per (file, kernel, device), its arguments packed
+  into one buffer for ``cuLaunchKernel``;
 - ``vector_width(itemsize, length, tensors)``: elements per 16-byte (or narrower) access;
 - ``num_sms(t)`` and ``ceil_div(a, b)``: launch geometry.
 
@@ -13,10 +14,12 @@ holds the packages. Importing this module never needs CuPy; launching does.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
 import re
+import struct
 import threading
 
 import numpy as np
@@ -71,7 +74,8 @@ _functions: dict = {}
 
 
 def _function(path, name, dev):
-    """The compiled kernel ``name`` (a template instantiation or an extern "C" name) of ``path`` on ``dev``."""
+    """The compiled kernel ``name`` (a template instantiation or an extern "C" name) of ``path`` on ``dev``:
+    (the CuPy function, which keeps its module loaded, its CUfunction handle, and CuPy's cuLaunchKernel)."""
     key = (path, name, dev)
     with _lock:
         fn = _functions.get(key)
@@ -80,7 +84,8 @@ def _function(path, name, dev):
             with cp.cuda.Device(dev):
                 module = cp.RawModule(code=_source(path), options=("-std=c++17", f"-I{_INCLUDE_ROOT}"),
                                       name_expressions=(name,) if name.endswith(">") else None)
-                fn = _functions[key] = module.get_function(name).kernel
+                kernel = module.get_function(name).kernel
+                fn = _functions[key] = (kernel, kernel.ptr, cp.cuda.driver.launchKernel)
     return fn
 
 
@@ -90,16 +95,53 @@ def _current_raw_stream(device_id: int) -> int:
     return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
-class _RawStream:
-    """What a CuPy kernel call reads from its ``stream`` argument: the raw handle, as ``ptr``."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
+# cuLaunchKernel's `extra` (cuda.h): CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END
+_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
+_SCALAR_FORMATS = {np.int32: "i", np.int64: "q", np.uint32: "I", np.uint64: "Q", np.float32: "f", np.float64: "d",
+                   int: "q", float: "d"}
+_TENSOR, _STRUCT, _SCALAR = 0, 1, 2
 
 
-_raw_streams: dict = {}
+class _Arguments:
+    """A kernel's arguments laid out as the C ABI lays out its parameters, for one tuple of argument types:
+    cuLaunchKernel takes them as one buffer (its `extra` argument), so a launch packs them with one
+    ``struct.pack_into`` instead of making an object per argument (CuPy's call: 16-20 us a launch on the
+    GPU machine's host, benchmarks/RESULTS.md section 8). Tensors are pointers, numpy scalars and Python
+    ints / floats (int64 / double, as CuPy passes them) their C types, structured numpy scalars their bytes
+    at their fields' widest alignment. One per thread (the buffer is written before each launch)."""
+
+    def __init__(self, args):
+        fmt, kinds = "@", []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                kinds.append(_TENSOR)
+                fmt += "P"
+            elif isinstance(a, np.void):
+                kinds.append(_STRUCT)
+                align = max(a.dtype.fields[f][0].base.itemsize for f in a.dtype.names)
+                fmt += f"{-struct.calcsize(fmt) % align}x{a.dtype.itemsize}s"
+            else:
+                code = _SCALAR_FORMATS.get(type(a))
+                if code is None:
+                    raise TypeError(f"launch: unsupported kernel argument type {type(a).__name__}")
+                kinds.append(_SCALAR)
+                fmt += code
+        self.kinds = tuple(kinds)
+        self.layout = struct.Struct(fmt)
+        self.buffer = ctypes.create_string_buffer(max(self.layout.size, 1))
+        self.size = ctypes.c_size_t(self.layout.size)
+        self.extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(self.buffer), _PARAM_BUFFER_SIZE,
+                                           ctypes.addressof(self.size), _PARAM_END)
+        self.extra_ptr = ctypes.addressof(self.extra)
+
+    def pack(self, args) -> int:
+        """``args`` into the buffer; the address of cuLaunchKernel's `extra` that points at it."""
+        self.layout.pack_into(self.buffer, 0, *[a.data_ptr() if k == _TENSOR else (a.tobytes() if k == _STRUCT else a)
+                                                for a, k in zip(args, self.kinds)])
+        return self.extra_ptr
+
+
+_per_thread = threading.local()
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
@@ -113,16 +155,20 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     the kernel is queued, whereas a temporary copy whose pointer alone is kept is freed at once, and
     its memory may be handed to the next temporary before the kernel runs.
     """
-    pointers = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
     dev = t.get_device()
-    fn = _functions.get((path, name, dev)) or _function(path, name, dev)
-    handle = _current_raw_stream(dev)
-    stream = _raw_streams.get(handle) or _raw_streams.setdefault(handle, _RawStream(handle))
+    _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
+    layouts = _per_thread.__dict__.setdefault("layouts", {})
+    key = (path, name, tuple(map(type, args)))
+    packed = layouts.get(key) or layouts.setdefault(key, _Arguments(args))
+    extra = packed.pack(args)
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    bx, by, bz = (tuple(block) + (1, 1))[:3]
+    stream = _current_raw_stream(dev)
     if _current_device() == dev:
-        fn(grid, block, pointers, shared_mem, stream)
+        launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, extra)
     else:  # the function belongs to dev's context
         with torch.cuda.device(dev):
-            fn(grid, block, pointers, shared_mem, stream)
+            launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, extra)
 
 
 def vector_width(itemsize: int, length: int, tensors) -> int:

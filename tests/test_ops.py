@@ -373,3 +373,49 @@ def test_dtype_helpers():
         assert ops.is_integer_dtype(dt)
     for dt in (torch.bool, torch.float32, torch.complex64, np.float64, np.bool_):
         assert not ops.is_integer_dtype(dt)
+
+
+def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
+    # ops.cuda packs a launch's arguments into the one buffer cuLaunchKernel reads (no GPU needed to check
+    # the layout): against ctypes' layout of the same C parameters, with padding before 8-byte values and
+    # before a struct, and structs of 4-byte fields at odd offsets
+    import ctypes
+
+    from ops.cuda import _Arguments, i32, i64
+
+    class Durations(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_int32), ("d", ctypes.c_int32 * 16)]
+
+    class Divmod(ctypes.Structure):
+        _fields_ = [("d", ctypes.c_uint32), ("m", ctypes.c_uint32), ("l", ctypes.c_uint32)]
+
+    class Pair(ctypes.Structure):  # 8-byte aligned, after an int: 4 bytes of padding before it
+        _fields_ = [("v", ctypes.c_int64), ("w", ctypes.c_int32)]
+
+    class Params(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_void_p), ("a", ctypes.c_int32), ("y", ctypes.c_void_p), ("b", ctypes.c_int32),
+                    ("div", Divmod), ("c", ctypes.c_int64), ("f", ctypes.c_float), ("dur", Durations),
+                    ("g", ctypes.c_double), ("null", ctypes.c_int64), ("h", ctypes.c_int32), ("pair", Pair),
+                    ("k", ctypes.c_int32)]
+
+    rng = np.random.default_rng(5)
+    x, y = torch.empty(3), torch.empty(5, dtype=torch.int64)
+    durations = np.array((3, list(rng.integers(0, 9, 16))), dtype=[("n", "<i4"), ("d", "<i4", (16,))])[()]
+    div = FastDivmod(int(rng.integers(2, 1000))).as_struct()
+    a, b, c = int(rng.integers(-9, 9)), int(rng.integers(-9, 9)), int(rng.integers(1 << 40, 1 << 50))
+    pair = np.zeros((), dtype=np.dtype([("v", "<i8"), ("w", "<i4")], align=True))  # zero padding bytes
+    pair["v"], pair["w"] = c + 1, -a
+    pair = pair[()]
+    args = (x, i32(a), y, i32(b), div, i64(c), np.float32(0.25), durations, np.float64(-1.5), 0, i32(7), pair,
+            i32(b + 3))
+    packed = _Arguments(args)
+    packed.pack(args)
+    want = Params(x.data_ptr(), a, y.data_ptr(), b, Divmod(*(int(div[k]) for k in ("d", "m", "l"))), c, 0.25,
+                  Durations(3, (ctypes.c_int32 * 16)(*(int(v) for v in durations["d"]))), -1.5, 0, 7, Pair(c + 1, -a),
+                  b + 3)
+    assert Params.pair.offset % 8 == 0 and Params.pair.offset > Params.h.offset + 4
+    assert packed.layout.size == Params.k.offset + 4
+    assert bytes(packed.buffer)[:packed.layout.size] == bytes(want)[:packed.layout.size]
+    assert packed.size.value == packed.layout.size
+    with pytest.raises(TypeError, match="unsupported kernel argument type"):
+        _Arguments((x, "3"))
