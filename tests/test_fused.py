@@ -368,3 +368,7 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
     with pytest.raises(ValueError, match="pack_backward_add: inputs must be"):
         stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc,
                                  grad_pred, None, activation)
+    if device == "cuda":  # inputs on another device than the rows: named, not read through a host pointer
+        with pytest.raises(ValueError, match="pack_backward_add: inputs must be .* device"):
+            stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc,
+                                     grad_pred, (enc.cpu(), pred.cpu()), activation)

@@ -252,9 +252,10 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
     if act:
         enc, prd = inputs if inputs is not None else (None, None)
         if (enc is None or prd is None or enc.dtype != grad_rows.dtype or prd.dtype != grad_rows.dtype or
-                enc.shape != grads[0].shape or prd.shape != grads[1].shape):
+                enc.shape != grads[0].shape or prd.shape != grads[1].shape or enc.device != grad_rows.device or
+                prd.device != grad_rows.device):
             raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) of grad_rows' dtype and "
-                             "the shapes of grad_enc and grad_pred")
+                             "device, and the shapes of grad_enc and grad_pred")
         enc, prd = enc.contiguous(), prd.contiguous()
     else:
         enc = prd = 0

@@ -44,18 +44,26 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
                                             logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats)
 
 
-def read_stats(layout):
-    """A function returning the layout's stats as a list. On CUDA the copy to pinned memory is queued
-    now, right behind the layout launch, and the function waits for that copy alone: kernels queued
-    after it run while the host checks."""
+def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs):
+    """``log_probs()`` (the loss's first stage) with the value checks of ``check_inputs``: lengths and labels
+    against the tensors (checks.check_loss_values; ``logits`` the token scores). On CUDA the layout's stats
+    are copied to pinned memory right behind the layout launch and checked once log_probs is queued: it
+    reads within bounds whatever the values, and nothing else runs unchecked. The CPU stages need valid
+    values to run at all: checked first."""
+    if not check_inputs:
+        return log_probs()
     stats = layout.stats
     if not stats.is_cuda:
-        return stats.tolist
+        check_loss_values(logits, targets, stats.tolist(), blank)
+        return log_probs()
     host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
     host.copy_(stats, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record(torch.cuda.current_stream(stats.device))
-    return lambda: (copied.synchronize(), host.tolist())[1]
+    out = log_probs()
+    copied.synchronize()  # the copy alone: the kernels queued after it run while the host checks
+    check_loss_values(logits, targets, host.tolist(), blank)
+    return out
 
 
 def gradient_buffer(logits, wide_rows):
@@ -133,14 +141,9 @@ def _loss_forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target
     check_rows(logits)  # here, not in the Python caller: under torch.compile the rows may be symbolic
     stages = stages_for(logits.device)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
-    read = read_stats(layout) if check_inputs else None
-    if read is not None and not logits.is_cuda:  # the CPU stages need valid values to run at all
-        check_loss_values(logits, targets, read(), blank)
-        read = None
     logits2d = logits.view(-1, logits.size(-1))
-    lp, den = stages.log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty)
-    if read is not None:  # log_probs reads within bounds whatever the values; nothing else runs unchecked
-        check_loss_values(logits, targets, read(), blank)
+    lp, den = checked_log_probs(layout, logits, targets, blank, check_inputs, lambda: stages.log_probs(
+        logits2d, targets, layout, blank, from_log_softmax, delay_penalty))
     alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
     return nll, layout.table, lp, den, alpha, beta
 

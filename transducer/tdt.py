@@ -12,10 +12,10 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import (FLOAT_DTYPES, check_batch, check_loss_values, check_options, check_reduction, check_rows,
+from .checks import (FLOAT_DTYPES, check_batch, check_options, check_reduction, check_rows,
                      check_tdt_options, check_tensor, is_index, stages_for)
 from .layout import NUM_STATS, Layout
-from .library import Op, gradient_buffer, make_layout, read_stats, wide_gradient_rows
+from .library import Op, checked_log_probs, gradient_buffer, make_layout, wide_gradient_rows
 from .loss import _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
@@ -52,13 +52,8 @@ def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Ten
     stages = stages_for(logits.device)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs, vocab_size)
-    read = read_stats(layout) if check_inputs else None
-    if read is not None and not logits.is_cuda:  # the CPU stages need valid values to run at all
-        check_loss_values(logits[..., :vocab_size], targets, read(), blank)
-        read = None
-    lp, lp_dur, den = stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma)
-    if read is not None:  # as for transducer_loss: tdt_log_probs reads within bounds whatever the values
-        check_loss_values(logits[..., :vocab_size], targets, read(), blank)
+    lp, lp_dur, den = checked_log_probs(layout, logits[..., :vocab_size], targets, blank, check_inputs,
+                                        lambda: stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma))
     alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
     alpha_r, beta_r, rnnt_nll = lp.new_empty(0), lp.new_empty(0), lp.new_empty(0)  # outputs may not alias
     if omega:
