@@ -97,33 +97,51 @@ def _current_raw_stream(device_id: int) -> int:
 
 # cuLaunchKernel's `extra` (cuda.h): CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END
 _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
-_SCALAR_FORMATS = {np.int32: "i", np.int64: "q", np.uint32: "I", np.uint64: "Q", np.float32: "f", np.float64: "d",
-                   int: "q", float: "d"}
-_TENSOR, _STRUCT, _SCALAR = 0, 1, 2
+_SCALAR_FORMATS = {np.int32: "i", np.int64: "q", np.uint32: "I", np.uint64: "Q", np.float32: "f", np.float64: "d"}
+_TENSOR, _STRUCT, _SCALAR, _NULL = 0, 1, 2, 3
+
+
+def _alignment(dtype) -> int:
+    """The C alignment of a numpy (structured) dtype: its widest field's."""
+    if dtype.names is None:
+        return dtype.base.alignment
+    return max(_alignment(dtype.fields[f][0].base) for f in dtype.names)
 
 
 class _Arguments:
     """A kernel's arguments laid out as the C ABI lays out its parameters, for one tuple of argument types:
     cuLaunchKernel takes them as one buffer (its `extra` argument), so a launch packs them with one
-    ``struct.pack_into`` instead of making an object per argument (CuPy's call: 16-20 us a launch on the
-    GPU machine's host, benchmarks/RESULTS.md section 8). Tensors are pointers, numpy scalars and Python
-    ints / floats (int64 / double, as CuPy passes them) their C types, structured numpy scalars their bytes
-    at their fields' widest alignment. One per thread (the buffer is written before each launch)."""
+    ``struct.pack_into`` instead of making an object per argument (CuPy's call: 12-23 us a launch on the
+    GPU machine's host against 9-12, benchmarks/RESULTS.md section 8). Tensors are pointers, numpy scalars
+    their C types, structured numpy scalars their bytes at their widest field's alignment, and the Python
+    int 0 a NULL pointer. The driver cannot check the buffer against the kernel's parameters: a wrong type
+    shifts every later argument, so anything else is refused. One per thread (the buffer is written right
+    before each launch)."""
 
     def __init__(self, args):
-        fmt, kinds = "@", []
-        for a in args:
+        fmt, kinds, self.structs, self.nulls = "@", [], [], []
+        for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 kinds.append(_TENSOR)
                 fmt += "P"
             elif isinstance(a, np.void):
+                align = _alignment(a.dtype)
+                if a.dtype.itemsize % align:
+                    raise TypeError(f"launch: struct argument {i} of dtype {a.dtype} lacks its trailing padding "
+                                    f"(make the dtype with align=True)")
                 kinds.append(_STRUCT)
-                align = max(a.dtype.fields[f][0].base.itemsize for f in a.dtype.names)
+                self.structs.append((i, a.dtype))
                 fmt += f"{-struct.calcsize(fmt) % align}x{a.dtype.itemsize}s"
+            elif type(a) is int:
+                kinds.append(_NULL)
+                self.nulls.append(i)
+                fmt += "P"
             else:
                 code = _SCALAR_FORMATS.get(type(a))
                 if code is None:
-                    raise TypeError(f"launch: unsupported kernel argument type {type(a).__name__}")
+                    raise TypeError(f"launch: argument {i} has type {type(a).__name__}; expected a tensor, a numpy "
+                                    f"scalar of the parameter's C type (i32, i64, numpy.float32, ...), a structured "
+                                    f"numpy scalar or 0 (a NULL pointer)")
                 kinds.append(_SCALAR)
                 fmt += code
         self.kinds = tuple(kinds)
@@ -136,6 +154,13 @@ class _Arguments:
 
     def pack(self, args) -> int:
         """``args`` into the buffer; the address of cuLaunchKernel's `extra` that points at it."""
+        for i in self.nulls:
+            if args[i] != 0:
+                raise TypeError(f"launch: argument {i} is the Python int {args[i]}; only 0 (a NULL pointer) may be "
+                                f"a Python int, integers go as i32() / i64()")
+        for i, dtype in self.structs:
+            if args[i].dtype != dtype:
+                raise TypeError(f"launch: struct argument {i} has dtype {args[i].dtype}, this kernel took {dtype}")
         self.layout.pack_into(self.buffer, 0, *[a.data_ptr() if k == _TENSOR else (a.tobytes() if k == _STRUCT else a)
                                                 for a, k in zip(args, self.kinds)])
         return self.extra_ptr
@@ -160,15 +185,14 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     layouts = _per_thread.__dict__.setdefault("layouts", {})
     key = (path, name, tuple(map(type, args)))
     packed = layouts.get(key) or layouts.setdefault(key, _Arguments(args))
-    extra = packed.pack(args)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
     stream = _current_raw_stream(dev)
     if _current_device() == dev:
-        launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, extra)
+        launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
     else:  # the function belongs to dev's context
         with torch.cuda.device(dev):
-            launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, extra)
+            launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
 
 
 def vector_width(itemsize: int, length: int, tensors) -> int:

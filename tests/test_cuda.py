@@ -281,6 +281,50 @@ def test_matches_torchaudio_without_fused_log_softmax():
                                    rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("V", [37, 8197, 16381])
+def test_gradient_into_rows_of_another_stride(V):
+    """The RNN-T and TDT gradient stages writing bf16 rows 16 bytes aligned from logits rows at every 2-byte
+    offset: staged through shared memory (common.cuh's RowOut; a warp a row at V = 37, a block a row at
+    8197, at the launcher's staging limit at 16381), the same values bit for bit as into rows laid out as
+    the logits'."""
+    cuda = cuda_stages()
+    gen = torch.Generator().manual_seed(V)
+    D, durations, blank = 3, [0, 1, 2], V // 3
+    logits, targets, T, U = random_batch(gen, 3, 4, 2, V + D, blank, scale=2.0)
+    T[1], U[2] = 1, 0
+    x = compact(logits, T, U).to(torch.bfloat16).to(DEV)
+    targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
+    layout = make_layout(x, targets, T, U, blank, vocab_size=V)
+    N, wide = x.size(0), -(-V // 8) * 8
+    scale = (torch.rand(3, generator=gen) + 0.5).to(DEV)
+
+    def outs():
+        same = torch.full((N, V + D), math.nan, dtype=x.dtype, device=DEV)
+        return same, torch.full((N, wide), math.nan, dtype=x.dtype, device=DEV)[:, :V]
+
+    rows = x[:, :V]  # RNN-T over the first V columns (rows V + D apart)
+    lp, den = cuda.log_probs(rows, targets, layout, blank, False)
+    alpha, beta, loss = cuda.alpha_beta(lp, layout, False)
+    same, staged = outs()
+    wpr = cuda._warps_per_row(N, V * 2, x.device)
+    assert cuda._row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
+    for out in (same[:, :V], staged):
+        cuda.gradient(rows, targets, layout, lp, den, alpha, beta, loss, scale, blank, False, False, out)
+    assert_no_nan(staged)
+    assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
+
+    tokens, durs = x[:, :V], x[:, V:]
+    lp, lp_dur, den = cuda.tdt_log_probs(tokens, durs, targets, layout, blank, 0.0)
+    alpha, beta, loss = cuda.tdt_alpha_beta(lp, lp_dur, layout, durations)
+    same, staged = outs()
+    out_durs = torch.empty(N, D, dtype=x.dtype, device=DEV)
+    for out in (same[:, :V], staged):
+        cuda.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank, durations,
+                          out, out_durs)
+    assert_no_nan(staged)
+    assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
+
+
 @pytest.mark.parametrize("from_log_softmax", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_logits_off_a_16_byte_boundary(from_log_softmax, dtype):

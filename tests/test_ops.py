@@ -417,5 +417,15 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     assert packed.layout.size == Params.k.offset + 4
     assert bytes(packed.buffer)[:packed.layout.size] == bytes(want)[:packed.layout.size]
     assert packed.size.value == packed.layout.size
-    with pytest.raises(TypeError, match="unsupported kernel argument type"):
-        _Arguments((x, "3"))
+    # what would shift the later arguments is refused: other types, a Python int other than 0 (NULL), a
+    # struct of another dtype than the kernel took, a struct dtype without its trailing padding
+    for bad in ("3", 1.5, np.int16(2)):
+        with pytest.raises(TypeError, match="argument 1 has type"):
+            _Arguments((x, bad))
+    with pytest.raises(TypeError, match="only 0 \\(a NULL pointer\\)"):
+        packed.pack(args[:9] + (5,) + args[10:])
+    with pytest.raises(TypeError, match="this kernel took"):
+        packed.pack(args[:4] + (durations,) + args[5:])
+    unpadded = np.zeros((), dtype=[("v", "<i8"), ("w", "<i4")])[()]
+    with pytest.raises(TypeError, match="trailing padding"):
+        _Arguments((x, unpadded))

@@ -327,3 +327,36 @@ def test_runs_on_current_stream_and_graph_capture():
     torch.testing.assert_close(glse, torch.logsumexp(static_x, -1), rtol=1e-5, atol=1e-5)
     for g in gids:
         assert g.cpu().tolist() == [1, 1, 1, 1, 1, 1, 2, 2, 2, 2]
+
+
+# -------------------------------------------------------------------- launch
+_ECHO = r"""
+struct Divmod { unsigned int d, m, l; };
+struct Pair { long long v; int w; };
+extern "C" __global__ void echo(const float* p, int a, Divmod div, long long c, float f, Pair pair, double g,
+                                const float* null, int k, long long* out) {
+  out[0] = (long long)p; out[1] = a; out[2] = div.d; out[3] = div.m; out[4] = div.l; out[5] = c;
+  out[6] = __float_as_int(f); out[7] = pair.v; out[8] = pair.w; out[9] = __double_as_longlong(g);
+  out[10] = (long long)null; out[11] = k;
+}
+"""
+
+
+def test_launch_passes_each_argument_where_the_kernel_reads_it(tmp_path):
+    # ops.cuda.launch packs the arguments into one buffer for cuLaunchKernel: the kernel reads back every
+    # value, after ints (4-byte), structs of 4-byte fields, an 8-byte aligned struct after a float, a NULL
+    from ops.cuda import i32, i64, launch
+    path = tmp_path / "echo.cu"
+    path.write_text(_ECHO)
+    rng = np.random.default_rng(8)
+    p = torch.empty(3, device=DEV)
+    out = torch.full((12,), -7, dtype=torch.int64, device=DEV)
+    a, c, k = int(rng.integers(-100, 100)), int(rng.integers(1 << 40, 1 << 50)), int(rng.integers(-100, 100))
+    div = ops.FastDivmod(int(rng.integers(2, 1000))).as_struct()
+    pair = np.zeros((), dtype=np.dtype([("v", "<i8"), ("w", "<i4")], align=True))
+    pair["v"], pair["w"] = c - 5, -a
+    f, g = np.float32(rng.standard_normal()), np.float64(rng.standard_normal())
+    launch(str(path), "echo", p, (1,), (1,), (p, i32(a), div, i64(c), f, pair[()], g, 0, i32(k), out))
+    want = [p.data_ptr(), a, int(div["d"]), int(div["m"]), int(div["l"]), c, int(f.view(np.int32)), c - 5, -a,
+            int(g.view(np.int64)), 0, k]
+    assert out.tolist() == want

@@ -186,10 +186,11 @@ struct RowOut {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
   static_assert(!STAGED || sizeof(VT) == 16, "staged rows are written in 16-byte vectors");
+  static_assert(sizeof(T) == 2 || sizeof(T) % 4 == 0, "put's pieces: 2-byte elements or whole words");
   T* row;    // the output row
   T* stage;  // STAGED: its copy in shared memory
   int head, n;
-  int mis;   // STAGED: the bytes from a 16-byte boundary to where each vector of the pass lands
+  int land;  // STAGED: bytes from a 16-byte boundary of the copy to where each vector of the pass lands
 
   __device__ __forceinline__ void begin(T* out_row, int pass_head, int columns) {
     row = out_row;
@@ -198,7 +199,7 @@ struct RowOut {
     if (STAGED) {
       extern __shared__ __align__(16) unsigned char row_out_stage[];
       stage = reinterpret_cast<T*>(row_out_stage) + (threadIdx.x >> Geo::LOG_G) * ((n + VEC - 1) / VEC * VEC);
-      mis = (int)(head * sizeof(T)) & 15;
+      land = (int)(head * sizeof(T)) & 15;
     }
   }
   // vector i of the pass: columns head + i * VEC, ..., head + i * VEC + VEC - 1
@@ -206,12 +207,12 @@ struct RowOut {
     if (STAGED) {
       unsigned char* s = reinterpret_cast<unsigned char*>(stage + head + i * VEC);
       const uint4 w = *reinterpret_cast<const uint4*>(&o);
-      if (mis == 0) {
+      if (land == 0) {
         *reinterpret_cast<uint4*>(s) = w;
-      } else if ((mis & 7) == 0) {
+      } else if ((land & 7) == 0) {
         reinterpret_cast<uint2*>(s)[0] = make_uint2(w.x, w.y);
         reinterpret_cast<uint2*>(s)[1] = make_uint2(w.z, w.w);
-      } else if ((mis & 3) == 0) {
+      } else if ((land & 3) == 0) {
         unsigned int* s4 = reinterpret_cast<unsigned int*>(s);
         s4[0] = w.x;
         s4[1] = w.y;

@@ -21,7 +21,10 @@ from .layout import NUM_STATS, Layout
 _STAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages.cu")
 _PACK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack.cu")
 _THREADS = 256  # block size of the per-row kernels (stages.cu: kThreads)
-_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a launch may take without opting in
+_SMEM_LIMIT = 48 * 1024  # shared memory (static + dynamic) a block may take without opting in
+# RowOut<..., true>'s rows a block: room left within _SMEM_LIMIT for the kernels' static shared memory
+_STAGE_LIMIT = 32 * 1024
+_WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
 
 
 def _flag(x):
@@ -77,7 +80,7 @@ def _row_access(itemsize, V, rows, outs=(), stage_rows=0):
            for o in outs):
         return full, False, False
     if (stage_rows and len(outs) == 1 and vec * itemsize < 8 and vector_width(itemsize, outs[0].stride(0), outs) == full
-            and _stage_bytes(stage_rows, V, itemsize) <= _SMEM_LIMIT):
+            and _stage_bytes(stage_rows, V, itemsize) <= _STAGE_LIMIT):
         return full, False, True
     return vec, True, False
 
@@ -85,6 +88,20 @@ def _row_access(itemsize, V, rows, outs=(), stage_rows=0):
 def _stage_bytes(stage_rows, V, itemsize):
     """Shared memory of RowOut<..., true>: a block's rows, V columns rounded up to 16 bytes."""
     return stage_rows * ceil_div(V * itemsize, 16) * 16
+
+
+def gradient_row_width(V, itemsize):
+    """The row width (elements) of a new gradient of V-wide logits that an op made (library.gradient_buffer):
+    16-bit rows that are not a multiple of 16 bytes, up to 4 KiB, are padded to one. cuBLAS reads such a
+    gradient with 16-byte loads in the joint Linear's backward (the weight gradient of a 505-wide bf16
+    joint: 2.32 -> 0.69 ms a Protocol A batch, H100, benchmarks/RESULTS.md section 8), and the gradient
+    kernels still write whole vectors: 8-byte ones when they fit both row widths, else through shared
+    memory (RowOut<..., true>, 8 rows a block within _STAGE_LIMIT). V otherwise: fp32 steps gained nothing
+    measurable, and longer rows would fall back to narrow accesses."""
+    row = V * itemsize
+    if itemsize != 2 or row % 16 == 0 or row > _WIDE_ROW_BYTES:
+        return V
+    return ceil_div(row, 16) * 16 // itemsize
 
 
 def _table(layout):

@@ -45,8 +45,13 @@ The stage contract, shared by ``transducer.cpu`` and ``transducer.cuda``
     clamp > 0); ``scale`` is (B,) in lp's dtype, any stride (an expanded scalar is
     fine). Zeros on padding rows and for utterances whose loss is not finite or whose
     scale is 0. ``out`` may be ``logits2d`` itself (each element is read before it
-    is written). With ``row_start``, logits2d and out are the rows [row_start,
-    row_start + N); lp, den, alpha and beta hold every row.
+    is written), or rows of another stride (unit column stride). With ``row_start``,
+    logits2d and out are the rows [row_start, row_start + N); lp, den, alpha and
+    beta hold every row.
+``gradient_row_width(V, itemsize) -> int``
+    The row width of a new gradient buffer for V-wide logits that an op made (V, or
+    V padded so that the op's backward GEMMs read it faster; the gradient is then a
+    view of its first V columns).
 ``pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None)``
 (``out``: a (num_rows, J) destination with unit column stride, such as the first J columns of a wider
 matrix), ``pack_backward(grad_out, layout, max_t, max_u1)`` and

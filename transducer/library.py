@@ -67,25 +67,23 @@ def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs):
 
 
 def gradient_buffer(logits, wide_rows):
-    """An uninitialised tensor of the logits' shape and dtype for their gradient. With ``wide_rows`` and rows
-    whose bytes are not a multiple of 16, its rows are padded to one (a view of the first V columns of a
-    wider tensor): cuBLAS then reads the gradient with 16-byte loads in the joint Linear's backward. The
-    weight gradient of a 512 -> 505 joint (TDT: 500 tokens + 5 durations) takes 0.78 ms instead of 2.52
-    (bf16, 700k rows, H100: benchmarks/RESULTS.md section 7); the gradient kernels write such rows through
-    shared memory (common.cuh's RowOut). The loss passes ``wide_rows`` for eager CUDA logits that an op
-    produced (a leaf's .grad would be copied to the leaf's strides; a compiled graph expects the strides
-    of its fake)."""
-    V, itemsize = logits.size(-1), logits.element_size()
-    if not wide_rows or V * itemsize % 16 == 0:
+    """An uninitialised tensor of the logits' shape and dtype for their gradient. With ``wide_rows`` its rows
+    are ``gradient_row_width`` wide (a stage function: on CUDA, 16-bit rows up to 4 KiB padded to a multiple
+    of 16 bytes), the gradient a view of their first V columns, which the op that made the logits (the
+    joint Linear) reads faster in its backward. The loss passes ``wide_rows`` for eager logits that an op
+    produced: a leaf's .grad would be copied to the leaf's strides, and a compiled graph expects the
+    strides of its fake."""
+    V = logits.size(-1)
+    width = stages_for(logits.device).gradient_row_width(V, logits.element_size()) if wide_rows else V
+    if width == V:
         return torch.empty_like(logits)
-    width = -(-V * itemsize // 16) * 16 // itemsize
     return logits.new_empty(logits.shape[:-1] + (width,))[..., :V]
 
 
 def wide_gradient_rows(ctx, logits):
     """Whether the gradient of ``logits`` goes into gradient_buffer's wide rows: eager (ctx.eager, set by
-    Op's eager path), CUDA, and made by an op rather than a leaf."""
-    return getattr(ctx, "eager", False) and logits.is_cuda and logits.grad_fn is not None
+    Op's eager path) and made by an op rather than a leaf."""
+    return getattr(ctx, "eager", False) and logits.grad_fn is not None
 
 
 class Op:

@@ -69,9 +69,9 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
 
     Returns:
         float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. The gradient
-        flows to ``logits`` only and has the logits' dtype. On CUDA, for logits that an op produced and
-        whose rows are not a multiple of 16 bytes, it comes in rows padded to one (a non-contiguous view:
-        ``library.gradient_buffer``), which the op's backward GEMMs read faster.
+        flows to ``logits`` only and has the logits' dtype. On CUDA, for 16-bit logits that an op produced
+        and whose rows are not a multiple of 16 bytes (up to 4 KiB), it comes in rows padded to one (a
+        non-contiguous view: ``library.gradient_buffer``), which the op's backward GEMMs read faster.
 
     Example::
 
