@@ -289,9 +289,11 @@ def test_gradient_into_rows_of_another_stride(V):
     the logits'."""
     cuda = cuda_stages()
     gen = torch.Generator().manual_seed(V)
-    D, durations, blank = 3, [0, 1, 2], V // 3
-    logits, targets, T, U = random_batch(gen, 3, 4, 2, V + D, blank, scale=2.0)
+    D, durations, blank = 4, [0, 1, 2, 3], V // 3  # V + D odd: the logits' rows start at every 2-byte offset
+    logits, _, T, U = random_batch(gen, 3, 4, 2, V + D, blank, scale=2.0)
     T[1], U[2] = 1, 0
+    targets = torch.randint(0, V - 1, (3, 2), generator=gen)
+    targets += targets >= blank  # token labels other than blank
     x = compact(logits, T, U).to(torch.bfloat16).to(DEV)
     targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
     layout = make_layout(x, targets, T, U, blank, vocab_size=V)
