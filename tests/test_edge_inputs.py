@@ -197,3 +197,15 @@ def test_infinite_incoming_gradient(device):
     assert torch.equal(infinite[:rows], torch.zeros_like(unit[:rows]))
     assert (unit[rows:] != 0).all()
     torch.testing.assert_close(infinite[rows:], unit[rows:] * math.inf)
+
+
+def test_cuda_gradient_names_a_bad_out():
+    # transducer.cuda.gradient writes into `out` of the logits' shape and dtype, at any row stride (the
+    # loss's padded gradient rows) but unit column stride; anything else is a ValueError naming `out`, raised
+    # before any launch (so it is checked here on CPU tensors, without a GPU)
+    from transducer import cuda
+    logits = torch.randn(6, 5)
+    args = (None,) * 8 + (0, False, False)  # targets ... scale, blank, the two flags: not reached
+    for bad in (torch.empty(6, 5, dtype=torch.float64), torch.empty(6, 4), torch.empty(5, 6).t()):
+        with pytest.raises(ValueError, match="out must"):
+            cuda.gradient(logits, *args, bad)
