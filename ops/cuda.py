@@ -5,7 +5,7 @@
   use by NVRTC through ``cupy.RawModule`` and cached per (file, kernel, device), its arguments packed
   into one buffer for ``cuLaunchKernel``;
 - ``vector_width(itemsize, length, tensors)``: elements per 16-byte (or narrower) access;
-- ``num_sms(t)`` and ``ceil_div(a, b)``: launch geometry.
+- ``num_sms(t)``, ``max_shared_mem(t)`` and ``ceil_div(a, b)``: launch geometry.
 
 Kernels include the device headers of the packages as ``"ops/numeric.cuh"``,
 ``"ragged/row_ids.cuh"``, ...: the compiler gets ``-I`` + ``cuda_include_dir()``, the folder that
@@ -25,7 +25,8 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["launch", "vector_width", "num_sms", "ceil_div", "i32", "i64", "cuda_include_dir", "cupy"]
+__all__ = ["launch", "vector_width", "num_sms", "max_shared_mem", "ceil_div", "i32", "i64", "cuda_include_dir",
+           "cupy"]
 
 _INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,6 +167,21 @@ class _Arguments:
         return self.extra_ptr
 
 
+# Dynamic shared memory a block may take without opting in, and cuFuncSetAttribute's attribute that raises it
+# (cuda.h: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+_DEFAULT_SHARED_MEM = 48 * 1024
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_shared_mem_allowed: dict = {}
+
+
+def _allow_shared_mem(key, fn, shared_mem):
+    """Opt kernel ``fn`` in to ``shared_mem`` bytes of dynamic shared memory (once per size it grows to)."""
+    with _lock:
+        if _shared_mem_allowed.get(key, _DEFAULT_SHARED_MEM) < shared_mem:
+            cupy().cuda.driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+            _shared_mem_allowed[key] = shared_mem
+
+
 _per_thread = threading.local()
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
@@ -178,10 +194,13 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     parameters' exact C types (numpy.int32 for int, numpy.int64 for long long, a structured scalar
     for a struct). Pass tensors, not ``x.contiguous().data_ptr()``: ``args`` holds every tensor until
     the kernel is queued, whereas a temporary copy whose pointer alone is kept is freed at once, and
-    its memory may be handed to the next temporary before the kernel runs.
+    its memory may be handed to the next temporary before the kernel runs. ``shared_mem`` over 48 KiB,
+    up to ``max_shared_mem(t)``, opts the kernel in first.
     """
     dev = t.get_device()
     _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
+    if shared_mem > _DEFAULT_SHARED_MEM:
+        _allow_shared_mem((path, name, dev), fn, shared_mem)
     layouts = _per_thread.__dict__.setdefault("layouts", {})
     key = (path, name, tuple(map(type, args)))
     packed = layouts.get(key) or layouts.setdefault(key, _Arguments(args))
@@ -214,6 +233,18 @@ def _device_sms(device: torch.device) -> int:
 def num_sms(t) -> int:
     """Multiprocessors of the device of tensor (or torch.device) ``t``."""
     return _device_sms(t if isinstance(t, torch.device) else t.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_shared_mem(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return max(_DEFAULT_SHARED_MEM, getattr(props, "shared_memory_per_block_optin", _DEFAULT_SHARED_MEM))
+
+
+def max_shared_mem(t) -> int:
+    """Bytes of shared memory a block may take on the device of tensor (or torch.device) ``t`` when its
+    kernel opts in (``launch`` does for sizes over 48 KiB): 227 KiB on an H100."""
+    return _device_shared_mem(t if isinstance(t, torch.device) else t.device)
 
 
 def ceil_div(a: int, b: int) -> int:

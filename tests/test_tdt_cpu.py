@@ -308,15 +308,18 @@ CONFIGS = [  # durations, sigma, omega, fastemit_lambda
 ]
 
 
-# cuda's tdt_alpha_beta has two kernels: the read-ahead walk (U + 1 <= 512, D <= 8, rings in 48 KiB) and the
-# general one; "cuda-general" forces the second.
-WALKS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("cuda-general", marks=pytest.mark.cuda)]
+# cuda's tdt_alpha_beta has two kernels: the read-ahead walk (U + 1 <= 512, D <= 8, rings in 48 KiB), with
+# two threads a cell while 2 (U + 1) <= 512, else one, and the general one; "cuda-one-thread" forces the
+# walk's one thread a cell, "cuda-general" the general kernel.
+WALKS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("cuda-one-thread", marks=pytest.mark.cuda),
+         pytest.param("cuda-general", marks=pytest.mark.cuda)]
 
 
 def _walk_device(device, monkeypatch):
-    if device == "cuda-general":
+    if device in ("cuda-general", "cuda-one-thread"):
         import transducer.cuda
-        monkeypatch.setattr(transducer.cuda, "_WALK_MAX_THREADS", 0)
+        name = "_WALK_MAX_THREADS" if device == "cuda-general" else "_WALK_THREADS_PER_CELL"
+        monkeypatch.setattr(transducer.cuda, name, 0 if device == "cuda-general" else 1)
         return "cuda"
     return device
 
@@ -362,10 +365,14 @@ def test_stages_match_reference(config, dtype, padded, device, monkeypatch):
 
 @pytest.mark.parametrize("device", WALKS)
 @pytest.mark.parametrize("durations, max_t, max_u", [([0, 1, 2, 3, 4], 12, 5), (list(range(10)), 9, 4),
-                                                     ([0, 1, 2], 3, 600)], ids=["D5", "D10", "U600"])
+                                                     ([0, 1, 3], 9, 70), ([0, 2, 3, 4, 5], 12, 199),
+                                                     ([0, 1, 2], 4, 300), ([0, 1, 2], 3, 600)],
+                         ids=["D5", "D10", "U70", "U200", "U300", "U600"])
 def test_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
     """More durations than the read-ahead walk keeps (D = 10 > 8) and more labels than its block has threads
-    (U + 1 > 512): the CUDA stages fall back to the general walk; every device against the reference."""
+    (U + 1 > 512): the CUDA stages fall back to the general walk; a cell's two threads in several warps
+    (U70), one thread a cell where two would not fit (U300), rings over 48 KiB (U200: 147 KiB in float64;
+    U300: 72 KiB); every device against the reference."""
     device = _walk_device(device, monkeypatch)
     gen = torch.Generator().manual_seed(18 + max_u)
     V, blank = 6, 2

@@ -235,27 +235,28 @@ __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
-// The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <= 512),
-// D <= 8 (a template parameter: the loops over durations unroll) and the launcher could allot the shared
-// rings (`ring` = max duration + 2 anti-diagonals of `cap` columns). Every cell's 2 + D log-probs are read
-// once, AHEAD steps before the step that needs them, into a register ring (as stages.cu's Walk does), so
-// their latency stays off the critical path; the general kernel above reads 4 values per arc at the step
-// itself. alpha's arcs start at earlier cells: the thread of a cell publishes the cell's 2D arc terms
-// (alpha + blank + duration_i, alpha + label + duration_i) in a shared ring when it computes the cell, and
-// the D steps that use them read one value an arc there. beta's arcs all leave the cell itself. Each cell
-// is one logsumexp of 2D terms, by trees (td::tree_logsumexp) since it is the walk's critical path. The
-// walk is bound by its instructions, not its loads (RESULTS.md section 5): 4 warps a block, one a scheduler.
+// The same alpha, beta and loss, faster: used when a block has a thread (or two) per u, D <= 8 (a template
+// parameter: the loops over durations unroll) and the launcher could allot the shared rings. The walk is
+// bound by its instructions (RESULTS.md sections 5 and 9), so a step has no branches:
+// - Rings of `ring` steps (a power of two > max duration + 1: step s in slot s & (ring - 1)), `cap` columns,
+//   cell u in column u + 1. Every thread writes its column every step, -inf when its cell is off the grid,
+//   and columns 0 and cap - 1 stay -inf; so an arc from (alpha) or to (beta) a cell off the grid reads
+//   -inf without a test, and so does a blank arc of duration 0 (read from column 0).
+// - alpha: a cell's thread publishes its 2D arc terms (alpha + blank + duration_i, alpha + label +
+//   duration_i) in the ring ([ring][cap][2D + 1]: an odd stride keeps a warp's loads off each other's banks);
+//   the D steps that use them read one value an arc. beta: the ring holds beta twice, for blank arcs and for
+//   label arcs ([2][ring][cap]), so that beta(T_b, U_b) = 0, the closing blank's end, sits in the blank copy
+//   (step -1, column U_b + 1) and no label arc reaches it.
+// - Every cell's 2 + D log-probs are read AHEAD steps before the step that needs them, as the sums
+//   token + duration_i the step adds (-inf off the grid).
+// - SPLIT = 2: a cell has two threads, adjacent lanes, the first taking its D blank arcs and the second its
+//   D label arcs; their partial logsumexps (max, sum) merge by one exchange.
 namespace td {
 
-template <typename Acc, int D>
-struct CellLogProbs {
-  Acc blank, label, dur[D];
-};
-
-// log(sum_i exp(x[i])) by pairwise trees (depth log2 N, not a chain of N); -inf terms add nothing, a NaN
-// term makes it NaN (fmax skips it, its exp does not).
+// The partial logsumexp of x as (max M, sum of exp(x - M)) by pairwise trees (depth log2 N, not a chain of
+// N); all terms -inf: (-inf, 0); a NaN term makes the sum NaN (fmax skips it, its exp does not).
 template <typename Acc, int N>
-__device__ __forceinline__ Acc tree_logsumexp(const Acc (&x)[N]) {
+__device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S) {
   Acc m[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) m[i] = x[i];
@@ -263,37 +264,131 @@ __device__ __forceinline__ Acc tree_logsumexp(const Acc (&x)[N]) {
   for (int w = 1; w < N; w *= 2)
 #pragma unroll
     for (int i = 0; i + w < N; i += 2 * w) m[i] = fmax(m[i], m[i + w]);
-  const Acc M = m[0];
-  if (M == neg_inf<Acc>()) {  // every term -inf, or NaN
-    Acc r = M;
+  M = m[0];
+  const Acc shift = M == neg_inf<Acc>() ? Acc(0) : M;  // exp(-inf - 0) = 0; exp(NaN) = NaN
 #pragma unroll
-    for (int i = 0; i < N; ++i) r = x[i] != x[i] ? x[i] : r;
-    return r;
-  }
-#pragma unroll
-  for (int i = 0; i < N; ++i) m[i] = exp_fast(x[i] - M);
+  for (int i = 0; i < N; ++i) m[i] = exp_fast(x[i] - shift);
 #pragma unroll
   for (int w = 1; w < N; w *= 2)
 #pragma unroll
     for (int i = 0; i + w < N; i += 2 * w) m[i] += m[i + w];
-  return M + log_acc(m[0]);
+  S = m[0];
+}
+
+// One block's walk (BETA: beta and the loss, else alpha) over T + U anti-diagonals; `cells` threads' cells
+// (blockDim / SPLIT), the rings set up by the caller.
+template <typename Acc, int D, int AHEAD, int SPLIT, bool BETA>
+__device__ __forceinline__ void walk(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur,
+                                     const Durations& durs, long long base, long long st, int T, int U, int mask,
+                                     int cap, Acc* S, Acc* out, bool& seen) {
+  constexpr int A = 3 - SPLIT;  // arc types (blank, label) a thread takes
+  constexpr int kCell = BETA ? 1 : 2 * D + 1;
+  const Acc NINF = neg_inf<Acc>();
+  const int u = threadIdx.x / SPLIT, h = threadIdx.x % SPLIT, steps = T + U;
+  const bool act = u <= U;
+  auto arc = [&](int j) { return SPLIT == 1 ? j : h; };  // 0 blank, 1 label
+  // where arc (j, k) reads, relative to its ring slot's row: blank arcs of duration 0 read column 0
+  int d[D], col[A][D];
+#pragma unroll
+  for (int k = 0; k < D; ++k) {
+    d[k] = durs.d[k];
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int a = arc(j);
+      const int c = a == 0 ? (d[k] >= 1 ? u + 1 : 0) : (BETA ? u + 2 : u);
+      col[j][k] = BETA ? c + a * (mask + 1) * cap : c * kCell + 2 * k + a;
+    }
+  }
+  struct Cell {
+    Acc w[A][D];  // token + duration_k log-probs of this thread's arcs, -inf off the grid
+  };
+  auto load = [&](int s, Cell& c) {
+    const int t = (BETA ? steps - 1 - s : s) - u;
+    if (act && t >= 0 && t < T) {
+      const long long i = base + (long long)t * st + u;
+      Acc tok[A];
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        tok[j] = lp[2 * i + arc(j)];
+        seen |= tok[j] != tok[j];  // tdt_log_probs_kernel makes a non-finite row's every log-prob NaN
+      }
+#pragma unroll
+      for (int k = 0; k < D; ++k) {
+        const Acc dur = lp_dur[i * D + k];
+#pragma unroll
+        for (int j = 0; j < A; ++j) c.w[j][k] = tok[j] + dur;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < D; ++k)
+#pragma unroll
+        for (int j = 0; j < A; ++j) c.w[j][k] = NINF;
+    }
+  };
+  const int row = cap * kCell;  // a ring slot
+  auto step = [&](int s, const Cell& c) {
+    Acc x[A * D];
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int a = arc(j);
+#pragma unroll
+      for (int k = 0; k < D; ++k) {  // alpha: from step s - d (blank) or s - d - 1 (label); beta: to them
+        const Acc y = S[((s - d[k] - a) & mask) * row + col[j][k]];
+        x[j * D + k] = BETA ? y + c.w[j][k] : y;
+      }
+    }
+    Acc M, Sum;
+    tree_logsumexp(x, M, Sum);
+    if (SPLIT == 2) {  // merge with the cell's other thread (every lane of the warp takes part)
+      const Acc Mo = __shfl_xor_sync(0xffffffffu, M, 1), So = __shfl_xor_sync(0xffffffffu, Sum, 1);
+      const Acc Mm = fmax(M, Mo);
+      Sum = Mm == NINF ? Sum + So : Sum * exp_fast(M - Mm) + So * exp_fast(Mo - Mm);  // a NaN sum stays NaN
+      M = Mm;
+    }
+    const int t = (BETA ? steps - 1 - s : s) - u;
+    const bool live = act && t >= 0 && t < T;
+    Acc v = Sum != Sum ? Sum : M == NINF ? M : M + log_fast(Sum);
+    if (!BETA && s == 0) v = Acc(0);  // alpha(0, 0); the only cell of step 0
+    v = live ? v : NINF;
+    if (live && h == 0) out[base + (long long)t * st + u] = v;
+    Acc* q = S + (s & mask) * row + (u + 1) * kCell;
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      if (BETA)
+        q[arc(j) * (mask + 1) * cap] = v;
+      else
+#pragma unroll
+        for (int k = 0; k < D; ++k) q[2 * k + arc(j)] = v + c.w[j][k];
+    }
+  };
+  Cell ahead[AHEAD];
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k) load(k, ahead[k]);  // off the grid past the last step
+#pragma unroll 1
+  for (int s0 = 0; s0 < steps; s0 += AHEAD) {
+#pragma unroll
+    for (int k = 0; k < AHEAD; ++k) {
+      const int s = s0 + k;
+      if (s < steps) {  // uniform over the block
+        const Cell c = ahead[k];
+        load(s + AHEAD, ahead[k]);
+        step(s, c);
+        __syncthreads();
+      }
+    }
+  }
 }
 
 }  // namespace td
 
-template <typename Acc, int D, int AHEAD>
+template <typename Acc, int D, int AHEAD, int SPLIT>
 __global__ void __launch_bounds__(512)
     tdt_walk_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
                     const long long* __restrict__ table, int B, int padded, int ring, int cap, Acc* alpha,
                     Acc* beta, Acc* loss) {
   using namespace td;
-  typedef CellLogProbs<Acc, D> Cell;
+  static_assert(SPLIT == 1 || SPLIT == 2, "one or two threads a cell");
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
-  // The rings, `ring` anti-diagonals of `cap` columns. alpha: [ring][cap][2D + 1], cell (t, u)'s terms of
-  // its successors' logsumexps, alpha + blank + duration_i and alpha + label + duration_i (one load per arc
-  // for the reader, from one base address; an odd stride keeps a warp's loads off each other's banks);
-  // beta: [ring][cap], beta itself.
-  constexpr int kCell = 2 * D + 1;
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
   int b = blockIdx.x;
   const bool is_beta = b >= B;
@@ -302,91 +397,17 @@ __global__ void __launch_bounds__(512)
   const int T = (int)g.T(b), U = (int)g.U(b);
   const long long base = g.split(b), st = g.stride(b);
   Acc* out = is_beta ? beta : alpha;
-  const Acc NINF = neg_inf<Acc>();
   bool nan_seen, seen = false;  // beta reads every cell's log-probs once: the NaN scan rides on its loads
   if (!walk_begin(lp, g, b, T, U, is_beta, false, padded, out, loss, nan_seen)) return;
-  const int u = threadIdx.x, steps = T + U;
-  const bool act = u <= U;
-  auto load = [&](int s, Cell& c) {  // this thread's cell of step s
-    const int t = (is_beta ? steps - 1 - s : s) - u;
-    if (!act || t < 0 || t >= T) return;
-    const long long i = base + (long long)t * st + u;
-    c.blank = lp[2 * i];
-    seen |= c.blank != c.blank;
-    c.label = lp[2 * i + 1];
-#pragma unroll
-    for (int k = 0; k < D; ++k) c.dur[k] = lp_dur[i * D + k];
-  };
-  int slot = is_beta ? (steps - 1) % ring : 0;  // of the step's anti-diagonal n in the rings: n % ring
-  auto step = [&](int s, const Cell& c) {
-    const int t = (is_beta ? steps - 1 - s : s) - u;
-    if (!act || t < 0 || t >= T) return;
-    Acc x[2 * D];
-#pragma unroll
-    for (int k = 0; k < D; ++k) {
-      const int d = durs.d[k];
-      x[2 * k] = NINF;
-      x[2 * k + 1] = NINF;
-      if (!is_beta) {  // arcs from (t - d, u), anti-diagonal n - d, and (t - d, u - 1), n - d - 1
-        if (t - d < 0) continue;
-        int sl = slot - d;
-        sl += sl < 0 ? ring : 0;
-        if (d >= 1) x[2 * k] = S[(sl * cap + u) * kCell + 2 * k];
-        if (u >= 1) {
-          sl = sl == 0 ? ring - 1 : sl - 1;
-          x[2 * k + 1] = S[(sl * cap + u - 1) * kCell + 2 * k + 1];
-        }
-      } else {  // arcs to (t + d, u), anti-diagonal n + d, and (t + d, u + 1), n + d + 1
-        const int e = t + d;
-        int sl = slot + d;
-        sl -= sl >= ring ? ring : 0;
-        if (d >= 1) {
-          if (e < T)
-            x[2 * k] = S[sl * cap + u] + c.blank + c.dur[k];
-          else if (e == T && u == U)
-            x[2 * k] = c.blank + c.dur[k];  // the closing blank
-        }
-        if (u < U && e < T) {
-          sl = sl == ring - 1 ? 0 : sl + 1;
-          x[2 * k + 1] = S[sl * cap + u + 1] + c.label + c.dur[k];
-        }
-      }
-    }
-    const Acc v = !is_beta && t == 0 && u == 0 ? Acc(0) : tree_logsumexp(x);
-    out[base + (long long)t * st + u] = v;
-    if (is_beta) {
-      S[slot * cap + u] = v;
-    } else {
-      Acc* q = S + (slot * cap + u) * kCell;
-#pragma unroll
-      for (int k = 0; k < D; ++k) {
-        q[2 * k] = v + c.blank + c.dur[k];
-        q[2 * k + 1] = v + c.label + c.dur[k];
-      }
-    }
-  };
-  Cell ahead[AHEAD];
-#pragma unroll
-  for (int k = 0; k < AHEAD; ++k) {
-    ahead[k].blank = ahead[k].label = NINF;
-#pragma unroll
-    for (int j = 0; j < D; ++j) ahead[k].dur[j] = NINF;
-    if (k < steps) load(k, ahead[k]);
-  }
-#pragma unroll 1
-  for (int s0 = 0; s0 < steps; s0 += AHEAD) {
-#pragma unroll
-    for (int k = 0; k < AHEAD; ++k) {
-      const int s = s0 + k;
-      if (s < steps) {  // uniform over the block
-        const Cell c = ahead[k];
-        if (s + AHEAD < steps) load(s + AHEAD, ahead[k]);
-        step(s, c);
-        slot = is_beta ? (slot == 0 ? ring - 1 : slot - 1) : (slot == ring - 1 ? 0 : slot + 1);
-        __syncthreads();
-      }
-    }
-  }
+  const int entries = ring * cap * (is_beta ? 2 : 2 * D + 1);
+  for (int i = threadIdx.x; i < entries; i += blockDim.x) S[i] = neg_inf<Acc>();
+  __syncthreads();
+  if (is_beta && threadIdx.x == 0) S[(ring - 1) * cap + U + 1] = Acc(0);  // beta(T, U), step -1: blank copy
+  __syncthreads();
+  if (is_beta)
+    walk<Acc, D, AHEAD, SPLIT, true>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+  else
+    walk<Acc, D, AHEAD, SPLIT, false>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   nan_seen = __syncthreads_or(seen);
   if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
 }
