@@ -308,18 +308,15 @@ CONFIGS = [  # durations, sigma, omega, fastemit_lambda
 ]
 
 
-# cuda's tdt_alpha_beta has two kernels: the read-ahead walk (U + 1 <= 512, D <= 8, rings in 48 KiB), with
-# two threads a cell while 2 (U + 1) <= 512, else one, and the general one; "cuda-one-thread" forces the
-# walk's one thread a cell, "cuda-general" the general kernel.
-WALKS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("cuda-one-thread", marks=pytest.mark.cuda),
-         pytest.param("cuda-general", marks=pytest.mark.cuda)]
+# cuda's tdt_alpha_beta has two kernels: the read-ahead walk (U + 1 <= 512, D <= 8, rings within the GPU's
+# shared memory) and the general one; "cuda-general" forces the second.
+WALKS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("cuda-general", marks=pytest.mark.cuda)]
 
 
 def _walk_device(device, monkeypatch):
-    if device in ("cuda-general", "cuda-one-thread"):
+    if device == "cuda-general":
         import transducer.cuda
-        name = "_WALK_MAX_THREADS" if device == "cuda-general" else "_WALK_THREADS_PER_CELL"
-        monkeypatch.setattr(transducer.cuda, name, 0 if device == "cuda-general" else 1)
+        monkeypatch.setattr(transducer.cuda, "_WALK_MAX_THREADS", 0)
         return "cuda"
     return device
 
@@ -370,9 +367,8 @@ def test_stages_match_reference(config, dtype, padded, device, monkeypatch):
                          ids=["D5", "D10", "U70", "U200", "U300", "U600"])
 def test_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
     """More durations than the read-ahead walk keeps (D = 10 > 8) and more labels than its block has threads
-    (U + 1 > 512): the CUDA stages fall back to the general walk; a cell's two threads in several warps
-    (U70), one thread a cell where two would not fit (U300), rings over 48 KiB (U200: 147 KiB in float64;
-    U300: 72 KiB); every device against the reference."""
+    (U + 1 > 512): the CUDA stages fall back to the general walk; the walk's cells in several warps (U70) and
+    its rings over 48 KiB (U200: 155 KiB in float64, U300: 70 KiB); every device against the reference."""
     device = _walk_device(device, monkeypatch)
     gen = torch.Generator().manual_seed(18 + max_u)
     V, blank = 6, 2

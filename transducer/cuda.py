@@ -371,7 +371,6 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
 _WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 _WALK_MAX_THREADS = 512  # its launch bound
 _WALK_AHEAD = 2  # steps of log-probs read ahead (figures in benchmarks/RESULTS.md)
-_WALK_THREADS_PER_CELL = 2  # two while 2 (U + 1) <= _WALK_MAX_THREADS (RESULTS.md section 9), else one
 
 
 def tdt_alpha_beta(lp, lp_dur, layout, durations):
@@ -382,15 +381,13 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     D, itemsize = len(durations), lp.element_size()
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
     args = (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded))
-    # tdt_walk_kernel: a thread (two while they fit) a cell; rings of a power of two steps, a column per cell
-    # and two of -inf; alpha's ring (2D + 1 entries a cell) is the larger; over 48 KiB where the GPU allows
-    split = 2 if _WALK_THREADS_PER_CELL == 2 and 2 * max_u1 <= _WALK_MAX_THREADS else 1
-    walk_threads = ceil_div(split * max_u1, 32) * 32
-    walk_ring, walk_cap = 1 << (ring - 1).bit_length(), walk_threads // split + 2
+    # tdt_walk_kernel: rings of a power of two steps, a column per thread and two of -inf; alpha's ring
+    # (2D + 1 entries a cell) is the larger; over 48 KiB where the GPU allows
+    walk_ring, walk_cap = 1 << (ring - 1).bit_length(), threads + 2
     walk_smem = walk_ring * walk_cap * (2 * D + 1) * itemsize
     if D <= _WALK_MAX_DURATIONS and max_u1 <= _WALK_MAX_THREADS and walk_smem <= max_shared_mem(lp):
-        launch(_TDT, f"tdt_walk_kernel<{ctype(lp.dtype)}, {D}, {_WALK_AHEAD}, {split}>", lp, (2 * B,),
-               (walk_threads,), args + (i32(walk_ring), i32(walk_cap), alpha, beta, loss), shared_mem=walk_smem)
+        launch(_TDT, f"tdt_walk_kernel<{ctype(lp.dtype)}, {D}, {_WALK_AHEAD}>", lp, (2 * B,),
+               (threads,), args + (i32(walk_ring), i32(walk_cap), alpha, beta, loss), shared_mem=walk_smem)
         return alpha, beta, loss
     smem = ring * max_u1 * itemsize
     if smem > _SMEM_LIMIT:

@@ -235,9 +235,9 @@ __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
-// The same alpha, beta and loss, faster: used when a block has a thread (or two) per u, D <= 8 (a template
-// parameter: the loops over durations unroll) and the launcher could allot the shared rings. The walk is
-// bound by its instructions (RESULTS.md sections 5 and 9), so a step has no branches:
+// The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <= 512),
+// D <= 8 (a template parameter: the loops over durations unroll) and the launcher could allot the shared
+// rings. The walk is bound by its instructions (RESULTS.md sections 5 and 9), so a step has no branches:
 // - Rings of `ring` steps (a power of two > max duration + 1: step s in slot s & (ring - 1)), `cap` columns,
 //   cell u in column u + 1. Every thread writes its column every step, -inf when its cell is off the grid,
 //   and columns 0 and cap - 1 stay -inf; so an arc from (alpha) or to (beta) a cell off the grid reads
@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(1024)
 //   (step -1, column U_b + 1) and no label arc reaches it.
 // - Every cell's 2 + D log-probs are read AHEAD steps before the step that needs them, as the sums
 //   token + duration_i the step adds (-inf off the grid).
-// - SPLIT = 2: a cell has two threads, adjacent lanes, the first taking its D blank arcs and the second its
-//   D label arcs; their partial logsumexps (max, sum) merge by one exchange.
+// Measured slower (RESULTS.md section 9): two threads a cell (one taking the blank arcs, the other the label
+// arcs, merged by a shuffle), and rings stored twice so that an arc's slot needs no mask (more stores).
 namespace td {
 
 // The partial logsumexp of x as (max M, sum of exp(x - M)) by pairwise trees (depth log2 N, not a chain of
@@ -275,90 +275,74 @@ __device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S
   S = m[0];
 }
 
-// One block's walk (BETA: beta and the loss, else alpha) over T + U anti-diagonals; `cells` threads' cells
-// (blockDim / SPLIT), the rings set up by the caller.
-template <typename Acc, int D, int AHEAD, int SPLIT, bool BETA>
+// One block's walk (BETA: beta, else alpha) over T + U anti-diagonals, a thread a cell (u = threadIdx.x), the
+// rings set up by the caller.
+template <typename Acc, int D, int AHEAD, bool BETA>
 __device__ __forceinline__ void walk(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur,
                                      const Durations& durs, long long base, long long st, int T, int U, int mask,
                                      int cap, Acc* S, Acc* out, bool& seen) {
-  constexpr int A = 3 - SPLIT;  // arc types (blank, label) a thread takes
   constexpr int kCell = BETA ? 1 : 2 * D + 1;
   const Acc NINF = neg_inf<Acc>();
-  const int u = threadIdx.x / SPLIT, h = threadIdx.x % SPLIT, steps = T + U;
+  const int u = threadIdx.x, steps = T + U;
   const bool act = u <= U;
-  auto arc = [&](int j) { return SPLIT == 1 ? j : h; };  // 0 blank, 1 label
-  // where arc (j, k) reads, relative to its ring slot's row: blank arcs of duration 0 read column 0
-  int d[D], col[A][D];
+  // where arc (a, k) (a = 0 blank, 1 label) reads, relative to its ring slot's row: blank arcs of duration
+  // 0 read column 0
+  int d[D], col[2][D];
 #pragma unroll
   for (int k = 0; k < D; ++k) {
     d[k] = durs.d[k];
 #pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int a = arc(j);
+    for (int a = 0; a < 2; ++a) {
       const int c = a == 0 ? (d[k] >= 1 ? u + 1 : 0) : (BETA ? u + 2 : u);
-      col[j][k] = BETA ? c + a * (mask + 1) * cap : c * kCell + 2 * k + a;
+      col[a][k] = BETA ? c + a * (mask + 1) * cap : c * kCell + 2 * k + a;
     }
   }
   struct Cell {
-    Acc w[A][D];  // token + duration_k log-probs of this thread's arcs, -inf off the grid
+    Acc w[2][D];  // blank and label + duration_k log-probs, -inf off the grid
   };
   auto load = [&](int s, Cell& c) {
     const int t = (BETA ? steps - 1 - s : s) - u;
     if (act && t >= 0 && t < T) {
       const long long i = base + (long long)t * st + u;
-      Acc tok[A];
-#pragma unroll
-      for (int j = 0; j < A; ++j) {
-        tok[j] = lp[2 * i + arc(j)];
-        seen |= tok[j] != tok[j];  // tdt_log_probs_kernel makes a non-finite row's every log-prob NaN
-      }
+      const Acc blank = lp[2 * i], label = lp[2 * i + 1];
+      seen |= blank != blank;  // tdt_log_probs_kernel makes a non-finite row's every log-prob NaN
 #pragma unroll
       for (int k = 0; k < D; ++k) {
         const Acc dur = lp_dur[i * D + k];
-#pragma unroll
-        for (int j = 0; j < A; ++j) c.w[j][k] = tok[j] + dur;
+        c.w[0][k] = blank + dur;
+        c.w[1][k] = label + dur;
       }
     } else {
 #pragma unroll
-      for (int k = 0; k < D; ++k)
-#pragma unroll
-        for (int j = 0; j < A; ++j) c.w[j][k] = NINF;
+      for (int k = 0; k < D; ++k) c.w[0][k] = c.w[1][k] = NINF;
     }
   };
   const int row = cap * kCell;  // a ring slot
   auto step = [&](int s, const Cell& c) {
-    Acc x[A * D];
+    Acc x[2 * D];
 #pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int a = arc(j);
+    for (int a = 0; a < 2; ++a)
 #pragma unroll
       for (int k = 0; k < D; ++k) {  // alpha: from step s - d (blank) or s - d - 1 (label); beta: to them
-        const Acc y = S[((s - d[k] - a) & mask) * row + col[j][k]];
-        x[j * D + k] = BETA ? y + c.w[j][k] : y;
+        const Acc y = S[((s - d[k] - a) & mask) * row + col[a][k]];
+        x[a * D + k] = BETA ? y + c.w[a][k] : y;
       }
-    }
     Acc M, Sum;
     tree_logsumexp(x, M, Sum);
-    if (SPLIT == 2) {  // merge with the cell's other thread (every lane of the warp takes part)
-      const Acc Mo = __shfl_xor_sync(0xffffffffu, M, 1), So = __shfl_xor_sync(0xffffffffu, Sum, 1);
-      const Acc Mm = fmax(M, Mo);
-      Sum = Mm == NINF ? Sum + So : Sum * exp_fast(M - Mm) + So * exp_fast(Mo - Mm);  // a NaN sum stays NaN
-      M = Mm;
-    }
     const int t = (BETA ? steps - 1 - s : s) - u;
     const bool live = act && t >= 0 && t < T;
     Acc v = Sum != Sum ? Sum : M == NINF ? M : M + log_fast(Sum);
     if (!BETA && s == 0) v = Acc(0);  // alpha(0, 0); the only cell of step 0
     v = live ? v : NINF;
-    if (live && h == 0) out[base + (long long)t * st + u] = v;
+    if (live) out[base + (long long)t * st + u] = v;
     Acc* q = S + (s & mask) * row + (u + 1) * kCell;
 #pragma unroll
-    for (int j = 0; j < A; ++j) {
+    for (int a = 0; a < 2; ++a) {
       if (BETA)
-        q[arc(j) * (mask + 1) * cap] = v;
+        q[a * (mask + 1) * cap] = v;
       else
 #pragma unroll
-        for (int k = 0; k < D; ++k) q[2 * k + arc(j)] = v + c.w[j][k];
+        for (int k = 0; k < D; ++k) q[2 * k + a] = v + c.w[a][k];
     }
   };
   Cell ahead[AHEAD];
@@ -381,13 +365,12 @@ __device__ __forceinline__ void walk(const Acc* __restrict__ lp, const Acc* __re
 
 }  // namespace td
 
-template <typename Acc, int D, int AHEAD, int SPLIT>
+template <typename Acc, int D, int AHEAD>
 __global__ void __launch_bounds__(512)
     tdt_walk_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
                     const long long* __restrict__ table, int B, int padded, int ring, int cap, Acc* alpha,
                     Acc* beta, Acc* loss) {
   using namespace td;
-  static_assert(SPLIT == 1 || SPLIT == 2, "one or two threads a cell");
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
   int b = blockIdx.x;
@@ -405,9 +388,9 @@ __global__ void __launch_bounds__(512)
   if (is_beta && threadIdx.x == 0) S[(ring - 1) * cap + U + 1] = Acc(0);  // beta(T, U), step -1: blank copy
   __syncthreads();
   if (is_beta)
-    walk<Acc, D, AHEAD, SPLIT, true>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    walk<Acc, D, AHEAD, true>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   else
-    walk<Acc, D, AHEAD, SPLIT, false>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    walk<Acc, D, AHEAD, false>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   nan_seen = __syncthreads_or(seen);
   if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
 }
