@@ -375,6 +375,24 @@ def test_dtype_helpers():
         assert not ops.is_integer_dtype(dt)
 
 
+def test_launch_opts_a_kernel_in_to_more_shared_memory_once_per_size(monkeypatch):
+    # ops.cuda.launch raises a kernel's dynamic shared memory cap (cuFuncSetAttribute) before a launch that
+    # asks for more than 48 KiB, once per size it grows to (no GPU needed: the driver call is recorded)
+    import types
+
+    import ops.cuda as oc
+
+    calls = []
+    driver = types.SimpleNamespace(funcSetAttribute=lambda fn, attribute, value: calls.append((fn, attribute, value)))
+    monkeypatch.setattr(oc, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(driver=driver)))
+    monkeypatch.setattr(oc, "_shared_mem_allowed", {})
+    key, other = ("a.cu", "k<float>", 0), ("a.cu", "k<double>", 0)
+    for size in (48 * 1024, 64 * 1024, 60 * 1024, 64 * 1024, 100 * 1024):
+        oc._allow_shared_mem(key, 1234, size)
+    oc._allow_shared_mem(other, 5678, 50 * 1024)
+    assert calls == [(1234, 8, 64 * 1024), (1234, 8, 100 * 1024), (5678, 8, 50 * 1024)]
+
+
 def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     # ops.cuda packs a launch's arguments into the one buffer cuLaunchKernel reads (no GPU needed to check
     # the layout): against ctypes' layout of the same C parameters, with padding before 8-byte values and
