@@ -7,6 +7,7 @@ torch-allocated outputs, no host synchronisation, so a training step stays captu
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -333,7 +334,12 @@ _DURATIONS_DTYPE = np.dtype([("n", "<i4"), ("d", "<i4", (MAX_DURATIONS,))])
 
 
 def _durations(durations):
-    """The durations as tdt.cu's struct Durations (by value)."""
+    """The durations as tdt.cu's struct Durations (by value; made once per tuple of durations)."""
+    return _durations_struct(tuple(durations))
+
+
+@functools.lru_cache(maxsize=64)
+def _durations_struct(durations):
     if len(durations) > MAX_DURATIONS:
         raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
     padded = list(durations) + [0] * (MAX_DURATIONS - len(durations))

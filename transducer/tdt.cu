@@ -64,13 +64,17 @@ __device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Gri
                                            bool& nan_seen) {
   const Acc NINF = neg_inf<Acc>();
   const long long base = g.split(b), st = g.stride(b);
-  if (padded) {
+  if (padded) {  // the columns past U of the first T rows, then every row past T (no division a row)
+    const int u0 = U + 1 > 0 ? U + 1 : 0;
+    if (u0 < st) {
+#pragma unroll 1
+      for (int t = 0; t < T; ++t)
+#pragma unroll 1
+        for (int u = u0 + (int)threadIdx.x; u < st; u += blockDim.x) out[base + (long long)t * st + u] = NINF;
+    }
     const long long end = g.split(b + 1);
 #pragma unroll 1
-    for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
-      const long long local = i - base;
-      if (local >= (long long)T * st || local % st > U) out[i] = NINF;
-    }
+    for (long long i = base + (long long)(T > 0 ? T : 0) * st + threadIdx.x; i < end; i += blockDim.x) out[i] = NINF;
   }
   if (T <= 0) {
     if (is_beta && threadIdx.x == 0) loss[b] = -NINF;
