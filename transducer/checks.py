@@ -72,9 +72,10 @@ def stages_for(device):
     return cpu
 
 
-def check_loss_values(logits, targets, stats, blank):
-    """Lengths and target range against the tensors, from a Layout's stats (a list)."""
-    V, S = logits.size(-1), targets.size(1)
+def check_loss_values(logits, targets, stats, blank, vocab_size=None):
+    """Lengths and target range against the tensors, from a Layout's stats (a list); labels in
+    [0, vocab_size) (default: logits.size(-1))."""
+    V, S = logits.size(-1) if vocab_size is None else vocab_size, targets.size(1)
     t_min, t_max, u_min, u_max, cells, bad = stats
     if t_min < 1:
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")

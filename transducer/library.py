@@ -59,18 +59,18 @@ def _stats_reader(device):
     return reader
 
 
-def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs):
+def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs, vocab_size=None):
     """``log_probs()`` (the loss's first stage) with the value checks of ``check_inputs``: lengths and labels
-    against the tensors (checks.check_loss_values; ``logits`` the token scores). On CUDA log_probs is queued
-    first (it reads within bounds whatever the values, and nothing else runs unchecked), and the layout's
-    stats are copied to pinned memory on a side stream that waits for the layout launch alone: the host
-    reaches the first big kernel sooner, and waits for the copy only. The CPU stages need valid values to
-    run at all: checked first."""
+    against the tensors (checks.check_loss_values; labels in [0, vocab_size), default logits.size(-1)). On
+    CUDA log_probs is queued first (it reads within bounds whatever the values, and nothing else runs
+    unchecked), and the layout's stats are copied to pinned memory on a side stream that waits for the
+    layout launch alone: the host reaches the first big kernel sooner, and waits for the copy only. The CPU
+    stages need valid values to run at all: checked first."""
     if not check_inputs:
         return log_probs()
     stats = layout.stats
     if not stats.is_cuda:
-        check_loss_values(logits, targets, stats.tolist(), blank)
+        check_loss_values(logits, targets, stats.tolist(), blank, vocab_size)
         return log_probs()
     host, side, laid_out, copied = _stats_reader(stats.device)
     laid_out.record(torch.cuda.current_stream(stats.device))
@@ -80,7 +80,7 @@ def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs):
         host.copy_(stats, non_blocking=True)
         copied.record(side)
     copied.synchronize()  # the copy alone: the kernels queued behind log_probs run while the host checks
-    check_loss_values(logits, targets, host.tolist(), blank)
+    check_loss_values(logits, targets, host.tolist(), blank, vocab_size)
     return out
 
 

@@ -33,6 +33,8 @@ def _rows(x):
     """``x`` itself when its rows can be read in place (unit column stride, leading dims that flatten to one
     row index: a column slice of a wider joint output, such as the token and duration columns of a joint
     whose width is padded to a multiple of 8), else a contiguous copy."""
+    if x.is_contiguous():
+        return x
     if x.stride(-1) == 1:
         try:
             x.view(-1, x.size(-1))
@@ -52,8 +54,9 @@ def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Ten
     stages = stages_for(logits.device)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs, vocab_size)
-    lp, lp_dur, den = checked_log_probs(layout, logits[..., :vocab_size], targets, blank, check_inputs,
-                                        lambda: stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma))
+    lp, lp_dur, den = checked_log_probs(layout, logits, targets, blank, check_inputs,
+                                        lambda: stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma),
+                                        vocab_size)
     alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
     alpha_r, beta_r, rnnt_nll = lp.new_empty(0), lp.new_empty(0), lp.new_empty(0)  # outputs may not alias
     if omega:
