@@ -176,6 +176,8 @@ _shared_mem_allowed: dict = {}
 
 def _allow_shared_mem(key, fn, shared_mem):
     """Opt kernel ``fn`` in to ``shared_mem`` bytes of dynamic shared memory (once per size it grows to)."""
+    if _shared_mem_allowed.get(key, _DEFAULT_SHARED_MEM) >= shared_mem:  # without the lock a compile holds
+        return
     with _lock:
         if _shared_mem_allowed.get(key, _DEFAULT_SHARED_MEM) < shared_mem:
             cupy().cuda.driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)

@@ -121,8 +121,9 @@ __device__ __forceinline__ double log_acc(double x) { return log(x); }
 __device__ __forceinline__ float exp_fast(float x) { return __expf(x); }
 __device__ __forceinline__ double exp_fast(double x) { return exp(x); }
 
-// log on such paths (a recursion's logsumexp of a sum in [1, N]): lg2.approx for float (absolute error
-// ~1e-7 there), the accurate log for double.
+// log on such paths (a recursion's logsumexp of a sum in [1, N]): __logf for float (CUDA C++ Programming
+// Guide, intrinsic functions: absolute error 2^-21.41 on [0.5, 2], 3 ulp elsewhere), the accurate log for
+// double.
 __device__ __forceinline__ float log_fast(float x) { return __logf(x); }
 __device__ __forceinline__ double log_fast(double x) { return log(x); }
 

@@ -343,7 +343,9 @@ def _durations_struct(durations):
     if len(durations) > MAX_DURATIONS:
         raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
     padded = list(durations) + [0] * (MAX_DURATIONS - len(durations))
-    return np.array((len(durations), padded), dtype=_DURATIONS_DTYPE)[()]
+    struct = np.array((len(durations), padded), dtype=_DURATIONS_DTYPE)
+    struct.flags.writeable = False  # shared by every launch with these durations
+    return struct[()]
 
 
 def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):

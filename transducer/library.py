@@ -63,8 +63,9 @@ def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs, v
     """``log_probs()`` (the loss's first stage) with the value checks of ``check_inputs``: lengths and labels
     against the tensors (checks.check_loss_values; labels in [0, vocab_size), default logits.size(-1)). On
     CUDA log_probs is queued first (it reads within bounds whatever the values, and nothing else runs
-    unchecked), and the layout's stats are copied to pinned memory on a side stream that waits for the
-    layout launch alone: the host reaches the first big kernel sooner, and waits for the copy only. The CPU
+    unchecked), and the layout's stats are copied to pinned memory on a side stream that waits for what was
+    queued before log_probs (the layout launch last): the host reaches the first big kernel sooner, and
+    waits for that and the copy, not for log_probs. The CPU
     stages need valid values to run at all: checked first."""
     if not check_inputs:
         return log_probs()
