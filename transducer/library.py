@@ -65,8 +65,8 @@ def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs, v
     CUDA log_probs is queued first (it reads within bounds whatever the values, and nothing else runs
     unchecked), and the layout's stats are copied to pinned memory on a side stream that waits for what was
     queued before log_probs (the layout launch last): the host reaches the first big kernel sooner, and
-    waits for that and the copy, not for log_probs. The CPU
-    stages need valid values to run at all: checked first."""
+    waits for that and the copy, not for log_probs. The CPU stages need valid values to run at all:
+    checked first."""
     if not check_inputs:
         return log_probs()
     stats = layout.stats
