@@ -209,3 +209,36 @@ def test_cuda_gradient_names_a_bad_out():
     for bad in (torch.empty(6, 5, dtype=torch.float64), torch.empty(6, 4), torch.empty(5, 6).t()):
         with pytest.raises(ValueError, match="out must"):
             cuda.gradient(logits, *args, bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lengths", ["U_past_the_threads", "T_past_the_grid_U_negative"])
+def test_unchecked_lengths_stay_in_bounds(lengths):
+    """check_inputs=False with lengths that break the contract gives undefined values but no illegal address
+    (which would break the CUDA context for the rest of the process): the TDT walk plants beta(T, U) = 0 only
+    inside its shared memory (U_0 = 5000 against 32 threads a block), and the padded walks' fill stays within
+    the utterance's rows (T_0 past the padded T, U_0 = -1)."""
+    from transducer import tdt_loss
+    gen = torch.Generator().manual_seed(47)
+    B, maxT, maxU, V, durations = 3, 6, 5, 7, [0, 1, 2]
+    T, U = torch.tensor([maxT, 4, 5]), torch.tensor([maxU, 2, 3])
+    if lengths == "U_past_the_threads":
+        U[0] = 5000
+    else:
+        T[0], U[0] = maxT + 3, -1
+    targets = torch.randint(1, V, (B, maxU), generator=gen)
+    for width in (V + len(durations), V):
+        logits = torch.randn(B, maxT, maxU + 1, width, generator=gen).cuda().requires_grad_()
+        args = (logits, targets.cuda(), T.cuda(), U.cuda())
+        if width == V:
+            if lengths == "U_past_the_threads":
+                continue  # the RNN-T walk of a U past its columns reads global memory past the grid: not covered
+            loss = transducer_loss(*args, reduction="sum", check_inputs=False)
+        else:
+            loss = tdt_loss(*args, durations, reduction="sum", check_inputs=False)
+        loss.backward()
+        torch.cuda.synchronize()  # raises on an illegal address
+    # the context still works, and a valid batch still gives the reference's value
+    logits, targets, T, U = random_batch(gen, 3, 5, 3, 6, blank=0, dtype=torch.float64)
+    got = transducer_loss(*to("cuda", logits, targets, T, U), reduction="none")
+    torch.testing.assert_close(got.cpu(), transducer_loss_reference(logits, targets, T, U))

@@ -61,6 +61,45 @@ __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   return ri;
 }
 
+// The utterance of a block of the walks (alpha and beta, RNN-T and TDT): blocks [0, B) walk alpha over
+// utterance b = blockIdx.x, blocks [B, 2B) beta over b = blockIdx.x - B.
+struct WalkBlock {
+  int b, T, U;
+  bool is_beta;
+  long long base, st;  // the row of cell (b, 0, 0) and the row stride of t
+  __device__ __forceinline__ explicit WalkBlock(const Grids& g) {
+    b = blockIdx.x;
+    is_beta = b >= g.B;
+    if (is_beta) b -= g.B;
+    T = (int)g.T(b);
+    U = (int)g.U(b);
+    base = g.split(b);
+    st = g.stride(b);
+  }
+};
+
+// -inf into the rows of w's utterance in the padded layout that are not cells (u > U or t >= T), as the
+// CPU twins leave them: the columns past U of the first T rows, then every row past T. Stays within the
+// utterance's rows [split(b), split(b + 1)) whatever T and U hold (with check_inputs=False they are not
+// checked against the padded sizes); one division a block, none a row.
+template <typename Acc>
+__device__ __forceinline__ void fill_non_cells(const Grids& g, const WalkBlock& w, Acc* out) {
+  const Acc NINF = neg_inf<Acc>();
+  const long long end = g.split(w.b + 1);
+  if (w.st < 1 || end <= w.base) return;
+  const long long rows = (end - w.base) / w.st;
+  const int cells_t = (int)(w.T < 0 ? 0 : w.T < rows ? w.T : rows);
+  const int u0 = w.U + 1 > 0 ? w.U + 1 : 0;
+  if (u0 < w.st) {
+#pragma unroll 1
+    for (int t = 0; t < cells_t; ++t)
+#pragma unroll 1
+      for (long long u = u0 + (int)threadIdx.x; u < w.st; u += blockDim.x) out[w.base + t * w.st + u] = NINF;
+  }
+#pragma unroll 1
+  for (long long i = w.base + cells_t * w.st + threadIdx.x; i < end; i += blockDim.x) out[i] = NINF;
+}
+
 // One row of the logits, read by a group of G threads in VEC-wide vectors, UNROLL vectors in flight
 // per thread: what log_probs and gradient share. ALIGNED: every row starts on a VEC boundary (the launcher
 // checked the base and the row stride), `n` of begin() is the row's vectors. Otherwise (NeMo's TDT joint:

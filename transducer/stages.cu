@@ -202,25 +202,13 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
                                   int padded, int cap, Acc* alpha, Acc* beta, Acc* loss) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
-  int b = blockIdx.x;
-  const bool is_beta = b >= B;
-  if (is_beta) b -= B;
   const Grids g{table, B};
-  const int T = (int)g.T(b), U = (int)g.U(b);
-  const int base = (int)g.split(b), st = (int)g.stride(b);
+  const WalkBlock w(g);
+  const int b = w.b, T = w.T, U = w.U, base = (int)w.base, st = (int)w.st;
+  const bool is_beta = w.is_beta;
   Acc* out = is_beta ? beta : alpha;
   const Acc NINF = neg_inf<Acc>();
-  if (padded) {  // rows of this utterance that are not cells: -inf, like the CPU twin
-    const int end = (int)g.split(b + 1);
-    if (U + 1 < st) {
-#pragma unroll 1
-      for (int t = 0; t < T; ++t)
-#pragma unroll 1
-        for (int u = U + 1 + threadIdx.x; u < st; u += blockDim.x) out[(long long)base + (long long)t * st + u] = NINF;
-    }
-#pragma unroll 1
-    for (int i = base + T * st + threadIdx.x; i < end; i += blockDim.x) out[i] = NINF;
-  }
+  if (padded) fill_non_cells(g, w, out);  // like the CPU twin
   if (is_beta && T <= 0 && threadIdx.x == 0) loss[b] = -NINF;  // no frames: no alignment
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
   const bool sm = U + 1 <= cap;
