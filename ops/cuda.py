@@ -5,7 +5,9 @@
   use by NVRTC through ``cupy.RawModule`` and cached per (file, kernel, device), its arguments packed
   into one buffer for ``cuLaunchKernel``;
 - ``vector_width(itemsize, length, tensors)``: elements per 16-byte (or narrower) access;
-- ``num_sms(t)``, ``max_shared_mem(t)`` and ``ceil_div(a, b)``: launch geometry.
+- ``num_sms(t)``, ``max_shared_mem(t)`` and ``ceil_div(a, b)``: launch geometry;
+- ``host_reader(device, numel, dtype)``: a small device tensor's values on the host, copied behind a mark
+  on torch's current stream without making that stream wait.
 
 Kernels include the device headers of the packages as ``"ops/numeric.cuh"``,
 ``"ragged/row_ids.cuh"``, ...: the compiler gets ``-I`` + ``cuda_include_dir()``, the folder that
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 __all__ = ["launch", "vector_width", "num_sms", "max_shared_mem", "ceil_div", "i32", "i64", "cuda_include_dir",
-           "cupy"]
+           "cupy", "host_reader", "HostReader"]
 
 _INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -214,6 +216,53 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     else:  # the function belongs to dev's context
         with torch.cuda.device(dev):
             launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
+
+
+class HostReader:
+    """Reads a small device tensor on the host without making torch's current stream wait: ``mark()`` records
+    where the copy may start (on the current stream), ``read(src)`` queues the copy of ``src`` into pinned
+    memory on a side stream that waits for that mark alone, waits for the copy and returns the values as a
+    list. So kernels queued between the two run on while the host reads (the loss queues its first big
+    kernel there). Raw CUDA streams and events, through CuPy's runtime API: torch's Stream and Event objects
+    and its stream context cost several times the host time a call, and a stream from torch's pool may be
+    the caller's own. One per thread, device, size and dtype (``host_reader``): a read ends before the next
+    mark."""
+
+    def __init__(self, device: torch.device, numel: int, dtype: torch.dtype):
+        rt = cupy().cuda.runtime
+        self.device, self.numel, self.dtype = device.index, numel, dtype
+        with torch.cuda.device(device):
+            self.host = torch.empty(numel, dtype=dtype, pin_memory=True)
+            self.stream = rt.streamCreateWithFlags(1)  # cudaStreamNonBlocking: no sync with the legacy stream
+            self.marked, self.copied = rt.eventCreateWithFlags(2), rt.eventCreateWithFlags(2)  # DisableTiming
+        self.nbytes = self.host.nbytes
+        self._rt = rt
+
+    def mark(self) -> None:
+        self._rt.eventRecord(self.marked, _current_raw_stream(self.device))
+
+    def read(self, src: torch.Tensor) -> list:
+        if (src.numel() != self.numel or src.dtype != self.dtype or src.get_device() != self.device
+                or not src.is_contiguous()):
+            raise ValueError(f"HostReader.read: src must be a contiguous {self.dtype} tensor of {self.numel} "
+                             f"elements on cuda:{self.device}, got {src.dtype} {tuple(src.shape)} on {src.device}")
+        rt = self._rt
+        rt.streamWaitEvent(self.stream, self.marked, 0)
+        rt.memcpyAsync(self.host.data_ptr(), src.data_ptr(), self.nbytes, rt.memcpyDeviceToHost, self.stream)
+        rt.eventRecord(self.copied, self.stream)
+        rt.eventSynchronize(self.copied)  # src lives until here: the caller holds it
+        return self.host.tolist()
+
+
+def host_reader(device: torch.device, numel: int, dtype: torch.dtype) -> HostReader:
+    """This thread's HostReader for ``numel`` elements of ``dtype`` on CUDA ``device`` (made once: a pinned
+    allocation, a stream and events cost host time in every step)."""
+    readers = _per_thread.__dict__.setdefault("host_readers", {})
+    key = (device, numel, dtype)
+    reader = readers.get(key)
+    if reader is None:
+        reader = readers[key] = HostReader(device, numel, dtype)
+    return reader
 
 
 def vector_width(itemsize: int, length: int, tensors) -> int:

@@ -360,3 +360,31 @@ def test_launch_passes_each_argument_where_the_kernel_reads_it(tmp_path):
     want = [p.data_ptr(), a, int(div["d"]), int(div["m"]), int(div["l"]), c, int(f.view(np.int32)), c - 5, -a,
             int(g.view(np.int64)), 0, k]
     assert out.tolist() == want
+
+
+# -------------------------------------------------------------------- host_reader
+def test_host_reader_reads_behind_its_mark_alone():
+    """read() returns what the current stream had queued before mark() (a fill behind a 0.2 s sleep), and does
+    not wait for what was queued after it (another sleep): the loss reads its stats while log_probs runs."""
+    from ops.cuda import host_reader
+    gen = torch.Generator().manual_seed(5)
+    src = torch.empty(6, dtype=torch.int64, device=DEV)
+    want = torch.randint(-2**40, 2**40, (6,), generator=gen)
+    reader = host_reader(src.device, 6, torch.int64)
+    assert host_reader(src.device, 6, torch.int64) is reader
+    cycles = int(0.2 * torch.cuda.get_device_properties(0).clock_rate * 1e3)  # about 0.2 s
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles)
+    src.copy_(want.to(DEV, non_blocking=True))
+    reader.mark()
+    torch.cuda._sleep(4 * cycles)  # queued after the mark: not waited for
+    end = torch.cuda.Event()
+    end.record()
+    got = reader.read(src)
+    busy = not end.query()  # the second sleep still runs
+    torch.cuda.synchronize()
+    assert got == want.tolist()
+    assert busy
+    for bad in (src[:5], src.float(), src.view(2, 3).t(), src.cpu()):
+        with pytest.raises(ValueError, match="HostReader.read: src must be"):
+            reader.read(bad)

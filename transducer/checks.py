@@ -1,6 +1,7 @@
 """Argument checks shared by the loss, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
+import functools
 import math
 import operator
 
@@ -61,15 +62,21 @@ def is_index(x):
     return True
 
 
+_stages: dict = {}
+
+
 def stages_for(device):
     """The stage module (``transducer.cpu`` or ``transducer.cuda``) for tensors on ``device``."""
+    stages = _stages.get(device.type)
+    if stages is not None:
+        return stages
     if device.type == "cuda":
-        from . import cuda
-        return cuda
-    if device.type != "cpu":
+        from . import cuda as stages
+    elif device.type == "cpu":
+        from . import cpu as stages
+    else:
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got device {device}")
-    from . import cpu
-    return cpu
+    return _stages.setdefault(device.type, stages)
 
 
 def check_loss_values(logits, targets, stats, blank, vocab_size=None):
@@ -131,6 +138,11 @@ def check_durations(durations, num_durations=None):
     return ds
 
 
+@functools.lru_cache(maxsize=64)
+def _checked_ints(durations):
+    return check_durations(durations)
+
+
 def check_rows(logits):
     """At most MAX_ROWS rows (cells, padding included) in compact or padded logits: rows are int32 in the
     kernels."""
@@ -165,7 +177,11 @@ def check_tdt_options(durations, sigma, omega, device=None):
     """TDT's options: the durations as a list (see check_durations; at most MAX_DURATIONS on CUDA), sigma a
     finite number, omega a number in [0, 1)."""
     try:
-        durations = list(check_durations(durations))
+        if (type(durations) in (list, tuple) and all(type(d) is int for d in durations)
+                and not torch.compiler.is_compiling()):  # eager steps' usual case, checked once (dynamo: no caches)
+            durations = list(_checked_ints(tuple(durations)))
+        else:
+            durations = list(check_durations(durations))
     except ValueError as e:
         raise ValueError(f"durations: {e}") from None
     if device is not None and device.type == "cuda" and len(durations) > MAX_DURATIONS:

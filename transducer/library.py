@@ -21,13 +21,13 @@ several Python layers (about 0.3 ms a call on the GPU machine's host, measured):
 them, so the op costs no host time.
 """
 
-import threading
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from ops import accumulate_dtype
+from ops.cuda import host_reader
 
 from .checks import check_loss_values, check_pack_values, check_rows, stages_for
 from .layout import NUM_STATS, Layout
@@ -45,43 +45,23 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
                                             logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats)
 
 
-_per_thread = threading.local()
-
-
-def _stats_reader(device):
-    """This thread's (pinned buffer, side stream, two events) for reading a layout's stats on ``device``:
-    made once, since a pinned allocation and an event cost host time in every step."""
-    readers = _per_thread.__dict__.setdefault("stats_readers", {})
-    reader = readers.get(device)
-    if reader is None:
-        reader = readers[device] = (torch.empty(NUM_STATS, dtype=torch.int64, pin_memory=True),
-                                    torch.cuda.Stream(device), torch.cuda.Event(), torch.cuda.Event())
-    return reader
-
-
 def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs, vocab_size=None):
     """``log_probs()`` (the loss's first stage) with the value checks of ``check_inputs``: lengths and labels
     against the tensors (checks.check_loss_values; labels in [0, vocab_size), default logits.size(-1)). On
     CUDA log_probs is queued first (it reads within bounds whatever the values, and nothing else runs
-    unchecked), and the layout's stats are copied to pinned memory on a side stream that waits for what was
-    queued before log_probs (the layout launch last): the host reaches the first big kernel sooner, and
-    waits for that and the copy, not for log_probs. The CPU stages need valid values to run at all:
-    checked first."""
+    unchecked), and the layout's stats are read behind the layout launch alone (ops.cuda.HostReader): the
+    host reaches the first big kernel sooner, and waits for the layout and the copy, not for log_probs. The
+    CPU stages need valid values to run at all: checked first."""
     if not check_inputs:
         return log_probs()
-    stats = layout.stats
-    if not stats.is_cuda:
-        check_loss_values(logits, targets, stats.tolist(), blank, vocab_size)
+    table = layout.table
+    if not table.is_cuda:
+        check_loss_values(logits, targets, layout.stats.tolist(), blank, vocab_size)
         return log_probs()
-    host, side, laid_out, copied = _stats_reader(stats.device)
-    laid_out.record(torch.cuda.current_stream(stats.device))
+    reader = host_reader(table.device, NUM_STATS, torch.int64)
+    reader.mark()  # after the layout launch
     out = log_probs()
-    side.wait_event(laid_out)
-    with torch.cuda.stream(side):
-        host.copy_(stats, non_blocking=True)
-        copied.record(side)
-    copied.synchronize()  # the copy alone: the kernels queued behind log_probs run while the host checks
-    check_loss_values(logits, targets, host.tolist(), blank, vocab_size)
+    check_loss_values(logits, targets, reader.read(layout.stats), blank, vocab_size)
     return out
 
 
