@@ -111,14 +111,14 @@ __device__ __forceinline__ void fill_non_cells(const Grids& g, const WalkBlock& 
 // the layout. In the compact layout the first vectors are
 // loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
 // and the loads of strides, lengths and targets overlap them instead of delaying them.
-template <typename T, int VEC, int WPR, bool ALIGNED = true>
+template <typename T, int VEC, int WPR, bool ALIGNED = true, int DEEP = kUnroll>
 struct RowPass {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
-  // Vectors in flight per thread: 16-byte vectors of 8 halves hold 4 registers each, and 4 of them in
-  // flight beside the gradient kernels' state spilled (64 registers and spills -> 48 and none with 2;
-  // tdt_gradient on a bf16 tile 109.5 -> 93.8 us, H100, RESULTS.md section 6).
-  static constexpr int UNROLL = VEC >= 8 ? 2 : kUnroll;
+  // Vectors in flight per thread: DEEP, but 2 for 16-byte vectors of 8 halves: they hold 4 registers each,
+  // and 4 of them in flight beside the gradient kernels' state spilled (64 registers and spills -> 48 and
+  // none with 2; tdt_gradient on a bf16 tile 109.5 -> 93.8 us, H100, RESULTS.md section 6).
+  static constexpr int UNROLL = VEC >= 8 ? 2 : DEEP;
   int lane, r, nvec;  // r: the row of the layout (row_start + the row of `logits`)
   int head = 0;       // columns before the first vector (0 when ALIGNED)
   int col = -1;       // !ALIGNED: the column of this thread's scalar (-1: none)

@@ -101,7 +101,10 @@ __global__ void __launch_bounds__(td::kThreads)
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  RowPass<T, VEC, WPR, ALIGNED> pass;
+  // 8 vectors in flight, not 4: a 1024-wide fp32 row of NeMo's 1029-wide joint in one trip instead of two
+  // (0.966 -> 0.911-0.919 ms at (16,400,100,1024+5), H100, RESULTS.md section 10; 6: 1.122). The gradient
+  // kernel keeps 4 (8: 1.831-1.841 against 1.828-1.831 ms).
+  RowPass<T, VEC, WPR, ALIGNED, 8> pass;
   if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
