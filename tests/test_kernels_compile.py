@@ -57,8 +57,9 @@ KERNELS = {
         "pack_grad_kernel<float, float, 4, false, false, 2>", "pack_grad_kernel<double, double, 1, true, true, 1>",
     ],
     "transducer/tdt.cu": [
-        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true>", "tdt_log_probs_kernel<float, int, 1, 8, true>",
-        "tdt_log_probs_kernel<double, long long, 2, 1, false>", "tdt_log_probs_kernel<ops::half_t, int, 8, 8, false>",
+        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true, 8>", "tdt_log_probs_kernel<float, int, 1, 8, true, 4>",
+        "tdt_log_probs_kernel<double, long long, 2, 1, false, 8>", "tdt_log_probs_kernel<ops::half_t, int, 8, 8, false, 4>",
+        "tdt_log_probs_kernel<float, long long, 4, 1, false, 8>",
         "tdt_alpha_beta_kernel<float>", "tdt_alpha_beta_kernel<double>",
         "tdt_walk_kernel<float, 5, 2>", "tdt_walk_kernel<double, 1, 4>", "tdt_walk_kernel<float, 8, 3>",
         "tdt_gradient_kernel<ops::half_t, int, 8, 1, false, false, true, false>",

@@ -368,7 +368,9 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
     vec, aligned, _ = _row_access(itemsize, V, tokens2d)
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
-    name = f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
+    deep = 4 if layout.padded else 8  # vectors in flight (tdt.cu: measured per layout)
+    name = (f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}, "
+            f"{deep}>")
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
             *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank), i32(layout.padded),

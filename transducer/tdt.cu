@@ -90,7 +90,7 @@ __device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Gri
 // lp[r] = (tok(blank), tok(y_{u+1})) = x - den_tok - sigma, lp_dur[r, i] = x_dur[i] - den_dur,
 // den[r] = (logsumexp of the tokens, logsumexp of the durations); a NaN or +-inf score in the row makes
 // both den entries NaN (the sum of x - x, 0 or NaN, added to them).
-template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
+template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
 __global__ void __launch_bounds__(td::kThreads)
     tdt_log_probs_kernel(const T* __restrict__ tok, const T* __restrict__ dur, long long ld_tok, long long ld_dur,
                          int D, const I* __restrict__ targets, int target_cols, const long long* __restrict__ table,
@@ -101,10 +101,11 @@ __global__ void __launch_bounds__(td::kThreads)
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  // 8 vectors in flight, not 4: a 1024-wide fp32 row of NeMo's 1029-wide joint in one trip instead of two
-  // (0.966 -> 0.911-0.919 ms at (16,400,100,1024+5), H100, RESULTS.md section 10; 6: 1.122). The gradient
-  // kernel keeps 4 (8: 1.831-1.841 against 1.828-1.831 ms).
-  RowPass<T, VEC, WPR, ALIGNED, 8> pass;
+  // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2). The launcher takes 8 for the compact
+  // layout, whose rows are loaded before their (b, t, u) is known: a 1024-wide fp32 row of NeMo's 1029-wide
+  // joint in one trip instead of two (0.962 -> 0.913 ms at (16,400,100,1024+5), H100, RESULTS.md section 10).
+  // The padded layout loads a row after it knows the row is a cell, and takes 4 (8: 0.966 -> 1.064 ms).
+  RowPass<T, VEC, WPR, ALIGNED, DEEP> pass;
   if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !padded)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
