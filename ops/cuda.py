@@ -27,8 +27,8 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["launch", "vector_width", "num_sms", "max_shared_mem", "ceil_div", "i32", "i64", "cuda_include_dir",
-           "cupy", "host_reader", "HostReader"]
+__all__ = ["launch", "vector_width", "num_sms", "max_shared_mem", "DEFAULT_SHARED_MEM", "ceil_div", "i32", "i64",
+           "cuda_include_dir", "cupy", "host_reader", "HostReader"]
 
 _INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,19 +169,20 @@ class _Arguments:
         return self.extra_ptr
 
 
-# Dynamic shared memory a block may take without opting in, and cuFuncSetAttribute's attribute that raises it
-# (cuda.h: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-_DEFAULT_SHARED_MEM = 48 * 1024
+#: Shared memory (static + dynamic) a block may take without opting in, on every GPU the project supports.
+DEFAULT_SHARED_MEM = 48 * 1024
+# cuFuncSetAttribute's attribute that raises a kernel's dynamic limit (cuda.h:
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _shared_mem_allowed: dict = {}
 
 
 def _allow_shared_mem(key, fn, shared_mem):
     """Opt kernel ``fn`` in to ``shared_mem`` bytes of dynamic shared memory (once per size it grows to)."""
-    if _shared_mem_allowed.get(key, _DEFAULT_SHARED_MEM) >= shared_mem:  # without the lock a compile holds
+    if _shared_mem_allowed.get(key, DEFAULT_SHARED_MEM) >= shared_mem:  # without the lock a compile holds
         return
     with _lock:
-        if _shared_mem_allowed.get(key, _DEFAULT_SHARED_MEM) < shared_mem:
+        if _shared_mem_allowed.get(key, DEFAULT_SHARED_MEM) < shared_mem:
             cupy().cuda.driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
             _shared_mem_allowed[key] = shared_mem
 
@@ -203,7 +204,7 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     """
     dev = t.get_device()
     _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
-    if shared_mem > _DEFAULT_SHARED_MEM:
+    if shared_mem > DEFAULT_SHARED_MEM:
         _allow_shared_mem((path, name, dev), fn, shared_mem)
     layouts = _per_thread.__dict__.setdefault("layouts", {})
     key = (path, name, tuple(map(type, args)))
@@ -229,6 +230,7 @@ class HostReader:
     mark."""
 
     def __init__(self, device: torch.device, numel: int, dtype: torch.dtype):
+        device = _cuda_device(device)
         rt = cupy().cuda.runtime
         self.device, self.numel, self.dtype = device.index, numel, dtype
         with torch.cuda.device(device):
@@ -254,9 +256,19 @@ class HostReader:
         return self.host.tolist()
 
 
+def _cuda_device(device) -> torch.device:
+    """``device`` as a torch.device with its index (``"cuda"``: the current one); ValueError if not CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA device, got {device}")
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def host_reader(device: torch.device, numel: int, dtype: torch.dtype) -> HostReader:
     """This thread's HostReader for ``numel`` elements of ``dtype`` on CUDA ``device`` (made once: a pinned
     allocation, a stream and events cost host time in every step)."""
+    if not (isinstance(device, torch.device) and device.type == "cuda" and device.index is not None):
+        device = _cuda_device(device)  # the loss passes a tensor's device: no conversion
     readers = _per_thread.__dict__.setdefault("host_readers", {})
     key = (device, numel, dtype)
     reader = readers.get(key)
@@ -289,7 +301,7 @@ def num_sms(t) -> int:
 @functools.lru_cache(maxsize=None)
 def _device_shared_mem(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
-    return max(_DEFAULT_SHARED_MEM, getattr(props, "shared_memory_per_block_optin", _DEFAULT_SHARED_MEM))
+    return max(DEFAULT_SHARED_MEM, getattr(props, "shared_memory_per_block_optin", DEFAULT_SHARED_MEM))
 
 
 def max_shared_mem(t) -> int:

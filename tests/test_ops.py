@@ -393,6 +393,15 @@ def test_launch_opts_a_kernel_in_to_more_shared_memory_once_per_size(monkeypatch
     assert calls == [(1234, 8, 64 * 1024), (1234, 8, 100 * 1024), (5678, 8, 50 * 1024)]
 
 
+def test_host_reader_names_a_device_that_is_not_cuda():
+    # ops.cuda.host_reader reads a CUDA tensor: any other device is a ValueError naming the argument, raised
+    # before CuPy or the CUDA runtime is touched (so it is checked here, without a GPU)
+    from ops.cuda import host_reader
+    for bad in ("cpu", torch.device("meta"), torch.device("cpu", 0)):
+        with pytest.raises(ValueError, match="device: expected a CUDA device"):
+            host_reader(bad, 6, torch.int64)
+
+
 def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     # ops.cuda packs a launch's arguments into the one buffer cuLaunchKernel reads (no GPU needed to check
     # the layout): against ctypes' layout of the same C parameters, with padding before 8-byte values and

@@ -15,15 +15,14 @@ import numpy as np
 import torch
 
 from ops import FastDivmod, accumulate_dtype, ctype
-from ops.cuda import ceil_div, i32, i64, launch, max_shared_mem, num_sms, vector_width
+from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, i32, i64, launch, max_shared_mem, num_sms, vector_width
 
 from .layout import NUM_STATS, Layout
 
 _STAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages.cu")
 _PACK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack.cu")
 _THREADS = 256  # block size of the per-row kernels (stages.cu: kThreads)
-_SMEM_LIMIT = 48 * 1024  # shared memory (static + dynamic) a block may take without opting in
-# RowOut<..., true>'s rows a block: room left within _SMEM_LIMIT for the kernels' static shared memory
+# RowOut<..., true>'s rows a block: room left within DEFAULT_SHARED_MEM for the kernels' static shared memory
 _STAGE_LIMIT = 32 * 1024
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
 
@@ -157,7 +156,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
 
 def _alpha_beta_smem_entries(max_u1, itemsize):
     """Entries per shared-memory buffer (two buffers), or 0 to keep the previous step in global memory."""
-    return max_u1 if 2 * max_u1 * itemsize <= _SMEM_LIMIT else 0
+    return max_u1 if 2 * max_u1 * itemsize <= DEFAULT_SHARED_MEM else 0
 
 
 def _walk(lp, layout):
@@ -400,7 +399,7 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
                (threads,), args + (i32(walk_ring), i32(walk_cap), alpha, beta, loss), shared_mem=walk_smem)
         return alpha, beta, loss
     smem = ring * max_u1 * itemsize
-    if smem > _SMEM_LIMIT:
+    if smem > DEFAULT_SHARED_MEM:
         ring, smem = 0, 0
     launch(_TDT, f"tdt_alpha_beta_kernel<{ctype(lp.dtype)}>", lp, (2 * B,), (threads,),
            args + (i32(ring), i32(max_u1), alpha, beta, loss), shared_mem=smem)

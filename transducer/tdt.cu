@@ -274,7 +274,7 @@ __device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S
 // One block's walk (BETA: beta, else alpha) over T + U anti-diagonals, a thread a cell (u = threadIdx.x), the
 // rings set up by the caller.
 template <typename Acc, int D, int AHEAD, bool BETA>
-__device__ __forceinline__ void walk(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur,
+__device__ __forceinline__ void tdt_walk(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur,
                                      const Durations& durs, long long base, long long st, int T, int U, int mask,
                                      int cap, Acc* S, Acc* out, bool& seen) {
   constexpr int kCell = BETA ? 1 : 2 * D + 1;
@@ -381,13 +381,13 @@ __global__ void __launch_bounds__(512)
   for (int i = threadIdx.x; i < entries; i += blockDim.x) S[i] = neg_inf<Acc>();
   __syncthreads();
   // beta(T, U), step -1: blank copy. The launcher sized the columns for U + 1 <= cap - 2 (the targets' columns,
-  // or the padded U + 1); the test keeps a U_b that breaks that (check_inputs=False) inside shared memory.
+  // or the padded U + 1); the guard keeps a U_b that breaks that (check_inputs=False) inside shared memory.
   if (is_beta && threadIdx.x == 0 && U >= 0 && U + 2 < cap) S[(ring - 1) * cap + U + 1] = Acc(0);
   __syncthreads();
   if (is_beta)
-    walk<Acc, D, AHEAD, true>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    tdt_walk<Acc, D, AHEAD, true>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   else
-    walk<Acc, D, AHEAD, false>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    tdt_walk<Acc, D, AHEAD, false>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   nan_seen = __syncthreads_or(seen);
   if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
 }
