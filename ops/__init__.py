@@ -5,6 +5,7 @@
 - ``gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, ...)`` and
   ``sharded_gather``: numpy.take / tf.gather semantics.
 - ``reduce(x, axis, op)``: sum / max / logsumexp over one axis.
+- ``ops.numeric``: ``exp_`` and ``logsumexp`` for CPU tensors without MKL's vector math (the CPU stages).
 - dtype conventions: ``accumulate_dtype``, ``is_integer_dtype``, ``ctype``, ``FLOAT_DTYPES``,
   ``INDEX_DTYPES``.
 - ``ops.cuda``: the one launch path of every kernel (``launch``, ``vector_width``, ...), and

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .dtypes import FLOAT_DTYPES, accumulate_dtype
+from .numeric import logsumexp
 
 __all__ = ["reduce", "REDUCE_OPS"]
 
@@ -92,4 +93,5 @@ def _reduce_cpu(x, a, op, acc, keepdim):
     if op == "max":  # exact in the input dtype; widen the (smaller) result
         return x.amax(a, keepdim=keepdim).to(acc)
     xa = x if x.dtype == acc else x.to(acc)
-    return torch.logsumexp(xa, a, keepdim=keepdim)
+    res = logsumexp(xa, a)  # torch.logsumexp's values without MKL's exp (ops/numeric.py)
+    return res.unsqueeze(a) if keepdim else res

@@ -456,3 +456,45 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     unpadded = np.zeros((), dtype=[("v", "<i8"), ("w", "<i4")])[()]
     with pytest.raises(TypeError, match="trailing padding"):
         _Arguments((x, unpadded))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numeric_exp_on_views_matches_torch(dtype):
+    from ops.numeric import exp_
+    rows = torch.randn(300, 261, dtype=dtype) * 20  # scores past exp's float32 range at both ends
+    view = rows[:, :256]  # a strided column slice, the TDT joint's token columns
+    x = view.double().clone()
+    want = x.exp()
+    got = exp_(view)
+    assert got is view and got.data_ptr() == rows.data_ptr()
+    # exp2(x * log2 e): log2 e rounded to x's dtype and the product's rounding move the exponent by |x| eps
+    # at most, then exp2's own ulp
+    eps = torch.finfo(dtype).eps
+    normal = torch.isfinite(want.to(dtype)) & (want > torch.finfo(dtype).tiny)
+    err = ((got.double() - want).abs() / want)[normal]
+    assert (err <= (x[normal].abs() + 2) * eps).all(), err.max()
+    assert torch.equal(torch.isinf(got), torch.isinf(want.to(dtype)))
+    special = torch.tensor([-math.inf, math.inf, math.nan, 0.0], dtype=dtype)
+    assert exp_(special).tolist()[:2] == [0.0, math.inf] and math.isnan(special[2]) and special[3] == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numeric_logsumexp_matches_torch(dtype):
+    from ops.numeric import logsumexp
+    x = torch.randn(6, 11, 31, dtype=dtype) * 30
+    x[0, :, 3] = -math.inf  # all -inf: -inf
+    x[1, 2, 4] = math.nan   # NaN propagates
+    x[2, :5, 5] = -math.inf
+    x[3, 7, 6] = math.inf   # +inf: +inf
+    for dim in (0, 1, 2):
+        want = torch.logsumexp(x.double(), dim)
+        out = torch.full((6, 11, 31)[:dim] + (6, 11, 31)[dim + 1:] + (2,), 7.0, dtype=dtype)[..., 0]  # strided
+        got = logsumexp(x, dim, out=out)
+        assert got is out
+        assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+        assert torch.equal(got[torch.isinf(want)], want[torch.isinf(want)].to(dtype))
+        finite = torch.isfinite(want)
+        tol = 2e-6 if dtype == torch.float32 else 1e-13
+        torch.testing.assert_close(got.double()[finite], want[finite], rtol=tol, atol=tol)
+        fresh = logsumexp(x, dim)
+        assert fresh.shape == want.shape and torch.equal(torch.isnan(fresh), torch.isnan(got))

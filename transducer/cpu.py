@@ -11,6 +11,7 @@ import math
 import torch
 
 from ops import FastDivmod, accumulate_dtype, gather, reduce
+from ops.numeric import exp_, logsumexp
 from ragged import row_of
 
 from .checks import check_durations
@@ -196,9 +197,9 @@ def _gradient_coefficients(layout, lp, alpha, beta, loss, scale, one_sym_per_fra
 
     live = is_cell & (torch.isfinite(loss) & (scale != 0))[b]
     log_norm = torch.where(live, alpha + loss[b], -math.inf)
-    occupancy = torch.exp(log_norm + beta[start:end])
-    blank_arc = torch.exp(log_norm + lp[:, 0] + after_blank)
-    label_arc = torch.exp(log_norm + lp[:, 1] + after_label)
+    occupancy = exp_(log_norm + beta[start:end])
+    blank_arc = exp_(log_norm + lp[:, 0] + after_blank)
+    label_arc = exp_(log_norm + lp[:, 1] + after_label)
     has_label = is_cell & (u < U)
     return occupancy, blank_arc, label_arc, b, u, has_label, live
 
@@ -237,7 +238,7 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
         if from_log_softmax:
             g.zero_()
         else:
-            torch.sub(rows.to(lp.dtype), den[start:end, None], out=g).exp_().mul_(softmax_factor[start:end, None])
+            exp_(torch.sub(rows.to(lp.dtype), den[start:end, None], out=g)).mul_(softmax_factor[start:end, None])
         g[index, blank] -= blank_arc[start:end]
         g[index, labels[start:end]] -= label_arc[start:end]
         if not fold:
@@ -415,40 +416,43 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
             r = layout.cell_offsets[bs] + t_close[bs] * layout.row_strides[bs] + U_b[bs]
             final[bs, pad + t_close[bs] + U_b[bs], U_b[bs] + 1] = lp[r, 0] + lp_dur[r, i]
 
-    # The walks over steps, one gather, one add and one logsumexp a step: the 2D (+ 1) terms of a step's cells
-    # are read from the flat (B, S * W) grid by index tensors built once, their weights sliced once before
-    # (step-major, so that a step's weights are contiguous). No mask per step: every weight of a cell off the
-    # grid is -inf, so an off-grid cell passes nothing on (alpha) and receives nothing (beta: its own arcs'
-    # weights); only cells are read out below. index_select and logsumexp's out= cost about 10 us a step less
-    # than advanced indexing and an assignment (torch's per-op overhead bounds this loop).
+    # Both walks in one loop over steps, one gather, one add and one logsumexp a step for the two: step k computes
+    # alpha at step pad + k and beta at step pad + steps - 1 - k, each from the 2D + 1 terms of its cells, read
+    # from the flat (2, B, S * W + 1) grids by index tensors built once (2D arcs, and one more: for alpha the
+    # start, the constant 0 with weight 0 at (0, 0) only; for beta the closing blank), their weights sliced once
+    # before (step-major, so that a step's weights are contiguous). No mask per step: every weight of a cell off
+    # the grid is -inf, so an off-grid cell passes nothing on (alpha) and receives nothing (beta: its own arcs'
+    # weights); only cells are read out below. The loop's cost is torch's per-op overhead (a few us an op):
+    # one loop for both walks halves it.
     flat = torch.full((2, B, S * W + 1), -math.inf, dtype=lp.dtype)  # alpha, beta; [-1]: a constant 0
     flat[:, :, -1] = 0.0
+    L = S * W + 1
     alpha, beta = (x[:, :-1].view(B, S, W) for x in flat)
-    alpha[:, pad, 1] = 0.0
     cells, left = slice(1, max_u1 + 1), slice(0, max_u1)
+    K = 2 * D + 1
     col = torch.arange(1, max_u1 + 1)
-    # alpha: at step n, the blank of duration d_i from (n - d_i, u) and the label from (n - d_i - 1, u - 1)
-    n_all = torch.arange(pad + 1, pad + steps)[:, None]
-    w_in = lp.new_empty(steps - 1, B, 2 * D, max_u1)
+    k_all = torch.arange(steps)[:, None, None]
+    n_a, n_b = pad + k_all, pad + steps - 1 - k_all  # the steps of alpha and beta at loop step k, (steps, 1, 1)
+    d3 = d[None, :, None]
+    const = torch.full((steps, 1, max_u1), S * W)
+    index = torch.stack([
+        torch.cat([(n_a - d3) * W + col, (n_a - d3 - 1) * W + col - 1, const], dim=1),  # alpha: from the arcs' sources
+        torch.cat([(n_b + d3) * W + col, (n_b + d3 + 1) * W + col + 1, const], dim=1),  # beta: to their targets
+    ], dim=1).view(steps, 2, 1, K * max_u1)
+    w = lp.new_empty(steps, 2, B, K, max_u1)
     for i, di in enumerate(ds):
-        w_in[:, :, i] = blank_w[:, pad + 1 - di:pad + steps - di, i, cells].transpose(0, 1)
-        w_in[:, :, D + i] = label_w[:, pad - di:pad + steps - 1 - di, i, left].transpose(0, 1)
-    at_in = torch.cat([(n_all - d)[..., None] * W + col, (n_all - d - 1)[..., None] * W + col - 1], dim=1)
-    at_in = at_in.flatten(1)
-    for i, n in enumerate(range(pad + 1, pad + steps)):
-        terms = flat[0].index_select(1, at_in[i]).view(B, 2 * D, max_u1).add_(w_in[i])
-        torch.logsumexp(terms, dim=1, out=alpha[:, n, cells])
-    # beta: at step n, the blank to (n + d_i, u), the label to (n + d_i + 1, u + 1), the closing blank (the 0)
-    n_all = torch.arange(pad, pad + steps)[:, None]
-    w_out = lp.new_empty(steps, B, 2 * D + 1, max_u1)
-    w_out[:, :, :D] = blank_w[:, pad:pad + steps, :, cells].transpose(0, 1)
-    w_out[:, :, D:2 * D] = label_w[:, pad:pad + steps, :, cells].transpose(0, 1)
-    w_out[:, :, 2 * D] = final[:, pad:pad + steps, cells].transpose(0, 1)
-    at_out = torch.cat([(n_all + d)[..., None] * W + col, (n_all + d + 1)[..., None] * W + col + 1,
-                        torch.full((steps, 1, max_u1), S * W)], dim=1).flatten(1)
-    for n in range(pad + steps - 1, pad - 1, -1):
-        terms = flat[1].index_select(1, at_out[n - pad]).view(B, 2 * D + 1, max_u1).add_(w_out[n - pad])
-        torch.logsumexp(terms, dim=1, out=beta[:, n, cells])
+        w[:, 0, :, i] = blank_w[:, pad - di:pad + steps - di, i, cells].transpose(0, 1)
+        w[:, 0, :, D + i] = label_w[:, pad - di - 1:pad + steps - di - 1, i, left].transpose(0, 1)
+    w[:, 0, :, 2 * D] = -math.inf
+    w[0, 0, :, 2 * D, 0] = 0.0  # alpha(0, 0) = 0: the constant, at step 0 only
+    w[:, 1, :, :D] = blank_w[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)  # beta: steps downwards
+    w[:, 1, :, D:2 * D] = label_w[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, 2 * D] = final[:, pad:pad + steps, cells].flip(1).transpose(0, 1)
+    for k in range(steps):
+        terms = torch.gather(flat, 2, index[k].expand(2, B, K * max_u1)).view(2, B, K, max_u1).add_(w[k])
+        # alpha[:, pad + k, cells] and beta[:, pad + steps - 1 - k, cells] as one (2, B, max_u1) view of flat
+        out = flat.as_strided((2, B, max_u1), (B * L + (steps - 1 - 2 * k) * W, L, 1), (pad + k) * W + 1)
+        logsumexp(terms, 2, out=out)
 
     loss = -beta[:, pad, 1]
     nan_rows = torch.isnan(lp).any(dim=1) | torch.isnan(lp_dur).any(dim=1)
@@ -471,7 +475,7 @@ def _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d, start, 
     last = beta.size(0) - 1
     row = torch.arange(start, end)
     log_norm = torch.where(live, alpha[start:end] + loss[b], -math.inf)
-    gamma = torch.exp(log_norm + beta[start:end])
+    gamma = exp_(log_norm + beta[start:end])
     land = t[:, None] + d  # the frame an arc of each duration reaches
     inside = land < T[:, None]
     dst = (row[:, None] + d * stride[:, None]).clamp(max=last)
@@ -480,8 +484,8 @@ def _tdt_arc_occupancies(layout, lp, lp_dur, alpha, beta, loss, live, d, start, 
     after_blank = torch.where(d >= 1, after_blank, -math.inf)
     after_label = torch.where(inside & (u < U)[:, None], beta[(dst + 1).clamp(max=last)], -math.inf)
     base = log_norm[:, None] + lp_dur[start:end]
-    blank_arc = torch.exp(base + lp[start:end, 0:1] + after_blank)
-    label_arc = torch.exp(base + lp[start:end, 1:2] + after_label)
+    blank_arc = exp_(base + lp[start:end, 0:1] + after_blank)
+    label_arc = exp_(base + lp[start:end, 1:2] + after_label)
     return gamma, blank_arc, label_arc
 
 
@@ -544,11 +548,11 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
         # allocation of the chunk's size: fresh pages cost more than the arithmetic here)
         dst = out_tokens[local:local_end]
         g_tok = dst if dst.dtype == lp.dtype else torch.empty(dst.shape, dtype=lp.dtype)
-        torch.sub(tokens2d[local:local_end].to(lp.dtype), den[start:end, 0:1], out=g_tok).exp_()
+        exp_(torch.sub(tokens2d[local:local_end].to(lp.dtype), den[start:end, 0:1], out=g_tok))
         g_tok.mul_(factor[:, None])
         g_tok[index, blank] -= sub_blank
         g_tok[index, labels] -= sub_label
-        q = (durations2d[local:local_end].to(lp.dtype) - den[start:end, 1:2]).exp_()
+        q = exp_(durations2d[local:local_end].to(lp.dtype) - den[start:end, 1:2])
         g_dur = q.mul_(gamma[:, None]).sub_(blank_arc).sub_(label_arc).mul_(1 - omega)
         if not fold:
             if clamp > 0:

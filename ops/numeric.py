@@ -1,0 +1,42 @@
+"""CPU exponentials for the stages' passes over the logits (the host twin of numeric.cuh's math).
+
+torch's ``exp`` and ``log`` on CPU call MKL's vector math (VML) where torch is built with MKL (the PyPI
+wheels): once per contiguous run, so once per row of a strided view (a (N, V) column slice of NeMo's
+(N, V + D) TDT joint: 24800 calls a chunk), and MKL threads even a few hundred elements, whose fork and join
+cost more than the work on a many-core host (a TDT walk step's (B, 2D + 1, U + 1) terms). ``exp2`` is
+torch's own vectorised loop (Sleef): one loop over any layout, threaded only past torch's grain size.
+Measured on the 2-core machine (2 threads): ``exp_`` of a (24800, 256) float32 view of 261-wide rows
+16 ms -> 1.5 ms; logsumexp over the rows of a (4096, 256) chunk 0.46 -> 0.24 ms (benchmarks/RESULTS.md,
+section 11).
+
+- ``exp_(x)``: x = exp(x) in place, as exp2(x * log2(e)).
+- ``logsumexp(x, dim, out=None)``: torch.logsumexp's values and conventions (the max is taken as 0 where
+  it is infinite: all -inf gives -inf, a +inf gives +inf; NaN propagates), through ``exp_`` and
+  ``log1p(s - 1)`` (s >= 1 for a finite max; log1p is not VML either).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["exp_", "logsumexp", "LOG2E"]
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def exp_(x: torch.Tensor) -> torch.Tensor:
+    """``x.exp_()`` computed as exp2(x * log2(e)), in place; returns x. Floating CPU tensors of any layout.
+    Relative error: up to (|x| + 2) ulps of x's dtype (log2 e and the product rounded to it move the exponent);
+    the stages take exp of x - max <= 0, where the terms that matter have |x| < 30."""
+    return x.mul_(LOG2E).exp2_()
+
+
+def logsumexp(x: torch.Tensor, dim: int, out: torch.Tensor = None) -> torch.Tensor:
+    """``torch.logsumexp(x, dim)`` (into ``out`` when given: the result's shape and x's dtype) without MKL's
+    exp and log (see the module's docstring)."""
+    m = x.amax(dim, keepdim=True)
+    m.masked_fill_(torch.isinf(m), 0.0)
+    s = exp_(torch.sub(x, m)).sum(dim)
+    return torch.log1p(s.sub_(1.0), out=out).add_(m.squeeze(dim))
