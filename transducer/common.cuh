@@ -14,19 +14,35 @@ namespace td {
 
 using namespace ops;
 
+// The padded layout's grid, made by the host (transducer/cuda.py): rows per utterance (maxT * (maxU + 1))
+// and per frame (maxU + 1). A row's (b, t, u) is then two divisions by host-made constants, no search and no
+// load, so a row kernel, which loads a padded row only once it knows the row is a cell, starts its loads
+// sooner. utt.d == 0: the compact layout (Grids searches row_splits).
+struct PaddedGrid {
+  FastDivmod utt, frame;
+  __device__ __forceinline__ bool padded() const { return utt.d != 0; }
+};
+
 // The Layout table (transducer/layout.py): [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats].
 // Cell (b, t, u) is row row_splits[b] + t * row_strides[b] + u of the (N, V) logits.
 struct Grids {
   const long long* __restrict__ table;
   int B;
+  PaddedGrid pad;  // zeros (the compact layout) unless the kernel was given the padded grid
   __device__ __forceinline__ long long T(int b) const { return table[b]; }
   __device__ __forceinline__ long long U(int b) const { return table[B + b]; }
   __device__ __forceinline__ long long stride(int b) const { return table[2 * B + b]; }
   __device__ __forceinline__ long long split(int b) const { return table[3 * B + b]; }  // b in [0, B]
-  // (b, t, u) of row r (0 <= r < split(B)): b by a binary search over row_splits (B + 1 cached entries
-  // stand in for a per-row index array: no launch and no N-sized buffer for it), t and u by a
-  // FastDivmod of b's stride (clamped to >= 1).
+  // (b, t, u) of row r (0 <= r < split(B)). Padded: two divisions by pad's constants. Compact: b by a binary
+  // search over row_splits (B + 1 cached entries stand in for a per-row index array: no launch and no
+  // N-sized buffer for it), t and u by a FastDivmod of b's stride (clamped to >= 1).
   __device__ __forceinline__ void coordinates(int r, int& b, int& t, int& u) const {
+    if (pad.padded()) {
+      int rest;
+      pad.utt.divmod(r, b, rest);
+      pad.frame.divmod(rest, t, u);
+      return;
+    }
     b = ragged::row_of(table + 3 * B, B, r);
     const long long st = stride(b);
     FastDivmod::make(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)split(b), t, u);
@@ -53,7 +69,7 @@ struct RowInfo {
 __device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
   RowInfo ri;
   g.coordinates(r, ri.b, ri.t, ri.u);
-  const long long st = g.stride(ri.b);
+  const long long st = g.pad.padded() ? (long long)g.pad.frame.d : g.stride(ri.b);
   ri.st = st < 1 ? 1 : (int)st;
   ri.T = (int)g.T(ri.b);
   ri.U = (int)g.U(ri.b);
@@ -130,8 +146,8 @@ struct RowPass {
   RowInfo ri;
 
   // false for the threads past the last row (uniform per row, per block when WPR == 8)
-  __device__ __forceinline__ bool begin(const T* logits, const long long* table, int B, int row_start, int num_rows,
-                                        int ld, int n, bool load_early) {
+  __device__ __forceinline__ bool begin(const T* logits, const Grids& g, int row_start, int num_rows, int ld, int n,
+                                        bool load_early) {
     lane = threadIdx.x & (Geo::G - 1);
     const int local = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
     if (local >= num_rows) return false;
@@ -150,7 +166,7 @@ struct RowPass {
     p = reinterpret_cast<const VT*>(logits + row + head);
     early = load_early;
     if (early) load(lane);
-    ri = row_info(r, Grids{table, B});
+    ri = row_info(r, g);
     return true;
   }
   // UNROLL vectors from i0: [i0, i0 + G, ..., i0 + (UNROLL-1) G], those below nvec

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import torch
 
-from ops import FastDivmod, accumulate_dtype, ctype
+from ops import FAST_DIVMOD_DTYPE, FastDivmod, accumulate_dtype, ctype
 from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, i32, i64, launch, max_shared_mem, num_sms, vector_width
 
 from .layout import NUM_STATS, Layout
@@ -109,6 +109,32 @@ def _table(layout):
     return layout.table, i32(layout.batch_size)
 
 
+# common.cuh's struct PaddedGrid: two FastDivmods (utt.d == 0 for the compact layout)
+_PADDED_GRID_DTYPE = np.dtype([("utt", FAST_DIVMOD_DTYPE), ("frame", FAST_DIVMOD_DTYPE)], align=True)
+_COMPACT_GRID = np.zeros((), dtype=_PADDED_GRID_DTYPE)[()]
+
+
+def _padded_grid(layout, row_start, num_rows):
+    """The row kernels' PaddedGrid (common.cuh) for the rows [row_start, row_start + num_rows) of the layout:
+    in the padded layout (which the kernels take whole: row_start 0, every row of the (B, maxT, maxU+1)
+    grids), rows per utterance (num_rows / B) and per frame (maxU + 1); the compact layout's zeros otherwise."""
+    if not layout.padded:
+        return _COMPACT_GRID
+    B = layout.batch_size
+    if row_start or num_rows % B or num_rows % layout.max_u1:
+        raise ValueError(f"transducer.cuda: the padded layout's rows are taken whole: row_start 0 and B * maxT * "
+                         f"(maxU + 1) rows (B = {B}, maxU + 1 = {layout.max_u1}), got {num_rows} from {row_start}")
+    return _padded_grid_struct(num_rows // B, layout.max_u1)
+
+
+@functools.lru_cache(maxsize=256)
+def _padded_grid_struct(rows_per_utterance, max_u1):
+    grid = np.array((FastDivmod(rows_per_utterance).as_struct(), FastDivmod(max_u1).as_struct()),
+                    dtype=_PADDED_GRID_DTYPE)
+    grid.flags.writeable = False  # shared by every launch of this shape
+    return grid[()]
+
+
 # --------------------------------------------------------------------------- stages
 
 
@@ -150,7 +176,8 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
-            i32(V // vec if aligned else V), i32(blank), i32(layout.padded), i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
+            i32(V // vec if aligned else V), i32(blank), _padded_grid(layout, row_start, num_rows),
+            i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
 
@@ -202,7 +229,8 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
             f"{_flag(staged)}>")
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
-            i32(rows.stride(0)), i32(V // vec if aligned else V), i64(out.stride(0)), i32(blank), i32(layout.padded),
+            i32(rows.stride(0)), i32(V // vec if aligned else V), i64(out.stride(0)), i32(blank),
+            _padded_grid(layout, row_start, num_rows),
             lp, den, alpha, beta, loss, scale, i64(scale.stride(0)), _acc(lp.dtype, fastemit_lambda),
             _acc(lp.dtype, max(clamp, 0.0)), out),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
@@ -372,8 +400,8 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
             f"{deep}>")
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
-            *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank), i32(layout.padded),
-            _acc(acc, sigma), lp, lp_dur, den))
+            *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank),
+            _padded_grid(layout, row_start, num_rows), _acc(acc, sigma), lp, lp_dur, den))
     return out
 
 
@@ -429,8 +457,8 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
             targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec),
-            i32(blank), i32(layout.padded), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r, loss_r, scale,
-            i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
+            i32(blank), _padded_grid(layout, row_start, num_rows), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r,
+            loss_r, scale, i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
             _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),
             i64(out_durations.stride(0))),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)

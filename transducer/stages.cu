@@ -26,14 +26,14 @@ template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads)
     log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
                      const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
-                     int blank,
-                     int padded, int from_log_softmax, typename ops::AccOf<T>::type delay_penalty,
+                     int blank, td::PaddedGrid pad, int from_log_softmax, typename ops::AccOf<T>::type delay_penalty,
                      typename ops::AccOf<T>::type* __restrict__ lp, typename ops::AccOf<T>::type* __restrict__ den) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
   RowPass<T, VEC, WPR, ALIGNED> pass;
-  if (!pass.begin(logits, table, B, row_start, num_rows, ld, nvec, !padded && !from_log_softmax)) return;
+  if (!pass.begin(logits, Grids{table, B, pad}, row_start, num_rows, ld, nvec, !pad.padded() && !from_log_softmax))
+    return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
@@ -260,8 +260,8 @@ template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLA
 __global__ void __launch_bounds__(td::kThreads)
     gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
                     const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
-                    long long ld_out, int blank,
-                    int padded, const typename ops::AccOf<T>::type* __restrict__ lp,
+                    long long ld_out, int blank, td::PaddedGrid pad,
+                    const typename ops::AccOf<T>::type* __restrict__ lp,
                     const typename ops::AccOf<T>::type* __restrict__ den,
                     const typename ops::AccOf<T>::type* __restrict__ alpha,
                     const typename ops::AccOf<T>::type* __restrict__ beta,
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(td::kThreads)
   typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   RowPass<T, VEC, WPR, ALIGNED> pass;
-  if (!pass.begin(logits, table, B, row_start, num_rows, ld, nvec, !FLS && !padded)) return;
+  if (!pass.begin(logits, Grids{table, B, pad}, row_start, num_rows, ld, nvec, !FLS && !pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   RowOut<T, VEC, WPR, STAGED> dst;

@@ -94,7 +94,7 @@ template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
 __global__ void __launch_bounds__(td::kThreads)
     tdt_log_probs_kernel(const T* __restrict__ tok, const T* __restrict__ dur, long long ld_tok, long long ld_dur,
                          int D, const I* __restrict__ targets, int target_cols, const long long* __restrict__ table,
-                         int B, int row_start, int num_rows, int V, int nvec, int blank, int padded,
+                         int B, int row_start, int num_rows, int V, int nvec, int blank, td::PaddedGrid pad,
                          typename ops::AccOf<T>::type sigma, typename ops::AccOf<T>::type* __restrict__ lp,
                          typename ops::AccOf<T>::type* __restrict__ lp_dur,
                          typename ops::AccOf<T>::type* __restrict__ den) {
@@ -106,7 +106,8 @@ __global__ void __launch_bounds__(td::kThreads)
   // joint in one trip instead of two (0.962 -> 0.913 ms at (16,400,100,1024+5), H100, RESULTS.md section 10).
   // The padded layout loads a row after it knows the row is a cell, and takes 4 (8: 0.966 -> 1.064 ms).
   RowPass<T, VEC, WPR, ALIGNED, DEEP> pass;
-  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !padded)) return;
+  if (!pass.begin(tok, Grids{table, B, pad}, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !pad.padded()))
+    return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   const long long local = r - row_start;
@@ -402,7 +403,7 @@ template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool
 __global__ void __launch_bounds__(td::kThreads)
     tdt_gradient_kernel(const T* tok, const T* dur, long long ld_tok, long long ld_dur, td::Durations durs,
                         const I* __restrict__ targets, int target_cols, const long long* __restrict__ table, int B,
-                        int row_start, int num_rows, int V, int nvec, int blank, int padded,
+                        int row_start, int num_rows, int V, int nvec, int blank, td::PaddedGrid pad,
                         const typename ops::AccOf<T>::type* __restrict__ lp,
                         const typename ops::AccOf<T>::type* __restrict__ lp_dur,
                         const typename ops::AccOf<T>::type* __restrict__ den,
@@ -422,7 +423,8 @@ __global__ void __launch_bounds__(td::kThreads)
   const Acc NINF = neg_inf<Acc>();
   const int D = durs.n;
   RowPass<T, VEC, WPR, ALIGNED> pass;
-  if (!pass.begin(tok, table, B, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !padded)) return;
+  if (!pass.begin(tok, Grids{table, B, pad}, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !pad.padded()))
+    return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r, lane = pass.lane;
   const long long local = r - row_start;
