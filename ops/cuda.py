@@ -92,10 +92,12 @@ def _function(path, name, dev):
     return fn
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's private fast path, when present
+
+
 def _current_raw_stream(device_id: int) -> int:
-    """torch's current stream as a raw cudaStream_t (torch's private fast path when present)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
+    """torch's current stream as a raw cudaStream_t."""
+    return _raw_stream(device_id) if _raw_stream is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
 # cuLaunchKernel's `extra` (cuda.h): CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END
@@ -148,6 +150,7 @@ class _Arguments:
                 kinds.append(_SCALAR)
                 fmt += code
         self.kinds = tuple(kinds)
+        self.tensors = tuple(i for i, k in enumerate(kinds) if k == _TENSOR)
         self.layout = struct.Struct(fmt)
         self.buffer = ctypes.create_string_buffer(max(self.layout.size, 1))
         self.size = ctypes.c_size_t(self.layout.size)
@@ -164,8 +167,12 @@ class _Arguments:
         for i, dtype in self.structs:
             if args[i].dtype != dtype:
                 raise TypeError(f"launch: struct argument {i} has dtype {args[i].dtype}, this kernel took {dtype}")
-        self.layout.pack_into(self.buffer, 0, *[a.data_ptr() if k == _TENSOR else (a.tobytes() if k == _STRUCT else a)
-                                                for a, k in zip(args, self.kinds)])
+        values = list(args)
+        for i in self.tensors:
+            values[i] = args[i].data_ptr()
+        for i, _ in self.structs:
+            values[i] = args[i].tobytes()
+        self.layout.pack_into(self.buffer, 0, *values)
         return self.extra_ptr
 
 
@@ -203,14 +210,21 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     up to ``max_shared_mem(t)``, opts the kernel in first.
     """
     dev = t.get_device()
-    _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
+    # this thread's cache: (kernel, device, argument types) -> the CUfunction, cuLaunchKernel, the argument buffer
+    try:
+        launches = _per_thread.launches
+    except AttributeError:
+        launches = _per_thread.launches = {}
+    key = (path, name, dev, tuple(map(type, args)))
+    entry = launches.get(key)
+    if entry is None:
+        _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
+        entry = launches[key] = (fn, launch_kernel, _Arguments(args))
+    fn, launch_kernel, packed = entry
     if shared_mem > DEFAULT_SHARED_MEM:
         _allow_shared_mem((path, name, dev), fn, shared_mem)
-    layouts = _per_thread.__dict__.setdefault("layouts", {})
-    key = (path, name, tuple(map(type, args)))
-    packed = layouts.get(key) or layouts.setdefault(key, _Arguments(args))
-    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    bx, by, bz = (tuple(block) + (1, 1))[:3]
+    gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
+    bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
     stream = _current_raw_stream(dev)
     if _current_device() == dev:
         launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
@@ -314,7 +328,8 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# A kernel's ``int`` and ``long long`` arguments: numpy's types themselves, no Python call around them (a
-# step makes about 30).
-i32 = np.int32
-i64 = np.int64
+# A kernel's ``int`` and ``long long`` arguments: numpy scalars of those types, made once per value (a step passes
+# about 30, mostly the same from step to step; a numpy scalar's construction costs several times a cache hit on
+# the GPU machine's host). Out-of-range values raise OverflowError as numpy's constructors do.
+i32 = functools.lru_cache(maxsize=4096)(np.int32)
+i64 = functools.lru_cache(maxsize=4096)(np.int64)

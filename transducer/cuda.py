@@ -27,12 +27,18 @@ _STAGE_LIMIT = 32 * 1024
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
 
 
-def _flag(x):
-    return "true" if x else "false"
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments
+def _name(kernel, *params):
+    """The instantiation ``kernel<params>``: torch dtypes by their C names, bools as true / false, the rest as
+    written (made once per combination: a step launches several kernels)."""
+    c = [ctype(p) if isinstance(p, torch.dtype) else ("true" if p else "false") if isinstance(p, bool) else str(p)
+         for p in params]
+    return f"{kernel}<{', '.join(c)}>"
 
 
+@functools.lru_cache(maxsize=256)
 def _acc(dtype, x):
-    """A kernel argument of the accumulation type (float, or double for float64)."""
+    """A kernel argument of the accumulation type (float, or double for float64); made once per value."""
     return np.float64(x) if dtype == torch.float64 else np.float32(x)
 
 
@@ -146,9 +152,8 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     if targets is None:
         targets_ptr, target_cols, itype = 0, 0, "int"
     else:
-        targets_ptr, target_cols, itype = targets.contiguous(), targets.size(1), ctype(targets.dtype)
-    name = (f"layout_kernel<{ctype(logit_lengths.dtype)}, {ctype(target_lengths.dtype)}, {itype}, "
-            f"{_flag(with_stats)}>")
+        targets_ptr, target_cols, itype = targets.contiguous(), targets.size(1), targets.dtype
+    name = _name("layout_kernel", logit_lengths.dtype, target_lengths.dtype, itype, bool(with_stats))
     launch(_STAGES, name, table, (1,), (1024,),
            (logit_lengths.contiguous(), target_lengths.contiguous(), targets_ptr,
             i32(target_cols), i32(B), i32(padded_t), i32(max_u1), i32(vocab_size), i32(blank),
@@ -173,7 +178,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     vec, aligned, _ = _row_access(itemsize, V, logits2d)
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
-    name = f"log_probs_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}>"
+    name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
             i32(V // vec if aligned else V), i32(blank), _padded_grid(layout, row_start, num_rows),
@@ -199,7 +204,7 @@ def alpha_beta(lp, layout, one_sym_per_frame):
     if B == 0:
         return alpha, beta, loss
     cap = _alpha_beta_smem_entries(max_u1, lp.element_size())
-    name = f"alpha_beta_kernel<{ctype(lp.dtype)}, {_flag(one_sym_per_frame)}>"
+    name = _name("alpha_beta_kernel", lp.dtype, bool(one_sym_per_frame))
     launch(_STAGES, name, lp, (2 * B,), (threads,),
            (lp, *_table(layout), i32(layout.padded), i32(cap), alpha, beta,
             loss),
@@ -224,9 +229,8 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     vec, aligned, staged = _row_access(itemsize, V, rows, [out], rows_per_block)
-    name = (f"gradient_kernel<{ctype(logits2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, "
-            f"{_flag(from_log_softmax)}, {_flag(one_sym_per_frame)}, {_flag(clamp > 0)}, {_flag(aligned)}, "
-            f"{_flag(staged)}>")
+    name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(from_log_softmax),
+                 bool(one_sym_per_frame), clamp > 0, aligned, staged)
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
             i32(rows.stride(0)), i32(V // vec if aligned else V), i64(out.stride(0)), i32(blank),
@@ -281,7 +285,7 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     tpr = _threads_per_item(nvec)
     groups = (num_rows + _PACK_ROWS - 1) // _PACK_ROWS  # a group of tpr threads writes _PACK_ROWS rows
     groups_per_block = _THREADS // tpr
-    name = f"pack_forward_kernel<{ctype(encoder_out.dtype)}, {vec}, {_ACTIVATIONS[activation]}>"
+    name = _name("pack_forward_kernel", encoder_out.dtype, vec, _ACTIVATIONS[activation])
     launch(_PACK, name, out, ((groups + groups_per_block - 1) // groups_per_block,), (_THREADS,),
            (encoder_out, predictor_out, *_table(layout), i32(row_start), i32(num_rows), i32(max_t), i32(max_u1),
             i32(nvec), i32(tpr.bit_length() - 1), i64(ld), out))
@@ -318,8 +322,7 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
             continue
         if layout.batch_size * per_b >= 1 << 31:
             raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
-        name = (f"pack_grad_kernel<{ctype(grad_rows.dtype)}, {ctype(grad.dtype)}, {vec}, {_flag(pred)}, "
-                f"{_flag(accumulate)}, {act}>")
+        name = _name("pack_grad_kernel", grad_rows.dtype, grad.dtype, vec, pred, bool(accumulate), act)
         launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
                (grad_rows, enc, prd, i32(grads[0].size(1)), i32(grads[1].size(1)), *_table(layout),
                 FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items), i32(row_start),
@@ -396,8 +399,7 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     deep = 4 if layout.padded else 8  # vectors in flight (tdt.cu: measured per layout)
-    name = (f"tdt_log_probs_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(aligned)}, "
-            f"{deep}>")
+    name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
             *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank),
@@ -423,13 +425,13 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     walk_ring, walk_cap = 1 << (ring - 1).bit_length(), threads + 2
     walk_smem = walk_ring * walk_cap * (2 * D + 1) * itemsize
     if D <= _WALK_MAX_DURATIONS and max_u1 <= _WALK_MAX_THREADS and walk_smem <= max_shared_mem(lp):
-        launch(_TDT, f"tdt_walk_kernel<{ctype(lp.dtype)}, {D}, {_WALK_AHEAD}>", lp, (2 * B,),
+        launch(_TDT, _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD), lp, (2 * B,),
                (threads,), args + (i32(walk_ring), i32(walk_cap), alpha, beta, loss), shared_mem=walk_smem)
         return alpha, beta, loss
     smem = ring * max_u1 * itemsize
     if smem > DEFAULT_SHARED_MEM:
         ring, smem = 0, 0
-    launch(_TDT, f"tdt_alpha_beta_kernel<{ctype(lp.dtype)}>", lp, (2 * B,), (threads,),
+    launch(_TDT, _name("tdt_alpha_beta_kernel", lp.dtype), lp, (2 * B,), (threads,),
            args + (i32(ring), i32(max_u1), alpha, beta, loss), shared_mem=smem)
     return alpha, beta, loss
 
@@ -451,8 +453,8 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = _THREADS // (32 * wpr)
     vec, aligned, staged = _row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
-    name = (f"tdt_gradient_kernel<{ctype(tokens2d.dtype)}, {ctype(targets.dtype)}, {vec}, {wpr}, {_flag(omega)}, "
-            f"{_flag(clamp > 0)}, {_flag(aligned)}, {_flag(staged)}>")
+    name = _name("tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), clamp > 0, aligned,
+                 staged)
     acc = lp.dtype
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
