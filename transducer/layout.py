@@ -10,7 +10,8 @@ In both, cell (b, t, u) is row ``row_splits[b] + t * row_strides[b] + u``
 (compact: row_splits = exclusive cumsum of T_b*(U_b+1), strides = U_b + 1;
 padded: row_splits[b] = b*maxT*(maxU+1), strides = maxU + 1), and the rows of
 utterance b are ``row_splits[b] <= r < row_splits[b+1]``: kernels find b by a
-binary search, so no per-row index array exists. One set of stages (log-probs,
+binary search (compact) or one division by maxT*(maxU+1) (padded; common.cuh's
+PaddedGrid), so no per-row index array exists. One set of stages (log-probs,
 alpha/beta, gradient) serves both layouts, and per-row arrays (log-probs,
 alpha, beta) are indexed like the rows of ``logits2d``; on padding rows they
 hold unspecified values that no stage reads.

@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(td::kThreads)
   // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2). The launcher takes 8 for the compact
   // layout, whose rows are loaded before their (b, t, u) is known: a 1024-wide fp32 row of NeMo's 1029-wide
   // joint in one trip instead of two (0.962 -> 0.913 ms at (16,400,100,1024+5), H100, RESULTS.md section 10).
-  // The padded layout loads a row after it knows the row is a cell, and takes 4 (8: 0.966 -> 1.064 ms).
+  // The padded layout loads a row after it knows the row is a cell (its (b, t, u) by two divisions, common.cuh's
+  // PaddedGrid), and takes 4 (0.930 ms; 8: 0.974-0.980, RESULTS.md section 11).
   RowPass<T, VEC, WPR, ALIGNED, DEEP> pass;
   if (!pass.begin(tok, Grids{table, B, pad}, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !pad.padded()))
     return;
