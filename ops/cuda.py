@@ -221,15 +221,17 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
         _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
         entry = launches[key] = (fn, launch_kernel, _Arguments(args))
     fn, launch_kernel, packed = entry
-    if shared_mem > DEFAULT_SHARED_MEM:
-        _allow_shared_mem((path, name, dev), fn, shared_mem)
     gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
     bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
     stream = _current_raw_stream(dev)
     if _current_device() == dev:
+        if shared_mem > DEFAULT_SHARED_MEM:
+            _allow_shared_mem((path, name, dev), fn, shared_mem)
         launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
     else:  # the function belongs to dev's context
         with torch.cuda.device(dev):
+            if shared_mem > DEFAULT_SHARED_MEM:
+                _allow_shared_mem((path, name, dev), fn, shared_mem)
             launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
 
 
@@ -241,7 +243,7 @@ class HostReader:
     kernel there). Raw CUDA streams and events, through CuPy's runtime API: torch's Stream and Event objects
     and its stream context cost several times the host time a call, and a stream from torch's pool may be
     the caller's own. One per thread, device, size and dtype (``host_reader``): a read ends before the next
-    mark."""
+    mark. Its stream and events are destroyed with it (when its thread ends)."""
 
     def __init__(self, device: torch.device, numel: int, dtype: torch.dtype):
         device = _cuda_device(device)
@@ -253,6 +255,21 @@ class HostReader:
             self.marked, self.copied = rt.eventCreateWithFlags(2), rt.eventCreateWithFlags(2)  # DisableTiming
         self.nbytes = self.host.nbytes
         self._rt = rt
+
+    def __del__(self):
+        # A thread's readers go with its threading.local when it ends, and their stream and events with them (a
+        # process that runs the loss from many short-lived threads would otherwise keep a set per thread). Work
+        # still queued on them is not cut short: CUDA releases the handles once it completes.
+        rt = getattr(self, "_rt", None)
+        if rt is None:
+            return
+        try:
+            with torch.cuda.device(self.device):
+                rt.streamDestroy(self.stream)
+                rt.eventDestroy(self.marked)
+                rt.eventDestroy(self.copied)
+        except Exception:  # noqa: BLE001 - at interpreter exit CuPy or the CUDA context may be gone first
+            pass
 
     def mark(self) -> None:
         self._rt.eventRecord(self.marked, _current_raw_stream(self.device))

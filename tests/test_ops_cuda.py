@@ -388,3 +388,44 @@ def test_host_reader_reads_behind_its_mark_alone():
     for bad in (src[:5], src.float(), src.view(2, 3).t(), src.cpu()):
         with pytest.raises(ValueError, match="HostReader.read: src must be"):
             reader.read(bad)
+
+
+def test_host_reader_goes_with_its_thread():
+    """A thread's reader is freed when the thread ends, and destroys its stream and both events."""
+    import gc
+    import threading
+    import weakref
+    from ops.cuda import host_reader
+    refs, destroyed, got = [], [], []
+    want = torch.randint(-2**40, 2**40, (6,), generator=torch.Generator().manual_seed(6))
+
+    def work():
+        reader = host_reader(torch.device(DEV), 6, torch.int64)
+        real = reader._rt
+
+        class Spy:  # the runtime, noting what is destroyed
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def streamDestroy(self, stream):
+                destroyed.append(("stream", stream))
+                real.streamDestroy(stream)
+
+            def eventDestroy(self, event):
+                destroyed.append(("event", event))
+                real.eventDestroy(event)
+        reader._rt = Spy()
+        src = want.to(DEV)
+        reader.mark()
+        got.append(reader.read(src))
+        refs.append(weakref.ref(reader))
+        handles = [("stream", reader.stream), ("event", reader.marked), ("event", reader.copied)]
+        refs.append(handles)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert got == [want.tolist()]
+    assert refs[0]() is None
+    assert sorted(destroyed) == sorted(refs[1])
