@@ -368,8 +368,19 @@ def test_stages_match_reference(config, dtype, padded, device, monkeypatch):
 def test_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
     """More durations than the read-ahead walk keeps (D = 10 > 8) and more labels than its block has threads
     (U + 1 > 512): the CUDA stages fall back to the general walk; the walk's cells in several warps (U70) and
-    its rings over 48 KiB (U200: 155 KiB in float64, U300: 70 KiB); every device against the reference."""
+    its rings over 48 KiB (U200: 155 KiB in float64, U300: 70 KiB); every device against the reference. On CUDA
+    the walk that ran is the one named above."""
+    general = device == "cuda-general"
     device = _walk_device(device, monkeypatch)
+    kernels = []
+    if device == "cuda":
+        import transducer.cuda
+        launch = transducer.cuda.launch
+
+        def spy(path, name, *args, **kwargs):
+            kernels.append(name)
+            return launch(path, name, *args, **kwargs)
+        monkeypatch.setattr(transducer.cuda, "launch", spy)
     gen = torch.Generator().manual_seed(18 + max_u)
     V, blank = 6, 2
     logits, targets, T, U = _batch(gen, 4, max_t, max_u, V, durations, blank)
@@ -381,6 +392,10 @@ def test_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
                              device=device)
         torch.testing.assert_close(loss, ref, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
+    if device == "cuda":
+        walks = {k.split("<")[0] for k in kernels if k.startswith(("tdt_walk_kernel", "tdt_alpha_beta_kernel"))}
+        read_ahead = not general and len(durations) <= 8 and max_u + 1 <= 512
+        assert walks == {"tdt_walk_kernel" if read_ahead else "tdt_alpha_beta_kernel"}, kernels
 
 
 @pytest.mark.parametrize("device", DEVICES)
