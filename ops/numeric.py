@@ -11,8 +11,12 @@ section 11).
 
 - ``exp_(x)``: x = exp(x) in place, as exp2(x * log2(e)).
 - ``logsumexp(x, dim, out=None)``: torch.logsumexp's values and conventions (the max is taken as 0 where
-  it is infinite: all -inf gives -inf, a +inf gives +inf; NaN propagates), through ``exp_`` and
-  ``log1p(s - 1)`` (s >= 1 for a finite max; log1p is not VML either).
+  it is infinite: all -inf gives -inf, a +inf gives +inf; NaN propagates; an empty dim gives -inf), through
+  ``exp_`` and ``log1p(s - 1)`` (s >= 1 for a finite max; log1p is not VML either).
+
+Both take float32 / float64 tensors (the stages' accumulation dtypes; in 16 bits the product's rounding would
+cost about 1% in exp2) and give values only, no autograd (the stages run without it; ``ops.reduce`` hands a
+tensor that requires grad to torch.logsumexp).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ def exp_(x: torch.Tensor) -> torch.Tensor:
 def logsumexp(x: torch.Tensor, dim: int, out: torch.Tensor = None) -> torch.Tensor:
     """``torch.logsumexp(x, dim)`` (into ``out`` when given: the result's shape and x's dtype) without MKL's
     exp and log (see the module's docstring)."""
+    if x.size(dim) == 0:
+        shape = x.shape[:dim % x.dim()] + x.shape[dim % x.dim() + 1:]
+        return out.fill_(-math.inf) if out is not None else x.new_full(shape, -math.inf)
     m = x.amax(dim, keepdim=True)
     m.masked_fill_(torch.isinf(m), 0.0)
     s = exp_(torch.sub(x, m)).sum(dim)

@@ -93,5 +93,7 @@ def _reduce_cpu(x, a, op, acc, keepdim):
     if op == "max":  # exact in the input dtype; widen the (smaller) result
         return x.amax(a, keepdim=keepdim).to(acc)
     xa = x if x.dtype == acc else x.to(acc)
+    if xa.requires_grad and torch.is_grad_enabled():  # ops.numeric gives values only
+        return torch.logsumexp(xa, a, keepdim=keepdim)
     res = logsumexp(xa, a)  # torch.logsumexp's values without MKL's exp (ops/numeric.py)
     return res.unsqueeze(a) if keepdim else res

@@ -131,6 +131,49 @@ def test_stages_match_cpu(V, padded, rna, dtype):
         torch.testing.assert_close(inplace, out, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("V", [7, 500])
+def test_padded_rows_by_division_match_the_search(V):
+    """In the padded layout the row kernels find a row's (b, t, u) by dividing by maxT * (maxU + 1) and maxU + 1
+    (common.cuh's PaddedGrid, from the host's maxT): a tile of rows from row_start > 0, and a Layout without
+    maxT (which the kernels search), give bit for bit what the whole call gives; RNN-T and TDT log-probs, the
+    RNN-T gradient."""
+    cuda = cuda_stages()
+    gen = torch.Generator().manual_seed(31 + V)
+    blank, D = 1, 3
+    logits, targets, T, U = random_batch(gen, 5, 9, 4, V, blank, scale=2.0)
+    logits = torch.cat([logits, torch.randn(logits.shape[:3] + (D,), generator=gen)], dim=-1)  # + D durations
+    for b in range(len(T)):  # padding may hold anything: the kernels must not read it
+        logits[b, T[b]:] = math.nan
+        logits[b, :, U[b] + 1:] = math.inf
+    logits, targets, T, U = (t.to(DEV) for t in (logits, targets, T, U))
+    layout = make_layout(logits, targets, T, U, vocab_size=V)
+    assert layout.padded and layout.padded_t == logits.size(1)
+    N = logits.numel() // (V + D)
+    rows = logits.view(N, V + D)
+    x, tok, dur = rows[:, :V].contiguous(), rows[:, :V], rows[:, V:]
+    lp, den = cuda.log_probs(x, targets, layout, blank, False)
+    alpha, beta, loss = cuda.alpha_beta(lp, layout, False)
+    scale = torch.rand(len(T), generator=gen, dtype=torch.float64).to(DEV) + 0.5
+    grad = cuda.gradient(x, targets, layout, lp, den, alpha, beta, loss, scale, blank, False, False,
+                         torch.empty_like(x))
+    tdt = cuda.tdt_log_probs(tok, dur, targets, layout, blank, 0.05)
+    assert torch.isfinite(loss).all() and grad.abs().sum() > 1.0
+    searched = Layout(layout.table, True, layout.max_u1)  # maxT not given
+    k = N // 3 + 1  # inside an utterance and a frame
+    for lay, start in ((layout, k), (searched, 0), (searched, k)):
+        out = (torch.full_like(lp, math.nan), torch.full_like(den, math.nan))
+        cuda.log_probs(x[start:], targets, lay, blank, False, row_start=start, out=out)
+        assert torch.equal(out[0][start:], lp[start:]) and torch.equal(out[1][start:], den[start:])
+        g = torch.full_like(x[start:], math.nan)
+        cuda.gradient(x[start:], targets, lay, lp, den, alpha, beta, loss, scale, blank, False, False, g,
+                      row_start=start)
+        assert torch.equal(g, grad[start:])
+        out = tuple(torch.full_like(a, math.nan) for a in tdt)
+        cuda.tdt_log_probs(tok[start:], dur[start:], targets, lay, blank, 0.05, row_start=start, out=out)
+        for got, want in zip(out, tdt):
+            assert torch.equal(got[start:], want[start:])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("V", [33, 512])
 def test_stages_half_match_cpu(dtype, V):

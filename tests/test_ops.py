@@ -498,3 +498,15 @@ def test_numeric_logsumexp_matches_torch(dtype):
         torch.testing.assert_close(got.double()[finite], want[finite], rtol=tol, atol=tol)
         fresh = logsumexp(x, dim)
         assert fresh.shape == want.shape and torch.equal(torch.isnan(fresh), torch.isnan(got))
+
+
+def test_numeric_logsumexp_empty_dim_and_reduce_keeps_autograd():
+    from ops.numeric import logsumexp
+    assert logsumexp(torch.zeros(3, 0, 2), 1).tolist() == [[-math.inf] * 2] * 3
+    out = torch.zeros(3, 2)
+    assert logsumexp(torch.zeros(3, 0, 2), -2, out=out) is out and (out == -math.inf).all()
+    # ops.reduce on a CPU tensor that requires grad differentiates (torch.logsumexp), values as without
+    x = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.reduce(t, 1, "logsumexp"), (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(ops.reduce(x, 1, "logsumexp"), torch.logsumexp(x, 1), rtol=1e-13, atol=1e-13)

@@ -17,7 +17,8 @@ using namespace ops;
 // The padded layout's grid, made by the host (transducer/cuda.py): rows per utterance (maxT * (maxU + 1))
 // and per frame (maxU + 1). A row's (b, t, u) is then two divisions by host-made constants, no search and no
 // load, so a row kernel, which loads a padded row only once it knows the row is a cell, starts its loads
-// sooner. utt.d == 0: the compact layout (Grids searches row_splits).
+// sooner. utt.d == 0: Grids searches row_splits (the compact layout, or a padded one given without its maxT,
+// whose rows the kernels then load before their cell test: right, but padding is read).
 struct PaddedGrid {
   FastDivmod utt, frame;
   __device__ __forceinline__ bool padded() const { return utt.d != 0; }

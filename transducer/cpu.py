@@ -45,7 +45,7 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     cells_exact = T.double() * (U.double() + 1)
     cells = CELLS_CAP if bool((cells_exact >= CELLS_CAP).any()) else min(int((T * (U + 1)).sum()), CELLS_CAP)
     stats = torch.tensor([int(x) for x in extremes] + [cells, bad])
-    return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1))
+    return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1), max(int(padded_t), 0))
 
 
 def _coordinates(layout, start=0, end=None):
@@ -399,9 +399,9 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     D = len(ds)
     d = torch.tensor(ds)
     pad = max(ds) + 1
-    # arc weights per duration, (B, pad + steps + pad, D, max_u1 + 2): tok + dur, -inf off the grid
-    blank_ok = (d >= 1).to(lp.dtype).log()  # 0, or -inf for a blank of duration 0 (not an arc)
-    blank_w = _step_grid(lp[:, 0:1] + lp_dur + blank_ok, is_cell, rows, pad)
+    # arc weights per duration, (B, pad + steps + pad, D, max_u1 + 2): tok + dur, -inf off the grid; a blank of
+    # duration 0 is not an arc (the walks below leave its weights out)
+    blank_w = _step_grid(lp[:, 0:1] + lp_dur, is_cell, rows, pad)
     label_w = _step_grid(lp[:, 1:2] + lp_dur, is_cell, rows, pad)
     # the closing blanks: from (T_b - d_i, U_b) with duration d_i >= 1, one cell per duration (distinct), at
     # step T_b - d_i + U_b; -inf elsewhere
@@ -417,9 +417,10 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
             final[bs, pad + t_close[bs] + U_b[bs], U_b[bs] + 1] = lp[r, 0] + lp_dur[r, i]
 
     # Both walks in one loop over steps, one gather, one add and one logsumexp a step for the two: step k computes
-    # alpha at step pad + k and beta at step pad + steps - 1 - k, each from the 2D + 1 terms of its cells, read
-    # from the flat (2, B, S * W + 1) grids by index tensors built once (2D arcs, and one more: for alpha the
-    # start, the constant 0 with weight 0 at (0, 0) only; for beta the closing blank), their weights sliced once
+    # alpha at step pad + k and beta at step pad + steps - 1 - k, each from the K terms of its cells, read from
+    # the flat (2, B, S * W + 1) grids by index tensors built once (a blank arc per duration >= 1, a label arc per
+    # duration, and one more: for alpha the start, the constant 0 with weight 0 at (0, 0) only; for beta the
+    # closing blank), their weights sliced once
     # before (step-major, so that a step's weights are contiguous). No mask per step: every weight of a cell off
     # the grid is -inf, so an off-grid cell passes nothing on (alpha) and receives nothing (beta: its own arcs'
     # weights); only cells are read out below. The loop's cost is torch's per-op overhead (a few us an op):
@@ -429,25 +430,28 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     L = S * W + 1
     alpha, beta = (x[:, :-1].view(B, S, W) for x in flat)
     cells, left = slice(1, max_u1 + 1), slice(0, max_u1)
-    K = 2 * D + 1
+    blanks = [i for i, di in enumerate(ds) if di >= 1]  # the durations a blank may take
+    Db = len(blanks)
+    K = Db + D + 1
     col = torch.arange(1, max_u1 + 1)
     k_all = torch.arange(steps)[:, None, None]
     n_a, n_b = pad + k_all, pad + steps - 1 - k_all  # the steps of alpha and beta at loop step k, (steps, 1, 1)
-    d3 = d[None, :, None]
+    db, d3 = d[blanks][None, :, None], d[None, :, None]
     const = torch.full((steps, 1, max_u1), S * W)
     index = torch.stack([
-        torch.cat([(n_a - d3) * W + col, (n_a - d3 - 1) * W + col - 1, const], dim=1),  # alpha: from the arcs' sources
-        torch.cat([(n_b + d3) * W + col, (n_b + d3 + 1) * W + col + 1, const], dim=1),  # beta: to their targets
+        torch.cat([(n_a - db) * W + col, (n_a - d3 - 1) * W + col - 1, const], dim=1),  # alpha: from the arcs' sources
+        torch.cat([(n_b + db) * W + col, (n_b + d3 + 1) * W + col + 1, const], dim=1),  # beta: to their targets
     ], dim=1).view(steps, 2, 1, K * max_u1)
     w = lp.new_empty(steps, 2, B, K, max_u1)
+    for j, i in enumerate(blanks):
+        w[:, 0, :, j] = blank_w[:, pad - ds[i]:pad + steps - ds[i], i, cells].transpose(0, 1)
     for i, di in enumerate(ds):
-        w[:, 0, :, i] = blank_w[:, pad - di:pad + steps - di, i, cells].transpose(0, 1)
-        w[:, 0, :, D + i] = label_w[:, pad - di - 1:pad + steps - di - 1, i, left].transpose(0, 1)
-    w[:, 0, :, 2 * D] = -math.inf
-    w[0, 0, :, 2 * D, 0] = 0.0  # alpha(0, 0) = 0: the constant, at step 0 only
-    w[:, 1, :, :D] = blank_w[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)  # beta: steps downwards
-    w[:, 1, :, D:2 * D] = label_w[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
-    w[:, 1, :, 2 * D] = final[:, pad:pad + steps, cells].flip(1).transpose(0, 1)
+        w[:, 0, :, Db + i] = label_w[:, pad - di - 1:pad + steps - di - 1, i, left].transpose(0, 1)
+    w[:, 0, :, K - 1] = -math.inf
+    w[0, 0, :, K - 1, 0] = 0.0  # alpha(0, 0) = 0: the constant, at step 0 only
+    w[:, 1, :, :Db] = blank_w[:, pad:pad + steps, blanks, cells].flip(1).transpose(0, 1)  # beta: steps downwards
+    w[:, 1, :, Db:Db + D] = label_w[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, K - 1] = final[:, pad:pad + steps, cells].flip(1).transpose(0, 1)
     for k in range(steps):
         terms = torch.gather(flat, 2, index[k].expand(2, B, K * max_u1)).view(2, B, K, max_u1).add_(w[k])
         # alpha[:, pad + k, cells] and beta[:, pad + steps - 1 - k, cells] as one (2, B, max_u1) view of flat

@@ -31,8 +31,8 @@ _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8
 def _name(kernel, *params):
     """The instantiation ``kernel<params>``: torch dtypes by their C names, bools as true / false, the rest as
     written (made once per combination: a step launches several kernels)."""
-    c = [ctype(p) if isinstance(p, torch.dtype) else ("true" if p else "false") if isinstance(p, bool) else str(p)
-         for p in params]
+    c = [ctype(p) if isinstance(p, torch.dtype) else ("true" if p else "false") if isinstance(p, (bool, np.bool_))
+         else str(p) for p in params]
     return f"{kernel}<{', '.join(c)}>"
 
 
@@ -120,17 +120,13 @@ _PADDED_GRID_DTYPE = np.dtype([("utt", FAST_DIVMOD_DTYPE), ("frame", FAST_DIVMOD
 _COMPACT_GRID = np.zeros((), dtype=_PADDED_GRID_DTYPE)[()]
 
 
-def _padded_grid(layout, row_start, num_rows):
-    """The row kernels' PaddedGrid (common.cuh) for the rows [row_start, row_start + num_rows) of the layout:
-    in the padded layout (which the kernels take whole: row_start 0, every row of the (B, maxT, maxU+1)
-    grids), rows per utterance (num_rows / B) and per frame (maxU + 1); the compact layout's zeros otherwise."""
-    if not layout.padded:
+def _padded_grid(layout):
+    """The row kernels' PaddedGrid (common.cuh): in the padded layout, rows per utterance (maxT * (maxU + 1))
+    and per frame (maxU + 1), which divide any row of the layout (tiles too); zeros (the search over
+    row_splits, right for both layouts) for the compact layout or a padded one whose maxT is not known."""
+    if not layout.padded or layout.padded_t <= 0:
         return _COMPACT_GRID
-    B = layout.batch_size
-    if row_start or num_rows % B or num_rows % layout.max_u1:
-        raise ValueError(f"transducer.cuda: the padded layout's rows are taken whole: row_start 0 and B * maxT * "
-                         f"(maxU + 1) rows (B = {B}, maxU + 1 = {layout.max_u1}), got {num_rows} from {row_start}")
-    return _padded_grid_struct(num_rows // B, layout.max_u1)
+    return _padded_grid_struct(layout.padded_t * layout.max_u1, layout.max_u1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -158,7 +154,7 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
            (logit_lengths.contiguous(), target_lengths.contiguous(), targets_ptr,
             i32(target_cols), i32(B), i32(padded_t), i32(max_u1), i32(vocab_size), i32(blank),
             table))
-    return Layout(table, padded_t > 0, int(max_u1))
+    return Layout(table, padded_t > 0, int(max_u1), max(int(padded_t), 0))
 
 
 def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None):
@@ -181,7 +177,7 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
-            i32(V // vec if aligned else V), i32(blank), _padded_grid(layout, row_start, num_rows),
+            i32(V // vec if aligned else V), i32(blank), _padded_grid(layout),
             i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
     return lp, den
 
@@ -234,7 +230,7 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
             i32(rows.stride(0)), i32(V // vec if aligned else V), i64(out.stride(0)), i32(blank),
-            _padded_grid(layout, row_start, num_rows),
+            _padded_grid(layout),
             lp, den, alpha, beta, loss, scale, i64(scale.stride(0)), _acc(lp.dtype, fastemit_lambda),
             _acc(lp.dtype, max(clamp, 0.0)), out),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
@@ -403,7 +399,7 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
             *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank),
-            _padded_grid(layout, row_start, num_rows), _acc(acc, sigma), lp, lp_dur, den))
+            _padded_grid(layout), _acc(acc, sigma), lp, lp_dur, den))
     return out
 
 
@@ -459,7 +455,7 @@ def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha,
     launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
            (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
             targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec),
-            i32(blank), _padded_grid(layout, row_start, num_rows), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r,
+            i32(blank), _padded_grid(layout), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r,
             loss_r, scale, i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
             _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),
             i64(out_durations.stride(0))),

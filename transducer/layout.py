@@ -87,6 +87,7 @@ class Layout(NamedTuple):
     table: torch.Tensor  # int64 (4B + 1 + NUM_STATS,)
     padded: bool         # True when some rows may be padding
     max_u1: int          # host-side bound on U_b + 1 (padded: logits.size(2); compact: targets.size(1) + 1)
+    padded_t: int = 0    # padded: logits.size(1) when known (the CUDA row kernels then divide instead of search)
 
     @property
     def batch_size(self):

@@ -150,7 +150,7 @@ def _loss_backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Ten
                    from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
     """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
     padded = logits.dim() == 4
-    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
+    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1, logits.size(1) if padded else 0)
     logits2d = logits.view(-1, logits.size(-1))
     stages_for(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, grad_nll.to(lp.dtype),
                                        blank, from_log_softmax, one_sym_per_frame, out.view(logits2d.shape),

@@ -75,7 +75,7 @@ def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Te
     """(grad_logits, grad_duration_logits) of sum_b grad_nll[b] * nll[b]; the second is empty without
     duration_logits (the first then covers all V + D columns). wide_rows: see library.gradient_buffer."""
     padded = logits.dim() == 4
-    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1)
+    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1, logits.size(1) if padded else 0)
     grad = gradient_buffer(logits, wide_rows)
     grad_durations = torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
