@@ -420,9 +420,8 @@ def tdt_alpha_beta(lp, lp_dur, layout, durations):
     # alpha at step pad + k and beta at step pad + steps - 1 - k, each from the K terms of its cells, read from
     # the flat (2, B, S * W + 1) grids by index tensors built once (a blank arc per duration >= 1, a label arc per
     # duration, and one more: for alpha the start, the constant 0 with weight 0 at (0, 0) only; for beta the
-    # closing blank), their weights sliced once
-    # before (step-major, so that a step's weights are contiguous). No mask per step: every weight of a cell off
-    # the grid is -inf, so an off-grid cell passes nothing on (alpha) and receives nothing (beta: its own arcs'
+    # closing blank), their weights sliced once before (step-major, so that a step's weights are contiguous).
+    # No mask per step: every weight of a cell off the grid is -inf, so an off-grid cell passes nothing on (alpha) and receives nothing (beta: its own arcs'
     # weights); only cells are read out below. The loop's cost is torch's per-op overhead (a few us an op):
     # one loop for both walks halves it.
     flat = torch.full((2, B, S * W + 1), -math.inf, dtype=lp.dtype)  # alpha, beta; [-1]: a constant 0

@@ -32,7 +32,7 @@ from ops.cuda import host_reader
 from .checks import check_loss_values, check_pack_values, check_rows, stages_for
 from .layout import NUM_STATS, Layout
 
-__all__ = ["Op", "loss", "pack", "make_layout", "gradient_buffer"]
+__all__ = ["Op", "loss", "pack", "make_layout", "saved_layout", "gradient_buffer"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None):
@@ -43,6 +43,14 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
                                             logits.size(2) if padded else targets.size(1) + 1,
                                             logits.size(1) if padded else 0, targets,
                                             logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats)
+
+
+def saved_layout(table, logits, targets):
+    """The Layout of a table that forward made (backward gets the table alone): padded (B, maxT, maxU+1, ...)
+    logits give maxT and maxU + 1, compact ones targets.size(1) + 1."""
+    if logits.dim() == 4:
+        return Layout(table, True, logits.size(2), logits.size(1))
+    return Layout(table, False, targets.size(1) + 1)
 
 
 def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs, vocab_size=None):
@@ -149,8 +157,7 @@ def _loss_backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Ten
                    alpha: Tensor, beta: Tensor, nll: Tensor, blank: int, one_sym_per_frame: bool,
                    from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
     """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
-    padded = logits.dim() == 4
-    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1, logits.size(1) if padded else 0)
+    layout = saved_layout(table, logits, targets)
     logits2d = logits.view(-1, logits.size(-1))
     stages_for(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, grad_nll.to(lp.dtype),
                                        blank, from_log_softmax, one_sym_per_frame, out.view(logits2d.shape),

@@ -14,8 +14,8 @@ from ops import accumulate_dtype
 
 from .checks import (FLOAT_DTYPES, check_batch, check_options, check_reduction, check_rows,
                      check_tdt_options, check_tensor, is_index, stages_for)
-from .layout import NUM_STATS, Layout
-from .library import Op, checked_log_probs, gradient_buffer, make_layout, wide_gradient_rows
+from .layout import NUM_STATS
+from .library import Op, checked_log_probs, gradient_buffer, make_layout, saved_layout, wide_gradient_rows
 from .loss import _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
@@ -74,8 +74,7 @@ def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Te
                   ) -> Tuple[Tensor, Tensor]:
     """(grad_logits, grad_duration_logits) of sum_b grad_nll[b] * nll[b]; the second is empty without
     duration_logits (the first then covers all V + D columns). wide_rows: see library.gradient_buffer."""
-    padded = logits.dim() == 4
-    layout = Layout(table, padded, logits.size(2) if padded else targets.size(1) + 1, logits.size(1) if padded else 0)
+    layout = saved_layout(table, logits, targets)
     grad = gradient_buffer(logits, wide_rows)
     grad_durations = torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
