@@ -30,16 +30,24 @@ __all__ = ["exp_", "logsumexp", "LOG2E"]
 LOG2E = 1.0 / math.log(2.0)
 
 
+def _check(x):
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.float64) or x.is_cuda:
+        got = f"a {x.dtype} tensor on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x: expected a float32 or float64 CPU tensor, got {got}")
+
+
 def exp_(x: torch.Tensor) -> torch.Tensor:
     """``x.exp_()`` computed as exp2(x * log2(e)), in place; returns x. Floating CPU tensors of any layout.
     Relative error: up to (|x| + 2) ulps of x's dtype (log2 e and the product rounded to it move the exponent);
     the stages take exp of x - max <= 0, where the terms that matter have |x| < 30."""
+    _check(x)
     return x.mul_(LOG2E).exp2_()
 
 
 def logsumexp(x: torch.Tensor, dim: int, out: torch.Tensor = None) -> torch.Tensor:
     """``torch.logsumexp(x, dim)`` (into ``out`` when given: the result's shape and x's dtype) without MKL's
     exp and log (see the module's docstring)."""
+    _check(x)
     if x.size(dim) == 0:
         shape = x.shape[:dim % x.dim()] + x.shape[dim % x.dim() + 1:]
         return out.fill_(-math.inf) if out is not None else x.new_full(shape, -math.inf)

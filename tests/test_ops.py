@@ -510,3 +510,11 @@ def test_numeric_logsumexp_empty_dim_and_reduce_keeps_autograd():
     assert torch.autograd.gradcheck(lambda t: ops.reduce(t, 1, "logsumexp"), (x,))
     with torch.no_grad():
         torch.testing.assert_close(ops.reduce(x, 1, "logsumexp"), torch.logsumexp(x, 1), rtol=1e-13, atol=1e-13)
+
+
+def test_numeric_names_a_bad_x():
+    from ops.numeric import exp_, logsumexp
+    for bad in (torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.int64), [1.0, 2.0]):
+        for fn in (exp_, lambda x: logsumexp(x, 0)):
+            with pytest.raises(TypeError, match="x: expected a float32 or float64 CPU tensor"):
+                fn(bad)
