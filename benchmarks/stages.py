@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transducer import cuda, transducer_loss  # noqa: E402
+from transducer.layout import Lattice, LossOptions  # noqa: E402
 from transducer.library import make_layout  # noqa: E402
 
 SIZES = [(32, 150, 40, 500), (16, 400, 100, 1024), (8, 800, 100, 4096)]
@@ -127,13 +128,14 @@ def main():
             grad = torch.empty_like(logits)
             copy_gbps = 2 * nbytes / (gpu_ms(lambda: grad.copy_(logits), n=5) * 1e-3) / 1e9
             layout = make_layout(logits, targets, lengths_t, lengths_u)
-            lp, den = cuda.log_probs(logits, targets, layout, 0, False)
-            alpha, beta, loss = cuda.alpha_beta(lp, layout, False)
+            options = LossOptions()
+            lp, den = cuda.log_probs(logits, targets, layout, options)
+            alpha, beta, loss = cuda.alpha_beta(lp, layout, options)
+            lattice = Lattice(layout, lp, den, alpha, beta, loss)
             scale = torch.ones(B, device="cuda")
-            t_lp = gpu_ms(lambda: cuda.log_probs(logits, targets, layout, 0, False))
-            t_ab = gpu_ms(lambda: cuda.alpha_beta(lp, layout, False))
-            t_gr = gpu_ms(lambda: cuda.gradient(logits, targets, layout, lp, den, alpha, beta, loss, scale, 0,
-                                                False, False, grad))
+            t_lp = gpu_ms(lambda: cuda.log_probs(logits, targets, layout, options))
+            t_ab = gpu_ms(lambda: cuda.alpha_beta(lp, layout, options))
+            t_gr = gpu_ms(lambda: cuda.gradient(logits, targets, lattice, scale, options, grad))
             x = logits.clone().requires_grad_()
 
             def step(check):
@@ -162,7 +164,7 @@ def main():
                   f"{t_gr:.3f} ({2 * nbytes / t_gr / 1e6:.0f}) | {hosts[0]:.3f}/{hosts[1]:.3f} | "
                   f"{eagers[0]:.3f}/{eagers[1]:.3f} | {t_graph:.3f} | {floor:.3f} | "
                   f"{t_graph / floor:.2f}x {eagers[0] / floor:.2f}x", flush=True)
-            del logits, grad, x, lp, den, alpha, beta, graph
+            del logits, grad, x, lp, den, alpha, beta, graph, lattice
             torch.cuda.empty_cache()
 
 

@@ -103,7 +103,7 @@ def _current_raw_stream(device_id: int) -> int:
 # cuLaunchKernel's `extra` (cuda.h): CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END
 _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
 _SCALAR_FORMATS = {np.int32: "i", np.int64: "q", np.uint32: "I", np.uint64: "Q", np.float32: "f", np.float64: "d"}
-_TENSOR, _STRUCT, _SCALAR, _NULL = 0, 1, 2, 3
+_TENSOR, _STRUCT, _SCALAR, _NULL, _PARAMS = 0, 1, 2, 3, 4
 
 
 def _alignment(dtype) -> int:
@@ -117,16 +117,21 @@ class _Arguments:
     """A kernel's arguments laid out as the C ABI lays out its parameters, for one tuple of argument types:
     cuLaunchKernel takes them as one buffer (its `extra` argument), so a launch packs them with one
     ``struct.pack_into`` instead of making an object per argument (CuPy's call: 12-23 us a launch on the
-    GPU machine's host against 9-12, benchmarks/RESULTS.md section 8). Tensors are pointers, numpy scalars
-    their C types, structured numpy scalars their bytes at their widest field's alignment, and the Python
-    int 0 a NULL pointer. The driver cannot check the buffer against the kernel's parameters: a wrong type
-    shifts every later argument, so anything else is refused. One per thread (the buffer is written right
-    before each launch)."""
+    GPU machine's host; benchmarks/RESULTS.md). Tensors are pointers, numpy scalars their C types, structured
+    numpy scalars their bytes at their widest field's alignment, parameter structs (ops.params) their fields
+    in the C layout, and the Python int 0 a NULL pointer. The driver cannot check the buffer against the
+    kernel's parameters: a wrong type shifts every later argument, so anything else is refused (a kernel
+    that takes one named struct, filled by field name, avoids the question). One per thread (the buffer is
+    written right before each launch)."""
 
     def __init__(self, args):
-        fmt, kinds, self.structs, self.nulls = "@", [], [], []
+        fmt, kinds, self.structs, self.nulls, self.params = "@", [], [], [], []
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
+            if hasattr(type(a), "c_flatten"):
+                kinds.append(_PARAMS)
+                self.params.append((i, type(a)))
+                fmt += f"{-struct.calcsize(fmt) % type(a).c_align}x{type(a).c_format}"
+            elif isinstance(a, torch.Tensor):
                 kinds.append(_TENSOR)
                 fmt += "P"
             elif isinstance(a, np.void):
@@ -167,11 +172,23 @@ class _Arguments:
         for i, dtype in self.structs:
             if args[i].dtype != dtype:
                 raise TypeError(f"launch: struct argument {i} has dtype {args[i].dtype}, this kernel took {dtype}")
-        values = list(args)
-        for i in self.tensors:
-            values[i] = args[i].data_ptr()
-        for i, _ in self.structs:
-            values[i] = args[i].tobytes()
+        for i, cls in self.params:
+            if type(args[i]) is not cls:
+                raise TypeError(f"launch: argument {i} is a {type(args[i]).__name__}, this kernel took a "
+                                f"{cls.__name__}")
+        if self.params:  # a parameter struct flattens into its fields
+            values = []
+            for a, kind in zip(args, self.kinds):
+                if kind == _PARAMS:
+                    type(a).c_flatten(a, values)
+                else:
+                    values.append(a.data_ptr() if kind == _TENSOR else a.tobytes() if kind == _STRUCT else a)
+        else:
+            values = list(args)
+            for i in self.tensors:
+                values[i] = args[i].data_ptr()
+            for i, _ in self.structs:
+                values[i] = args[i].tobytes()
         self.layout.pack_into(self.buffer, 0, *values)
         return self.extra_ptr
 

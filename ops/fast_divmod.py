@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .dtypes import is_integer_dtype
+from .params import FAST_DIVMOD
 
 __all__ = ["FastDivmod", "FAST_DIVMOD_DTYPE", "MAX_DIVISOR", "MAX_NUMERATOR"]
 
@@ -129,6 +130,13 @@ class FastDivmod:
             out["d"], out["m"], out["l"] = self.d, self.m, self.l
             return out
         return np.array((self.d, self.m, self.l), dtype=FAST_DIVMOD_DTYPE)[()]
+
+    def params(self):
+        """The constants of a scalar divisor as ops.params.FAST_DIVMOD, for a field of a kernel's parameter
+        struct."""
+        if self._vector:
+            raise TypeError("params() needs a scalar divisor")
+        return FAST_DIVMOD(self.d, self.m, self.l)
 
     def as_tensor(self, device=None) -> torch.Tensor:
         """(3,) or (len, 3) int64 tensor of [d, m, l] (for torch-side use or upload)."""

@@ -71,6 +71,41 @@ __device__ __forceinline__ bf16_t from_acc<bf16_t>(float x) {
   return h;
 }
 
+// *p loaded through the read-only data path (ld.global.nc), for any T of 1, 2, 4, 8 or 16 bytes (a scalar,
+// a 16-bit float, a Vec): what a `const T* __restrict__` kernel parameter gives the compiler leave to do,
+// for data that arrives in a parameter struct, where it cannot see that nothing else writes it. Only for
+// memory that no thread writes while the kernel runs.
+template <int BYTES>
+struct Word;  // the type __ldg loads for BYTES bytes
+template <>
+struct Word<1> { typedef unsigned char type; };
+template <>
+struct Word<2> { typedef unsigned short type; };
+template <>
+struct Word<4> { typedef unsigned int type; };
+template <>
+struct Word<8> { typedef unsigned long long type; };
+template <>
+struct Word<16> { typedef uint4 type; };
+
+template <typename T>
+__device__ __forceinline__ T ldg(const T* p) {
+  typedef typename Word<sizeof(T)>::type W;
+  union {
+    W w;
+    T x;
+  } u;
+  u.w = __ldg(reinterpret_cast<const W*>(p));
+  return u.x;
+}
+
+// An array a kernel only reads, loaded through ldg.
+template <typename T>
+struct ReadOnly {
+  const T* p;
+  __device__ __forceinline__ T operator[](long long i) const { return ldg(p + i); }
+};
+
 // N consecutive elements moved as one access (16 bytes at most; ops.cuda.vector_width picks N).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {

@@ -26,7 +26,7 @@ __device__ __forceinline__ int row_of(const S* __restrict__ row_splits, int num_
   int lo = 0, hi = num_rows - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if ((long long)row_splits[mid] <= i)
+    if ((long long)__ldg(row_splits + mid) <= i)
       lo = mid;
     else
       hi = mid - 1;

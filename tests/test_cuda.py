@@ -13,7 +13,7 @@ import _batches
 from _batches import compact
 from _imports import require
 from transducer import TransducerLoss, cpu, pack, transducer_loss, transducer_loss_reference
-from transducer.layout import Layout
+from transducer.layout import Lattice, Layout, LossOptions
 from transducer.library import make_layout
 
 pytestmark = pytest.mark.cuda
@@ -42,6 +42,10 @@ def poison_allocator(*shapes_dtypes, copies=4):
               for shape, dtype in shapes_dtypes for _ in range(copies)]
     torch.cuda.synchronize()
     del blocks
+
+
+def options(blank=0, from_log_softmax=False, rna=False, **more):
+    return LossOptions(blank=blank, from_log_softmax=from_log_softmax, one_sym_per_frame=rna, **more)
 
 
 def assert_no_nan(*tensors):
@@ -81,19 +85,19 @@ def test_stages_match_cpu(V, padded, rna, dtype):
 
     for fls in (False, True):
         x = x2d.log_softmax(-1) if fls else x2d
-        lp_c, den_c = cpu.log_probs(x, targets, c_layout, blank, fls)
+        lp_c, den_c = cpu.log_probs(x, targets, c_layout, options(blank, fls))
         poison_allocator(((N, 2), acc), ((N,), acc))
-        lp_g, den_g = cuda.log_probs(x.to(DEV), g_targets, g_layout, blank, fls)
+        lp_g, den_g = cuda.log_probs(x.to(DEV), g_targets, g_layout, options(blank, fls))
         assert lp_g.dtype == acc and den_g.dtype == acc and lp_g.shape == (N, 2)
         assert_no_nan(lp_g, den_g)  # padding rows too: every entry is written
         torch.testing.assert_close(lp_g.cpu()[cell], lp_c[cell], **tol)
         torch.testing.assert_close(den_g.cpu()[cell], den_c[cell], **tol)
 
     x = x2d
-    lp_c, den_c = cpu.log_probs(x, targets, c_layout, blank, False)
-    alpha_c, beta_c, loss_c = cpu.alpha_beta(lp_c, c_layout, rna)
+    lp_c, den_c = cpu.log_probs(x, targets, c_layout, options(blank))
+    alpha_c, beta_c, loss_c = cpu.alpha_beta(lp_c, c_layout, options(rna=rna))
     poison_allocator(((N,), acc), ((len(T),), acc))
-    alpha_g, beta_g, loss_g = cuda.alpha_beta(lp_c.to(DEV), g_layout, rna)
+    alpha_g, beta_g, loss_g = cuda.alpha_beta(lp_c.to(DEV), g_layout, options(rna=rna))
     assert_no_nan(alpha_g, beta_g, loss_g)
     alpha_g, beta_g = alpha_g.cpu(), beta_g.cpu()
     torch.testing.assert_close(loss_g.cpu(), loss_c, **tol)
@@ -114,20 +118,21 @@ def test_stages_match_cpu(V, padded, rna, dtype):
     loss_in[1] = math.inf  # nor for this one
     for fls in (False, True):
         xin = x2d.log_softmax(-1) if fls else x2d
-        lp_c, den_c = cpu.log_probs(xin, targets, c_layout, blank, fls)
-        args_c = (lp_c, den_c, alpha_c, beta_c, loss_in, scale)
-        expected = cpu.gradient(xin, targets, c_layout, *args_c, blank, fls, rna, torch.empty_like(xin))
-        args_g = tuple(a.to(DEV) for a in (lp_c, den_c, alpha_g, beta_g, loss_in, scale))
+        lp_c, den_c = cpu.log_probs(xin, targets, c_layout, options(blank, fls))
+        lattice_c = Lattice(c_layout, lp_c, den_c, alpha_c, beta_c, loss_in)
+        o = options(blank, fls, rna)
+        expected = cpu.gradient(xin, targets, lattice_c, scale, o, torch.empty_like(xin))
+        lattice_g = Lattice(g_layout, *(a.to(DEV) for a in (lp_c, den_c, alpha_g, beta_g, loss_in)))
         xg = xin.to(DEV)
         out = torch.full_like(xg, math.nan)
-        got = cuda.gradient(xg, g_targets, g_layout, *args_g, blank, fls, rna, out)
+        got = cuda.gradient(xg, g_targets, lattice_g, scale.to(DEV), o, out)
         assert got is out
         assert_no_nan(out)
         gtol = dict(rtol=1e-5, atol=3e-6) if acc == torch.float32 else dict(rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(out.cpu(), expected, **gtol)
         # in place: out is the logits themselves
         inplace = xg.clone()
-        cuda.gradient(inplace, g_targets, g_layout, *args_g, blank, fls, rna, inplace)
+        cuda.gradient(inplace, g_targets, lattice_g, scale.to(DEV), o, inplace)
         torch.testing.assert_close(inplace, out, rtol=0, atol=0)
 
 
@@ -151,25 +156,24 @@ def test_padded_rows_by_division_match_the_search(V):
     N = logits.numel() // (V + D)
     rows = logits.view(N, V + D)
     x, tok, dur = rows[:, :V].contiguous(), rows[:, :V], rows[:, V:]
-    lp, den = cuda.log_probs(x, targets, layout, blank, False)
-    alpha, beta, loss = cuda.alpha_beta(lp, layout, False)
+    o, o_tdt = options(blank), options(blank, sigma=0.05, durations=(0, 1, 2))
+    lp, den = cuda.log_probs(x, targets, layout, o)
+    alpha, beta, loss = cuda.alpha_beta(lp, layout, o)
     scale = torch.rand(len(T), generator=gen, dtype=torch.float64).to(DEV) + 0.5
-    grad = cuda.gradient(x, targets, layout, lp, den, alpha, beta, loss, scale, blank, False, False,
-                         torch.empty_like(x))
-    tdt = cuda.tdt_log_probs(tok, dur, targets, layout, blank, 0.05)
+    grad = cuda.gradient(x, targets, Lattice(layout, lp, den, alpha, beta, loss), scale, o, torch.empty_like(x))
+    tdt = cuda.tdt_log_probs(tok, dur, targets, layout, o_tdt)
     assert torch.isfinite(loss).all() and grad.abs().sum() > 1.0
     searched = Layout(layout.table, True, layout.max_u1)  # maxT not given
     k = N // 3 + 1  # inside an utterance and a frame
     for lay, start in ((layout, k), (searched, 0), (searched, k)):
         out = (torch.full_like(lp, math.nan), torch.full_like(den, math.nan))
-        cuda.log_probs(x[start:], targets, lay, blank, False, row_start=start, out=out)
+        cuda.log_probs(x[start:], targets, lay, o, row_start=start, out=out)
         assert torch.equal(out[0][start:], lp[start:]) and torch.equal(out[1][start:], den[start:])
         g = torch.full_like(x[start:], math.nan)
-        cuda.gradient(x[start:], targets, lay, lp, den, alpha, beta, loss, scale, blank, False, False, g,
-                      row_start=start)
+        cuda.gradient(x[start:], targets, Lattice(lay, lp, den, alpha, beta, loss), scale, o, g, row_start=start)
         assert torch.equal(g, grad[start:])
         out = tuple(torch.full_like(a, math.nan) for a in tdt)
-        cuda.tdt_log_probs(tok[start:], dur[start:], targets, lay, blank, 0.05, row_start=start, out=out)
+        cuda.tdt_log_probs(tok[start:], dur[start:], targets, lay, o_tdt, row_start=start, out=out)
         for got, want in zip(out, tdt):
             assert torch.equal(got[start:], want[start:])
 
@@ -183,19 +187,18 @@ def test_stages_half_match_cpu(dtype, V):
     logits = compact(logits, T, U)
     layout_c = make_layout(logits, targets, T, U)
     layout_g = make_layout(logits.to(DEV), targets.to(DEV), T.to(DEV), U.to(DEV))
-    lp_c, den_c = cpu.log_probs(logits, targets, layout_c, 0, False)
-    lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, 0, False)
+    lp_c, den_c = cpu.log_probs(logits, targets, layout_c, options())
+    lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, options())
     assert lp_g.dtype == torch.float32
     torch.testing.assert_close(lp_g.cpu(), lp_c, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(den_g.cpu(), den_c, rtol=1e-5, atol=1e-5)
-    alpha, beta, loss = cpu.alpha_beta(lp_c, layout_c, False)
+    alpha, beta, loss = cpu.alpha_beta(lp_c, layout_c, options())
     scale = torch.ones(len(T))
-    expected = cpu.gradient(logits, targets, layout_c, lp_c, den_c, alpha, beta, loss, scale, 0, False, False,
+    expected = cpu.gradient(logits, targets, Lattice(layout_c, lp_c, den_c, alpha, beta, loss), scale, options(),
                             torch.empty_like(logits))
     out = torch.full_like(logits.to(DEV), math.nan)
-    cuda.gradient(logits.to(DEV), targets.to(DEV), layout_g, *(a.to(DEV) for a in (lp_c, den_c, alpha, beta, loss,
-                                                                                    scale)),
-                  0, False, False, out)
+    lattice_g = Lattice(layout_g, *(a.to(DEV) for a in (lp_c, den_c, alpha, beta, loss)))
+    cuda.gradient(logits.to(DEV), targets.to(DEV), lattice_g, scale.to(DEV), options(), out)
     assert out.dtype == dtype
     # both sides round float32 values to `dtype` once: they may land one ulp apart
     ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
@@ -214,19 +217,18 @@ def test_stages_long_rows_and_int32_targets():
     logits = torch.randn(int((T * (U + 1)).sum()), V, generator=gen, dtype=torch.float64)
     layout_c = make_layout(logits, targets, T, U)
     layout_g = make_layout(logits.to(DEV), targets.to(DEV), T.to(DEV), U.to(DEV))
-    lp_c, den_c = cpu.log_probs(logits, targets, layout_c, 0, False)
-    lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, 0, False)
+    lp_c, den_c = cpu.log_probs(logits, targets, layout_c, options())
+    lp_g, den_g = cuda.log_probs(logits.to(DEV), targets.to(DEV), layout_g, options())
     torch.testing.assert_close(lp_g.cpu(), lp_c, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(den_g.cpu(), den_c, rtol=1e-10, atol=1e-10)
-    a, b, l = cpu.alpha_beta(lp_c, layout_c, False)
-    a_g, b_g, l_g = cuda.alpha_beta(lp_c.to(DEV), layout_g, False)
+    a, b, l = cpu.alpha_beta(lp_c, layout_c, options())
+    a_g, b_g, l_g = cuda.alpha_beta(lp_c.to(DEV), layout_g, options())
     torch.testing.assert_close(l_g.cpu(), l, rtol=1e-10, atol=1e-10)
     scale = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
-    want = cpu.gradient(logits, targets, layout_c, lp_c, den_c, a, b, l, scale, 0, False, False,
+    want = cpu.gradient(logits, targets, Lattice(layout_c, lp_c, den_c, a, b, l), scale, options(),
                         torch.empty_like(logits))
-    got = cuda.gradient(logits.to(DEV), targets.to(DEV), layout_g,
-                        *(x.to(DEV) for x in (lp_c, den_c, a, b, l, scale)), 0, False, False,
-                        torch.full_like(logits.to(DEV), math.nan))
+    got = cuda.gradient(logits.to(DEV), targets.to(DEV), Lattice(layout_g, *(x.to(DEV) for x in (lp_c, den_c, a, b, l))),
+                        scale.to(DEV), options(), torch.full_like(logits.to(DEV), math.nan))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-8, atol=1e-12)
 
 
@@ -243,8 +245,8 @@ def test_alpha_beta_long_targets_use_global_memory_path():
         cell = layout_cell_rows(layout_c)
         u = cpu._coordinates(layout_c)[2]
         lp[u == U, 1] = -math.inf
-        a_c, b_c, l_c = cpu.alpha_beta(lp, layout_c, rna)
-        a_g, b_g, l_g = cuda.alpha_beta(lp.to(DEV), layout_g, rna)
+        a_c, b_c, l_c = cpu.alpha_beta(lp, layout_c, options(rna=rna))
+        a_g, b_g, l_g = cuda.alpha_beta(lp.to(DEV), layout_g, options(rna=rna))
         torch.testing.assert_close(l_g.cpu(), l_c, rtol=1e-10, atol=1e-10)
         live = cell & torch.isfinite(b_c) & torch.isfinite(a_c)
         torch.testing.assert_close(b_g.cpu()[live], b_c[live], rtol=1e-10, atol=1e-10)
@@ -348,24 +350,26 @@ def test_gradient_into_rows_of_another_stride(V):
         return same, torch.full((N, wide), math.nan, dtype=x.dtype, device=DEV)[:, :V]
 
     rows = x[:, :V]  # RNN-T over the first V columns (rows V + D apart)
-    lp, den = cuda.log_probs(rows, targets, layout, blank, False)
-    alpha, beta, loss = cuda.alpha_beta(lp, layout, False)
+    o = options(blank)
+    lp, den = cuda.log_probs(rows, targets, layout, o)
+    alpha, beta, loss = cuda.alpha_beta(lp, layout, o)
     same, staged = outs()
     wpr = cuda._warps_per_row(N, V * 2, x.device)
     assert cuda._row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
     for out in (same[:, :V], staged):
-        cuda.gradient(rows, targets, layout, lp, den, alpha, beta, loss, scale, blank, False, False, out)
+        cuda.gradient(rows, targets, Lattice(layout, lp, den, alpha, beta, loss), scale, o, out)
     assert_no_nan(staged)
     assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
 
     tokens, durs = x[:, :V], x[:, V:]
-    lp, lp_dur, den = cuda.tdt_log_probs(tokens, durs, targets, layout, blank, 0.0)
-    alpha, beta, loss = cuda.tdt_alpha_beta(lp, lp_dur, layout, durations)
+    o = options(blank, durations=tuple(durations))
+    lp, lp_dur, den = cuda.tdt_log_probs(tokens, durs, targets, layout, o)
+    alpha, beta, loss = cuda.tdt_alpha_beta(lp, lp_dur, layout, o)
     same, staged = outs()
     out_durs = torch.empty(N, D, dtype=x.dtype, device=DEV)
     for out in (same[:, :V], staged):
-        cuda.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank, durations,
-                          out, out_durs)
+        cuda.tdt_gradient(tokens, durs, targets, Lattice(layout, lp, den, alpha, beta, loss, lp_dur), scale, o, out,
+                          out_durs)
     assert_no_nan(staged)
     assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
 

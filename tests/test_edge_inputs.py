@@ -205,7 +205,7 @@ def test_cuda_gradient_names_a_bad_out():
     # before any launch (so it is checked here on CPU tensors, without a GPU)
     from transducer import cuda
     logits = torch.randn(6, 5)
-    args = (None,) * 8 + (0, False, False)  # targets ... scale, blank, the two flags: not reached
+    args = (None,) * 4  # targets, lattice, scale, options: not reached
     for bad in (torch.empty(6, 5, dtype=torch.float64), torch.empty(6, 4), torch.empty(5, 6).t()):
         with pytest.raises(ValueError, match="out must"):
             cuda.gradient(logits, *args, bad)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from _batches import DEVICES
 from transducer import FusedJoinerLoss, fused_joiner_loss, pack, tdt_loss, transducer_loss
+from transducer.layout import LossOptions, stages_for
 
 
 def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):
@@ -120,6 +121,68 @@ def test_bf16_autocast_within_the_unfused_bound(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32)],
+                         ids=["fp32-fp64", "fp64-fp32"])
+def test_mixed_dtypes_promote_as_the_sum_does(device, dtypes):
+    """Encoder and predictor outputs of different dtypes, outside autocast: the sum, the activation and the
+    GEMMs in the promoted dtype (float64 here), as enc + pred computes them, exactly the unfused composition;
+    each input's gradient in its own dtype. pack likewise."""
+    enc, pred, weight, bias, targets, T, U, w = joiner_batch(545, device=device)
+    enc = enc.detach().to(dtypes[0]).requires_grad_()
+    pred = pred.detach().to(dtypes[1]).requires_grad_()
+    params = (enc, pred, weight, bias)
+    rows = pack(enc, pred, T, U)
+    assert rows.dtype == torch.float64
+    torch.testing.assert_close(rows, pack(enc.double(), pred.double(), T, U), rtol=0, atol=0)
+    results = []
+    for fn in (lambda: fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="none"),
+               lambda: unfused(enc, pred, weight, bias, targets, T, U, reduction="none")):
+        loss = fn()
+        results.append((loss.detach(), torch.autograd.grad((loss * w).sum(), params)))
+    (fused, fused_grads), (want, want_grads) = results
+    assert fused.dtype == torch.float64
+    torch.testing.assert_close(fused, want, rtol=1e-10, atol=1e-12)
+    for got, exp, x in zip(fused_grads, want_grads, params):
+        assert got.dtype == exp.dtype == x.dtype
+        tol = dict(rtol=1e-10, atol=1e-12) if x.dtype == torch.float64 else dict(rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got, exp, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                                    (torch.bfloat16, torch.bfloat16)], ids=["fp32", "fp32-bf16", "bf16"])
+def test_autocast_inputs_as_models_give_them(device, dtypes):
+    """Under bf16 autocast, encoder and predictor outputs as models give them (fp32 after a LayerNorm, bf16
+    after an LSTM or a Linear, mixed): the fused loss computes what the unfused composition computes under
+    the same autocast (the sum and act in the promoted dtype, the GEMMs in bf16, the loss in fp32), within
+    twice the unfused path's distance from the float64 loss of the same inputs; gradients in each input's
+    dtype."""
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(547, B=6, max_t=20, max_u=8, J=64, V=100,
+                                                             device=device, dtype=torch.float32)
+    enc = enc.detach().to(dtypes[0]).requires_grad_()
+    pred = pred.detach().to(dtypes[1]).requires_grad_()
+    params = (enc, pred, weight, bias)
+
+    def run(fn, autocast, inputs=params):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            loss = fn(*inputs)
+        return loss.detach(), torch.autograd.grad(loss, inputs)
+
+    fused = lambda e, p, W, b: fused_joiner_loss(e, p, W, b, targets, T, U, max_rows=50)  # noqa: E731
+    unfused_ = lambda e, p, W, b: unfused(e, p, W, b, targets, T, U)  # noqa: E731
+    exact = [x.detach().double().requires_grad_() for x in params]
+    ref_loss, ref_grads = run(unfused_, False, exact)
+    un_loss, un_grads = run(unfused_, True)
+    fu_loss, fu_grads = run(fused, True)
+    assert fu_loss.dtype == un_loss.dtype == torch.float32
+    assert abs(fu_loss - ref_loss) <= 2 * abs(un_loss - ref_loss) + 1e-3 * abs(ref_loss)
+    for fu, un, ref, x in zip(fu_grads, un_grads, ref_grads, params):
+        assert fu.dtype == un.dtype == x.dtype
+        bound = 2 * (un.double() - ref).abs().max() + 1e-3 * ref.abs().max()
+        assert (fu.double() - ref).abs().max() <= bound
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_module(device):
     torch.manual_seed(0)
     m = FusedJoinerLoss(12, 17, blank=0, max_rows=8).to(device).double()
@@ -182,7 +245,7 @@ def _bad(**change):
 
 @pytest.mark.parametrize("change, error, match", [
     (dict(encoder_out=torch.zeros(5, 8)), ValueError, "encoder_out: expected 3 dimensions"),
-    (dict(predictor_out=torch.zeros(5, 5, 12)), TypeError, "predictor_out: expected dtype"),
+    (dict(predictor_out=torch.zeros(5, 5, 12, dtype=torch.int32)), TypeError, "predictor_out: expected dtype"),
     (dict(predictor_out=torch.zeros(5, 5, 11, dtype=torch.float64)), ValueError, "predictor_out: expected shape"),
     (dict(weight=torch.zeros(17, 11, dtype=torch.float64)), ValueError, r"weight: expected shape \(V, 12\)"),
     (dict(bias=torch.zeros(16, dtype=torch.float64)), ValueError, r"bias: expected shape \(17,\)"),
@@ -191,7 +254,8 @@ def _bad(**change):
     (dict(target_lengths=torch.tensor([4, 0, 0, 5, 1])), ValueError, "target_lengths: expected values in"),
     (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
     (dict(activation="gelu"), ValueError, "activation: expected one of"),
-    (dict(blank=17), ValueError, r"blank: expected an int in \[0, 17\)"),
+    (dict(blank=17), ValueError, r"blank: expected an int in \[-17, 17\)"),
+    (dict(blank=-18), ValueError, r"blank: expected an int in \[-17, 17\)"),
     (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
@@ -203,7 +267,7 @@ def _bad(**change):
     (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
     (dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)), ValueError, "encoder_out: expected at least one"),
     (dict(delay_penalty=math.inf), ValueError, "delay_penalty: expected a finite number"),
-    (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[0, 15\) \(the token rows"),
+    (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[-15, 15\) \(the token rows"),
 ])
 def test_bad_input(change, error, match):
     with pytest.raises(error, match=match):
@@ -290,17 +354,15 @@ def test_tdt_module(device):
 def test_stages_need_out_for_a_tile(device):
     """A tile's log-probs (row_start > 0) are written into the arrays of every row: without them, an error
     on both devices (the kernels index those arrays by layout row)."""
-    from transducer.checks import stages_for
-
     stages = stages_for(torch.device(device))
     T, U = torch.tensor([3, 2], device=device), torch.tensor([1, 2], device=device)
     targets = torch.tensor([[1, 0], [2, 1]], device=device)
     layout = stages.layout(T, U, 3, 0, targets, 5, 0, False)
     x = torch.randn(4, 5 + 2, device=device)
     with pytest.raises(ValueError, match="row_start > 0 needs out"):
-        stages.log_probs(x[:, :5].contiguous(), targets, layout, 0, False, 0.0, 2)
+        stages.log_probs(x[:, :5].contiguous(), targets, layout, LossOptions(), 2)
     with pytest.raises(ValueError, match="row_start > 0 needs out"):
-        stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, 0, 0.0, 2)
+        stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, LossOptions(durations=(0, 1)), 2)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -311,7 +373,7 @@ def test_stages_need_out_for_a_tile(device):
     (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
     (dict(activation="gelu"), ValueError, "activation: expected one of"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
-    (dict(blank=6), ValueError, r"blank: expected an int in \[0, 6\)"),
+    (dict(blank=6), ValueError, r"blank: expected an int in \[-6, 6\)"),
     (dict(fastemit_lambda=-1.0), ValueError, "fastemit_lambda: expected a number >= 0"),
 ])
 def test_module_bad_options(kwargs, error, match):
@@ -324,7 +386,6 @@ def test_module_bad_options(kwargs, error, match):
 def test_pack_forward_into_a_wider_matrix(device):
     """The stages' pack_forward(out=): written into the first J columns of a wider matrix (the fused loss's
     hidden rows with a column of ones), the rest untouched; a wrong shape or dtype is a ValueError."""
-    from transducer.checks import stages_for
     enc, pred, _, _, targets, T, U, _ = joiner_batch(590, device=device)
     stages = stages_for(enc.device)
     layout = stages.layout(T, U, pred.size(1))
@@ -335,7 +396,7 @@ def test_pack_forward_into_a_wider_matrix(device):
     assert got.data_ptr() == wide.data_ptr()
     torch.testing.assert_close(wide[:, :enc.size(2)], want)
     assert (wide[:, enc.size(2):] == 7.0).all()
-    for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].float()):
+    for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].long()):
         with pytest.raises(ValueError, match="pack_forward: out must be"):
             stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
 
@@ -346,8 +407,6 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
     """The stages' pack_backward_add over a tile that splits utterances: the sums of grad_rows * act'(h), h
     recomputed from inputs = (encoder_out, predictor_out), equal autograd's through act(pack(...)); with an
     activation and no inputs, a ValueError."""
-    from transducer.checks import stages_for
-    from transducer.fused import _utterances
     enc, pred, _, _, _, T, U, _ = joiner_batch(595, device=device)
     stages = stages_for(enc.device)
     layout = stages.layout(T, U, pred.size(1))
@@ -360,15 +419,15 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
     (act(pack(e, p, T, U))[start:end] * grad_rows).sum().backward()
     grad_enc, grad_pred = torch.zeros_like(enc), torch.zeros_like(pred)
     row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
-    stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,
-                             (enc, pred), activation)
+    utterances = (max(b for b in range(len(T)) if row_splits[b] <= start),
+                  min(b for b in range(1, len(T) + 1) if row_splits[b] >= end))
+    stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred, (enc, pred), activation)
     assert grad_enc.abs().sum() > 0 and grad_pred.abs().sum() > 0
     torch.testing.assert_close(grad_enc, e.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad_pred, p.grad, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="pack_backward_add: inputs must be"):
-        stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc,
-                                 grad_pred, None, activation)
+        stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred, None, activation)
     if device == "cuda":  # inputs on another device than the rows: named, not read through a host pointer
         with pytest.raises(ValueError, match="pack_backward_add: inputs must be .* device"):
-            stages.pack_backward_add(grad_rows, layout, start, _utterances(row_splits, start, end), grad_enc,
-                                     grad_pred, (enc.cpu(), pred.cpu()), activation)
+            stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred,
+                                     (enc.cpu(), pred.cpu()), activation)

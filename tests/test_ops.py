@@ -518,3 +518,52 @@ def test_numeric_names_a_bad_x():
         for fn in (exp_, lambda x: logsumexp(x, 0)):
             with pytest.raises(TypeError, match="x: expected a float32 or float64 CPU tensor"):
                 fn(bad)
+
+
+def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
+    # ops.params.struct: a kernel's one parameter struct, packed by ops.cuda's launch buffer exactly as ctypes
+    # lays out the same C struct (a bool before an int, a nested struct of 8-byte alignment after a 4-byte
+    # field, an array, trailing padding); fields by name, a missing or unknown one is an error
+    import ctypes
+
+    from ops.cuda import _Arguments
+    from ops.params import FAST_DIVMOD, struct
+
+    Inner = struct("Inner", [("p", "ptr"), ("k", "int")])
+    Params = struct("Params", [("flag", "bool"), ("n", "int"), ("inner", Inner), ("div", FAST_DIVMOD),
+                               ("d", ("int", 3)), ("x", "double"), ("tail", "bool")])
+
+    class CInner(ctypes.Structure):
+        _fields_ = [("p", ctypes.c_void_p), ("k", ctypes.c_int32)]
+
+    class CDivmod(ctypes.Structure):
+        _fields_ = [("d", ctypes.c_uint32), ("m", ctypes.c_uint32), ("l", ctypes.c_uint32)]
+
+    class CParams(ctypes.Structure):
+        _fields_ = [("flag", ctypes.c_bool), ("n", ctypes.c_int32), ("inner", CInner), ("div", CDivmod),
+                    ("d", ctypes.c_int32 * 3), ("x", ctypes.c_double), ("tail", ctypes.c_bool)]
+
+    x = torch.empty(4)
+    div = FastDivmod(37)
+    value = Params(flag=True, n=-5, inner=Inner(p=x, k=9), div=div.params(), d=(1, 2, 3), x=0.25, tail=True)
+    assert Params.c_size == ctypes.sizeof(CParams) and Params.c_align == ctypes.alignment(CParams)
+    packed = _Arguments((value,))
+    packed.pack((value,))
+    want = CParams(True, -5, CInner(x.data_ptr(), 9), CDivmod(div.d, div.m, div.l), (ctypes.c_int32 * 3)(1, 2, 3),
+                   0.25, True)
+    # compare field by field at ctypes' offsets (padding bytes are unspecified)
+    got = bytes(packed.buffer)[:Params.c_size]
+    for name, ctype in CParams._fields_:
+        offset, size = getattr(CParams, name).offset, ctypes.sizeof(ctype)
+        assert got[offset:offset + size] == bytes(want)[offset:offset + size], name
+    assert value.inner.k == 9 and value.div.d == 37
+    with pytest.raises(TypeError, match="missing"):
+        Params(flag=True, n=1, inner=value.inner, div=value.div, d=(1, 2, 3), x=0.0)
+    with pytest.raises(TypeError, match="unexpected"):
+        Params(flag=True, n=1, inner=value.inner, div=value.div, d=(1, 2, 3), x=0.0, tail=False, extra=1)
+    with pytest.raises(ValueError, match="expected 3 values"):
+        packed.pack((value._replace(d=(1, 2)),))
+    with pytest.raises(TypeError, match="this kernel took a Params"):
+        packed.pack((value.inner,))
+    with pytest.raises(TypeError, match="field y has type"):
+        struct("Bad", [("y", "short")])

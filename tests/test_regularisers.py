@@ -160,7 +160,7 @@ def test_rnnt_loss_bad_blank():
     logits, targets, T, U, _ = ragged_batch(73)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=9)
-    with pytest.raises(ValueError, match="blank: expected an int, got 1.5"):
+    with pytest.raises(ValueError, match="blank: expected an int .*, got 1.5"):
         RNNTLoss(blank=1.5)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=-10)

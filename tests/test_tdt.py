@@ -204,7 +204,8 @@ def _bad(**change):
     (dict(durations=[-1, 1, 2, 3]), ValueError, "durations: durations must be distinct"),
     (dict(durations=[0]), ValueError, "durations: durations must be distinct"),
     (dict(durations=list(range(12))), ValueError, "logits: expected at least 2 token columns"),
-    (dict(blank=9), ValueError, r"blank: expected an int in \[0, 9\)"),
+    (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
+    (dict(blank=-10), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
     (dict(omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(sigma="a"), TypeError, "sigma: expected a number"),
     (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
@@ -231,7 +232,7 @@ def test_bad_input(change, error, match):
     (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
     (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(omega="x"), TypeError, "omega: expected a number"),
-    (dict(blank=-1), ValueError, "blank: expected a non-negative int"),
+    (dict(blank=1.5), ValueError, "blank: expected an int"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
 ])

@@ -10,10 +10,10 @@ import torch
 
 from _batches import DEVICES
 from transducer import cpu
-from transducer.checks import stages_for
-from transducer.reference import _tdt_loss_from_log_probs, tdt_loss_reference, transducer_loss_reference
 from transducer.checks import check_durations
 from transducer.cpu import tdt_alpha_beta, tdt_log_probs
+from transducer.layout import Lattice, LossOptions, stages_for
+from transducer.reference import _tdt_loss_from_log_probs, tdt_loss_reference, transducer_loss_reference
 
 
 def _batch(gen, B, max_t, max_u, V, durations, blank, dtype=torch.float64, scale=1.5):
@@ -58,17 +58,18 @@ def _stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, la
     else:
         layout = stages.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
     assert int(layout.stats[-1]) == 0
-    lp, lp_dur, den = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, blank, sigma)
-    alpha, beta, loss = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
+    options = LossOptions(blank=blank, durations=tuple(durations), sigma=sigma, omega=omega, fastemit_lambda=lam)
+    lp, lp_dur, den = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, options)
+    alpha, beta, loss = stages.tdt_alpha_beta(lp, lp_dur, layout, options)
     rnnt, total = None, loss
     if omega:
-        rnnt = stages.alpha_beta(lp + sigma, layout, False)
-        total = (1 - omega) * loss + omega * rnnt[2]
+        rnnt = stages.alpha_beta(lp + sigma, layout, options)
+        total = (1 - omega) * loss + omega * rnnt.nll
     scale = torch.ones(B, dtype=lp.dtype) if scale is None else scale
     out = logits2d if alias else torch.empty_like(logits2d)
-    stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, layout, lp, lp_dur, den, alpha, beta, loss,
-                        scale.to(device), blank, durations, out[:, :V], out[:, V:], fastemit_lambda=lam, omega=omega,
-                        rnnt=rnnt, sigma=sigma)
+    lattice = Lattice(layout, lp, den, alpha, beta, loss, lp_dur, rnnt)
+    stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, lattice, scale.to(device), options, out[:, :V],
+                        out[:, V:])
     out, total = out.cpu(), total.cpu()
     if padded:
         grad = out.view(logits.shape)
@@ -248,7 +249,7 @@ def test_log_probs_contract():
     logits[0, 1, 1, V + 2] = math.inf  # a non-finite duration logit makes the whole row's den NaN
     layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1), targets=targets, vocab_size=V, blank=blank)
     rows = logits.masked_fill(~mask[..., None], math.nan).reshape(-1, W)
-    lp, lp_dur, den = tdt_log_probs(rows[:, :V], rows[:, V:], targets, layout, blank, sigma)
+    lp, lp_dur, den = tdt_log_probs(rows[:, :V], rows[:, V:], targets, layout, LossOptions(blank=blank, sigma=sigma))
     assert lp.shape == (logits[..., 0].numel(), 2) and lp_dur.shape == (lp.size(0), 3) and den.shape == lp.shape
     assert lp.dtype == lp_dur.dtype == den.dtype == torch.float64
     lp, lp_dur, den = lp.view(*mask.shape, 2), lp_dur.view(*mask.shape, 3), den.view(*mask.shape, 2)
@@ -316,7 +317,7 @@ WALKS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("cuda
 def _walk_device(device, monkeypatch):
     if device == "cuda-general":
         import transducer.cuda
-        monkeypatch.setattr(transducer.cuda, "_WALK_MAX_THREADS", 0)
+        monkeypatch.setattr(transducer.cuda, "WALK_MAX_THREADS", 0)
         return "cuda"
     return device
 
@@ -446,9 +447,9 @@ def test_check_durations():
     logits, targets, T, U = _batch(gen, 2, 3, 1, 3, [0, 1], 0)
     layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1))
     rows = logits.reshape(-1, 5)
-    lp, lp_dur, _ = tdt_log_probs(rows[:, :3], rows[:, 3:], targets, layout, 0, 0.0)
+    lp, lp_dur, _ = tdt_log_probs(rows[:, :3], rows[:, 3:], targets, layout, LossOptions())
     with pytest.raises(ValueError):
-        tdt_alpha_beta(lp, lp_dur, layout, [0, 1, 2])  # 3 durations for 2 duration columns
+        tdt_alpha_beta(lp, lp_dur, layout, LossOptions(durations=(0, 1, 2)))  # 3 durations for 2 duration columns
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,7 +7,8 @@ import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch
 from _imports import require
-from transducer import TransducerLoss, pack, tdt_loss, tdt_loss_reference, transducer_loss, transducer_loss_reference
+from transducer import (TransducerLoss, pack, rnnt_loss, tdt_loss, tdt_loss_reference, transducer_loss,
+                        transducer_loss_reference)
 
 
 def reduce_like(losses, reduction):
@@ -249,10 +250,10 @@ def test_bad_input(mutate, error, match):
 
 def test_bad_options_and_padded_sizes():
     logits, targets, T, U = _good()
-    with pytest.raises(ValueError, match="blank: expected an int in"):
+    with pytest.raises(ValueError, match=r"blank: expected an int in \[-5, 5\)"):
         transducer_loss(logits, targets, T, U, blank=5)
-    with pytest.raises(ValueError, match="blank: expected an int in"):
-        transducer_loss(logits, targets, T, U, blank=-1)
+    with pytest.raises(ValueError, match=r"blank: expected an int in \[-5, 5\)"):
+        transducer_loss(logits, targets, T, U, blank=-6)
     with pytest.raises(ValueError, match="reduction: expected one of"):
         transducer_loss(logits, targets, T, U, reduction="avg")
     with pytest.raises(ValueError, match="reduction"):
@@ -274,7 +275,7 @@ def test_pack_bad_input():
     with pytest.raises(ValueError, match="predictor_out: expected shape"):
         pack(enc, pred[:, :, :2], T, U)
     with pytest.raises(TypeError, match="predictor_out: expected dtype"):
-        pack(enc, pred.double(), T, U)
+        pack(enc, pred.long(), T, U)
     with pytest.raises(ValueError, match="logit_lengths: expected values in"):
         pack(enc, pred, torch.tensor([5, 2]), U)
     with pytest.raises(ValueError, match="target_lengths: expected values in"):
@@ -409,8 +410,8 @@ def test_inplace_grad_misuse_raises_and_blank_accepts_integers(device):
     a = transducer_loss(logits, targets, T, U, blank=np.int64(0))
     b = transducer_loss(logits, targets, T, U, blank=torch.tensor(0))
     torch.testing.assert_close(a, b)
-    with pytest.raises(ValueError, match="blank: expected a non-negative int"):
-        TransducerLoss(blank=-3)
+    with pytest.raises(ValueError, match="blank: expected an int"):
+        TransducerLoss(blank=1.5)
 
 
 def test_installed_but_broken_dependency_fails_the_tests(tmp_path, monkeypatch):
@@ -424,3 +425,70 @@ def test_installed_but_broken_dependency_fails_the_tests(tmp_path, monkeypatch):
         require("broken_audio_pkg.functional", "test")
     with pytest.raises(pytest.skip.Exception, match="not_installed_pkg is not installed"):
         require("not_installed_pkg", "test")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_grad_refuses_leaf_logits(device):
+    # the gradient would overwrite a leaf's values, and autograd copies a leaf's gradient into .grad anyway:
+    # refused before anything runs, for a leaf and for a view of one; an op's output is written in place,
+    # with the gradient of the out-of-place loss
+    logits, targets, T, U = (t.to(device) for t in _good())
+    for leaf in (logits.clone().requires_grad_(), logits.clone().requires_grad_()[:, :]):
+        kept = leaf.detach().clone()
+        with pytest.raises(ValueError, match="inplace_grad: the logits are .*a leaf"):
+            transducer_loss(leaf, targets, T, U, inplace_grad=True)
+        assert torch.equal(leaf.detach(), kept)
+    weight = torch.randn(5, 5, dtype=logits.dtype, device=device)
+    grads = []
+    for inplace_grad in (False, True):
+        x = logits.clone().requires_grad_()
+        joined = x @ weight
+        transducer_loss(joined, targets, T, U, inplace_grad=inplace_grad).backward()
+        grads.append(x.grad)
+        if inplace_grad:  # the op's output now holds the loss's gradient w.r.t. it
+            torch.testing.assert_close(joined.detach() @ weight.t(), x.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+    # a tensor that needs no gradient is only read
+    transducer_loss(logits, targets, T, U, inplace_grad=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_negative_blank_counts_from_the_end(device):
+    # torchaudio's convention, for every entry point: blank=-k is blank=V-k, the same loss and gradients
+    from transducer import FusedJoinerLoss, TDTLoss, fused_joiner_loss, tdt_loss
+    gen = torch.Generator().manual_seed(41)
+    V, D = 7, 3
+    logits, targets, T, U = random_batch(gen, 3, 5, 3, V + D, blank=V - 2)
+    targets = targets % (V - 2)  # labels below both blanks tried: V - 2 and V - 1
+    logits, targets, T, U = (t.to(device) for t in (logits, targets, T, U))
+    x = logits[..., :V]
+
+    def same(fn):
+        a, b = fn(-2), fn(V - 2)
+        torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+        for ga, gb in zip(a[1], b[1]):
+            torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+
+    def grads(loss, *inputs):
+        return loss.detach(), torch.autograd.grad(loss, inputs)
+
+    z = x.detach().requires_grad_()
+    same(lambda blank: grads(transducer_loss(z, targets, T, U, blank=blank), z))
+    same(lambda blank: grads(TransducerLoss(blank=blank)(z, targets, T, U), z))
+    same(lambda blank: grads(rnnt_loss(z, targets, T, U, blank=blank), z))
+    w = logits.detach().requires_grad_()
+    same(lambda blank: grads(tdt_loss(w, targets, T, U, [0, 1, 2], blank=blank), w))
+    same(lambda blank: grads(TDTLoss([0, 1, 2], blank=blank)(w, targets, T, U), w))
+    enc = torch.randn(3, 5, 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    pred = torch.randn(3, 4, 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    weight = torch.randn(V + D, 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    same(lambda blank: grads(fused_joiner_loss(enc, pred, weight[:V], None, targets, T, U, blank=blank), enc, pred))
+    same(lambda blank: grads(fused_joiner_loss(enc, pred, weight, None, targets, T, U, blank=blank,
+                                               durations=[0, 1, 2]), enc, weight))
+    module = FusedJoinerLoss(4, V, blank=-2, dtype=torch.float64).to(device)
+    assert module.options["blank"] == V - 2
+    for bad in (V, -V - 1):
+        with pytest.raises(ValueError, match=rf"blank: expected an int in \[{-V}, {V}\)"):
+            transducer_loss(z, targets, T, U, blank=bad)
+        with pytest.raises(ValueError, match=rf"blank: expected an int in \[{-V}, {V}\)"):
+            TransducerLoss(blank=bad)(z, targets, T, U)

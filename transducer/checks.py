@@ -1,4 +1,4 @@
-"""Argument checks shared by the loss, pack and the other entry points: each error names the argument
+"""Argument checks shared by the losses, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
 import functools
@@ -9,16 +9,13 @@ import torch
 
 from ops import FLOAT_DTYPES, INDEX_DTYPES
 
-from .layout import CELLS_CAP, MAX_ROWS
+from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
 
-__all__ = ["check_tensor", "check_batch", "is_index", "stages_for", "check_loss_values", "check_pack_values",
-           "check_durations", "check_rows", "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES",
-           "INDEX_DTYPES", "REDUCTIONS", "MAX_DURATIONS"]
+__all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "check_pack_values",
+           "check_durations", "check_rows", "check_module_blank", "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES",
+           "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
-#: Durations a TDT loss may have on CUDA (transducer/tdt.cu's kMaxDurations: a row's durations are lanes
-#: of one warp, and tdt.cu's struct Durations holds them by value).
-MAX_DURATIONS = 16
 
 
 def check_tensor(name, x, dtypes, ndim, device):
@@ -62,28 +59,27 @@ def is_index(x):
     return True
 
 
-_stages: dict = {}
+def check_blank(blank, num_columns, columns="the vocabulary size is logits.size(-1)"):
+    """The blank's column in [0, num_columns): ``blank`` in [-num_columns, num_columns), negative values
+    counting from the end (torchaudio's convention: -1 is the last column)."""
+    if not is_index(blank) or not -num_columns <= operator.index(blank) < num_columns:
+        raise ValueError(f"blank: expected an int in [{-num_columns}, {num_columns}) ({columns}; negative values "
+                         f"count from the end), got {blank!r}")
+    return operator.index(blank) % num_columns
 
 
-def stages_for(device):
-    """The stage module (``transducer.cpu`` or ``transducer.cuda``) for tensors on ``device``."""
-    stages = _stages.get(device.type)
-    if stages is not None:
-        return stages
-    if device.type == "cuda":
-        from . import cuda as stages
-    elif device.type == "cpu":
-        from . import cpu as stages
-    else:
-        raise ValueError(f"logits: expected a CPU or CUDA tensor, got device {device}")
-    return _stages.setdefault(device.type, stages)
+def check_module_blank(blank):
+    """A module's blank, checked against the vocabulary when it is called: an int (negative: from the end)."""
+    if not is_index(blank):
+        raise ValueError(f"blank: expected an int (negative values count from the end), got {blank!r}")
+    return operator.index(blank)
 
 
 def check_loss_values(logits, targets, stats, blank, vocab_size=None):
     """Lengths and target range against the tensors, from a Layout's stats (a list); labels in
     [0, vocab_size) (default: logits.size(-1))."""
     V, S = logits.size(-1) if vocab_size is None else vocab_size, targets.size(1)
-    t_min, t_max, u_min, u_max, cells, bad = stats
+    t_min, t_max, u_min, u_max, cells, bad = Stats(*stats)
     if t_min < 1:
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
     if u_min < 0:
@@ -109,7 +105,7 @@ def check_loss_values(logits, targets, stats, blank, vocab_size=None):
 def check_pack_values(encoder_out, predictor_out, stats):
     """pack's lengths against its inputs, from a Layout's stats (a list); returns the number of rows."""
     max_t, max_u1 = encoder_out.size(1), predictor_out.size(1)
-    t_min, t_max, u_min, u_max, num_rows, _ = stats
+    t_min, t_max, u_min, u_max, num_rows, _ = Stats(*stats)
     if t_min < 1 or t_max > max_t:
         raise ValueError(f"logit_lengths: expected values in [1, {max_t}] (encoder_out.size(1)), "
                          f"got [{t_min}, {t_max}]")

@@ -27,13 +27,13 @@ struct PaddedGrid {
 // The Layout table (transducer/layout.py): [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats].
 // Cell (b, t, u) is row row_splits[b] + t * row_strides[b] + u of the (N, V) logits.
 struct Grids {
-  const long long* __restrict__ table;
+  const long long* table;
   int B;
   PaddedGrid pad;  // zeros (the compact layout) unless the kernel was given the padded grid
-  __device__ __forceinline__ long long T(int b) const { return table[b]; }
-  __device__ __forceinline__ long long U(int b) const { return table[B + b]; }
-  __device__ __forceinline__ long long stride(int b) const { return table[2 * B + b]; }
-  __device__ __forceinline__ long long split(int b) const { return table[3 * B + b]; }  // b in [0, B]
+  __device__ __forceinline__ long long T(int b) const { return __ldg(table + b); }
+  __device__ __forceinline__ long long U(int b) const { return __ldg(table + B + b); }
+  __device__ __forceinline__ long long stride(int b) const { return __ldg(table + 2 * B + b); }
+  __device__ __forceinline__ long long split(int b) const { return __ldg(table + 3 * B + b); }  // b in [0, B]
   // (b, t, u) of row r (0 <= r < split(B)). Padded: two divisions by pad's constants. Compact: b by a binary
   // search over row_splits (B + 1 cached entries stand in for a per-row index array: no launch and no
   // N-sized buffer for it), t and u by a FastDivmod of b's stride (clamped to >= 1).
@@ -50,8 +50,60 @@ struct Grids {
   }
 };
 
-constexpr int kThreads = 256;  // block size of the per-row kernels
+constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda.py: THREADS)
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
+
+// The parts of the kernels' parameter structs (CUTLASS's Params pattern: a kernel takes one struct, which
+// transducer/cuda.py fills by field name; tests/test_kernel_params.py checks both sides list the same fields).
+
+// The rows a row kernel reads: rows [row_start, row_start + num_rows) of the layout, `ld` elements apart
+// from `data`, V columns; `n`: the row's VEC-wide vectors when every row starts on a vector boundary (the
+// kernel's ALIGNED), else its columns (RowPass).
+template <typename T>
+struct Rows {
+  const T* data;
+  long long ld;
+  int row_start;
+  int num_rows;
+  int V;
+  int n;
+};
+
+// The labels: y_{u+1} of utterance b is targets[b * cols + u]; the blank's column.
+template <typename I>
+struct Labels {
+  const I* targets;
+  int cols;
+  int blank;
+};
+
+// What forward kept for the gradient (transducer/layout.py's Lattice): per row lp (N, 2), den (N,) (TDT:
+// (N, 2)), alpha and beta (N,); per utterance nll (B,).
+template <typename Acc>
+struct Lattice {
+  const Acc* lp;
+  const Acc* den;
+  const Acc* alpha;
+  const Acc* beta;
+  const Acc* nll;
+};
+
+// A walk kernel's outputs (Acc) or another walk's results read by a gradient kernel (const Acc): alpha,
+// beta (N,) and nll (B,).
+template <typename Acc>
+struct Walks {
+  Acc* alpha;
+  Acc* beta;
+  Acc* nll;
+};
+
+// The incoming gradient of utterance b: values[b * stride].
+template <typename Acc>
+struct Scale {
+  const Acc* values;
+  long long stride;
+  __device__ __forceinline__ Acc operator[](int b) const { return __ldg(values + b * stride); }
+};
 
 template <int WPR>
 struct RowGeometry {
@@ -118,17 +170,19 @@ __device__ __forceinline__ void fill_non_cells(const Grids& g, const WalkBlock& 
 }
 
 // One row of the logits, read by a group of G threads in VEC-wide vectors, UNROLL vectors in flight
-// per thread: what log_probs and gradient share. ALIGNED: every row starts on a VEC boundary (the launcher
-// checked the base and the row stride), `n` of begin() is the row's vectors. Otherwise (NeMo's TDT joint:
+// per thread: what log_probs and gradient share. READ_ONLY: no thread writes the rows while the kernel
+// runs (the log-probs kernels; a gradient may overwrite them), so they are loaded through ldg.
+// ALIGNED: every row starts on a VEC boundary (the launcher checked the base and the row stride), `n` of
+// begin() is the row's vectors. Otherwise (NeMo's TDT joint:
 // V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
 // VEC boundary and the `tail` columns after its last whole vector are one scalar each for the first
 // head + tail (< 2 VEC) threads of the row, and the vectors between them are read as when aligned.
 // `logits` holds the rows [row_start, row_start + num_rows) of the layout (all of them, or a tile of
-// the fused joiner loss), `ld` apart; the per-row arrays (lp, den, alpha, beta) are indexed by the row of
+// the fused joiner loss), `ld` apart (struct Rows); the per-row arrays (lp, den, alpha, beta) are indexed by the row of
 // the layout. In the compact layout the first vectors are
 // loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
 // and the loads of strides, lengths and targets overlap them instead of delaying them.
-template <typename T, int VEC, int WPR, bool ALIGNED = true, int DEEP = kUnroll>
+template <typename T, int VEC, int WPR, bool ALIGNED = true, int DEEP = kUnroll, bool READ_ONLY = false>
 struct RowPass {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
@@ -147,13 +201,14 @@ struct RowPass {
   RowInfo ri;
 
   // false for the threads past the last row (uniform per row, per block when WPR == 8)
-  __device__ __forceinline__ bool begin(const T* logits, const Grids& g, int row_start, int num_rows, int ld, int n,
-                                        bool load_early) {
+  // `logits`: rows.data, as the kernel's own (restrict) pointer
+  __device__ __forceinline__ bool begin(const T* logits, const Rows<T>& rows, const Grids& g, bool load_early) {
+    const int n = rows.n;
     lane = threadIdx.x & (Geo::G - 1);
     const int local = blockIdx.x * Geo::RPB + (threadIdx.x >> Geo::LOG_G);
-    if (local >= num_rows) return false;
-    r = row_start + local;
-    row = (long long)local * ld;
+    if (local >= rows.num_rows) return false;
+    r = rows.row_start + local;
+    row = (long long)local * rows.ld;
     if (ALIGNED) {
       nvec = n;
     } else {
@@ -162,7 +217,7 @@ struct RowPass {
       nvec = (n - head) / VEC;
       const int tail = n - head - nvec * VEC;
       col = lane < head ? lane : (lane < head + tail ? lane + nvec * VEC : -1);
-      if (col >= 0) x = logits[row + col];
+      if (col >= 0) x = READ_ONLY ? ldg(logits + row + col) : logits[row + col];
     }
     p = reinterpret_cast<const VT*>(logits + row + head);
     early = load_early;
@@ -175,7 +230,7 @@ struct RowPass {
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
       const int i = i0 + k * Geo::G;
-      if (i < nvec) buf[k] = p[i];
+      if (i < nvec) buf[k] = READ_ONLY ? ldg(p + i) : p[i];
     }
   }
   // logsumexp of the row's scores (a warp per row: every lane gets it; a block per row: warp 0 does).

@@ -1,8 +1,10 @@
-"""The CUDA stages of the transducer loss (contract: transducer/layout.py), and the packing op.
+"""The CUDA stages of the transducer losses (the contract: transducer/layout.py), and the packing op.
 
-Same functions, arguments and results as ``transducer.cpu``. The kernels (``stages.cu``, ``pack.cu``,
-listed at the top of each) are launched through ``ops.cuda.launch``: torch's current stream,
-torch-allocated outputs, no host synchronisation, so a training step stays capturable in a CUDA graph.
+Same functions, arguments and results as ``transducer.cpu``. The kernels (``stages.cu``, ``tdt.cu``,
+``pack.cu``, listed at the top of each) take one parameter struct each, filled here by field name: the
+``*_PARAMS`` structs below mirror the C definitions field for field (tests/test_kernel_params.py checks
+them). They are launched through ``ops.cuda.launch``: torch's current stream, torch-allocated outputs, no
+host synchronisation, so a training step stays capturable in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -14,17 +16,68 @@ import os
 import numpy as np
 import torch
 
-from ops import FAST_DIVMOD_DTYPE, FastDivmod, accumulate_dtype, ctype
-from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, i32, i64, launch, max_shared_mem, num_sms, vector_width
+from ops import FastDivmod, accumulate_dtype, ctype
+from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, max_shared_mem, num_sms, vector_width
+from ops.params import FAST_DIVMOD, struct
 
-from .layout import NUM_STATS, Layout
+from .layout import MAX_DURATIONS, Layout, Walks, table_size
 
-_STAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages.cu")
-_PACK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack.cu")
-_THREADS = 256  # block size of the per-row kernels (stages.cu: kThreads)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_STAGES = os.path.join(_HERE, "stages.cu")
+_TDT = os.path.join(_HERE, "tdt.cu")
+_PACK = os.path.join(_HERE, "pack.cu")
+
+THREADS = 256  # block size of the per-row kernels (common.cuh: kThreads)
+PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
+ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: enum Activation
+WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
+WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
+_WALK_AHEAD = 2  # steps of log-probs tdt_walk_kernel reads ahead (benchmarks/RESULTS.md: the TDT walk)
 # RowOut<..., true>'s rows a block: room left within DEFAULT_SHARED_MEM for the kernels' static shared memory
 _STAGE_LIMIT = 32 * 1024
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
+
+# The kernels' parameter structs and their parts (common.cuh, stages.cu, tdt.cu, pack.cu).
+PADDED_GRID = struct("PaddedGrid", [("utt", FAST_DIVMOD), ("frame", FAST_DIVMOD)])
+GRIDS = struct("Grids", [("table", "ptr"), ("B", "int"), ("pad", PADDED_GRID)])
+ROWS = struct("Rows", [("data", "ptr"), ("ld", "long long"), ("row_start", "int"), ("num_rows", "int"), ("V", "int"),
+                       ("n", "int")])
+LABELS = struct("Labels", [("targets", "ptr"), ("cols", "int"), ("blank", "int")])
+LATTICE = struct("Lattice", [("lp", "ptr"), ("den", "ptr"), ("alpha", "ptr"), ("beta", "ptr"), ("nll", "ptr")])
+WALKS = struct("Walks", [("alpha", "ptr"), ("beta", "ptr"), ("nll", "ptr")])
+SCALE = struct("Scale", [("values", "ptr"), ("stride", "long long")])
+DURATIONS = struct("Durations", [("n", "int"), ("d", ("int", MAX_DURATIONS))])
+DURATION_ROWS = struct("DurationRows", [("data", "ptr"), ("ld", "long long"), ("D", "int")])
+
+LAYOUT_PARAMS = struct("LayoutParams", [
+    ("logit_lengths", "ptr"), ("target_lengths", "ptr"), ("labels", LABELS), ("B", "int"), ("padded_t", "int"),
+    ("max_u1", "int"), ("V", "int"), ("table", "ptr")])
+LOG_PROBS_PARAMS = struct("LogProbsParams", [
+    ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("from_log_softmax", "bool"), ("delay_penalty", "double"),
+    ("lp", "ptr"), ("den", "ptr")])
+ALPHA_BETA_PARAMS = struct("AlphaBetaParams", [
+    ("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)])
+GRADIENT_PARAMS = struct("GradientParams", [
+    ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE),
+    ("fastemit_lambda", "double"), ("clamp", "double"), ("out", "ptr"), ("ld_out", "long long")])
+TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
+    ("grids", GRIDS), ("tokens", ROWS), ("durations", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
+    ("lp", "ptr"), ("lp_dur", "ptr"), ("den", "ptr")])
+TDT_WALK_PARAMS = struct("TdtWalkParams", [
+    ("grids", GRIDS), ("lp", "ptr"), ("lp_dur", "ptr"), ("durations", DURATIONS), ("padded", "bool"), ("ring", "int"),
+    ("cols", "int"), ("out", WALKS)])
+TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
+    ("grids", GRIDS), ("tokens", ROWS), ("durations", DURATION_ROWS), ("values", DURATIONS), ("labels", LABELS),
+    ("lattice", LATTICE), ("lp_dur", "ptr"), ("rnnt", WALKS), ("scale", SCALE), ("sigma", "double"),
+    ("fastemit_lambda", "double"), ("omega", "double"), ("clamp", "double"), ("out_tokens", "ptr"),
+    ("ld_out_tokens", "long long"), ("out_durations", "ptr"), ("ld_out_durations", "long long")])
+PACK_FORWARD_PARAMS = struct("PackForwardParams", [
+    ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
+    ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("out", "ptr"), ("ld_out", "long long")])
+PACK_GRAD_PARAMS = struct("PackGradParams", [
+    ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
+    ("per_b", FAST_DIVMOD), ("item_start", "int"), ("num_items", "int"), ("row_start", "int"), ("row_end", "int"),
+    ("nvec", "int"), ("log_tpr", "int"), ("log_split", "int"), ("grad", "ptr")])
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments
@@ -34,12 +87,6 @@ def _name(kernel, *params):
     c = [ctype(p) if isinstance(p, torch.dtype) else ("true" if p else "false") if isinstance(p, (bool, np.bool_))
          else str(p) for p in params]
     return f"{kernel}<{', '.join(c)}>"
-
-
-@functools.lru_cache(maxsize=256)
-def _acc(dtype, x):
-    """A kernel argument of the accumulation type (float, or double for float64); made once per value."""
-    return np.float64(x) if dtype == torch.float64 else np.float32(x)
 
 
 def _warps_per_row(num_rows, row_bytes, device):
@@ -99,65 +146,67 @@ def _stage_bytes(stage_rows, V, itemsize):
 def gradient_row_width(V, itemsize):
     """The row width (elements) of a new gradient of V-wide logits that an op made (library.gradient_buffer):
     16-bit rows that are not a multiple of 16 bytes, up to 4 KiB, are padded to one. cuBLAS reads such a
-    gradient with 16-byte loads in the joint Linear's backward (the weight gradient of a 505-wide bf16
-    joint: 2.32 -> 0.69 ms a Protocol A batch, H100, benchmarks/RESULTS.md section 8), and the gradient
-    kernels still write whole vectors: 8-byte ones when they fit both row widths, else through shared
-    memory (RowOut<..., true>, 8 rows a block within _STAGE_LIMIT). V otherwise: fp32 steps gained nothing
-    measurable, and longer rows would fall back to narrow accesses."""
+    gradient with 16-byte loads in the joint Linear's backward (benchmarks/RESULTS.md, what we learned:
+    16-byte rows for cuBLAS), and the gradient kernels still write whole vectors: 8-byte ones when they fit
+    both row widths, else through shared memory (RowOut<..., true>, 8 rows a block within _STAGE_LIMIT). V
+    otherwise: fp32 steps gained nothing measurable, and longer rows would fall back to narrow accesses."""
     row = V * itemsize
     if itemsize != 2 or row % 16 == 0 or row > _WIDE_ROW_BYTES:
         return V
     return ceil_div(row, 16) * 16 // itemsize
 
 
-def _table(layout):
-    """The layout's table and batch size: every kernel finds T_b, U_b, strides and row_splits in it."""
-    return layout.table, i32(layout.batch_size)
+_COMPACT_GRID = PADDED_GRID(FAST_DIVMOD(0, 0, 0), FAST_DIVMOD(0, 0, 0))
 
 
-# common.cuh's struct PaddedGrid: two FastDivmods (utt.d == 0 for the compact layout)
-_PADDED_GRID_DTYPE = np.dtype([("utt", FAST_DIVMOD_DTYPE), ("frame", FAST_DIVMOD_DTYPE)], align=True)
-_COMPACT_GRID = np.zeros((), dtype=_PADDED_GRID_DTYPE)[()]
-
-
-def _padded_grid(layout):
-    """The row kernels' PaddedGrid (common.cuh): in the padded layout, rows per utterance (maxT * (maxU + 1))
-    and per frame (maxU + 1), which divide any row of the layout (tiles too); zeros (the search over
-    row_splits, right for both layouts) for the compact layout or a padded one whose maxT is not known."""
-    if not layout.padded or layout.padded_t <= 0:
-        return _COMPACT_GRID
-    return _padded_grid_struct(layout.padded_t * layout.max_u1, layout.max_u1)
+def _grids(layout, padded_grid=True):
+    """The kernels' Grids of the layout: its table, B and, with ``padded_grid`` and a padded layout whose maxT
+    is known, the PaddedGrid (common.cuh): rows per utterance (maxT * (maxU + 1)) and per frame (maxU + 1),
+    which divide any row of the layout (tiles too). Zeros otherwise: the search over row_splits, right for
+    both layouts."""
+    pad = _COMPACT_GRID
+    if padded_grid and layout.padded and layout.padded_t > 0:
+        pad = _padded_grid(layout.padded_t * layout.max_u1, layout.max_u1)
+    return GRIDS(table=layout.table, B=layout.batch_size, pad=pad)
 
 
 @functools.lru_cache(maxsize=256)
-def _padded_grid_struct(rows_per_utterance, max_u1):
-    grid = np.array((FastDivmod(rows_per_utterance).as_struct(), FastDivmod(max_u1).as_struct()),
-                    dtype=_PADDED_GRID_DTYPE)
-    grid.flags.writeable = False  # shared by every launch of this shape
-    return grid[()]
+def _padded_grid(rows_per_utterance, max_u1):
+    return PADDED_GRID(FastDivmod(rows_per_utterance).params(), FastDivmod(max_u1).params())
 
 
-# --------------------------------------------------------------------------- stages
+def _labels(targets, blank):
+    return LABELS(targets=targets, cols=targets.size(1), blank=blank)
+
+
+def _rows(x, row_start, vec, aligned):
+    """The ROWS of the 2-D ``x`` (rows [row_start, row_start + len(x)) of the layout): ``n`` is the row's
+    vectors when aligned, else its columns (common.cuh's RowPass)."""
+    V = x.size(1)
+    return ROWS(data=x, ld=x.stride(0), row_start=row_start, num_rows=x.size(0), V=V, n=V // vec if aligned else V)
+
+
+# --------------------------------------------------------------------------- RNN-T and RNA stages
 
 
 def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
            with_stats=True):
     _check_cuda(logit_lengths, target_lengths)
     B = logit_lengths.numel()
-    table = torch.empty(4 * B + 1 + NUM_STATS, dtype=torch.int64, device=logit_lengths.device)
+    table = torch.empty(table_size(B), dtype=torch.int64, device=logit_lengths.device)
     if targets is None:
-        targets_ptr, target_cols, itype = 0, 0, "int"
+        labels, itype = LABELS(targets=None, cols=0, blank=blank), "int"
     else:
-        targets_ptr, target_cols, itype = targets.contiguous(), targets.size(1), targets.dtype
+        targets = targets.contiguous()
+        labels, itype = _labels(targets, blank), targets.dtype
+    params = LAYOUT_PARAMS(logit_lengths=logit_lengths.contiguous(), target_lengths=target_lengths.contiguous(),
+                           labels=labels, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, table=table)
     name = _name("layout_kernel", logit_lengths.dtype, target_lengths.dtype, itype, bool(with_stats))
-    launch(_STAGES, name, table, (1,), (1024,),
-           (logit_lengths.contiguous(), target_lengths.contiguous(), targets_ptr,
-            i32(target_cols), i32(B), i32(padded_t), i32(max_u1), i32(vocab_size), i32(blank),
-            table))
+    launch(_STAGES, name, table, (1,), (1024,), (params,))
     return Layout(table, padded_t > 0, int(max_u1), max(int(padded_t), 0))
 
 
-def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=0.0, row_start=0, out=None):
+def log_probs(logits2d, targets, layout, options, row_start=0, out=None):
     if row_start and out is None:
         raise ValueError("log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = logits2d.shape
@@ -170,15 +219,15 @@ def log_probs(logits2d, targets, layout, blank, from_log_softmax, delay_penalty=
     if num_rows == 0:
         return lp, den
     _row_major("logits2d", logits2d)
-    itemsize, ld = logits2d.element_size(), logits2d.stride(0)
+    itemsize = logits2d.element_size()
     vec, aligned, _ = _row_access(itemsize, V, logits2d)
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
-    rows_per_block = _THREADS // (32 * wpr)
+    rows_per_block = THREADS // (32 * wpr)
+    params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows(logits2d, row_start, vec, aligned),
+                              labels=_labels(targets, options.blank), from_log_softmax=options.from_log_softmax,
+                              delay_penalty=options.delay_penalty, lp=lp, den=den)
     name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
-    launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (logits2d, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(ld),
-            i32(V // vec if aligned else V), i32(blank), _padded_grid(layout),
-            i32(from_log_softmax), _acc(acc, delay_penalty), lp, den))
+    launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return lp, den
 
 
@@ -188,28 +237,34 @@ def _alpha_beta_smem_entries(max_u1, itemsize):
 
 
 def _walk(lp, layout):
-    """alpha, beta, loss outputs, and the block size (a thread per u) of a walk over anti-diagonals."""
+    """The Walks outputs, and the block size (a thread per u) of a walk over anti-diagonals."""
     new = lambda n: torch.empty(n, dtype=lp.dtype, device=lp.device)  # noqa: E731
     max_u1 = max(int(layout.max_u1), 1)
-    return new(lp.size(0)), new(lp.size(0)), new(layout.batch_size), max_u1, min(1024, (max_u1 + 31) // 32 * 32)
+    return Walks(new(lp.size(0)), new(lp.size(0)), new(layout.batch_size)), min(1024, ceil_div(max_u1, 32) * 32)
 
 
-def alpha_beta(lp, layout, one_sym_per_frame):
+def _walks_struct(walks):
+    return WALKS(alpha=walks.alpha, beta=walks.beta, nll=walks.nll)
+
+
+def alpha_beta(lp, layout, options):
+    walks, threads = _walk(lp, layout)
     B = layout.batch_size
-    alpha, beta, loss, max_u1, threads = _walk(lp, layout)
     if B == 0:
-        return alpha, beta, loss
-    cap = _alpha_beta_smem_entries(max_u1, lp.element_size())
-    name = _name("alpha_beta_kernel", lp.dtype, bool(one_sym_per_frame))
-    launch(_STAGES, name, lp, (2 * B,), (threads,),
-           (lp, *_table(layout), i32(layout.padded), i32(cap), alpha, beta,
-            loss),
-           shared_mem=2 * cap * lp.element_size())
-    return alpha, beta, loss
+        return walks
+    cap = _alpha_beta_smem_entries(max(int(layout.max_u1), 1), lp.element_size())
+    params = ALPHA_BETA_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, padded=layout.padded, cap=cap,
+                               out=_walks_struct(walks))
+    name = _name("alpha_beta_kernel", lp.dtype, bool(options.one_sym_per_frame))
+    launch(_STAGES, name, lp, (2 * B,), (threads,), (params,), shared_mem=2 * cap * lp.element_size())
+    return walks
 
 
-def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank,
-             from_log_softmax, one_sym_per_frame, out, fastemit_lambda=0.0, clamp=0.0, row_start=0):
+def _lattice_struct(lattice):
+    return LATTICE(lp=lattice.lp, den=lattice.den, alpha=lattice.alpha, beta=lattice.beta, nll=lattice.nll)
+
+
+def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     num_rows, V = logits2d.shape
     if num_rows == 0:
         return out
@@ -217,24 +272,27 @@ def gradient(logits2d, targets, layout, lp, den, alpha, beta, loss, scale, blank
     if out.shape != logits2d.shape or out.dtype != logits2d.dtype:
         raise ValueError("transducer.cuda.gradient: out must have the logits' shape and dtype")
     _row_major("out", out)
-    scale = scale.to(lp.dtype)
+    scale = scale.to(lattice.lp.dtype)
     itemsize = logits2d.element_size()
     # The gradient w.r.t. log-probs does not read them: with from_log_softmax the row pass is laid on
     # `out` alone, so the logits' alignment does not narrow its vectors.
-    rows = out if from_log_softmax else logits2d
+    rows = out if options.from_log_softmax else logits2d
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
-    rows_per_block = _THREADS // (32 * wpr)
+    rows_per_block = THREADS // (32 * wpr)
     vec, aligned, staged = _row_access(itemsize, V, rows, [out], rows_per_block)
-    name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(from_log_softmax),
-                 bool(one_sym_per_frame), clamp > 0, aligned, staged)
-    launch(_STAGES, name, logits2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (rows, targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V),
-            i32(rows.stride(0)), i32(V // vec if aligned else V), i64(out.stride(0)), i32(blank),
-            _padded_grid(layout),
-            lp, den, alpha, beta, loss, scale, i64(scale.stride(0)), _acc(lp.dtype, fastemit_lambda),
-            _acc(lp.dtype, max(clamp, 0.0)), out),
+    clamp = max(options.clamp, 0.0)
+    params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows(rows, row_start, vec, aligned),
+                             labels=_labels(targets, options.blank), lattice=_lattice_struct(lattice),
+                             scale=SCALE(values=scale, stride=scale.stride(0)),
+                             fastemit_lambda=options.fastemit_lambda, clamp=clamp, out=out, ld_out=out.stride(0))
+    name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(options.from_log_softmax),
+                 bool(options.one_sym_per_frame), clamp > 0, aligned, staged)
+    launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
     return out
+
+
+# --------------------------------------------------------------------------- pack
 
 
 def _threads_per_item(nvec):
@@ -245,46 +303,44 @@ def _threads_per_item(nvec):
     return tpr
 
 
-_ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: td::Activation
-_PACK_ROWS = 4  # pack.cu: kPackRows
-
-
-def _pack_out(encoder_out, num_rows, out):
-    """pack_forward's output: ``out`` (checked: (num_rows, D), the inputs' dtype, rows with unit column stride,
-    a wider matrix's first D columns for example), or a new (num_rows, D) tensor."""
-    shape = (int(num_rows), encoder_out.size(2))
-    if out is None:
-        return torch.empty(shape, dtype=encoder_out.dtype, device=encoder_out.device)
-    if out.shape != shape or out.dtype != encoder_out.dtype or out.device != encoder_out.device or (
-            shape[1] > 1 and out.stride(1) != 1):
-        raise ValueError(f"pack_forward: out must be a {shape} {encoder_out.dtype} tensor on {encoder_out.device} "
-                         f"with unit column stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
-    return out
+def _pack_vector(length, reads, writes=()):
+    """Elements per access of a pack pass over rows of ``length`` elements: at most 16 bytes of each tensor
+    it reads (the tensors may have different dtypes; the length and every read tensor's base allowing), and
+    the written tensors' bases aligned to that many elements of the first read tensor's dtype (fp32
+    accumulators beside 16-bit rows take 32-byte vectors, two accesses)."""
+    vec = min(vector_width(t.element_size(), length, [t]) for t in reads)
+    unit = reads[0].element_size()
+    while vec > 1 and any(w.data_ptr() % (vec * unit) for w in writes):
+        vec //= 2
+    return vec
 
 
 def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None):
-    """Compact joiner input: out[r - row_start] = act(encoder_out[b, t] + predictor_out[b, u]) for the rows
-    r = (b, t, u) in [row_start, row_start + num_rows); written into ``out`` when given (see _pack_out)."""
     _check_cuda(encoder_out, predictor_out)
-    if encoder_out.dtype != predictor_out.dtype:
-        raise ValueError("pack_forward: encoder_out and predictor_out must have the same dtype")
     encoder_out, predictor_out = encoder_out.contiguous(), predictor_out.contiguous()
     B, max_t, D = encoder_out.shape
     max_u1 = predictor_out.size(1)
+    promoted = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
     num_rows = int(num_rows)
-    out = _pack_out(encoder_out, num_rows, out)
+    shape = (num_rows, D)
+    if out is None:
+        out = torch.empty(shape, dtype=promoted, device=encoder_out.device)
+    elif (out.shape != shape or not out.is_floating_point() or out.device != encoder_out.device
+          or (D > 1 and out.stride(1) != 1)):
+        raise ValueError(f"pack_forward: out must be a {shape} floating-point tensor on {encoder_out.device} with "
+                         f"unit column stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
     if num_rows == 0 or D == 0:
         return out
-    ld = out.stride(0)
-    vec = vector_width(encoder_out.element_size(), math.gcd(D, ld), [encoder_out, predictor_out, out])
+    vec = _pack_vector(math.gcd(D, out.stride(0)), [encoder_out, predictor_out], [out])
     nvec = D // vec
     tpr = _threads_per_item(nvec)
-    groups = (num_rows + _PACK_ROWS - 1) // _PACK_ROWS  # a group of tpr threads writes _PACK_ROWS rows
-    groups_per_block = _THREADS // tpr
-    name = _name("pack_forward_kernel", encoder_out.dtype, vec, _ACTIVATIONS[activation])
-    launch(_PACK, name, out, ((groups + groups_per_block - 1) // groups_per_block,), (_THREADS,),
-           (encoder_out, predictor_out, *_table(layout), i32(row_start), i32(num_rows), i32(max_t), i32(max_u1),
-            i32(nvec), i32(tpr.bit_length() - 1), i64(ld), out))
+    groups = ceil_div(num_rows, PACK_ROWS)  # a group of tpr threads writes PACK_ROWS rows
+    params = PACK_FORWARD_PARAMS(enc=encoder_out, pred=predictor_out, max_t=max_t, max_u1=max_u1,
+                                 grids=_grids(layout, padded_grid=False), row_start=row_start, num_rows=num_rows,
+                                 nvec=nvec, log_tpr=tpr.bit_length() - 1, out=out, ld_out=out.stride(0))
+    name = _name("pack_forward_kernel", encoder_out.dtype, predictor_out.dtype, promoted, out.dtype, vec,
+                 ACTIVATIONS[activation])
+    launch(_PACK, name, out, (ceil_div(groups, THREADS // tpr),), (THREADS,), (params,))
     return out
 
 
@@ -293,58 +349,59 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
     over t of the rows [row_start, row_start + len(grad_rows)) (times act'(h), h recomputed from
     ``inputs`` = (encoder_out, predictor_out)), items of `utterances` = (first, end)."""
     D = grad_rows.size(1)
-    act = _ACTIVATIONS[activation]
+    act = ACTIVATIONS[activation]
     if act:
         enc, prd = inputs if inputs is not None else (None, None)
-        if (enc is None or prd is None or enc.dtype != grad_rows.dtype or prd.dtype != grad_rows.dtype or
-                enc.shape != grads[0].shape or prd.shape != grads[1].shape or enc.device != grad_rows.device or
-                prd.device != grad_rows.device):
-            raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) of grad_rows' dtype and "
-                             "device, and the shapes of grad_enc and grad_pred")
+        if (enc is None or prd is None or enc.shape != grads[0].shape or prd.shape != grads[1].shape
+                or enc.device != grad_rows.device or prd.device != grad_rows.device):
+            raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) on grad_rows' device, "
+                             "of the shapes of grad_enc and grad_pred")
         enc, prd = enc.contiguous(), prd.contiguous()
-    else:
-        enc = prd = 0
-    vec = vector_width(grad_rows.element_size(), D, [grad_rows, *grads] + ([enc, prd] if act else []))
+        promoted = torch.promote_types(enc.dtype, prd.dtype)
+        vec = _pack_vector(D, [grad_rows, enc, prd], grads)
+    else:  # the inputs are not read: their types are the rows'
+        enc = prd = None
+        promoted = grad_rows.dtype
+        vec = _pack_vector(D, [grad_rows], grads)
+    enc_dtype = enc.dtype if act else grad_rows.dtype
+    pred_dtype = prd.dtype if act else grad_rows.dtype
     nvec = D // vec
     b0, b1 = utterances
+    grids = _grids(layout, padded_grid=False)
     for grad, pred in zip(grads, (False, True)):
         # an encoder item sums U_b + 1 contiguous rows: a group of threads each; a predictor item sums T_b
         # rows a stride apart, many: a warp-sized group takes one row in 8 and the block's 8 groups meet
         tpr, split = (32, 8) if pred else (_threads_per_item(nvec), 1)
-        items_per_block = _THREADS // tpr // split
+        items_per_block = THREADS // tpr // split
         per_b = grad.size(1)
         num_items = (b1 - b0) * per_b
         if num_items == 0:
             continue
         if layout.batch_size * per_b >= 1 << 31:
             raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
-        name = _name("pack_grad_kernel", grad_rows.dtype, grad.dtype, vec, pred, bool(accumulate), act)
-        launch(_PACK, name, grad, ((num_items + items_per_block - 1) // items_per_block,), (_THREADS,),
-               (grad_rows, enc, prd, i32(grads[0].size(1)), i32(grads[1].size(1)), *_table(layout),
-                FastDivmod(per_b).as_struct(), i32(b0 * per_b), i32(num_items), i32(row_start),
-                i32(row_start + grad_rows.size(0)), i32(nvec), i32(tpr.bit_length() - 1),
-                i32(split.bit_length() - 1), grad))
+        params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=grads[0].size(1),
+                                  max_u1=grads[1].size(1), grids=grids, per_b=FastDivmod(per_b).params(),
+                                  item_start=b0 * per_b, num_items=num_items, row_start=row_start,
+                                  row_end=row_start + grad_rows.size(0), nvec=nvec, log_tpr=tpr.bit_length() - 1,
+                                  log_split=split.bit_length() - 1, grad=grad)
+        name = _name("pack_grad_kernel", grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad.dtype, vec, pred,
+                     bool(accumulate), act)
+        launch(_PACK, name, grad, (ceil_div(num_items, items_per_block),), (THREADS,), (params,))
 
 
-def pack_backward(grad_out, layout, max_t, max_u1):
-    """(grad_enc (B, max_t, D), grad_pred (B, max_u1, D)): the row sums of grad_out over u and over t."""
-    _check_cuda(grad_out)
-    grad_out = grad_out.contiguous()
-    B, D = layout.batch_size, grad_out.size(1)
-    grad_enc = torch.empty(B, int(max_t), D, dtype=grad_out.dtype, device=grad_out.device)
-    grad_pred = torch.empty(B, int(max_u1), D, dtype=grad_out.dtype, device=grad_out.device)
+def pack_backward(grad_rows, layout, max_t, max_u1):
+    _check_cuda(grad_rows)
+    grad_rows = grad_rows.contiguous()
+    B, D = layout.batch_size, grad_rows.size(1)
+    grad_enc = torch.empty(B, int(max_t), D, dtype=grad_rows.dtype, device=grad_rows.device)
+    grad_pred = torch.empty(B, int(max_u1), D, dtype=grad_rows.dtype, device=grad_rows.device)
     if D > 0 and B > 0:
-        _pack_grad(grad_out, layout, 0, (0, B), (grad_enc, grad_pred), False)
+        _pack_grad(grad_rows, layout, 0, (0, B), (grad_enc, grad_pred), False)
     return grad_enc, grad_pred
 
 
 def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
                       activation="identity"):
-    """grad_enc (B, max_t, D) and grad_pred (B, max_u1, D), of the accumulation dtype, += the sums over u
-    and over t of grad_rows * act'(h) (h = act(enc + pred) of the same rows, recomputed from ``inputs`` =
-    (encoder_out, predictor_out) as pack_forward computes it; grad_rows alone for the identity), rows
-    [row_start, row_start + len(grad_rows)), which lie in the utterances [first, end) = `utterances`: the
-    backward of act(pack(...)), one tile of rows at a time."""
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
         _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, inputs,
@@ -352,29 +409,18 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
     return grad_enc, grad_pred
 
 
-# --------------------------------------------------------------------------- TDT (contract: the TDT part of transducer/cpu.py)
-
-_TDT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tdt.cu")
-MAX_DURATIONS = 16  # tdt.cu: kMaxDurations
-_DURATIONS_DTYPE = np.dtype([("n", "<i4"), ("d", "<i4", (MAX_DURATIONS,))])
-
-
-def _durations(durations):
-    """The durations as tdt.cu's struct Durations (by value; made once per tuple of durations)."""
-    return _durations_struct(tuple(durations))
+# --------------------------------------------------------------------------- TDT stages
 
 
 @functools.lru_cache(maxsize=64)
-def _durations_struct(durations):
+def _durations(durations):
+    """tdt.cu's struct Durations of a tuple of durations (made once per tuple)."""
     if len(durations) > MAX_DURATIONS:
         raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
-    padded = list(durations) + [0] * (MAX_DURATIONS - len(durations))
-    struct = np.array((len(durations), padded), dtype=_DURATIONS_DTYPE)
-    struct.flags.writeable = False  # shared by every launch with these durations
-    return struct[()]
+    return DURATIONS(n=len(durations), d=tuple(durations) + (0,) * (MAX_DURATIONS - len(durations)))
 
 
-def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_start=0, out=None):
+def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, out=None):
     _row_major("tokens2d", tokens2d)
     _row_major("durations2d", durations2d)
     if row_start and out is None:
@@ -390,73 +436,73 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, blank, sigma, row_star
     if num_rows == 0:
         return out
     itemsize = tokens2d.element_size()
-    ld = tokens2d.stride(0)
     vec, aligned, _ = _row_access(itemsize, V, tokens2d)
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
-    rows_per_block = _THREADS // (32 * wpr)
-    deep = 4 if layout.padded else 8  # vectors in flight (tdt.cu: measured per layout)
+    rows_per_block = THREADS // (32 * wpr)
+    deep = 4 if layout.padded else 8  # vectors in flight (benchmarks/RESULTS.md: what we learned)
+    params = TDT_LOG_PROBS_PARAMS(grids=_grids(layout), tokens=_rows(tokens2d, row_start, vec, aligned),
+                                  durations=DURATION_ROWS(data=durations2d, ld=durations2d.stride(0), D=D),
+                                  labels=_labels(targets, options.blank), sigma=options.sigma, lp=lp, lp_dur=lp_dur,
+                                  den=den)
     name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
-    launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (tokens2d, durations2d, i64(ld), i64(durations2d.stride(0)), i32(D), targets, i32(targets.size(1)),
-            *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec), i32(blank),
-            _padded_grid(layout), _acc(acc, sigma), lp, lp_dur, den))
+    launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
 
 
-_WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
-_WALK_MAX_THREADS = 512  # its launch bound
-_WALK_AHEAD = 2  # steps of log-probs read ahead (figures in benchmarks/RESULTS.md)
-
-
-def tdt_alpha_beta(lp, lp_dur, layout, durations):
+def tdt_alpha_beta(lp, lp_dur, layout, options):
+    durations = options.durations
+    walks, threads = _walk(lp, layout)
     B = layout.batch_size
-    alpha, beta, loss, max_u1, threads = _walk(lp, layout)
     if B == 0:
-        return alpha, beta, loss
+        return walks
+    max_u1 = max(int(layout.max_u1), 1)
     D, itemsize = len(durations), lp.element_size()
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
-    args = (lp, lp_dur, _durations(durations), *_table(layout), i32(layout.padded))
+    params = TDT_WALK_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, lp_dur=lp_dur,
+                             durations=_durations(tuple(durations)), padded=layout.padded, ring=0, cols=0,
+                             out=_walks_struct(walks))
     # tdt_walk_kernel: rings of a power of two steps, a column per thread and two of -inf; alpha's ring
     # (2D + 1 entries a cell) is the larger; over 48 KiB where the GPU allows
     walk_ring, walk_cap = 1 << (ring - 1).bit_length(), threads + 2
     walk_smem = walk_ring * walk_cap * (2 * D + 1) * itemsize
-    if D <= _WALK_MAX_DURATIONS and max_u1 <= _WALK_MAX_THREADS and walk_smem <= max_shared_mem(lp):
-        launch(_TDT, _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD), lp, (2 * B,),
-               (threads,), args + (i32(walk_ring), i32(walk_cap), alpha, beta, loss), shared_mem=walk_smem)
-        return alpha, beta, loss
+    if D <= WALK_MAX_DURATIONS and max_u1 <= WALK_MAX_THREADS and walk_smem <= max_shared_mem(lp):
+        launch(_TDT, _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD), lp, (2 * B,), (threads,),
+               (params._replace(ring=walk_ring, cols=walk_cap),), shared_mem=walk_smem)
+        return walks
     smem = ring * max_u1 * itemsize
     if smem > DEFAULT_SHARED_MEM:
         ring, smem = 0, 0
     launch(_TDT, _name("tdt_alpha_beta_kernel", lp.dtype), lp, (2 * B,), (threads,),
-           args + (i32(ring), i32(max_u1), alpha, beta, loss), shared_mem=smem)
-    return alpha, beta, loss
+           (params._replace(ring=ring, cols=max_u1),), shared_mem=smem)
+    return walks
 
 
-def tdt_gradient(tokens2d, durations2d, targets, layout, lp, lp_dur, den, alpha, beta, loss, scale, blank,
-                 durations, out_tokens, out_durations, fastemit_lambda=0.0, omega=0.0, rnnt=None, sigma=0.0,
-                 clamp=0.0, row_start=0):
+def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_tokens, out_durations, row_start=0):
     for name, x in (("tokens2d", tokens2d), ("durations2d", durations2d), ("out_tokens", out_tokens),
                     ("out_durations", out_durations)):
         _row_major(name, x)
     num_rows, V = tokens2d.shape
     if num_rows == 0:
         return
-    if omega and rnnt is None:
-        raise ValueError("transducer.cuda.tdt_gradient: omega > 0 needs the RNN-T alpha, beta and loss (rnnt)")
-    alpha_r, beta_r, loss_r = rnnt if omega else (alpha, beta, loss)
-    scale = scale.to(lp.dtype)
+    omega = options.omega
+    if omega and lattice.rnnt is None:
+        raise ValueError("transducer.cuda.tdt_gradient: omega > 0 needs the RNN-T walks (lattice.rnnt)")
+    rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
+    scale = scale.to(lattice.lp.dtype)
     itemsize = tokens2d.element_size()
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
-    rows_per_block = _THREADS // (32 * wpr)
+    rows_per_block = THREADS // (32 * wpr)
     vec, aligned, staged = _row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
+    clamp = max(options.clamp, 0.0)
+    params = TDT_GRADIENT_PARAMS(
+        grids=_grids(lattice.layout), tokens=_rows(tokens2d, row_start, vec, aligned),
+        durations=DURATION_ROWS(data=durations2d, ld=durations2d.stride(0), D=durations2d.size(1)),
+        values=_durations(tuple(options.durations)), labels=_labels(targets, options.blank),
+        lattice=_lattice_struct(lattice), lp_dur=lattice.lp_dur, rnnt=_walks_struct(rnnt),
+        scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
+        fastemit_lambda=options.fastemit_lambda, omega=omega, clamp=clamp, out_tokens=out_tokens,
+        ld_out_tokens=out_tokens.stride(0), out_durations=out_durations, ld_out_durations=out_durations.stride(0))
     name = _name("tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), clamp > 0, aligned,
                  staged)
-    acc = lp.dtype
-    launch(_TDT, name, tokens2d, ((num_rows + rows_per_block - 1) // rows_per_block,), (_THREADS,),
-           (tokens2d, durations2d, i64(tokens2d.stride(0)), i64(durations2d.stride(0)), _durations(durations),
-            targets, i32(targets.size(1)), *_table(layout), i32(row_start), i32(num_rows), i32(V), i32(V // vec),
-            i32(blank), _padded_grid(layout), lp, lp_dur, den, alpha, beta, loss, alpha_r, beta_r,
-            loss_r, scale, i64(scale.stride(0)), _acc(acc, sigma), _acc(acc, fastemit_lambda), _acc(acc, omega),
-            _acc(acc, max(clamp, 0.0)), out_tokens, out_durations, i64(out_tokens.stride(0)),
-            i64(out_durations.stride(0))),
+    launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)

@@ -15,8 +15,10 @@ and db = sum dz (one GEMM: a bias rides as a column of the projection against a 
 dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
 gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass, h
 recomputed there from the input rows, which stay in cache, rather than kept and read back). GEMMs
-go through torch (cuBLAS); under autocast they run in the autocast dtype and the loss arithmetic in fp32,
-as in the unfused path.
+go through torch (cuBLAS). The inputs may have different dtypes: the sum and the activation run in
+their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the
+promoted one) and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs
+in their own dtypes and write (read) the tiles in the GEMMs' dtype.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
 registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers).
@@ -35,26 +37,25 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_options, check_reduction, check_tdt_options, check_tensor,
-                     is_index, stages_for)
-from .layout import MAX_ROWS, NUM_STATS, Layout
-from .library import Op
+from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_blank, check_options, check_reduction,
+                     check_tdt_options, check_tensor, is_index)
+from .layout import MAX_ROWS, NUM_STATS, Lattice, Layout, LossOptions, stages_for, table_size
+from .library import Op, lattice_of, lattice_outputs, mixed_nll
 from .loss import _reduce
+from .tdt import tdt_lattice
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu", "identity")
 # Tile buffers (two of the tile's hidden, logits and dh) of about this many bytes when max_rows is not
-# given. CUDA: Protocol A's step peaks near 400 MiB with them (fp32 and bf16; benchmarks/RESULTS.md), and
-# smaller tiles cost launches, host time and GEMM efficiency. CPU: a few thousand rows already keep the GEMMs efficient, and the
-# step peaks at 0.13x the unfused one (benchmarks/RESULTS.md).
+# given: on CUDA smaller tiles cost launches, host time and GEMM efficiency, on the CPU a few thousand rows
+# already keep the GEMMs efficient (the peaks and times: benchmarks/RESULTS.md).
 _TILE_BYTES = {"cuda": 256 << 20, "cpu": 16 << 20}
 
 
 def default_max_rows(J, V, itemsize, device_type="cuda"):
     """Rows per tile so that the two tile buffers alive at a time (hidden and logits, then logits and dh)
-    take about 256 MiB on CUDA, 16 MiB on the CPU (at least 256 rows). With inputs wider than the compute
-    dtype (fp32 under bf16 autocast) a tile briefly holds an fp32 copy of the hidden or of dh beside them."""
+    take about 256 MiB on CUDA, 16 MiB on the CPU (at least 256 rows); ``itemsize``: the GEMMs' dtype's."""
     return max(256, _TILE_BYTES.get(device_type, _TILE_BYTES["cuda"]) // ((J + V) * itemsize) // 256 * 256)
 
 
@@ -93,55 +94,48 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
                    clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
                    omega: float, static_shapes: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                Tensor, Tensor, Tensor, Tensor]:
-    """(nll, table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll); the last five are empty
-    without durations (RNN-T / RNA), the last three also when omega == 0."""
+    """(nll, *library.lattice_outputs)."""
+    options = LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
+                          fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=tuple(durations),
+                          sigma=sigma, omega=omega)
     stages = stages_for(encoder_out.device)
-    tdt = len(durations) > 0
     V = weight.size(0) - len(durations)  # the token columns
     layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, blank, check_inputs)
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, table[-NUM_STATS:], blank)
-    B = layout.batch_size
-    num_rows = table[4 * B]
+    num_rows = table[4 * layout.batch_size]
     bound = _capacity(encoder_out, predictor_out)
     if num_rows > bound:
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds "
                          f"B * maxT * (maxU+1) = {bound}")
     # static_shapes (set while torch.compile traces): the per-row arrays have room for B * maxT * (maxU+1)
     # rows, a bound known from the shapes, so that the op's outputs have static shapes, and the rows past
-    # num_rows hold zeros; in eager mode they have num_rows rows (about half the bound in Protocol A).
+    # num_rows hold zeros; in eager mode they have num_rows rows.
     capacity = bound if static_shapes else num_rows
-    acc = accumulate_dtype(compute_dtype)
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
-    new = functools.partial(new, dtype=acc)
+    new = functools.partial(new, dtype=accumulate_dtype(compute_dtype))
     lp = new(capacity, 2)
-    den = new(capacity, 2) if tdt else new(capacity)
-    lp_dur = new(capacity, len(durations)) if tdt else new(0)
+    den = new(capacity, 2) if durations else new(capacity)
+    lp_dur = new(capacity, len(durations))
     Wx, _ = _projection(weight, bias, compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
         z = F.linear(hx, Wx)
-        if tdt:
-            stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, blank, sigma, start,
-                                 (lp, lp_dur, den))
+        if durations:
+            stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, options, start, (lp, lp_dur, den))
         else:
-            stages.log_probs(z[:, :V], targets, layout, blank, False, delay_penalty, start, (lp, den))
+            stages.log_probs(z[:, :V], targets, layout, options, start, (lp, den))
         del hx, z
-    alpha_r, beta_r, rnnt_nll, tdt_nll = new(0), new(0), new(0), new(0)  # outputs may not alias each other
-    if tdt:
-        alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
-        if omega:
-            alpha_r, beta_r, rnnt_nll = stages.alpha_beta(lp + sigma, layout, False)
-            nll = (1 - omega) * tdt_nll + omega * rnnt_nll
-        else:
-            nll = tdt_nll.clone()  # outputs may not alias
+    if durations:
+        lattice = tdt_lattice(stages, layout, lp, lp_dur, den, options)
     else:
-        alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
+        walks = stages.alpha_beta(lp, layout, options)
+        lattice = Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll)
     if capacity > num_rows:
-        for x in (alpha, beta, alpha_r, beta_r):
+        for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
             x[num_rows:] = 0
-    return nll, layout.table, lp, den, alpha, beta, lp_dur, tdt_nll, alpha_r, beta_r, rnnt_nll
+    return (mixed_nll(lattice, omega),) + lattice_outputs(lattice)
 
 
 _ROW_MULTIPLES = (128, 8)  # the projection's rows are padded to a multiple of the first that costs <= 3%
@@ -171,17 +165,15 @@ def _projection(weight, bias, compute_dtype):
 
 def _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx):
     """The GEMMs' operand against Wx (_projection) for the rows [start, end), in Wx's dtype: h = act(
-    encoder_out[b, t] + predictor_out[b, u]) (computed in the inputs' dtype), then with a bias columns of
-    ones. The backward recomputes act'(h) from the inputs (pack_backward_add), so h is not kept."""
+    encoder_out[b, t] + predictor_out[b, u]) (the sum and act in the inputs' promoted dtype, as the unfused
+    composition computes them, then rounded to Wx's dtype by the pack pass itself: no tile of the promoted
+    dtype), then with a bias columns of ones. The backward recomputes act'(h) from the inputs
+    (pack_backward_add), so h is not kept."""
     J, rows = encoder_out.size(2), end - start
-    if Wx.size(1) == J:  # no bias
-        return stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation).to(Wx.dtype)
     hx = encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
-    hx[:, J:] = 1
-    if encoder_out.dtype == Wx.dtype:
-        stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation, hx[:, :J])
-    else:
-        hx[:, :J] = stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation)
+    if Wx.size(1) > J:  # a bias: its columns of ones
+        hx[:, J:] = 1
+    stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation, hx[:, :J])
     return hx
 
 
@@ -190,17 +182,20 @@ def _capacity(encoder_out, predictor_out):
 
 
 def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor, weight: Tensor,
-                    bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, den: Tensor, alpha: Tensor,
-                    beta: Tensor, nll: Tensor, lp_dur: Tensor, tdt_nll: Tensor, alpha_r: Tensor, beta_r: Tensor,
-                    rnnt_nll: Tensor, activation: str, blank: int, one_sym_per_frame: bool, fastemit_lambda: float,
-                    clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
-                    omega: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * nll[b]; the last
-    is zeros when there is no bias."""
+                    bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, lp_dur: Tensor, den: Tensor,
+                    alpha: Tensor, beta: Tensor, nll: Tensor, alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor,
+                    activation: str, blank: int, one_sym_per_frame: bool, fastemit_lambda: float, clamp: float,
+                    compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float, omega: float
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * loss[b], each in
+    its input's dtype; the last is zeros when there is no bias."""
+    options = LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
+                          fastemit_lambda=fastemit_lambda, durations=tuple(durations), sigma=sigma, omega=omega)
     stages = stages_for(encoder_out.device)
     B, max_t, J = encoder_out.shape
     V = weight.size(0) - len(durations)
     layout = Layout(table, False, targets.size(1) + 1)
+    lattice = lattice_of(layout, (lp, lp_dur, den, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
     row_splits = layout.row_splits.tolist()
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
@@ -211,25 +206,23 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     for start, end in _tiles(row_splits[-1], max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
         dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
+        tokens = dz[:, :V]
         if durations:
-            tokens, durs = dz[:, :V], dz[:, V:weight.size(0)]
-            stages.tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll, scale, blank,
-                                durations, tokens, durs, fastemit_lambda, omega,
-                                (alpha_r, beta_r, rnnt_nll) if omega else None, sigma, clamp, start)
-            del tokens, durs  # views of dz, which is freed below: a view left alive kept a third tile buffer
+            durs = dz[:, V:weight.size(0)]
+            stages.tdt_gradient(tokens, durs, targets, lattice, scale, options, tokens, durs, start)
+            del durs  # a view of dz, which is freed below: a view left alive kept a third tile buffer
         else:
-            tokens = dz[:, :V]
-            stages.gradient(tokens, targets, layout, lp, den, alpha, beta, nll, scale, blank, False,
-                            one_sym_per_frame, tokens, fastemit_lambda, clamp, start)
-            del tokens
+            stages.gradient(tokens, targets, lattice, scale, options, tokens, start)
+        del tokens
         if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
             dz[:, weight.size(0):] = 0
         grad_wx += dz.t().mm(hx)
         del hx  # a tile holds two of (hidden, logits, dh) at a time: default_max_rows
         dh = dz.mm(W)
         del dz
-        stages.pack_backward_add(dh.to(encoder_out.dtype), layout, start, _utterances(row_splits, start, end),
-                                 grad_enc, grad_pred, (encoder_out, predictor_out), activation)
+        # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
+        stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,
+                                 (encoder_out, predictor_out), activation)
         del dh
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
@@ -240,19 +233,18 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
 def _setup_context(ctx, inputs, output):
     (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
      fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega, _) = inputs
-    nll, table, *saved = output
-    ctx.mark_non_differentiable(table, *saved)
-    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, table, saved[0], saved[1], saved[2],
-                          saved[3], nll, *saved[4:])
+    nll, *lattice = output
+    ctx.mark_non_differentiable(*lattice)
+    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice)
     ctx.options = (activation, blank, one_sym_per_frame, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
                    sigma, omega)
 
 
 def _gradient(ctx, grad_nll, backward):
-    encoder_out, predictor_out, weight, bias, *saved = ctx.saved_tensors
-    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, encoder_out, predictor_out, weight, bias, *saved,
-                                                   *ctx.options)
-    return (grad_enc, grad_pred, grad_w, None if bias is None else grad_b) + (None,) * 16
+    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *ctx.saved_tensors, *ctx.options)
+    bias = ctx.saved_tensors[3]
+    return {"encoder_out": grad_enc, "predictor_out": grad_pred, "weight": grad_w,
+            "bias": None if bias is None else grad_b}
 
 
 fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient)
@@ -266,12 +258,13 @@ def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_l
     acc = accumulate_dtype(compute_dtype)
     rows = _capacity(encoder_out, predictor_out) if static_shapes else torch.library.get_ctx().new_dynamic_size()
     B = logit_lengths.size(0)
-    tdt = len(durations) > 0
+    D = len(durations)
     new = lambda *shape: encoder_out.new_empty(*shape, dtype=acc)  # noqa: E731
-    r = rows if tdt and omega else 0
-    return (new(B), encoder_out.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(rows, 2),
-            new(rows, 2) if tdt else new(rows), new(rows), new(rows), new(rows, len(durations)) if tdt else new(0),
-            new(B) if tdt else new(0), new(r), new(r), new(B) if tdt and omega else new(0))
+    r = rows if D and omega else 0
+    # (nll, table, lp, lp_dur, den, alpha, beta, nll of the walk, alpha_r, beta_r, rnnt_nll): lattice_outputs
+    return (new(B), encoder_out.new_empty(table_size(B), dtype=torch.int64), new(rows, 2),
+            new(rows, D) if D else new(0), new(rows, 2) if D else new(rows), new(rows), new(rows), new(B), new(r),
+            new(r), new(B) if D and omega else new(0))
 
 
 @fused_backward_op.register_fake
@@ -345,7 +338,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     """
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     device = encoder_out.device
-    check_tensor("predictor_out", predictor_out, (encoder_out.dtype,), (3,), device)
+    check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device)
     check_tensor("weight", weight, FLOAT_DTYPES, (2,), device)
     if bias is not None:
         check_tensor("bias", bias, FLOAT_DTYPES, (1,), device)
@@ -358,8 +351,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
                                delay_penalty, durations, sigma, omega, device)
     D = len(durations or [])
     if weight.size(0) - D < 2:
-        raise ValueError(f"weight: expected at least 2 token rows{' before the ' + str(D) + ' duration rows' if D else ''}, "
-                         f"got shape {tuple(weight.shape)}")
+        before = f" before the {D} duration rows" if D else ""
+        raise ValueError(f"weight: expected at least 2 token rows{before}, got shape {tuple(weight.shape)}")
     if B == 0:
         raise ValueError("encoder_out: expected at least one utterance, got an empty batch")
     if predictor_out.size(0) != B or predictor_out.size(2) != J:
@@ -372,15 +365,15 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
         if x.size(0) != B:
             raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape {tuple(x.shape)}")
-    if not is_index(blank) or not 0 <= operator.index(blank) < V - D:
-        raise ValueError(f"blank: expected an int in [0, {V - D}) (the token rows of weight), got {blank!r}")
-    compute_dtype = encoder_out.dtype
+    blank = check_blank(blank, V - D, "the token rows of weight")
+    # the GEMMs' dtype: the autocast dtype, as F.linear under autocast takes it, else the inputs' promoted one
+    compute_dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
     if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
         compute_dtype = torch.get_autocast_dtype(device.type)
     if max_rows is None:
         max_rows = default_max_rows(J, V, torch.finfo(compute_dtype).bits // 8, device.type)
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
-              target_lengths, activation, operator.index(blank), bool(one_sym_per_frame), bool(check_inputs),
+              target_lengths, activation, blank, bool(one_sym_per_frame), bool(check_inputs),
               float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows),
               durations or [], float(sigma), float(omega), torch.compiler.is_compiling())
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
@@ -414,11 +407,10 @@ class FusedJoinerLoss(torch.nn.Module):
         super().__init__()
         durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda,
                                    delay_penalty, durations, sigma, omega)
-        if not is_index(blank) or not 0 <= operator.index(blank) < vocab_size:
-            raise ValueError(f"blank: expected an int in [0, {vocab_size}), got {blank!r}")
+        blank = check_blank(blank, vocab_size, "vocab_size")
         self.output = torch.nn.Linear(joiner_dim, vocab_size + len(durations or []), bias=bias, device=device,
                                       dtype=dtype)
-        self.options = dict(activation=activation, blank=operator.index(blank), reduction=reduction,
+        self.options = dict(activation=activation, blank=blank, reduction=reduction,
                             one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
                             check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
                             fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)

@@ -10,17 +10,19 @@ formula, instead of tracing into the kernel launches.
     transducer::pack(encoder_out, predictor_out, logit_lengths, target_lengths) -> (rows, table)
     transducer::pack_backward(grad_rows, table, max_t, max_u1) -> (grad_encoder_out, grad_predictor_out)
 
-``nll`` is the (B,) negative log-likelihood (float32, or float64 for float64 logits); ``table``,
-``lp``, ``den``, ``alpha`` and ``beta`` are what backward needs (transducer/layout.py). Logits and
-targets reach ``loss`` contiguous (transducer/loss.py makes them so, where autograd sees the copy).
+An op's schema is flat (torch.library's types); inside, the options become one ``LossOptions`` and what
+forward keeps one ``Lattice`` (transducer/layout.py), which the stages take whole. ``nll`` is the (B,)
+negative log-likelihood (float32, or float64 for float64 logits); ``table``, ``lp``, ``den``, ``alpha`` and
+``beta`` are the Lattice's tensors. Logits and targets reach ``loss`` contiguous (transducer/loss.py makes
+them so, where autograd sees the copy).
 
 ``loss`` and ``pack`` below (``Op``s) are what the rest of the package calls: the registered ops while
-torch.compile or torch.export traces, and in eager mode autograd Functions around the same
-implementations, the same setup and the same backward. An eager call of a registered op goes through
-several Python layers (about 0.3 ms a call on the GPU machine's host, measured): the eager path skips
-them, so the op costs no host time.
+torch.compile or torch.export traces, and in eager mode autograd Functions around the same implementations,
+the same setup and the same backward, without the registered op's Python layers (their host time:
+benchmarks/RESULTS.md).
 """
 
+import inspect
 from typing import Tuple
 
 import torch
@@ -29,10 +31,11 @@ from torch import Tensor
 from ops import accumulate_dtype
 from ops.cuda import host_reader
 
-from .checks import check_loss_values, check_pack_values, check_rows, stages_for
-from .layout import NUM_STATS, Layout
+from .checks import check_loss_values, check_pack_values, check_rows
+from .layout import NUM_STATS, Lattice, Layout, LossOptions, Walks, stages_for, table_size
 
-__all__ = ["Op", "loss", "pack", "make_layout", "saved_layout", "gradient_buffer"]
+__all__ = ["Op", "loss", "pack", "make_layout", "saved_layout", "gradient_buffer", "loss_options", "lattice_outputs",
+           "lattice_of", "mixed_nll"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None):
@@ -53,23 +56,23 @@ def saved_layout(table, logits, targets):
     return Layout(table, False, targets.size(1) + 1)
 
 
-def checked_log_probs(layout, logits, targets, blank, check_inputs, log_probs, vocab_size=None):
+def checked_log_probs(layout, logits, targets, options, check_inputs, log_probs, vocab_size=None):
     """``log_probs()`` (the loss's first stage) with the value checks of ``check_inputs``: lengths and labels
-    against the tensors (checks.check_loss_values; labels in [0, vocab_size), default logits.size(-1)). On
-    CUDA log_probs is queued first (it reads within bounds whatever the values, and nothing else runs
-    unchecked), and the layout's stats are read behind the layout launch alone (ops.cuda.HostReader): the
-    host reaches the first big kernel sooner, and waits for the layout and the copy, not for log_probs. The
-    CPU stages need valid values to run at all: checked first."""
+    against the tensors (checks.check_loss_values; labels in [0, vocab_size), default logits.size(-1), and
+    not ``options.blank``). On CUDA log_probs is queued first (it reads within bounds whatever the values,
+    and nothing else runs unchecked), and the layout's stats are read behind the layout launch alone
+    (ops.cuda.HostReader): the host reaches the first big kernel sooner, and waits for the layout and the
+    copy, not for log_probs. The CPU stages need valid values to run at all: checked first."""
     if not check_inputs:
         return log_probs()
     table = layout.table
     if not table.is_cuda:
-        check_loss_values(logits, targets, layout.stats.tolist(), blank, vocab_size)
+        check_loss_values(logits, targets, layout.stats.tolist(), options.blank, vocab_size)
         return log_probs()
     reader = host_reader(table.device, NUM_STATS, torch.int64)
     reader.mark()  # after the layout launch
     out = log_probs()
-    check_loss_values(logits, targets, reader.read(layout.stats), blank, vocab_size)
+    check_loss_values(logits, targets, reader.read(layout.stats), options.blank, vocab_size)
     return out
 
 
@@ -97,15 +100,18 @@ class Op:
     """``transducer::<name>`` and ``transducer::<name>_backward`` registered with torch.library (what
     torch.compile and torch.export trace), and an eager autograd Function around the same forward,
     setup_context and gradient (without the registered op's Python layers). ``gradient(ctx, grad, backward)``
-    turns the incoming gradient into the inputs' gradients with ``backward``: the backward op while tracing,
-    its plain implementation in eager mode. Calling the Op picks the path."""
+    turns the incoming gradient into the inputs' gradients with ``backward`` (the backward op while tracing,
+    its plain implementation in eager mode) and returns them as a dict by input name (forward's parameter
+    names); inputs it leaves out get None. Calling the Op picks the path."""
 
     def __init__(self, name, forward, backward, setup_context, gradient, backward_mutates=(), after_backward=None):
+        self.input_names = tuple(inspect.signature(forward).parameters)
         self.op = torch.library.custom_op(f"transducer::{name}", forward, mutates_args=())
         self.backward_op = torch.library.custom_op(f"transducer::{name}_backward", backward,
                                                    mutates_args=backward_mutates)
-        self.op.register_autograd(lambda ctx, grad, *_: gradient(ctx, grad, self.backward_op),
+        self.op.register_autograd(lambda ctx, grad, *_: self.ordered(gradient(ctx, grad, self.backward_op)),
                                   setup_context=setup_context)
+        op = self
 
         # forward(ctx, *inputs), not a separate setup_context: torch's apply then skips binding the
         # arguments to forward's signature (inspect.signature, each call). The outputs other than the first
@@ -117,20 +123,26 @@ class Op:
                 ctx.eager = True  # setup_context may read it (wide_gradient_rows)
                 output = forward(*inputs)
                 setup_context(ctx, inputs, output)
-                ctx.num_inputs = len(inputs)
                 return output
 
             @staticmethod
             @torch.autograd.function.once_differentiable
             def backward(ctx, grad, *_):
                 if grad is None:  # no gradient reached the first output (gradcheck's check_undefined_grad)
-                    return (None,) * ctx.num_inputs
-                grads = gradient(ctx, grad, backward)
+                    return (None,) * len(op.input_names)
+                grads = op.ordered(gradient(ctx, grad, backward))
                 if after_backward is not None:
                     after_backward(ctx, grads)
                 return grads
 
         self.eager = Eager
+
+    def ordered(self, grads):
+        """The gradients by input name (a dict) as the tuple autograd expects, None for the others."""
+        unknown = set(grads) - set(self.input_names)
+        if unknown:
+            raise KeyError(f"gradients for inputs that {self.op} does not have: {sorted(unknown)}")
+        return tuple(grads.get(name) for name in self.input_names)
 
     def __call__(self, *inputs):
         return self.op(*inputs) if torch.compiler.is_compiling() else self.eager.apply(*inputs)
@@ -139,29 +151,61 @@ class Op:
 # ---------------------------------------------------------------------------------------------- loss
 
 
+def mixed_nll(lattice, omega):
+    """The loss of a lattice: with omega (TDT), (1 - omega) * tdt + omega * rnnt; a new tensor either way (op
+    outputs may not alias each other)."""
+    return (1 - omega) * lattice.nll + omega * lattice.rnnt.nll if omega else lattice.nll.clone()
+
+
+def lattice_outputs(lattice):
+    """A Lattice's tensors as op outputs (after the loss): (table, lp, lp_dur, den, alpha, beta, nll, alpha_r,
+    beta_r, rnnt_nll); lp_dur empty without durations, the last three without omega (op outputs may not
+    alias each other)."""
+    rnnt = lattice.rnnt or Walks(*(lattice.lp.new_empty(0) for _ in range(3)))
+    lp_dur = lattice.lp_dur if lattice.lp_dur is not None else lattice.lp.new_empty(0)
+    return (lattice.layout.table, lattice.lp, lp_dur, lattice.den, lattice.alpha, lattice.beta,
+            lattice.nll) + tuple(rnnt)
+
+
+def lattice_of(layout, tensors, options):
+    """The Lattice of lattice_outputs' tensors after the table, (lp, lp_dur, den, alpha, beta, nll, alpha_r,
+    beta_r, rnnt_nll): backward's saved tensors."""
+    lp, lp_dur, den, alpha, beta, nll, alpha_r, beta_r, rnnt_nll = tensors
+    rnnt = Walks(alpha_r, beta_r, rnnt_nll) if options.omega else None
+    return Lattice(layout, lp, den, alpha, beta, nll, lp_dur if options.durations else None, rnnt)
+
+
+def loss_options(blank, one_sym_per_frame=False, from_log_softmax=False, fastemit_lambda=0.0, clamp=0.0,
+                 delay_penalty=0.0):
+    """The LossOptions of transducer::loss's flat arguments."""
+    return LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, from_log_softmax=from_log_softmax,
+                       clamp=clamp, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+
+
 def _loss_forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int,
                   one_sym_per_frame: bool, from_log_softmax: bool, check_inputs: bool, delay_penalty: float,
                   fastemit_lambda: float, clamp: float, inplace_grad: bool
                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     check_rows(logits)  # here, not in the Python caller: under torch.compile the rows may be symbolic
+    options = loss_options(blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, delay_penalty)
     stages = stages_for(logits.device)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
     logits2d = logits.view(-1, logits.size(-1))
-    lp, den = checked_log_probs(layout, logits, targets, blank, check_inputs, lambda: stages.log_probs(
-        logits2d, targets, layout, blank, from_log_softmax, delay_penalty))
-    alpha, beta, nll = stages.alpha_beta(lp, layout, one_sym_per_frame)
-    return nll, layout.table, lp, den, alpha, beta
+    lp, den = checked_log_probs(layout, logits, targets, options, check_inputs,
+                                lambda: stages.log_probs(logits2d, targets, layout, options))
+    walks = stages.alpha_beta(lp, layout, options)
+    return walks.nll, layout.table, lp, den, walks.alpha, walks.beta
 
 
 def _loss_backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Tensor, lp: Tensor, den: Tensor,
                    alpha: Tensor, beta: Tensor, nll: Tensor, blank: int, one_sym_per_frame: bool,
                    from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
     """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
-    layout = saved_layout(table, logits, targets)
+    options = loss_options(blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp)
+    lattice = Lattice(saved_layout(table, logits, targets), lp, den, alpha, beta, nll)
     logits2d = logits.view(-1, logits.size(-1))
-    stages_for(logits.device).gradient(logits2d, targets, layout, lp, den, alpha, beta, nll, grad_nll.to(lp.dtype),
-                                       blank, from_log_softmax, one_sym_per_frame, out.view(logits2d.shape),
-                                       fastemit_lambda, clamp)
+    stages_for(logits.device).gradient(logits2d, targets, lattice, grad_nll.to(lp.dtype), options,
+                                       out.view(logits2d.shape))
 
 
 def _loss_setup_context(ctx, inputs, output):
@@ -170,21 +214,22 @@ def _loss_setup_context(ctx, inputs, output):
     nll, table, lp, den, alpha, beta = output
     ctx.mark_non_differentiable(table, lp, den, alpha, beta)
     ctx.save_for_backward(logits, targets, table, lp, den, alpha, beta, nll)
-    ctx.options = (blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad)
+    ctx.options = loss_options(blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp)
+    ctx.inplace_grad = inplace_grad
     ctx.wide_rows = wide_gradient_rows(ctx, logits)
 
 
 def _loss_gradient(ctx, grad_nll, backward):
     logits, targets, table, lp, den, alpha, beta, nll = ctx.saved_tensors
-    blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, inplace_grad = ctx.options
-    out = logits if inplace_grad else gradient_buffer(logits, ctx.wide_rows)
-    backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank, one_sym_per_frame, from_log_softmax,
-             fastemit_lambda, clamp, out)
-    return (out,) + (None,) * 11
+    o = ctx.options
+    out = logits if ctx.inplace_grad else gradient_buffer(logits, ctx.wide_rows)
+    backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, o.blank, o.one_sym_per_frame,
+             o.from_log_softmax, o.fastemit_lambda, o.clamp, out)
+    return {"logits": out}
 
 
 def _after_eager_backward(ctx, grads):
-    if ctx.options[-1]:  # inplace_grad: the kernel wrote through a raw pointer; tell autograd
+    if ctx.inplace_grad:  # the kernel wrote through a raw pointer; tell autograd
         torch.autograd.graph.increment_version(grads[0])
 
 
@@ -198,7 +243,7 @@ def _(logits, targets, logit_lengths, target_lengths, *options):
     acc = accumulate_dtype(logits.dtype)
     N = logits.numel() // logits.size(-1)
     B = logit_lengths.size(0)
-    return (logits.new_empty(B, dtype=acc), logits.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64),
+    return (logits.new_empty(B, dtype=acc), logits.new_empty(table_size(B), dtype=torch.int64),
             logits.new_empty(N, 2, dtype=acc), logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc),
             logits.new_empty(N, dtype=acc))
 
@@ -228,12 +273,14 @@ def _pack_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(output[1])
     ctx.sizes = (encoder_out.size(1), predictor_out.size(1))
+    ctx.dtypes = (encoder_out.dtype, predictor_out.dtype)
 
 
 def _pack_gradient(ctx, grad_rows, backward):
     table, = ctx.saved_tensors
     grad_enc, grad_pred = backward(grad_rows.contiguous(), table, *ctx.sizes)
-    return grad_enc, grad_pred, None, None
+    # summed in the rows' (the promoted) dtype, then in each input's own, as autograd does for enc + pred
+    return {"encoder_out": grad_enc.to(ctx.dtypes[0]), "predictor_out": grad_pred.to(ctx.dtypes[1])}
 
 
 pack = Op("pack", _pack_forward, _pack_backward, _pack_setup_context, _pack_gradient)
@@ -244,9 +291,9 @@ pack_op, pack_backward_op = pack.op, pack.backward_op
 def _(encoder_out, predictor_out, logit_lengths, target_lengths):
     # the number of rows, sum_b T_b * (U_b + 1), depends on the lengths' values
     num_rows = torch.library.get_ctx().new_dynamic_size()
-    B = logit_lengths.size(0)
-    return (encoder_out.new_empty(num_rows, encoder_out.size(2)),
-            encoder_out.new_empty(4 * B + 1 + NUM_STATS, dtype=torch.int64))
+    dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
+    return (encoder_out.new_empty(num_rows, encoder_out.size(2), dtype=dtype),
+            encoder_out.new_empty(table_size(logit_lengths.size(0)), dtype=torch.int64))
 
 
 @pack_backward_op.register_fake

@@ -6,23 +6,36 @@ makes logits and targets contiguous where autograd sees the copy, and reduces th
 losses with plain torch ops, so that torch.compile traces all of it.
 """
 
-import operator
-
 import torch
 
 from . import library
-from .checks import FLOAT_DTYPES, check_batch, check_options, check_reduction, check_tensor, is_index
+from .checks import (FLOAT_DTYPES, check_batch, check_blank, check_module_blank, check_options, check_reduction,
+                     check_tensor)
 
 
 def _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp, fastemit_lambda,
-                     delay_penalty):
+                     delay_penalty, inplace_grad):
+    """The blank's column, once every argument is checked."""
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     check_batch(logits, targets, logit_lengths, target_lengths)
-    V = logits.size(-1)
-    if not is_index(blank) or not 0 <= operator.index(blank) < V:
-        raise ValueError(f"blank: expected an int in [0, {V}) (the vocabulary size is logits.size(-1)), got {blank!r}")
+    blank = check_blank(blank, logits.size(-1))
     check_reduction(reduction)
     check_options(clamp, fastemit_lambda, delay_penalty)
+    if inplace_grad and not torch.compiler.is_compiling():
+        check_inplace_grad(logits)
+    return blank
+
+
+def check_inplace_grad(logits):
+    """inplace_grad writes the gradient over the logits' values: refused for a leaf that requires grad (or a
+    view of one), whose values are the caller's and whose ``.grad`` autograd copies into a tensor of its
+    own."""
+    base = logits._base if logits._base is not None else logits
+    if base.requires_grad and base.is_leaf:
+        raise ValueError("inplace_grad: the logits are (a view of) a leaf tensor that requires grad; the gradient "
+                         "would overwrite their values and autograd would copy it into .grad anyway. Use "
+                         "inplace_grad=True only for logits an op produced (a joiner Linear's output that feeds "
+                         "only this loss)")
 
 
 def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, reduction="mean",
@@ -80,10 +93,10 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
         ...                        torch.tensor([3, 1]))
         >>> loss.backward()
     """
-    _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp, fastemit_lambda,
-                     delay_penalty)
+    blank = _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp,
+                             fastemit_lambda, delay_penalty, inplace_grad)
     nll = library.loss(logits.contiguous(), targets.contiguous(), logit_lengths, target_lengths,
-                       operator.index(blank), bool(one_sym_per_frame), bool(from_log_softmax), bool(check_inputs),
+                       blank, bool(one_sym_per_frame), bool(from_log_softmax), bool(check_inputs),
                        float(delay_penalty), float(fastemit_lambda), float(clamp), bool(inplace_grad))[0]
     return _reduce(nll, reduction, zero_infinity)
 
@@ -109,10 +122,8 @@ class TransducerLoss(torch.nn.Module):
                  delay_penalty=0.0):
         super().__init__()
         check_reduction(reduction)
-        if not is_index(blank) or operator.index(blank) < 0:
-            raise ValueError(f"blank: expected a non-negative int, got {blank!r}")
         check_options(clamp, fastemit_lambda, delay_penalty)
-        self.blank = operator.index(blank)
+        self.blank = check_module_blank(blank)
         self.reduction = reduction
         self.one_sym_per_frame = one_sym_per_frame
         self.from_log_softmax = from_log_softmax
@@ -167,11 +178,6 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
         >>> rnnt_loss(logits, torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), torch.tensor([5, 4]),
         ...           torch.tensor([2, 1])).backward()
     """
-    check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
-    V = logits.size(-1)
-    if not is_index(blank) or not -V <= operator.index(blank) < V:
-        raise ValueError(f"blank: expected an int in [{-V}, {V}) (negative values count from the end), got {blank!r}")
-    blank = operator.index(blank) % V
     return transducer_loss(logits, targets, logit_lengths, target_lengths, blank=blank, reduction=reduction,
                            from_log_softmax=not fused_log_softmax, clamp=clamp, fastemit_lambda=fastemit_lambda,
                            delay_penalty=delay_penalty)
@@ -184,10 +190,8 @@ class RNNTLoss(torch.nn.Module):
                  delay_penalty=0.0):
         super().__init__()
         check_reduction(reduction)
-        if not is_index(blank):
-            raise ValueError(f"blank: expected an int, got {blank!r}")
         check_options(clamp, fastemit_lambda, delay_penalty)
-        self.blank = operator.index(blank)
+        self.blank = check_module_blank(blank)
         self.clamp = clamp
         self.reduction = reduction
         self.fused_log_softmax = fused_log_softmax

@@ -8,18 +8,21 @@
 //   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   d(b, t, u) in range   (u <= U_b)
 //
 // with d = grad_rows * act'(h), h = act(enc[b, t] + pred[b, u]) recomputed as pack_forward_kernel computes
-// it (same roundings: the same h), or, for the identity, d = grad_rows: the fused joiner loss's activation
-// and its backward ride on these passes instead of passes of their own, and the tile's hidden need not be
-// kept (or read back: the input rows a pass reads besides grad_rows are few and stay in cache). The sum
-// enc + pred is rounded to the rows' type before act, as in act(pack(enc, pred)). Each output row is owned
-// by one group of TPR threads (a power of two), each thread one VEC-wide slice of D at a time: no atomics,
-// fp32 (fp64) sums. With ACCUMULATE the sums are added to the output (of the accumulation type), else they
-// overwrite it (in the rows' type).
+// it (the same h), or, for the identity, d = grad_rows: the fused joiner loss's activation and its backward
+// ride on these passes instead of passes of their own, and the tile's hidden need not be kept (or read
+// back: the input rows a pass reads besides grad_rows are few and stay in cache).
+//
+// The inputs may have different types (TE, TP: an fp32 encoder output beside a 16-bit predictor output
+// under autocast): the sum and the activation are rounded to their promoted type P, as `enc + pred` and
+// act compute them, and the forward writes the result in the GEMMs' type TO (16 bits under autocast), with
+// no tile of type P. Each output row of the backward is owned by one group of TPR threads (a power of
+// two), each thread one VEC-wide slice of D at a time: no atomics, sums in P's accumulation type. With
+// ACCUMULATE the sums are added to the output (of the accumulation type), else they overwrite it.
 
 #include "transducer/common.cuh"
 
 namespace td {
-enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2 };
+enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2 };  // transducer/cuda.py: ACTIVATIONS
 
 // FAST: the result is rounded to a 16-bit type, whose half ulp (2^-9 at least) exceeds tanh.approx's
 // error (2^-10.99, PTX ISA), so the one-instruction approximation (sm_75 and later) is as good there.
@@ -39,18 +42,24 @@ __device__ __forceinline__ A activate(A a) {
   return a;
 }
 
-// act(e + p) for one vector of the joiner input, rounded to T after the sum and after act: pack_forward
-// writes it, pack_grad recomputes it (bit for bit)
-template <int ACT, typename T, int VEC>
-__device__ __forceinline__ ops::Vec<T, VEC> joiner_input(const ops::Vec<T, VEC>& e, const ops::Vec<T, VEC>& p) {
-  using namespace ops;
-  Vec<T, VEC> o;
+// x of type A rounded to type T and back
+template <typename T, typename A>
+__device__ __forceinline__ A round_to(A x) {
+  typedef typename ops::AccOf<T>::type TA;
+  return (A)ops::to_acc(ops::from_acc<T>((TA)x));
+}
+
+// act(e + p) for one vector of the joiner input, in P's accumulation type, rounded to P after the sum and
+// after act: pack_forward writes it (in its output type), pack_grad recomputes it (bit for bit)
+template <int ACT, typename P, typename TE, typename TP, int VEC>
+__device__ __forceinline__ void joiner_input(const ops::Vec<TE, VEC>& e, const ops::Vec<TP, VEC>& p,
+                                             typename ops::AccOf<P>::type (&h)[VEC]) {
+  typedef typename ops::AccOf<P>::type A;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    o.v[j] = from_acc<T>(to_acc(e.v[j]) + to_acc(p.v[j]));
-    if (ACT != kIdentity) o.v[j] = from_acc<T>(activate<ACT, sizeof(T) == 2>(to_acc(o.v[j])));
+    h[j] = round_to<P>((A)ops::to_acc(e.v[j]) + (A)ops::to_acc(p.v[j]));
+    if (ACT != kIdentity) h[j] = round_to<P>(activate<ACT, sizeof(P) == 2>(h[j]));
   }
-  return o;
 }
 
 // act'(a) from h = act(a): tanh' = 1 - h^2, relu' = [h > 0]
@@ -60,38 +69,61 @@ __device__ __forceinline__ A activation_slope(A h) {
   if (ACT == kRelu) return h > A(0) ? A(1) : A(0);
   return A(1);
 }
+
+// x of accumulation type A in type T
+template <typename T, typename A>
+__device__ __forceinline__ T convert(A x) {
+  return ops::from_acc<T>((typename ops::AccOf<T>::type)x);
+}
 }  // namespace td
 
 // kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
 // and steps to the next rows (a search again only where a row starts another utterance), and has the
-// rows' loads in flight together. One row per group (a search, a FastDivmod and one vector per thread)
-// wrote at half the copy rate (RESULTS.md section 7).
-constexpr int kPackRows = 4;
+// rows' loads in flight together (benchmarks/RESULTS.md, what we learned: pack_forward).
+namespace td {
+constexpr int kPackRows = 4;  // transducer/cuda.py: PACK_ROWS
+}  // namespace td
 
-template <typename T, int VEC, int ACT>
-__global__ void __launch_bounds__(256)
-    pack_forward_kernel(const T* __restrict__ enc, const T* __restrict__ pred, const long long* __restrict__ table,
-                        int B, int row_start, int num_rows, int max_t, int max_u1, int nvec, int log_tpr,
-                        long long ld_out, T* __restrict__ out) {
+template <typename TE, typename TP, typename TO>
+struct PackForwardParams {
+  const TE* enc;   // (B, max_t, D)
+  const TP* pred;  // (B, max_u1, D)
+  int max_t;
+  int max_u1;
+  td::Grids grids;  // the compact layout
+  int row_start;
+  int num_rows;
+  int nvec;     // D / VEC
+  int log_tpr;  // log2 of the threads of a group
+  TO* out;
+  long long ld_out;
+};
+
+// P: the promoted type of TE and TP
+template <typename TE, typename TP, typename P, typename TO, int VEC, int ACT>
+__global__ void __launch_bounds__(256) pack_forward_kernel(const PackForwardParams<TE, TP, TO> p) {
   using namespace ops;
-  typedef typename AccOf<T>::type Acc;
-  typedef Vec<T, VEC> V;
-  constexpr int R = kPackRows;
+  typedef typename AccOf<P>::type A;
+  constexpr int R = td::kPackRows;
+  const TE* __restrict__ enc = p.enc;
+  const TP* __restrict__ pred = p.pred;
+  TO* __restrict__ out = p.out;
+  const int max_t = p.max_t, max_u1 = p.max_u1, num_rows = p.num_rows, log_tpr = p.log_tpr, nvec = p.nvec;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
   const int first = (blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr)) * R;
   if (first >= num_rows) return;
-  const td::Grids g{table, B};
+  const td::Grids& g = p.grids;
   const long long D = (long long)nvec * VEC;
   int b, t, u;
-  g.coordinates(row_start + first, b, t, u);
+  g.coordinates(p.row_start + first, b, t, u);
   long long end = g.split(b + 1);  // the first row past utterance b
   long long st = g.stride(b);
-  const V* pe[R];
-  const V* pp[R];
+  const Vec<TE, VEC>* pe[R];
+  const Vec<TP, VEC>* pp[R];
   bool inside[R], cell[R];  // a row of the tile; and a cell of the inputs (else zeros: inconsistent lengths)
 #pragma unroll
   for (int k = 0; k < R; ++k) {
-    const int r = row_start + first + k;
+    const int r = p.row_start + first + k;
     inside[k] = first + k < num_rows;
     if (k > 0 && inside[k]) {
       if (r < end) {
@@ -103,57 +135,82 @@ __global__ void __launch_bounds__(256)
       }
     }
     cell[k] = inside[k] && t < max_t && u < max_u1;
-    pe[k] = reinterpret_cast<const V*>(enc + ((long long)b * max_t + t) * D);
-    pp[k] = reinterpret_cast<const V*>(pred + ((long long)b * max_u1 + u) * D);
+    pe[k] = reinterpret_cast<const Vec<TE, VEC>*>(enc + ((long long)b * max_t + t) * D);
+    pp[k] = reinterpret_cast<const Vec<TP, VEC>*>(pred + ((long long)b * max_u1 + u) * D);
   }
   for (int i = lane; i < nvec; i += (1 << log_tpr)) {
-    V e[R], p[R];
+    Vec<TE, VEC> e[R];
+    Vec<TP, VEC> q[R];
 #pragma unroll
     for (int k = 0; k < R; ++k) {
-      if (cell[k]) e[k] = pe[k][i], p[k] = pp[k][i];
+      if (cell[k]) e[k] = ldg(pe[k] + i), q[k] = ldg(pp[k] + i);
     }
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       if (!inside[k]) continue;
-      V o;
+      A h[VEC];
       if (cell[k]) {
-        o = td::joiner_input<ACT>(e[k], p[k]);
+        td::joiner_input<ACT, P>(e[k], q[k], h);
       } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<T>(Acc(0));
+        for (int j = 0; j < VEC; ++j) h[j] = A(0);
       }
-      reinterpret_cast<V*>(out + (long long)(first + k) * ld_out)[i] = o;
+      Vec<TO, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<TO>(h[j]);
+      reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] = o;
     }
   }
 }
 
+template <typename T, typename TE, typename TP, typename O>
+struct PackGradParams {
+  const T* grad_rows;  // the rows [row_start, row_end), D wide
+  const TE* enc;       // (B, max_t, D): read for an activation only
+  const TP* pred;      // (B, max_u1, D)
+  int max_t;
+  int max_u1;
+  td::Grids grids;
+  FastDivmod per_b;    // items per utterance: max_t (encoder) or max_u1 (predictor)
+  int item_start;
+  int num_items;
+  int row_start;
+  int row_end;
+  int nvec;       // D / VEC
+  int log_tpr;    // log2 of the threads of a group
+  int log_split;  // log2 of the groups of an item
+  O* grad;        // (B, max_t or max_u1, D)
+};
+
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
 // t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them; enc
 // (B, max_t, D) and pred (B, max_u1, D) are read only for an activation (h; a row whose t or u lies past
-// them, possible with unchecked lengths, had h = 0 in forward, as here). A
-// block of 256 threads is 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an
-// item take every (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed
-// order (deterministic): the launcher splits an item whose rows are many and far apart (the predictor's
-// sums over t) and keeps an item to one group when its rows are few and contiguous.
-template <typename T, typename O, int VEC, bool PRED, bool ACCUMULATE, int ACT>
-__global__ void __launch_bounds__(256)
-    pack_grad_kernel(const T* __restrict__ grad_rows, const T* __restrict__ enc, const T* __restrict__ pred,
-                     int max_t, int max_u1, const long long* __restrict__ table, int B, FastDivmod per_b,
-                     int item_start, int num_items, int row_start, int row_end, int nvec, int log_tpr, int log_split,
-                     O* __restrict__ grad) {
+// them, possible with unchecked lengths, had h = 0 in forward, as here). A block of 256 threads is
+// 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an item take every
+// (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed order (deterministic):
+// the launcher splits an item whose rows are many and far apart (the predictor's sums over t) and keeps an
+// item to one group when its rows are few and contiguous. P: the promoted type of TE and TP.
+template <typename T, typename TE, typename TP, typename P, typename O, int VEC, bool PRED, bool ACCUMULATE,
+          int ACT>
+__global__ void __launch_bounds__(256) pack_grad_kernel(const PackGradParams<T, TE, TP, O> p) {
   using namespace ops;
-  typedef typename AccOf<T>::type Acc;
+  typedef typename AccOf<P>::type Acc;
   typedef Vec<T, VEC> V;
   typedef Vec<O, VEC> VO;
   __shared__ Acc partial[256][VEC];
-  const int tpr = 1 << log_tpr, lane = threadIdx.x & (tpr - 1), group = threadIdx.x >> log_tpr;
-  const int split = 1 << log_split, part = group & (split - 1);
-  const int local = blockIdx.x * (256 >> log_tpr >> log_split) + (group >> log_split);
-  const bool active = local < num_items;  // every thread reaches the barriers below
-  const int item = item_start + (active ? local : 0);
+  const T* __restrict__ grad_rows = p.grad_rows;
+  const TE* __restrict__ enc = p.enc;
+  const TP* __restrict__ pred = p.pred;
+  O* __restrict__ grad = p.grad;
+  const int max_t = p.max_t, max_u1 = p.max_u1, nvec = p.nvec, row_start = p.row_start, row_end = p.row_end;
+  const int tpr = 1 << p.log_tpr, lane = threadIdx.x & (tpr - 1), group = threadIdx.x >> p.log_tpr;
+  const int split = 1 << p.log_split, part = group & (split - 1);
+  const int local = blockIdx.x * (256 >> p.log_tpr >> p.log_split) + (group >> p.log_split);
+  const bool active = local < p.num_items;  // every thread reaches the barriers below
+  const int item = p.item_start + (active ? local : 0);
   int b, k;  // k = t (enc) or u (pred)
-  per_b.divmod(item, b, k);
-  const td::Grids g{table, B};
+  p.per_b.divmod(item, b, k);
+  const td::Grids& g = p.grids;
   const int Tb = (int)g.T(b), Ub = (int)g.U(b);
   const long long st = g.stride(b);
   const long long D = (long long)nvec * VEC;
@@ -171,33 +228,40 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
     if (i < nvec) {
-      const T* p = grad_rows + (first - row_start) * D + (long long)i * VEC;
-      // the item's own input row (enc[b, k] or pred[b, k]) and the other input's rows, the other
-      // coordinate (u or t) being c: row first + c * step of the layout is (b, t, c) or (b, c, u); null
-      // pointers for the identity
-      V own;
-      const T* other = nullptr;
+      const T* rows = grad_rows + (first - row_start) * D + (long long)i * VEC;
+      // the item's own encoder (predictor) row, and the other input's rows, c being the other coordinate
+      // (u or t): row first + c * step of the layout is (b, k, c) or (b, c, k); unread for the identity
       const int other_rows = PRED ? max_t : max_u1;
+      Vec<TE, VEC> e;
+      Vec<TP, VEC> q;
+      const TE* enc_rows = enc + (long long)b * max_t * D + (long long)i * VEC;
+      const TP* pred_rows = pred + (long long)b * max_u1 * D + (long long)i * VEC;
       if (ACT != td::kIdentity) {
-        own = *reinterpret_cast<const V*>((PRED ? pred : enc) + (long long)item * D + (long long)i * VEC);
-        other = (PRED ? enc + (long long)b * max_t * D : pred + (long long)b * max_u1 * D) + (long long)i * VEC;
+        if (PRED)
+          q = ldg(reinterpret_cast<const Vec<TP, VEC>*>(pred_rows + (long long)k * D));
+        else
+          e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + (long long)k * D));
       }
 #pragma unroll 4
       for (long long c = c0 + part; c < c1; c += split) {
-        const V x = *reinterpret_cast<const V*>(p + c * step * D);
+        const V x = ldg(reinterpret_cast<const V*>(rows + c * step * D));
         if (ACT == td::kIdentity) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]);
+          for (int j = 0; j < VEC; ++j) acc[j] += (Acc)to_acc(x.v[j]);
         } else {
-          V h;
+          Acc h[VEC];
           if (c < other_rows) {
-            h = td::joiner_input<ACT>(own, *reinterpret_cast<const V*>(other + c * D));
+            if (PRED)
+              e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + c * D));
+            else
+              q = ldg(reinterpret_cast<const Vec<TP, VEC>*>(pred_rows + c * D));
+            td::joiner_input<ACT, P>(e, q, h);
           } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) h.v[j] = from_acc<T>(Acc(0));
+            for (int j = 0; j < VEC; ++j) h[j] = Acc(0);
           }
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[j] += to_acc(x.v[j]) * td::activation_slope<ACT>(to_acc(h.v[j]));
+          for (int j = 0; j < VEC; ++j) acc[j] += (Acc)to_acc(x.v[j]) * td::activation_slope<ACT>(h[j]);
         }
       }
     }
@@ -220,7 +284,7 @@ __global__ void __launch_bounds__(256)
       for (int j = 0; j < VEC; ++j) o.v[j] += (O)acc[j];
     } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = from_acc<O>(acc[j]);
+      for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>(acc[j]);
     }
     po[i] = o;
   }

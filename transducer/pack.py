@@ -1,25 +1,24 @@
 """pack: the compact joiner input enc[b, t] + pred[b, u], built without a loop over the batch."""
 
-import torch
-
 from . import library
-from .checks import INDEX_DTYPES, check_tensor
+from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 
 
 def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     """Compact joiner input: row (b, t, u) is ``encoder_out[b, t] + predictor_out[b, u]``.
 
     Args:
-        encoder_out: ``(B, maxT, D)`` float tensor.
-        predictor_out: ``(B, maxU+1, D)``, same dtype and device.
-        logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
-        target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
+        encoder_out (Tensor): ``(B, maxT, D)``, float16 / bfloat16 / float32 / float64.
+        predictor_out (Tensor): ``(B, maxU+1, D)``, a floating dtype (may differ from encoder_out's), same device.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
+        target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
 
     Returns:
-        ``(sum_b T_b*(U_b+1), D)``, utterance after utterance, each grid row-major (t, then u): the
-        compact layout :func:`transducer_loss` takes. Differentiable w.r.t. both inputs. Sizing the
-        output reads the lengths on the host (one device-to-host transfer for CUDA lengths); under
-        torch.compile the number of rows is a data-dependent size.
+        Tensor: ``(sum_b T_b*(U_b+1), D)`` in the promoted dtype of the two inputs (as ``encoder_out +
+        predictor_out`` gives it), utterance after utterance, each grid row-major (t, then u): the compact
+        layout :func:`transducer_loss` takes. Differentiable w.r.t. both inputs, gradients in each input's
+        dtype. Sizing the output reads the lengths on the host (one device-to-host transfer for CUDA
+        lengths); under torch.compile the number of rows is a data-dependent size.
 
     Example::
 
@@ -27,10 +26,8 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
         >>> pack(enc, pred, torch.tensor([5, 3]), torch.tensor([3, 1])).shape
         torch.Size([26, 8])
     """
-    if not isinstance(encoder_out, torch.Tensor) or not encoder_out.is_floating_point():
-        raise TypeError("encoder_out: expected a floating-point torch.Tensor")
-    check_tensor("predictor_out", predictor_out, (encoder_out.dtype,), (3,), encoder_out.device)
-    check_tensor("encoder_out", encoder_out, (encoder_out.dtype,), (3,), None)
+    check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
+    check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), encoder_out.device)
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), encoder_out.device)
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), encoder_out.device)
     B, max_t, D = encoder_out.shape

@@ -1,13 +1,15 @@
 // CUDA twin of the transducer stages (contract: transducer/layout.py), launched by transducer/cuda.py
-// on torch's current stream, one template instantiation per name expression:
+// on torch's current stream, one template instantiation per name expression. Each kernel takes one
+// parameter struct, filled on the host by field name (transducer/cuda.py mirrors them):
 //
 //   layout_kernel      one block: the Layout table (lengths, strides, row_splits) and the
-//                      value-check stats
+//                      value-check stats (LayoutParams)
 //   log_probs_kernel   one warp (or one 256-thread block, long rows) per row: den = logsumexp_v in
-//                      one online pass, lp = picked - den
+//                      one online pass, lp = picked - den (LogProbsParams)
 //   alpha_beta_kernel  2B blocks: block b walks alpha of utterance b, block B + b its beta (and
-//                      loss), one thread per u
+//                      loss), one thread per u (AlphaBetaParams)
 //   gradient_kernel    one warp (or block) per row: one read of the logits, one write of the gradient
+//                      (GradientParams)
 //
 // Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in common.cuh).
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31; rows themselves are below 2^31
@@ -21,19 +23,30 @@
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)),
 // penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more).
 // A NaN or +-inf logit makes den (RowPass::logsumexp), both log-probs and so the utterance's loss NaN (the
-// CPU twin alike). ALIGNED: as for RowPass (common.cuh); when false, `nvec` is the row's columns.
+// CPU twin alike). ALIGNED: as for RowPass (common.cuh); when false, `logits.n` is the row's columns.
+template <typename T, typename I>
+struct LogProbsParams {
+  td::Grids grids;
+  td::Rows<T> logits;
+  td::Labels<I> labels;
+  bool from_log_softmax;  // den = 0: the logits are log-probabilities
+  double delay_penalty;
+  typename ops::AccOf<T>::type* lp;   // (N, 2)
+  typename ops::AccOf<T>::type* den;  // (N,)
+};
+
 template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
-__global__ void __launch_bounds__(td::kThreads)
-    log_probs_kernel(const T* __restrict__ logits, const I* __restrict__ targets, int target_cols,
-                     const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
-                     int blank, td::PaddedGrid pad, int from_log_softmax, typename ops::AccOf<T>::type delay_penalty,
-                     typename ops::AccOf<T>::type* __restrict__ lp, typename ops::AccOf<T>::type* __restrict__ den) {
+__global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  RowPass<T, VEC, WPR, ALIGNED> pass;
-  if (!pass.begin(logits, Grids{table, B, pad}, row_start, num_rows, ld, nvec, !pad.padded() && !from_log_softmax))
-    return;
+  const ReadOnly<T> logits{p.logits.data};
+  const ReadOnly<I> targets{p.labels.targets};
+  Acc* __restrict__ lp = p.lp;
+  Acc* __restrict__ den = p.den;
+  const int V = p.logits.V, target_cols = p.labels.cols;
+  RowPass<T, VEC, WPR, ALIGNED, kUnroll, true> pass;
+  if (!pass.begin(p.logits.data, p.logits, p.grids, !p.grids.pad.padded() && !p.from_log_softmax)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
@@ -49,24 +62,24 @@ __global__ void __launch_bounds__(td::kThreads)
   const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
   Acc x_blank = Acc(0), x_label = NINF;
   if (pass.lane == 0) {  // issued early, used after the reduction
-    x_blank = to_acc(logits[pass.row + blank]);
+    x_blank = to_acc(logits[pass.row + p.labels.blank]);
     if (has_label) {
       const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
       x_label = to_acc(logits[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
     }
   }
-  const Acc d = from_log_softmax ? Acc(0) : pass.logsumexp();
+  const Acc d = p.from_log_softmax ? Acc(0) : pass.logsumexp();
   if (pass.lane == 0) {
     den[r] = d;
     lp[2ll * r] = x_blank - d;
-    lp[2ll * r + 1] = has_label ? x_label - d + delay_penalty * (Acc(0.5) * (ri.T - 1) - ri.t) : NINF;
+    const Acc penalty = Acc(p.delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
+    lp[2ll * r + 1] = has_label ? x_label - d + penalty : NINF;
   }
 }
 
 // ---------------------------------------------------------------------------
-// alpha / beta walks. MODE 0: RNN-T alpha, 1: RNN-T beta (anti-diagonals
-// n = t + u, T + U steps); 2: RNA alpha, 3: RNA beta (frames, T steps: an RNA
-// cell depends on the previous frame only). One thread per u (looping when
+// alpha / beta walks: RNN-T over anti-diagonals n = t + u (T + U steps), RNA over frames (T steps: an
+// RNA cell depends on the previous frame only); alpha forwards, beta backwards. One thread per u (looping when
 // U + 1 > blockDim), one barrier per step. The previous step lives in shared
 // memory (two buffers of `cap` entries) when U + 1 <= cap, else it is read
 // back from the output in global memory. Cells outside the RNA band
@@ -75,23 +88,22 @@ namespace td {
 
 constexpr int kRing = 8;  // alpha/beta: steps of log-probs loaded ahead
 
-template <typename Acc, int MODE>
+template <typename Acc, bool RNA, bool BETA>
 struct Walk {
-  const Acc* __restrict__ lp;
+  ReadOnly<Acc> lp;
   Acc* out;
   Acc* loss;  // beta modes: where -beta(0, 0) goes
   Acc* S;     // shared buffers, 2 * cap
   int T, U, base, st, cap;
   bool sm;
 
+  // the frame of cell u at step s
   __device__ __forceinline__ int t_of(int s, int u) const {
-    if (MODE == 0) return s - u;
-    if (MODE == 1) return T - 1 + U - s - u;
-    if (MODE == 2) return s;
-    return T - 1 - s;
+    if (RNA) return BETA ? T - 1 - s : s;
+    return BETA ? T - 1 + U - s - u : s - u;
   }
   __device__ __forceinline__ bool in_band(int t, int u) const {
-    return MODE < 2 ? true : (u <= t && t - u <= T - 1 - U);
+    return !RNA || (u <= t && t - u <= T - 1 - U);
   }
   // the two log-probabilities that step s of cell (t(s,u), u) adds
   __device__ __forceinline__ void load(int s, int u, Acc& x1, Acc& x2) const {
@@ -101,10 +113,10 @@ struct Walk {
     const int t = t_of(s, u);
     if (t < 0 || t >= T || !in_band(t, u)) return;
     const long long c = (long long)base + (long long)t * st + u;
-    if (MODE == 0) {
+    if (!RNA && !BETA) {
       if (t > 0) x1 = lp[2 * (c - st)];
       if (u > 0) x2 = lp[2 * (c - 1) + 1];
-    } else if (MODE == 2) {
+    } else if (RNA && !BETA) {
       if (t > 0) {
         x1 = lp[2 * (c - st)];
         if (u > 0) x2 = lp[2 * (c - st - 1) + 1];
@@ -122,13 +134,13 @@ struct Walk {
       const long long c = (long long)base + (long long)t * st + u;
       const Acc* prv = S + ((s & 1) ? 0 : cap);
       if (in_band(t, u)) {
-        if (MODE == 0 || MODE == 2) {
+        if (!BETA) {
           if (t == 0 && u == 0) {
             val = Acc(0);
           } else {
             Acc p1 = NINF, p2 = NINF;
             if (t > 0) p1 = sm ? prv[u] : out[c - st];
-            if (MODE == 0) {
+            if (!RNA) {
               if (u > 0) p2 = sm ? prv[u - 1] : out[c - 1];
             } else if (t > 0 && u > 0) {
               p2 = sm ? prv[u - 1] : out[c - st - 1];
@@ -141,7 +153,7 @@ struct Walk {
           } else {
             Acc p1 = NINF, p2 = NINF;
             if (t < T - 1) p1 = sm ? prv[u] : out[c + st];
-            if (MODE == 1) {
+            if (!RNA) {
               if (u < U) p2 = sm ? prv[u + 1] : out[c + 1];
             } else if (t < T - 1 && u < U) {
               p2 = sm ? prv[u + 1] : out[c + st + 1];
@@ -151,13 +163,13 @@ struct Walk {
         }
       }
       out[c] = val;
-      if ((MODE == 1 || MODE == 3) && t == 0 && u == 0) *loss = -val;
+      if (BETA && t == 0 && u == 0) *loss = -val;
     }
     if (sm) S[((s & 1) ? cap : 0) + u] = val;
   }
 
   __device__ void run() const {
-    const int nsteps = MODE < 2 ? T + U : T;
+    const int nsteps = RNA ? T : T + U;
     if (U + 1 <= (int)blockDim.x) {
       // one u per thread: each step's log-probs are loaded kRing steps ahead
       // (a register ring), so their latency stays off the critical path
@@ -197,18 +209,29 @@ struct Walk {
 
 }  // namespace td
 
+// The walks' parameters: alpha in blocks [0, B), beta and nll in [B, 2B).
+template <typename Acc>
+struct AlphaBetaParams {
+  td::Grids grids;
+  const Acc* lp;        // (N, 2)
+  bool padded;          // fill the padding rows of alpha and beta with -inf
+  int cap;              // entries of each of the two shared buffers (0: the previous step from global memory)
+  td::Walks<Acc> out;
+};
+
 template <typename Acc, bool RNA>
-__global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict__ lp, const long long* __restrict__ table, int B,
-                                  int padded, int cap, Acc* alpha, Acc* beta, Acc* loss) {
+__global__ void __launch_bounds__(1024) alpha_beta_kernel(const AlphaBetaParams<Acc> p) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
-  const Grids g{table, B};
+  const ReadOnly<Acc> lp{p.lp};
+  const Grids& g = p.grids;
   const WalkBlock w(g);
-  const int b = w.b, T = w.T, U = w.U, base = (int)w.base, st = (int)w.st;
+  const int b = w.b, T = w.T, U = w.U, base = (int)w.base, st = (int)w.st, cap = p.cap;
   const bool is_beta = w.is_beta;
-  Acc* out = is_beta ? beta : alpha;
+  Acc* out = is_beta ? p.out.beta : p.out.alpha;
+  Acc* loss = p.out.nll;
   const Acc NINF = neg_inf<Acc>();
-  if (padded) fill_non_cells(g, w, out);  // like the CPU twin
+  if (p.padded) fill_non_cells(g, w, out);  // like the CPU twin
   if (is_beta && T <= 0 && threadIdx.x == 0) loss[b] = -NINF;  // no frames: no alignment
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
   const bool sm = U + 1 <= cap;
@@ -227,16 +250,16 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
         nan_seen |= x != x;
       }
       nan_seen = __syncthreads_or(nan_seen);
-      Walk<Acc, 3>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+      Walk<Acc, true, true>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
       if (nan_seen && threadIdx.x == 0) loss[b] = quiet_nan<Acc>();
     } else {
-      Walk<Acc, 2>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+      Walk<Acc, true, false>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
     }
   } else {
     if (is_beta)
-      Walk<Acc, 1>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+      Walk<Acc, false, true>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
     else
-      Walk<Acc, 0>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
+      Walk<Acc, false, false>{lp, out, loss + b, S, T, U, base, st, cap, sm}.run();
   }
 }
 
@@ -244,7 +267,7 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 // gradient of sum_b scale[b] * loss[b] w.r.t. the logits, one pass. With the posteriors of the cell,
 // gamma = exp(alpha + loss + beta), and of its arcs, occ_blank = exp(alpha + loss + lp_blank +
 // beta(after blank)) and occ_label = exp(alpha + loss + lp_label + beta(after label)):
-//   g = softmax_v * (gamma + lambda * occ_label)       (not from_log_softmax)
+//   g = softmax_v * (gamma + lambda * occ_label)       (not FROM_LOG_SOFTMAX)
 //       - [v == blank] occ_blank - [v == y_u] (1 + lambda) occ_label
 //   grad = scale * clamp(g, -c, c)
 // lambda = fastemit_lambda (FastEmit, Yu et al. 2021: the gradient w.r.t. each label log-prob scaled
@@ -254,35 +277,44 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const Acc* __restrict_
 // padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
 // `logits` (each element is read before it is written). ALIGNED: as for log_probs_kernel; when false, `out`'s
 // rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it), or, STAGED, start
-// on one (common.cuh's RowOut). `out`'s rows are `ld_out` apart. FLS reads no logits: the launcher passes
-// `out` as `logits` then, so that only out's alignment sets the vectors.
-template <typename T, typename I, int VEC, int WPR, bool FLS, bool RNA, bool CLAMP, bool ALIGNED, bool STAGED>
-__global__ void __launch_bounds__(td::kThreads)
-    gradient_kernel(const T* logits, const I* __restrict__ targets, int target_cols,
-                    const long long* __restrict__ table, int B, int row_start, int num_rows, int V, int ld, int nvec,
-                    long long ld_out, int blank, td::PaddedGrid pad,
-                    const typename ops::AccOf<T>::type* __restrict__ lp,
-                    const typename ops::AccOf<T>::type* __restrict__ den,
-                    const typename ops::AccOf<T>::type* __restrict__ alpha,
-                    const typename ops::AccOf<T>::type* __restrict__ beta,
-                    const typename ops::AccOf<T>::type* __restrict__ loss,
-                    const typename ops::AccOf<T>::type* __restrict__ scale, long long scale_stride,
-                    typename ops::AccOf<T>::type fastemit_lambda, typename ops::AccOf<T>::type clamp, T* out) {
+// on one (common.cuh's RowOut). FROM_LOG_SOFTMAX reads no logits: the launcher passes the output rows as
+// `logits` then, so that only their alignment sets the vectors.
+template <typename T, typename I>
+struct GradientParams {
+  td::Grids grids;
+  td::Rows<T> logits;
+  td::Labels<I> labels;
+  td::Lattice<typename ops::AccOf<T>::type> lattice;
+  td::Scale<typename ops::AccOf<T>::type> scale;
+  double fastemit_lambda;
+  double clamp;  // > 0 (CLAMP)
+  T* out;
+  long long ld_out;
+};
+
+template <typename T, typename I, int VEC, int WPR, bool FROM_LOG_SOFTMAX, bool RNA, bool CLAMP, bool ALIGNED,
+          bool STAGED>
+__global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
+  const ReadOnly<I> targets{p.labels.targets};
+  const ReadOnly<Acc> lp{p.lattice.lp}, den{p.lattice.den}, alpha{p.lattice.alpha}, beta{p.lattice.beta},
+      loss{p.lattice.nll};
+  const Acc fastemit_lambda = Acc(p.fastemit_lambda), clamp = Acc(p.clamp);
+  const int V = p.logits.V, blank = p.labels.blank;
   RowPass<T, VEC, WPR, ALIGNED> pass;
-  if (!pass.begin(logits, Grids{table, B, pad}, row_start, num_rows, ld, nvec, !FLS && !pad.padded())) return;
+  if (!pass.begin(p.logits.data, p.logits, p.grids, !FROM_LOG_SOFTMAX && !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
   RowOut<T, VEC, WPR, STAGED> dst;
-  dst.begin(out + (long long)(r - row_start) * ld_out, pass.head, V);
+  dst.begin(p.out + (long long)(r - p.logits.row_start) * p.ld_out, pass.head, V);
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
   if (live) {
     l = loss[ri.b];
-    sc = scale[ri.b * scale_stride];
+    sc = p.scale[ri.b];
     live = is_finite(l) && sc != Acc(0);
     if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
   }
@@ -308,23 +340,23 @@ __global__ void __launch_bounds__(td::kThreads)
     else
       after_label = beta[r + 1];
     occ_label = exp_acc(lognorm + lp[2ll * r + 1] + after_label);
-    label = (int)targets[(long long)ri.b * target_cols + ri.u];
+    label = (int)targets[(long long)ri.b * p.labels.cols + ri.u];
   }
   // log of the softmax term's factor, less den
   Acc coef = Acc(0);
-  if (!FLS) {
+  if (!FROM_LOG_SOFTMAX) {
     coef = fastemit_lambda == Acc(0) ? lognorm + beta[r] : log_acc(exp_acc(lognorm + beta[r]) + fastemit_lambda * occ_label);
     coef -= den[r];
   }
   const Acc sub_blank = occ_blank, sub_label = (Acc(1) + fastemit_lambda) * occ_label;
   auto grad = [&](int v, T x) {
-    Acc g = FLS ? Acc(0) : exp_fast(to_acc(x) + coef);
+    Acc g = FROM_LOG_SOFTMAX ? Acc(0) : exp_fast(to_acc(x) + coef);
     if (v == blank) g -= sub_blank;
     if (v == label) g -= sub_label;
     if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
     return from_acc<T>(g * sc);
   };
-  pass.for_each(!FLS, [&](int i, const VT& vt) {
+  pass.for_each(!FROM_LOG_SOFTMAX, [&](int i, const VT& vt) {
     VT o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
@@ -336,14 +368,16 @@ __global__ void __launch_bounds__(td::kThreads)
 
 // ---------------------------------------------------------------------------
 // layout: the Layout table of transducer/layout.py in one launch of one block,
-//   table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (6)],
+//   table = [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats (kNumStats)],
 // for padded (B, padded_t, max_u1) grids when padded_t > 0, else compact ones (stride U_b + 1).
-// With STATS, stats = [min T, max T, min U, max U, sum T*(U+1), labels (u < U_b) outside [0, V) or
-// equal to blank]: all that the value checks need, read back in one transfer. Each thread owns a
-// contiguous run of utterances, so row_splits is one block-wide exclusive sum.
+// With STATS, the stats (enum Stat) are all that the value checks need, read back in one transfer. Each
+// thread owns a contiguous run of utterances, so row_splits is one block-wide exclusive sum.
 namespace td {
-// The cell count in the stats saturates at 2^61 (CELLS_CAP in transducer/layout.py), so lengths whose
-// products or sums overflow 64 bits are reported instead of wrapping into a plausible count.
+// The entries of the table's stats (transducer/layout.py's Stats): min and max T_b and U_b, the cell count
+// sum_b T_b*(U_b+1), and the labels (u < U_b) outside [0, V) or equal to blank.
+enum Stat : int { kMinT, kMaxT, kMinU, kMaxU, kCells, kBadLabels, kNumStats };
+// The cell count saturates at 2^61 (transducer/layout.py's CELLS_CAP), so lengths whose products or sums
+// overflow 64 bits are reported instead of wrapping into a plausible count.
 constexpr long long kCellsCap = 1ll << 61;
 __device__ __forceinline__ long long cells_of(long long T, long long U) {
   if (T > 0 && U >= 0 && (double)T * ((double)U + 1.0) >= (double)kCellsCap) return kCellsCap;
@@ -352,16 +386,37 @@ __device__ __forceinline__ long long cells_of(long long T, long long U) {
 __device__ __forceinline__ long long cells_add(long long a, long long b) {
   return a + b >= kCellsCap ? kCellsCap : a + b;  // a, b <= kCellsCap: no overflow
 }
+// how two partial values of stat k merge
+__device__ __forceinline__ long long merge_stat(int k, long long a, long long b) {
+  if (k == kMinT || k == kMinU) return a < b ? a : b;
+  if (k == kMaxT || k == kMaxU) return a > b ? a : b;
+  if (k == kCells) return cells_add(a, b);
+  return a + b;
+}
 }  // namespace td
 
+template <typename IT, typename IU, typename I>
+struct LayoutParams {
+  const IT* logit_lengths;
+  const IU* target_lengths;
+  td::Labels<I> labels;  // targets null: no label check
+  int B;
+  int padded_t;  // > 0: padded (B, padded_t, max_u1) grids
+  int max_u1;
+  int V;
+  long long* table;
+};
+
 template <typename IT, typename IU, typename I, bool STATS>
-__global__ void __launch_bounds__(1024)
-    layout_kernel(const IT* __restrict__ logit_lengths, const IU* __restrict__ target_lengths,
-                  const I* __restrict__ targets, int target_cols, int B, int padded_t, int max_u1, int V, int blank,
-                  long long* __restrict__ table) {
+__global__ void __launch_bounds__(1024) layout_kernel(const LayoutParams<IT, IU, I> p) {
   using namespace td;
   __shared__ long long scan[32];
-  __shared__ long long part[6][32];
+  __shared__ long long part[kNumStats][32];
+  const ReadOnly<IT> logit_lengths{p.logit_lengths};
+  const ReadOnly<IU> target_lengths{p.target_lengths};
+  const ReadOnly<I> targets{p.labels.targets};
+  long long* __restrict__ table = p.table;
+  const int B = p.B, padded_t = p.padded_t, max_u1 = p.max_u1, target_cols = p.labels.cols;
   const long long kMax = 0x7fffffffffffffffll, kMin = -kMax - 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
   long long* Ts = table;
@@ -370,7 +425,7 @@ __global__ void __launch_bounds__(1024)
   long long* splits = table + 3 * B;
   const int per = (B + blockDim.x - 1) / blockDim.x;
   const int b0 = min(tid * per, B), b1 = min(b0 + per, B);
-  long long v[6] = {kMax, kMin, kMax, kMin, 0, 0};
+  long long v[kNumStats] = {kMax, kMin, kMax, kMin, 0, 0};  // the identities of merge_stat
   long long cells = 0;
   for (int b = b0; b < b1; ++b) {
     const long long T = (long long)logit_lengths[b], U = (long long)target_lengths[b];
@@ -380,11 +435,11 @@ __global__ void __launch_bounds__(1024)
     strides[b] = st;
     cells += padded_t > 0 ? (long long)padded_t * max_u1 : T * st;
     if (STATS) {
-      v[0] = T < v[0] ? T : v[0];
-      v[1] = T > v[1] ? T : v[1];
-      v[2] = U < v[2] ? U : v[2];
-      v[3] = U > v[3] ? U : v[3];
-      v[4] = cells_add(v[4], cells_of(T, U));
+      v[kMinT] = merge_stat(kMinT, v[kMinT], T);
+      v[kMaxT] = merge_stat(kMaxT, v[kMaxT], T);
+      v[kMinU] = merge_stat(kMinU, v[kMinU], U);
+      v[kMaxU] = merge_stat(kMaxU, v[kMaxU], U);
+      v[kCells] = cells_add(v[kCells], cells_of(T, U));
     }
   }
   long long total;
@@ -396,7 +451,7 @@ __global__ void __launch_bounds__(1024)
   if (tid == 0) splits[B] = total;
   long long* stats = table + 4 * B + 1;
   if (!STATS) {  // not computed, but written: the table is an output of transducer::loss
-    if (tid < 6) stats[tid] = 0;
+    if (tid < kNumStats) stats[tid] = 0;
     return;
   }
 
@@ -406,27 +461,21 @@ __global__ void __launch_bounds__(1024)
       const int b = (int)(i / target_cols), u = (int)(i - (long long)b * target_cols);
       if (u < (long long)target_lengths[b]) {
         const long long y = (long long)targets[i];
-        v[5] += (y < 0 || y >= V || y == blank);
+        v[kBadLabels] += (y < 0 || y >= p.V || y == p.labels.blank);
       }
     }
   }
-  // min, max, min, max, saturating sum, sum: over the warp, then over the warps
+  // over the warp, then over the warps
 #pragma unroll
-  for (int k = 0; k < 6; ++k) {
-    for (int o = 16; o > 0; o >>= 1) {
-      const long long w = __shfl_xor_sync(0xffffffffu, v[k], o);
-      v[k] = k == 0 || k == 2 ? (w < v[k] ? w : v[k]) : k == 1 || k == 3 ? (w > v[k] ? w : v[k]) : cells_add(v[k], w);
-    }
+  for (int k = 0; k < kNumStats; ++k) {
+    for (int o = 16; o > 0; o >>= 1) v[k] = merge_stat(k, v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
     if (lane == 0) part[k][warp] = v[k];
   }
   __syncthreads();
-  if (tid < 6) {
+  if (tid < kNumStats) {
     const int k = tid;
     long long acc = part[k][0];
-    for (int w = 1; w < warps; ++w) {
-      const long long x = part[k][w];
-      acc = k == 0 || k == 2 ? (x < acc ? x : acc) : k == 1 || k == 3 ? (x > acc ? x : acc) : cells_add(acc, x);
-    }
+    for (int w = 1; w < warps; ++w) acc = merge_stat(k, acc, part[k][w]);
     stats[k] = acc;
   }
 }

@@ -1,13 +1,16 @@
-// CUDA twin of the TDT stages (the TDT part of transducer/cpu.py says the math and the contract), launched by
-// transducer/cuda.py on torch's current stream:
+// CUDA twin of the TDT stages (transducer/layout.py says the math and the contract), launched by
+// transducer/cuda.py on torch's current stream, each kernel with one parameter struct:
 //
 //   tdt_log_probs_kernel   one warp (or a 256-thread block) per row: the token logsumexp in one online
 //                          pass over 16-byte vectors, the D duration scores by the first lanes
+//                          (TdtLogProbsParams)
 //   tdt_walk_kernel        2B blocks: alpha of utterance b in block b, its beta and loss in block B + b;
 //                          one thread per u, one barrier per anti-diagonal (every arc of duration d moves
 //                          d or d + 1 anti-diagonals, so earlier ones are final); log-probs read ahead
+//                          (TdtWalkParams)
 //   tdt_alpha_beta_kernel  the same for any U + 1 and D (a block loops over u; no read-ahead)
 //   tdt_gradient_kernel    one warp (or block) per row: one read of the scores, one write of the gradient
+//                          (TdtGradientParams)
 //
 // Token scores and duration scores are two row-major arrays with their own row strides (two views of
 // NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
@@ -17,9 +20,9 @@
 
 namespace td {
 
-constexpr int kMaxDurations = 16;
+constexpr int kMaxDurations = 16;  // transducer/layout.py: MAX_DURATIONS
 
-// The durations, by value (transducer/cuda.py fills it as a numpy structured scalar).
+// The durations, by value: d[0, n) (the rest zeros).
 struct Durations {
   int n;
   int d[kMaxDurations];
@@ -59,7 +62,7 @@ __device__ __forceinline__ int duration(const Durations& durs, int i) {
 // is NaN: tdt_log_probs_kernel makes every log-prob of a row with a non-finite score NaN, its blank entry
 // included, so that one is read. false (uniform over the block): T <= 0, nothing more to do.
 template <typename Acc>
-__device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Grids& g, const WalkBlock& w, bool scan,
+__device__ __forceinline__ bool walk_begin(const ReadOnly<Acc>& lp, const Grids& g, const WalkBlock& w, bool scan,
                                            int padded, Acc* out, Acc* loss, bool& nan_seen) {
   const Acc NINF = neg_inf<Acc>();
   const int b = w.b, T = w.T, U = w.U;
@@ -90,28 +93,48 @@ __device__ __forceinline__ bool walk_begin(const Acc* __restrict__ lp, const Gri
 // lp[r] = (tok(blank), tok(y_{u+1})) = x - den_tok - sigma, lp_dur[r, i] = x_dur[i] - den_dur,
 // den[r] = (logsumexp of the tokens, logsumexp of the durations); a NaN or +-inf score in the row makes
 // both den entries NaN (the sum of x - x, 0 or NaN, added to them).
+namespace td {
+// The D duration scores of each row: `ld` elements apart from `data`, the rows of the token scores'.
+template <typename T>
+struct DurationRows {
+  const T* data;
+  long long ld;
+  int D;
+};
+}  // namespace td
+
+template <typename T, typename I>
+struct TdtLogProbsParams {
+  td::Grids grids;
+  td::Rows<T> tokens;
+  td::DurationRows<T> durations;
+  td::Labels<I> labels;
+  double sigma;
+  typename ops::AccOf<T>::type* lp;      // (N, 2)
+  typename ops::AccOf<T>::type* lp_dur;  // (N, D)
+  typename ops::AccOf<T>::type* den;     // (N, 2)
+};
+
 template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
-__global__ void __launch_bounds__(td::kThreads)
-    tdt_log_probs_kernel(const T* __restrict__ tok, const T* __restrict__ dur, long long ld_tok, long long ld_dur,
-                         int D, const I* __restrict__ targets, int target_cols, const long long* __restrict__ table,
-                         int B, int row_start, int num_rows, int V, int nvec, int blank, td::PaddedGrid pad,
-                         typename ops::AccOf<T>::type sigma, typename ops::AccOf<T>::type* __restrict__ lp,
-                         typename ops::AccOf<T>::type* __restrict__ lp_dur,
-                         typename ops::AccOf<T>::type* __restrict__ den) {
+__global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLogProbsParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2). The launcher takes 8 for the compact
-  // layout, whose rows are loaded before their (b, t, u) is known: a 1024-wide fp32 row of NeMo's 1029-wide
-  // joint in one trip instead of two (0.962 -> 0.913 ms at (16,400,100,1024+5), H100, RESULTS.md section 10).
-  // The padded layout loads a row after it knows the row is a cell (its (b, t, u) by two divisions, common.cuh's
-  // PaddedGrid), and takes 4 (0.930 ms; 8: 0.974-0.980, RESULTS.md section 11).
-  RowPass<T, VEC, WPR, ALIGNED, DEEP> pass;
-  if (!pass.begin(tok, Grids{table, B, pad}, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !pad.padded()))
-    return;
+  const ReadOnly<T> tok{p.tokens.data}, dur{p.durations.data};
+  const ReadOnly<I> targets{p.labels.targets};
+  Acc* __restrict__ lp = p.lp;
+  Acc* __restrict__ lp_dur = p.lp_dur;
+  Acc* __restrict__ den = p.den;
+  const int D = p.durations.D, V = p.tokens.V, target_cols = p.labels.cols;
+  const Acc sigma = Acc(p.sigma);
+  // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
+  // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
+  // a row once it knows the row is a cell (benchmarks/RESULTS.md: what we learned).
+  RowPass<T, VEC, WPR, ALIGNED, DEEP, true> pass;
+  if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
-  const long long local = r - row_start;
+  const long long local = r - p.tokens.row_start;
   if (!ri.cell) {
     if (pass.lane == 0) {
       lp[2ll * r] = NINF;
@@ -125,13 +148,13 @@ __global__ void __launch_bounds__(td::kThreads)
   const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
   Acc x_blank = Acc(0), x_label = NINF, x_dur = NINF;
   if (pass.lane == 0) {
-    x_blank = to_acc(tok[pass.row + blank]);
+    x_blank = to_acc(tok[pass.row + p.labels.blank]);
     if (has_label) {
       const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
       x_label = to_acc(tok[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
     }
   }
-  if (pass.lane < D) x_dur = to_acc(dur[local * ld_dur + pass.lane]);
+  if (pass.lane < D) x_dur = to_acc(dur[local * p.durations.ld + pass.lane]);
   const Acc d_tok = pass.logsumexp();
   // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
   ReduceState<Acc> lsd = identity<kLogSumExp, Acc>();
@@ -160,23 +183,37 @@ __global__ void __launch_bounds__(td::kThreads)
 // The last `ring` anti-diagonals (max duration + 2 of them: every predecessor or successor) stay in shared
 // memory, ring * ring_cols entries, when the launcher could allot them (ring > 0) and the utterance fits
 // (U + 1 <= ring_cols); else they are read back from global memory.
+// Both walk kernels' parameters: alpha in blocks [0, B), beta and nll in [B, 2B).
 template <typename Acc>
-__global__ void __launch_bounds__(1024)
-    tdt_alpha_beta_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
-                          const long long* __restrict__ table, int B, int padded, int ring, int ring_cols,
-                          Acc* alpha, Acc* beta, Acc* loss) {
+struct TdtWalkParams {
+  td::Grids grids;
+  const Acc* lp;         // (N, 2)
+  const Acc* lp_dur;     // (N, D)
+  td::Durations durations;
+  bool padded;           // fill the padding rows of alpha and beta with -inf
+  int ring;              // anti-diagonals kept in shared memory (0: none)
+  int cols;              // columns of each
+  td::Walks<Acc> out;
+};
+
+template <typename Acc>
+__global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParams<Acc> p) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
-  const Grids g{table, B};
+  const ReadOnly<Acc> lp{p.lp}, lp_dur{p.lp_dur};
+  const Durations& durs = p.durations;
+  const int ring = p.ring, ring_cols = p.cols;
+  Acc* loss = p.out.nll;
+  const Grids& g = p.grids;
   const WalkBlock w(g);
   const int b = w.b, T = w.T, U = w.U, D = durs.n;
   const long long base = w.base, st = w.st;
   const bool is_beta = w.is_beta;
-  Acc* out = is_beta ? beta : alpha;
+  Acc* out = is_beta ? p.out.beta : p.out.alpha;
   const Acc NINF = neg_inf<Acc>();
   bool nan_seen;
-  if (!walk_begin(lp, g, w, is_beta, padded, out, loss, nan_seen)) return;
+  if (!walk_begin(lp, g, w, is_beta, p.padded, out, loss, nan_seen)) return;
   const int steps = T + U, cols = U + 1;
   const bool sm = ring > 0 && cols <= ring_cols;  // shared memory holds ring x ring_cols entries
   // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
@@ -233,9 +270,10 @@ __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
-// The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <= 512),
-// D <= 8 (a template parameter: the loops over durations unroll) and the launcher could allot the shared
-// rings. The walk is bound by its instructions (RESULTS.md sections 5 and 9), so a step has no branches:
+// The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <=
+// kWalkMaxThreads), D <= kWalkMaxDurations (a template parameter: the loops over durations unroll) and the
+// launcher could allot the shared rings. The walk is bound by its instructions, so a step has no branches
+// (benchmarks/RESULTS.md, what we learned: the TDT walk):
 // - Rings of `ring` steps (a power of two > max duration + 1: step s in slot s & (ring - 1)), `cap` columns,
 //   cell u in column u + 1. Every thread writes its column every step, -inf when its cell is off the grid,
 //   and columns 0 and cap - 1 stay -inf; so an arc from (alpha) or to (beta) a cell off the grid reads
@@ -247,9 +285,10 @@ __global__ void __launch_bounds__(1024)
 //   (step -1, column U_b + 1) and no label arc reaches it.
 // - Every cell's 2 + D log-probs are read AHEAD steps before the step that needs them, as the sums
 //   token + duration_i the step adds (-inf off the grid).
-// Measured slower (RESULTS.md section 9): two threads a cell (one taking the blank arcs, the other the label
-// arcs, merged by a shuffle), and rings stored twice so that an arc's slot needs no mask (more stores).
 namespace td {
+
+constexpr int kWalkMaxThreads = 512;   // transducer/cuda.py: WALK_MAX_THREADS
+constexpr int kWalkMaxDurations = 8;   // transducer/cuda.py: WALK_MAX_DURATIONS
 
 // The partial logsumexp of x as (max M, sum of exp(x - M)) by pairwise trees (depth log2 N, not a chain of
 // N); all terms -inf: (-inf, 0); a NaN term makes the sum NaN (fmax skips it, its exp does not).
@@ -276,7 +315,7 @@ __device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S
 // One block's walk (BETA: beta, else alpha) over T + U anti-diagonals, a thread a cell (u = threadIdx.x), the
 // rings set up by the caller.
 template <typename Acc, int D, int AHEAD, bool BETA>
-__device__ __forceinline__ void tdt_walk(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur,
+__device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly<Acc>& lp_dur,
                                      const Durations& durs, long long base, long long st, int T, int U, int mask,
                                      int cap, Acc* S, Acc* out, bool& seen) {
   constexpr int kCell = BETA ? 1 : 2 * D + 1;
@@ -364,21 +403,22 @@ __device__ __forceinline__ void tdt_walk(const Acc* __restrict__ lp, const Acc* 
 }  // namespace td
 
 template <typename Acc, int D, int AHEAD>
-__global__ void __launch_bounds__(512)
-    tdt_walk_kernel(const Acc* __restrict__ lp, const Acc* __restrict__ lp_dur, td::Durations durs,
-                    const long long* __restrict__ table, int B, int padded, int ring, int cap, Acc* alpha,
-                    Acc* beta, Acc* loss) {
+__global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const TdtWalkParams<Acc> p) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
-  const Grids g{table, B};
+  const ReadOnly<Acc> lp{p.lp}, lp_dur{p.lp_dur};
+  const Durations& durs = p.durations;
+  const int ring = p.ring, cap = p.cols;
+  Acc* loss = p.out.nll;
+  const Grids& g = p.grids;
   const WalkBlock w(g);
   const int b = w.b, T = w.T, U = w.U;
   const long long base = w.base, st = w.st;
   const bool is_beta = w.is_beta;
-  Acc* out = is_beta ? beta : alpha;
+  Acc* out = is_beta ? p.out.beta : p.out.alpha;
   bool nan_seen, seen = false;  // beta reads every cell's log-probs once: the NaN scan rides on its loads
-  if (!walk_begin(lp, g, w, false, padded, out, loss, nan_seen)) return;
+  if (!walk_begin(lp, g, w, false, p.padded, out, loss, nan_seen)) return;
   const int entries = ring * cap * (is_beta ? 2 : 2 * D + 1);
   for (int i = threadIdx.x; i < entries; i += blockDim.x) S[i] = neg_inf<Acc>();
   __syncthreads();
@@ -400,43 +440,54 @@ __global__ void __launch_bounds__(512)
 // and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or whose scale is 0. The token
 // gradient's rows lie at the token rows' offsets from a 16-byte boundary, or, STAGED, start on one
 // (common.cuh's RowOut; the launcher checked which).
+template <typename T, typename I>
+struct TdtGradientParams {
+  td::Grids grids;
+  td::Rows<T> tokens;
+  td::DurationRows<T> durations;
+  td::Durations values;  // the durations themselves
+  td::Labels<I> labels;
+  td::Lattice<typename ops::AccOf<T>::type> lattice;  // den (N, 2)
+  const typename ops::AccOf<T>::type* lp_dur;       // (N, D)
+  td::Walks<const typename ops::AccOf<T>::type> rnnt;  // OMEGA: the plain RNN-T loss of the token scores
+  td::Scale<typename ops::AccOf<T>::type> scale;
+  double sigma;
+  double fastemit_lambda;
+  double omega;
+  double clamp;  // > 0 (CLAMP)
+  T* out_tokens;
+  long long ld_out_tokens;
+  T* out_durations;
+  long long ld_out_durations;
+};
+
 template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool ALIGNED, bool STAGED>
-__global__ void __launch_bounds__(td::kThreads)
-    tdt_gradient_kernel(const T* tok, const T* dur, long long ld_tok, long long ld_dur, td::Durations durs,
-                        const I* __restrict__ targets, int target_cols, const long long* __restrict__ table, int B,
-                        int row_start, int num_rows, int V, int nvec, int blank, td::PaddedGrid pad,
-                        const typename ops::AccOf<T>::type* __restrict__ lp,
-                        const typename ops::AccOf<T>::type* __restrict__ lp_dur,
-                        const typename ops::AccOf<T>::type* __restrict__ den,
-                        const typename ops::AccOf<T>::type* __restrict__ alpha,
-                        const typename ops::AccOf<T>::type* __restrict__ beta,
-                        const typename ops::AccOf<T>::type* __restrict__ loss,
-                        const typename ops::AccOf<T>::type* __restrict__ alpha_r,
-                        const typename ops::AccOf<T>::type* __restrict__ beta_r,
-                        const typename ops::AccOf<T>::type* __restrict__ loss_r,
-                        const typename ops::AccOf<T>::type* __restrict__ scale, long long scale_stride,
-                        typename ops::AccOf<T>::type sigma, typename ops::AccOf<T>::type fastemit_lambda,
-                        typename ops::AccOf<T>::type omega, typename ops::AccOf<T>::type clamp, T* out_tok,
-                        T* out_dur, long long ld_out_tok, long long ld_out_dur) {
+__global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGradientParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
-  const int D = durs.n;
+  const T* dur = p.durations.data;
+  const ReadOnly<I> targets{p.labels.targets};
+  const ReadOnly<Acc> lp{p.lattice.lp}, lp_dur{p.lp_dur}, den{p.lattice.den}, alpha{p.lattice.alpha},
+      beta{p.lattice.beta}, loss{p.lattice.nll}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta}, loss_r{p.rnnt.nll};
+  const Durations& durs = p.values;
+  const Acc sigma = Acc(p.sigma), fastemit_lambda = Acc(p.fastemit_lambda), omega = Acc(p.omega),
+            clamp = Acc(p.clamp);
+  const int D = durs.n, V = p.tokens.V, blank = p.labels.blank;
   RowPass<T, VEC, WPR, ALIGNED> pass;
-  if (!pass.begin(tok, Grids{table, B, pad}, row_start, num_rows, (int)ld_tok, ALIGNED ? nvec : V, !pad.padded()))
-    return;
+  if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r, lane = pass.lane;
-  const long long local = r - row_start;
+  const long long local = r - p.tokens.row_start;
   RowOut<T, VEC, WPR, STAGED> dst;
-  dst.begin(out_tok + local * ld_out_tok, pass.head, V);
-  T* qd = out_dur + local * ld_out_dur;
+  dst.begin(p.out_tokens + local * p.ld_out_tokens, pass.head, V);
+  T* qd = p.out_durations + local * p.ld_out_durations;
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0), l_r = Acc(0);
   if (live) {
     l = loss[ri.b];
-    sc = scale[ri.b * scale_stride];
+    sc = p.scale[ri.b];
     live = is_finite(l) && sc != Acc(0);
     if (OMEGA) {
       l_r = loss_r[ri.b];
@@ -498,7 +549,7 @@ __global__ void __launch_bounds__(td::kThreads)
   }
   sub_label *= Acc(1) + lam;
   const Acc coef = log_acc(factor) - den[2ll * r];
-  const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * target_cols + ri.u] : -1;
+  const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
   auto grad = [&](int v, T x) {
     Acc g = exp_fast(to_acc(x) + coef);
     if (v == blank) g -= sub_blank;
@@ -515,7 +566,7 @@ __global__ void __launch_bounds__(td::kThreads)
   if (!ALIGNED && pass.col >= 0) dst.put_scalar(pass.col, grad(pass.col, pass.x));
   dst.finish(lane);
   if (lane < D) {
-    const Acc x = to_acc(dur[local * ld_dur + lane]);
+    const Acc x = to_acc(dur[local * p.durations.ld + lane]);
     Acc g = keep * (exp_acc(x - den[2ll * r + 1]) * gamma - own);
     if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
     qd[lane] = from_acc<T>(g * sc);

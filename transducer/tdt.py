@@ -1,10 +1,9 @@
 """The Token-and-Duration Transducer (TDT) loss (Xu et al., ICML 2023, arXiv 2304.06795; NeMo's semantics):
 the functional form, the module, and the registered op ``transducer::tdt_loss`` (with its backward
-``transducer::tdt_loss_backward``; a ``library.Op``: an eager path skips the op's Python layers). The
-stages: the TDT part of transducer/cpu.py (the math) and transducer/tdt.cu.
+``transducer::tdt_loss_backward``; a ``library.Op``: an eager path skips the op's Python layers). The math
+and the stage contract: transducer/layout.py; the stages: transducer/cpu.py and transducer/tdt.cu.
 """
 
-import operator
 from typing import List, Optional, Tuple
 
 import torch
@@ -12,10 +11,11 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import (FLOAT_DTYPES, check_batch, check_options, check_reduction, check_rows,
-                     check_tdt_options, check_tensor, is_index, stages_for)
-from .layout import NUM_STATS
-from .library import Op, checked_log_probs, gradient_buffer, make_layout, saved_layout, wide_gradient_rows
+from .checks import (FLOAT_DTYPES, check_batch, check_blank, check_module_blank, check_options, check_reduction,
+                     check_rows, check_tdt_options, check_tensor)
+from .layout import Lattice, LossOptions, stages_for, table_size
+from .library import (Op, checked_log_probs, gradient_buffer, lattice_of, lattice_outputs, make_layout, mixed_nll,
+                      saved_layout, wide_gradient_rows)
 from .loss import _reduce
 
 __all__ = ["tdt_loss", "TDTLoss"]
@@ -44,27 +44,35 @@ def _rows(x):
     return x.contiguous()
 
 
+def tdt_options(durations, blank, sigma, omega, fastemit_lambda=0.0, clamp=0.0):
+    """The LossOptions of a TDT loss (transducer::tdt_loss's flat arguments)."""
+    return LossOptions(blank=blank, clamp=clamp, fastemit_lambda=fastemit_lambda, durations=tuple(durations),
+                       sigma=sigma, omega=omega)
+
+
+def tdt_lattice(stages, layout, lp, lp_dur, den, options):
+    """The TDT Lattice of the log-probs (tdt_log_probs' results): both walks, and with omega > 0 the walks of
+    the plain RNN-T loss of the token scores (log-probs without sigma)."""
+    walks = stages.tdt_alpha_beta(lp, lp_dur, layout, options)
+    rnnt = stages.alpha_beta(lp + options.sigma, layout, options) if options.omega else None
+    return Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll, lp_dur, rnnt)
+
+
 def _tdt_forward(logits: Tensor, duration_logits: Optional[Tensor], targets: Tensor, logit_lengths: Tensor,
                  target_lengths: Tensor, vocab_size: int, durations: List[int], blank: int, sigma: float, omega: float,
                  fastemit_lambda: float, clamp: float, check_inputs: bool
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll); the last three are empty
-    when omega == 0."""
+    """(nll, *lattice_outputs)."""
     check_rows(logits)
+    options = tdt_options(durations, blank, sigma, omega, fastemit_lambda, clamp)
     stages = stages_for(logits.device)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
     layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs, vocab_size)
-    lp, lp_dur, den = checked_log_probs(layout, logits, targets, blank, check_inputs,
-                                        lambda: stages.tdt_log_probs(tokens, durs, targets, layout, blank, sigma),
+    lp, lp_dur, den = checked_log_probs(layout, logits, targets, options, check_inputs,
+                                        lambda: stages.tdt_log_probs(tokens, durs, targets, layout, options),
                                         vocab_size)
-    alpha, beta, tdt_nll = stages.tdt_alpha_beta(lp, lp_dur, layout, durations)
-    alpha_r, beta_r, rnnt_nll = lp.new_empty(0), lp.new_empty(0), lp.new_empty(0)  # outputs may not alias
-    if omega:
-        alpha_r, beta_r, rnnt_nll = stages.alpha_beta(lp + sigma, layout, False)
-        nll = (1 - omega) * tdt_nll + omega * rnnt_nll
-    else:
-        nll = tdt_nll.clone()
-    return nll, layout.table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll
+    lattice = tdt_lattice(stages, layout, lp, lp_dur, den, options)
+    return (mixed_nll(lattice, omega),) + lattice_outputs(lattice)
 
 
 def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Tensor], targets: Tensor,
@@ -74,25 +82,24 @@ def _tdt_backward(grad_nll: Tensor, logits: Tensor, duration_logits: Optional[Te
                   ) -> Tuple[Tensor, Tensor]:
     """(grad_logits, grad_duration_logits) of sum_b grad_nll[b] * nll[b]; the second is empty without
     duration_logits (the first then covers all V + D columns). wide_rows: see library.gradient_buffer."""
-    layout = saved_layout(table, logits, targets)
+    options = tdt_options(durations, blank, sigma, omega, fastemit_lambda, clamp)
+    lattice = lattice_of(saved_layout(table, logits, targets),
+                         (lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll), options)
     grad = gradient_buffer(logits, wide_rows)
     grad_durations = torch.empty_like(duration_logits) if duration_logits is not None else logits.new_empty(0)
     tokens, durs = _heads(logits, duration_logits, vocab_size)
     out_tokens, out_durs = _heads(grad, grad_durations if duration_logits is not None else None, vocab_size)
-    rnnt = (alpha_r, beta_r, rnnt_nll) if omega else None
-    stages_for(logits.device).tdt_gradient(tokens, durs, targets, layout, lp, lp_dur, den, alpha, beta, tdt_nll,
-                                           grad_nll.to(lp.dtype), blank, durations, out_tokens, out_durs,
-                                           fastemit_lambda, omega, rnnt, sigma, clamp)
+    stages_for(logits.device).tdt_gradient(tokens, durs, targets, lattice, grad_nll.to(lp.dtype), options,
+                                           out_tokens, out_durs)
     return grad, grad_durations
 
 
 def _setup_context(ctx, inputs, output):
     (logits, duration_logits, targets, _, _, vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp,
      _) = inputs
-    nll, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll = output
-    ctx.mark_non_differentiable(table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r, beta_r, rnnt_nll)
-    ctx.save_for_backward(logits, duration_logits, targets, table, lp, lp_dur, den, alpha, beta, tdt_nll, alpha_r,
-                          beta_r, rnnt_nll)
+    nll, *lattice = output
+    ctx.mark_non_differentiable(*lattice)
+    ctx.save_for_backward(logits, duration_logits, targets, *lattice)
     ctx.options = (vocab_size, durations, blank, sigma, omega, fastemit_lambda, clamp)
     ctx.has_duration_logits = duration_logits is not None
     ctx.wide_rows = wide_gradient_rows(ctx, logits)
@@ -100,7 +107,7 @@ def _setup_context(ctx, inputs, output):
 
 def _gradient(ctx, grad_nll, backward):
     grad, grad_durations = backward(grad_nll, *ctx.saved_tensors, *ctx.options, ctx.wide_rows)
-    return (grad, grad_durations if ctx.has_duration_logits else None) + (None,) * 11
+    return {"logits": grad, "duration_logits": grad_durations if ctx.has_duration_logits else None}
 
 
 tdt = Op("tdt_loss", _tdt_forward, _tdt_backward, _setup_context, _gradient)
@@ -116,7 +123,7 @@ def _(logits, duration_logits, targets, logit_lengths, target_lengths, vocab_siz
     D = len(durations)
     new = logits.new_empty
     r = N if omega else 0
-    return (new(B, dtype=acc), new(4 * B + 1 + NUM_STATS, dtype=torch.int64), new(N, 2, dtype=acc),
+    return (new(B, dtype=acc), new(table_size(B), dtype=torch.int64), new(N, 2, dtype=acc),
             new(N, D, dtype=acc), new(N, 2, dtype=acc), new(N, dtype=acc), new(N, dtype=acc), new(B, dtype=acc),
             new(r, dtype=acc), new(r, dtype=acc), new(B if omega else 0, dtype=acc))
 
@@ -142,7 +149,7 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
         logit_lengths: ``(B,)`` int32 / int64, ``T_b >= 1``.
         target_lengths: ``(B,)`` int32 / int64, ``U_b >= 0``.
         durations: the D durations (frames a symbol covers): distinct ints >= 0, at least one >= 1 (a blank
-            must advance time), at most 16 (``checks.MAX_DURATIONS``) on CUDA. Default none: required.
+            must advance time), at most 16 (``layout.MAX_DURATIONS``) on CUDA. Default none: required.
         blank: index of blank among the token columns, in ``[0, V)``. Default 0.
         sigma: logit under-normalisation: token log-probs are log_softmax(tokens) - sigma. Default 0.
         omega: the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain RNN-T loss of the token
@@ -184,15 +191,14 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
                              f"len(durations) columns), got {tuple(duration_logits.shape)}")
         V = logits.size(-1)
     if V < 2:
-        raise ValueError(f"logits: expected at least 2 token columns{' before the ' + str(D) + ' duration columns' if duration_logits is None else ''}, "
-                         f"got shape {tuple(logits.shape)}")
+        before = f" before the {D} duration columns" if duration_logits is None else ""
+        raise ValueError(f"logits: expected at least 2 token columns{before}, got shape {tuple(logits.shape)}")
     check_batch(logits, targets, logit_lengths, target_lengths)
-    if not is_index(blank) or not 0 <= operator.index(blank) < V:
-        raise ValueError(f"blank: expected an int in [0, {V}) (the token columns), got {blank!r}")
+    blank = check_blank(blank, V, "the token columns")
     check_reduction(reduction)
     check_options(clamp, fastemit_lambda, 0.0)
     inputs = (_rows(logits), None if duration_logits is None else _rows(duration_logits),
-              targets.contiguous(), logit_lengths, target_lengths, V, durations, operator.index(blank), float(sigma),
+              targets.contiguous(), logit_lengths, target_lengths, V, durations, blank, float(sigma),
               float(omega), float(fastemit_lambda), float(clamp), bool(check_inputs))
     nll = tdt(*inputs)[0]
     return _reduce(nll, reduction, zero_infinity)
@@ -205,11 +211,9 @@ class TDTLoss(torch.nn.Module):
                  clamp=-1.0, zero_infinity=False, check_inputs=True):
         super().__init__()
         self.durations = check_tdt_options(durations, sigma, omega)
-        if not is_index(blank) or operator.index(blank) < 0:
-            raise ValueError(f"blank: expected a non-negative int, got {blank!r}")
         check_reduction(reduction)
         check_options(clamp, fastemit_lambda, 0.0)
-        self.options = dict(blank=operator.index(blank), sigma=sigma, omega=omega, reduction=reduction,
+        self.options = dict(blank=check_module_blank(blank), sigma=sigma, omega=omega, reduction=reduction,
                             fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity,
                             check_inputs=check_inputs)
 
