@@ -7,12 +7,17 @@
     torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
-training. The encoder (4x conv subsampling + BiLSTM or Conformer) and the
-predictor (LSTM or stateless) meet in a joiner; by default the joiner and the
-loss are fused (``transducer.fused_joiner_loss``: no logits in memory), and
-``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits through
-``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt`` picks the loss and the
-matching greedy decoding. Tokens are characters.
+training. The encoder is 4x conv subsampling followed by --encoder-layers layers
+of a Conformer (--encoder conformer: torchaudio's, 4 heads, feed-forward
+4 x --encoder-dim, convolution kernel 15) or of a bidirectional LSTM
+(--encoder lstm: --encoder-dim / 2 units each way). The predictor is an
+embedding and a one-layer LSTM (--predictor lstm) or an embedding of the last
+2 labels and a Linear (--predictor stateless). The joiner is
+out(tanh(enc_proj(enc) + pred_proj(pred))), --joiner-dim wide; by default the
+joiner and the loss are fused (``transducer.fused_joiner_loss``: no logits in
+memory), and ``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits
+through ``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt`` picks the loss
+and the matching greedy decoding. Tokens are characters.
 Each epoch writes a checkpoint and a plot of train loss and dev WER to
 --exp-dir; the run ends with greedy-search WER/CER on the test set.
 """
@@ -59,57 +64,95 @@ def positive(kind):
     return parse
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, and each flag's default after its help. A flag whose default is
+    worked out at run time (None here) says its default in its own help."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", default=None, help="toy corpus cache (default data/toy_corpus, "
+    d.add_argument("--data-dir", default=None, help="toy corpus cache (default: data/toy_corpus; "
                    "data/toy_corpus_quick with --quick)")
-    d.add_argument("--corpus-size", type=positive(int), default=5000, help="toy corpus: training utterances")
-    d.add_argument("--manifest", help="train on this JSONL/TSV manifest (audio path + transcript) instead")
+    d.add_argument("--corpus-size", type=positive(int), default=5000,
+                   help="toy corpus: training utterances (default: %(default)s; --quick: 96, whatever is given)")
+    d.add_argument("--manifest", help="train on this JSONL/TSV manifest (audio path + transcript) instead of "
+                   "the toy corpus (default: none, the toy corpus)")
     d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
     d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
     d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
                    help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
-    d.add_argument("--workers", type=int, default=0, help="DataLoader workers (manifest data)")
+    d.add_argument("--workers", type=int, default=0,
+                   help="DataLoader worker processes, for training and evaluation (default: %(default)s, the main "
+                        "process)")
     m = p.add_argument_group("model")
-    m.add_argument("--encoder", choices=["conformer", "lstm"], default="conformer")
-    m.add_argument("--encoder-dim", type=positive(int), default=144)
-    m.add_argument("--encoder-layers", type=positive(int), default=2)
-    m.add_argument("--predictor", choices=["lstm", "stateless"], default="lstm")
-    m.add_argument("--predictor-dim", type=positive(int), default=128)
-    m.add_argument("--joiner-dim", type=positive(int), default=128)
+    m.add_argument("--encoder", choices=["conformer", "lstm"], default="conformer",
+                   help="after 4x conv subsampling, conformer: torchaudio's Conformer (4 heads, feed-forward "
+                        "4 x --encoder-dim, convolution kernel 15); lstm: a bidirectional LSTM "
+                        "(--encoder-dim / 2 units each way)")
+    m.add_argument("--encoder-dim", type=positive(int), default=144,
+                   help="encoder width: even, a multiple of 4 for the conformer (default: %(default)s; --quick: 64)")
+    m.add_argument("--encoder-layers", type=positive(int), default=2,
+                   help="Conformer or LSTM layers (default: %(default)s; --quick: 1)")
+    m.add_argument("--predictor", choices=["lstm", "stateless"], default="lstm",
+                   help="lstm: an embedding and a one-layer LSTM; stateless: an embedding of the last 2 labels "
+                        "and a Linear")
+    m.add_argument("--predictor-dim", type=positive(int), default=128,
+                   help="predictor width (default: %(default)s; --quick: 32)")
+    m.add_argument("--joiner-dim", type=positive(int), default=128,
+                   help="joiner width: out(tanh(enc_proj(enc) + pred_proj(pred))) (default: %(default)s; "
+                        "--quick: 32)")
     m.add_argument("--loss", choices=["rnnt", "rna", "tdt"], default="rnnt",
                    help="rnnt, rna (one symbol per frame) or tdt (Token-and-Duration Transducer), with the "
                         "matching greedy decoding")
     m.add_argument("--rna", action="store_true", help="the same as --loss rna")
     m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
-                   help="fused (default): joiner and loss in one (transducer.fused_joiner_loss, no logits in "
+                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in "
                         "memory); unfused: compact logits through transducer.pack, then the loss")
-    m.add_argument("--durations", help="TDT durations (frames), comma-separated (default 0,1,2,3,4)")
-    m.add_argument("--sigma", type=float, help="TDT logit under-normalisation (default 0.05)")
-    m.add_argument("--omega", type=float, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default 0)")
-    m.add_argument("--fastemit-lambda", type=float, default=0.0, help="FastEmit regularisation (0: off)")
-    m.add_argument("--delay-penalty", type=float, default=0.0, help="k2's delay penalty, rnnt and rna (0: off)")
+    m.add_argument("--durations", help="TDT durations (frames), comma-separated (default: 0,1,2,3,4)")
+    m.add_argument("--sigma", type=float, help="TDT logit under-normalisation (default: 0.05)")
+    m.add_argument("--omega", type=float, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default: 0)")
+    m.add_argument("--fastemit-lambda", type=float, default=0.0,
+                   help="FastEmit regularisation, >= 0 (default: %(default)s, off)")
+    m.add_argument("--delay-penalty", type=float, default=0.0,
+                   help="k2's delay penalty, --loss rnnt and rna (default: %(default)s, off)")
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=positive(int), default=12)
-    t.add_argument("--max-frames", type=positive(int), default=3000, help="padded input frames per batch")
-    t.add_argument("--lr", type=positive(float), default=3e-3)
-    t.add_argument("--warmup", type=int, default=100, help="warm-up steps")
-    t.add_argument("--weight-decay", type=float, default=1e-2)
+    t.add_argument("--epochs", type=positive(int), default=12,
+                   help="training epochs (default: %(default)s; --quick: 2)")
+    t.add_argument("--max-frames", type=positive(int), default=3000,
+                   help="padded input frames per batch (default: %(default)s; --quick: 1500)")
+    t.add_argument("--lr", type=positive(float), default=3e-3,
+                   help="peak learning rate (AdamW; linear warm-up, then cosine decay to 5%% of it)")
+    t.add_argument("--warmup", type=int, default=100,
+                   help="warm-up steps, at most a fifth of all steps (default: %(default)s; --quick: 5)")
+    t.add_argument("--weight-decay", type=float, default=1e-2, help="AdamW weight decay")
     t.add_argument("--clip", type=positive(float), default=5.0, help="gradient-norm clipping")
-    t.add_argument("--max-steps", type=positive(int), help="stop each epoch after this many steps")
-    t.add_argument("--no-specaug", action="store_true")
-    t.add_argument("--no-amp", action="store_true", help="no mixed precision on GPU")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-steps", type=positive(int),
+                   help="at most this many steps in each epoch; the learning-rate schedule spans --epochs "
+                        "times this (default: every batch of the epoch)")
+    t.add_argument("--no-specaug", action="store_true", help="no SpecAugment in training")
+    t.add_argument("--no-amp", action="store_true",
+                   help="train in fp32 on a GPU (otherwise bf16 autocast, or fp16 with a gradient scaler where "
+                        "bf16 is not supported); the CPU trains in fp32 either way")
+    t.add_argument("--seed", type=int, default=0, help="seed of the toy corpus and of training")
     t.add_argument("--threads", type=positive(int), default=None,
                    help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
                         "among local ranks, at most 4 when training on a GPU)")
-    t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    t.add_argument("--exp-dir", default=None, help="checkpoints, plot, results (default runs/toy[_quick])")
+    t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)")
+    t.add_argument("--exp-dir", default=None, help="checkpoints, plot and results.json (default: runs/toy; "
+                   "runs/toy_quick with --quick)")
     t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
-                   help="resume from CKPT, or from the latest epoch-N.pt in --exp-dir")
+                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir "
+                        "(default: start afresh)")
     t.add_argument("--keep-checkpoints", type=positive(int), default=2, help="epoch-N.pt files to keep")
-    t.add_argument("--quick", action="store_true", help="tiny corpus and model, 2 epochs: a smoke test")
+    t.add_argument("--quick", action="store_true",
+                   help="a smoke test: a tiny toy corpus (96 training utterances of up to 3 words) and model, "
+                        "2 epochs; the flags marked '--quick:' take that value unless given")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--show", type=int, default=5, help="reference/hypothesis pairs to print")
     return p

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cuda
 
 
 def peer(name):
-    if importlib.util.find_spec(name) is None:
+    if importlib.util.find_spec(name.split(".")[0]) is None or importlib.util.find_spec(name) is None:
         pytest.skip(f"{name} is not importable here (the GPU machine's .peers/setup.sh makes it so)")
     return importlib.import_module(name)
 
