@@ -223,15 +223,18 @@ def test_opcheck(device, static_shapes):
     # lengths' row count (eager calls; the fake gives a data-dependent size)
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(570, device=device)
     args = (enc, pred, weight, bias, targets, T, U, "tanh", 0, False, True, 0.0, 0.0, -1.0, torch.float64, 7, [], 0.0,
-            0.0, static_shapes)
+            0.0, [], static_shapes)
     out = torch.ops.transducer.fused_joiner_loss.default(*args)
     rows = int((T * (U + 1)).sum())
     assert out[2].shape == (enc.size(0) * enc.size(1) * pred.size(1) if static_shapes else rows, 2)
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
     # TDT: the last 3 rows of weight score durations 0, 1, 3; omega > 0 adds the RNN-T outputs
     tdt_targets = (targets % 14).clamp(min=1)
-    args = args[:4] + (tdt_targets,) + args[5:-4] + ([0, 1, 3], 0.1, 0.25, static_shapes)
-    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
+    tdt_args = args[:4] + (tdt_targets,) + args[5:-5] + ([0, 1, 3], 0.1, 0.25, [], static_shapes)
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, tdt_args)
+    # multi-blank: blank 16, big blanks of durations 2 and 3 in columns 15 and 14
+    mb_args = args[:4] + (tdt_targets,) + args[5:8] + (16,) + args[9:-5] + ([], 0.05, 0.0, [2, 3], static_shapes)
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, mb_args)
 
 
 def _bad(**change):
@@ -262,7 +265,7 @@ def _bad(**change):
     (dict(durations=[1, 1]), ValueError, "durations: durations must be distinct"),
     (dict(durations=[0, 1], delay_penalty=0.1), ValueError, "durations: TDT has no"),
     (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
-    (dict(sigma=0.1), ValueError, "sigma, omega: TDT options; pass durations too"),
+    (dict(sigma=0.1), ValueError, "sigma, omega: TDT options"),
     (dict(durations=[0, 1], sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
     (dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)), ValueError, "encoder_out: expected at least one"),
@@ -366,7 +369,7 @@ def test_stages_need_out_for_a_tile(device):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(sigma=0.5), ValueError, "sigma, omega: TDT options; pass durations too"),
+    (dict(sigma=0.5), ValueError, "sigma, omega: TDT options"),
     (dict(durations=[0, 1], omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(durations=[0, 1], sigma="x"), TypeError, "sigma: expected a number"),
     (dict(durations=[0, 1], one_sym_per_frame=True), ValueError, "durations: TDT has no one_sym_per_frame"),

@@ -89,3 +89,35 @@ def test_tdt_matches_nemo(sigma):
     for b in range(B):
         torch.testing.assert_close(x.grad[b, :T[b], :U[b] + 1], nemo_in.grad[b, :T[b], :U[b] + 1], rtol=1e-4,
                                    atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_multiblank_matches_nemo(seed):
+    # NeMo's MultiblankRNNTLossNumba (big blank i in column blank - 1 - i, as its kernel reads it), on random
+    # ragged batches with T_b = 1, U_b = 0 and T_b shorter than a big blank; its reduction "none" is per utterance
+    import numpy as np
+    if not hasattr(np, "row_stack"):  # NeMo 3.0's numba loss still calls it (../shared/peers/README.md)
+        np.row_stack = np.vstack
+    nemo = peer("nemo.collections.asr.parts.numba.rnnt_loss")
+    from transducer import multiblank_loss
+    gen = torch.Generator().manual_seed(93 + seed)
+    B, max_t, max_u, V, big = 6, 24, 8, 40, [2, 4, 8]
+    sigma = (0.0, 0.05)[seed % 2]
+    T = torch.randint(1, max_t + 1, (B,), generator=gen)
+    U = torch.randint(0, max_u + 1, (B,), generator=gen)
+    T[0], U[0], T[1], U[2], T[3] = max_t, max_u, 1, 0, 3
+    targets = torch.randint(0, V - 1 - len(big), (B, max_u), generator=gen)
+    logits = torch.randn(B, max_t, max_u + 1, V, generator=gen) * 2
+    logits, targets, T, U = logits.cuda(), targets.cuda(), T.cuda(), U.cuda()
+    nemo_in = logits.clone().requires_grad_()
+    want = nemo.MultiblankRNNTLossNumba(blank=V - 1, big_blank_durations=big, reduction="none", sigma=sigma)(
+        nemo_in, targets.long(), T.long(), U.long())
+    weights = torch.rand(B, generator=gen).cuda() + 0.5
+    (want * weights).sum().backward()
+    x = logits.clone().requires_grad_()
+    got = multiblank_loss(x, targets, T, U, big, blank=-1, sigma=sigma, reduction="none")
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-4)
+    for b in range(B):
+        torch.testing.assert_close(x.grad[b, :T[b], :U[b] + 1], nemo_in.grad[b, :T[b], :U[b] + 1], rtol=1e-4,
+                                   atol=1e-5)

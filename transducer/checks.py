@@ -12,7 +12,7 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "check_pack_values",
-           "check_durations", "check_rows", "check_module_blank", "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES",
+           "check_durations", "check_rows", "check_module_blank", "check_big_blank_durations", "check_sigma", "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES",
            "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -75,9 +75,9 @@ def check_module_blank(blank):
     return operator.index(blank)
 
 
-def check_loss_values(logits, targets, stats, blank, vocab_size=None):
+def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks=0):
     """Lengths and target range against the tensors, from a Layout's stats (a list); labels in
-    [0, vocab_size) (default: logits.size(-1))."""
+    [0, vocab_size) (default: logits.size(-1)) and not a blank, [blank - big_blanks, blank]."""
     V, S = logits.size(-1) if vocab_size is None else vocab_size, targets.size(1)
     t_min, t_max, u_min, u_max, cells, bad = Stats(*stats)
     if t_min < 1:
@@ -98,8 +98,8 @@ def check_loss_values(logits, targets, stats, blank, vocab_size=None):
         raise ValueError(f"logits: compact logits must have sum_b T_b*(U_b+1) = {cells} rows, "
                          f"got shape {tuple(logits.shape)}")
     if bad:
-        raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {V}) or equal to "
-                         f"blank = {blank}")
+        blanks = f"a blank ({blank - big_blanks} ... {blank})" if big_blanks else f"blank = {blank}"
+        raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {V}) or equal to {blanks}")
 
 
 def check_pack_values(encoder_out, predictor_out, stats):
@@ -132,6 +132,33 @@ def check_durations(durations, num_durations=None):
     if num_durations is not None and len(ds) != num_durations:
         raise ValueError(f"{len(ds)} durations for {num_durations} duration columns")
     return ds
+
+
+def check_big_blank_durations(big_blank_durations, blank, device=None):
+    """The big blanks' durations as a tuple of ints: at least one, distinct, each >= 2 (a duration of 1 is the
+    standard blank's), all fitting before ``blank`` (big blank i sits in column blank - 1 - i); at most
+    MAX_DURATIONS - 2 on CUDA."""
+    name = "big_blank_durations"
+    try:
+        ds = tuple(operator.index(d) for d in big_blank_durations)
+    except TypeError:
+        raise ValueError(f"{name}: expected a sequence of ints, got {big_blank_durations!r}") from None
+    if not ds:
+        raise ValueError(f"{name}: expected at least one big blank (without big blanks the loss is transducer_loss)")
+    if min(ds) < 2 or len(set(ds)) != len(ds):
+        raise ValueError(f"{name}: expected distinct ints >= 2 (the standard blank has duration 1), got {list(ds)}")
+    if blank is not None and blank - len(ds) < 0:
+        raise ValueError(f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
+                         f"do not fit before blank = {blank}")
+    if device is not None and device.type == "cuda" and len(ds) > MAX_DURATIONS - 2:
+        raise ValueError(f"{name}: at most {MAX_DURATIONS - 2} big blanks on CUDA, got {len(ds)}")
+    return ds
+
+
+def check_sigma(sigma):
+    _number("sigma", sigma)
+    if not math.isfinite(sigma):
+        raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
 
 
 @functools.lru_cache(maxsize=64)

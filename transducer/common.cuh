@@ -97,6 +97,23 @@ struct Walks {
   Acc* nll;
 };
 
+constexpr int kMaxDurations = 16;  // transducer/layout.py: MAX_DURATIONS
+
+// Durations of the arcs that span several frames (TDT's, the big blanks'), by value: d[0, n), the rest zeros.
+struct Durations {
+  int n;
+  int d[kMaxDurations];
+};
+
+// durs.d[i] for a runtime i: a dynamic index into the struct (a kernel parameter) would copy it to local
+// memory in every thread, 17 stores before the first use
+__device__ __forceinline__ int duration(const Durations& durs, int i) {
+  int d = 0;
+#pragma unroll
+  for (int k = 0; k < kMaxDurations; ++k) d = k == i ? durs.d[k] : d;
+  return d;
+}
+
 // The incoming gradient of utterance b: values[b * stride].
 template <typename Acc>
 struct Scale {

@@ -21,7 +21,7 @@ _INT64_MAX = 2**63 - 1
 
 
 def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
-           with_stats=True):
+           with_stats=True, big_blanks=0):
     T, U = logit_lengths.long(), target_lengths.long()
     B = T.numel()
     if padded_t:
@@ -35,7 +35,8 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     bad = 0
     if targets is not None and targets.size(1) > 0:
         in_label = torch.arange(targets.size(1))[None, :] < U[:, None]
-        bad = int((in_label & ((targets < 0) | (targets >= vocab_size) | (targets == blank))).sum())
+        is_blank = (targets >= blank - big_blanks) & (targets <= blank)
+        bad = int((in_label & ((targets < 0) | (targets >= vocab_size) | is_blank)).sum())
     # min and max of no utterances: the identities, as the CUDA kernel's reductions give them
     extremes = [T.min(), T.max(), U.min(), U.max()] if B else [_INT64_MAX, -_INT64_MAX - 1] * 2
     # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap)
@@ -94,10 +95,36 @@ def _chunks(num_rows, vocab_size):
 def log_probs(logits2d, targets, layout, options, row_start=0, out=None):
     if row_start and out is None:
         raise ValueError("log_probs: row_start > 0 needs out (the arrays of every row)")
+    lp, den, _ = _log_probs(logits2d, targets, layout, options, row_start, 0)
+    return _written(out, (lp, den), row_start)
+
+
+def multiblank_log_probs(logits2d, targets, layout, options, row_start=0, out=None):
+    if row_start and out is None:
+        raise ValueError("multiblank_log_probs: row_start > 0 needs out (the arrays of every row)")
+    return _written(out, _log_probs(logits2d, targets, layout, options, row_start,
+                                    len(options.big_blank_durations)), row_start)
+
+
+def _written(out, parts, row_start):
+    """``parts`` (arrays of the rows from row_start), or, given ``out`` (the arrays of every row), written there."""
+    if out is None:
+        return parts
+    for whole, part in zip(out, parts):
+        whole[row_start:row_start + part.size(0)] = part
+    return out
+
+
+def _log_probs(logits2d, targets, layout, options, row_start, big_blanks):
+    """(lp, den, lp_big) of the rows [row_start, row_start + N): lp_big (N, big_blanks) the log-probs of the
+    columns blank - 1 - i; every log-prob less options.sigma."""
     num_rows, vocab_size = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
-    b, t, u, is_cell, has_label, picks = _picks(layout, targets, options.blank, row_start, row_start + num_rows)
-    lp = torch.empty(num_rows, 2, dtype=acc)
+    blank = options.blank
+    b, t, u, is_cell, has_label, picks = _picks(layout, targets, blank, row_start, row_start + num_rows)
+    if big_blanks:
+        picks = torch.cat([picks, torch.arange(blank - 1, blank - 1 - big_blanks, -1).expand(num_rows, -1)], 1)
+    lp = torch.empty(num_rows, picks.size(1), dtype=acc)
     den = torch.zeros(num_rows, dtype=acc)
     for start, end in _chunks(num_rows, vocab_size):
         rows = logits2d[start:end]
@@ -107,14 +134,13 @@ def log_probs(logits2d, targets, layout, options, row_start=0, out=None):
             # a NaN or infinite logit makes the row's den, so its log-probs and the loss, NaN (as on CUDA)
             den[start:end].masked_fill_(_non_finite(rows, den[start:end]), math.nan)
         lp[start:end] = picked - den[start:end, None]
+    if options.sigma:
+        lp -= options.sigma
     if options.delay_penalty:  # k2's delay penalty on the label log-probs: delay_penalty * ((T_b - 1) / 2 - t)
         lp[:, 1] += options.delay_penalty * ((layout.logit_lengths[b] - 1).to(acc) * 0.5 - t)
     lp[:, 1].masked_fill_(~has_label, -math.inf)
-    if out is None:
-        return lp, den
-    out[0][row_start:row_start + num_rows] = lp
-    out[1][row_start:row_start + num_rows] = den
-    return out
+    lp_big = lp[:, 2:].masked_fill_(~is_cell[:, None], -math.inf)
+    return lp[:, :2].contiguous() if big_blanks else lp, den, lp_big.contiguous()
 
 
 class _StepGrid(NamedTuple):
@@ -243,8 +269,14 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     num_rows, vocab_size = logits2d.shape
     lam, clamp, blank = options.fastemit_lambda, options.clamp, options.blank
     walks = Walks(lattice.alpha, lattice.beta, lattice.nll)
+    end = row_start + num_rows
+    cells = _cells(lattice.layout, row_start, end)
     occupancy, blank_arc, label_arc, b, u, has_label, live = _gradient_coefficients(
-        lattice.layout, lattice.lp, walks, scale, options.one_sym_per_frame, row_start, row_start + num_rows)
+        lattice.layout, lattice.lp, walks, scale, options.one_sym_per_frame, row_start, end, cells)
+    big = options.big_blank_durations
+    if big:  # the big blanks' arcs, on their columns blank - 1 - i
+        big_arc = _big_blank_occupancies(lattice.layout, lattice, big, live, row_start, end, cells)
+        big_columns = torch.arange(blank - 1, blank - 1 - len(big), -1)
     den = lattice.den[row_start:row_start + num_rows]
     labels = _labels(targets, b, u, has_label, blank)
     softmax_factor = occupancy + lam * label_arc if lam else occupancy
@@ -253,6 +285,8 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     fold = _fold_scale(scale, clamp)
     if fold:
         softmax_factor, blank_arc, label_arc = (x * row_scale for x in (softmax_factor, blank_arc, label_arc))
+        if big:
+            big_arc = big_arc * row_scale[:, None]
     dead = ~live
     acc = lattice.lp.dtype
     for start, end in _chunks(num_rows, vocab_size):
@@ -268,6 +302,8 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
             exp_(torch.sub(rows.to(acc), den[start:end, None], out=g)).mul_(softmax_factor[start:end, None])
         g[index, blank] -= blank_arc[start:end]
         g[index, labels[start:end]] -= label_arc[start:end]
+        if big:
+            g[:, big_columns] -= big_arc[start:end]
         if not fold:
             if clamp > 0:
                 g.clamp_(-clamp, clamp)
@@ -349,72 +385,108 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, 
     return out
 
 
-class _ArcWeights(NamedTuple):
-    """The TDT lattice's arcs on the step grid (_on_grid with ``pad`` = max duration + 1 empty steps on each
-    side): ``blank`` and ``label`` (B, steps + 2 pad, D, max_u1 + 2) hold tok + dur of the arcs of each
-    duration leaving a cell, ``closing`` (B, steps + 2 pad, max_u1 + 2) the closing blank's weight at the
-    cell it leaves from, -inf elsewhere."""
-    pad: int
+class _Arcs(NamedTuple):
+    """The arcs of a lattice whose arcs may span several frames (TDT, multi-blank), per row of the layout:
+    a blank arc of each of ``blank_durations`` (>= 1) goes from (t, u) to (t + d, u), a label arc of each of
+    ``label_durations`` (>= 0) to (t + d, u + 1); ``blank`` (N, len(blank_durations)) and ``label`` (N,
+    len(label_durations)) hold their log-weights."""
+    blank_durations: list
     blank: torch.Tensor
+    label_durations: list
+    label: torch.Tensor
+
+
+def _tdt_arcs(lp, lp_dur, options):
+    """TDT: a blank and a label arc per duration, weighing the token log-prob plus the duration's (a blank of
+    duration 0 is not an arc)."""
+    durations = options.durations
+    if lp_dur.size(1) != len(durations):
+        raise ValueError(f"tdt_alpha_beta: {len(durations)} durations for {lp_dur.size(1)} duration columns")
+    blanks = [i for i, d in enumerate(durations) if d >= 1]
+    return _Arcs([durations[i] for i in blanks], lp[:, 0:1] + lp_dur[:, blanks], list(durations),
+                 lp[:, 1:2] + lp_dur)
+
+
+def _multiblank_arcs(lp, lp_big, options):
+    """Multi-blank: the blank (duration 1) and the big blanks, the label of duration 0."""
+    big = options.big_blank_durations
+    if lp_big.size(1) != len(big):
+        raise ValueError(f"multiblank_alpha_beta: {len(big)} big blanks for {lp_big.size(1)} log-prob columns")
+    return _Arcs([1, *big], torch.cat([lp[:, 0:1], lp_big], 1), [0], lp[:, 1:2])
+
+
+def tdt_alpha_beta(lp, lp_dur, layout, options):
+    return _duration_walks(_tdt_arcs(lp, lp_dur, options), lp, lp_dur, layout)
+
+
+def multiblank_alpha_beta(lp, lp_big, layout, options):
+    return _duration_walks(_multiblank_arcs(lp, lp_big, options), lp, lp_big, layout)
+
+
+class _GridArcs(NamedTuple):
+    """_Arcs on the step grid (_on_grid with ``pad`` = the longest arc + 1 empty steps on each side): ``blank``
+    (B, steps + 2 pad, Db, max_u1 + 2) and ``label`` (..., Dl, ...) the weights of the arcs leaving each cell,
+    ``closing`` (B, steps + 2 pad, max_u1 + 2) the weight of the blank arc that ends the alignment at the cell
+    it leaves from, -inf elsewhere."""
+    pad: int
+    blank_durations: list
+    blank: torch.Tensor
+    label_durations: list
     label: torch.Tensor
     closing: torch.Tensor
 
 
-def _tdt_arc_weights(lp, lp_dur, layout, grid, durations):
-    pad = max(durations) + 1
-    blank = _on_grid(lp[:, 0:1] + lp_dur, grid, pad)
-    label = _on_grid(lp[:, 1:2] + lp_dur, grid, pad)
-    # the closing blanks: from (T_b - d_i, U_b) with duration d_i >= 1, at step T_b - d_i + U_b; the durations
-    # are distinct, so a cell has at most one
-    closing = lp.new_full(blank.shape[:2] + blank.shape[3:], -math.inf)
+def _on_step_grid(arcs, layout, grid):
+    pad = max(arcs.blank_durations + arcs.label_durations) + 1
+    blank = _on_grid(arcs.blank, grid, pad)
+    label = _on_grid(arcs.label, grid, pad)
+    # the closing blanks: from (T_b - d, U_b) with duration d, at step T_b - d + U_b; the blank durations are
+    # distinct, so a cell has at most one
+    closing = arcs.blank.new_full(blank.shape[:2] + blank.shape[3:], -math.inf)
     T, U = layout.logit_lengths, layout.target_lengths
-    for i, d in enumerate(durations):
+    for j, d in enumerate(arcs.blank_durations):
         t_close = T - d
-        ok = (d >= 1) & (t_close >= 0)
+        ok = t_close >= 0
         if ok.any():
             bs = ok.nonzero().squeeze(1)
             r = layout.cell_offsets[bs] + t_close[bs] * layout.row_strides[bs] + U[bs]
-            closing[bs, pad + t_close[bs] + U[bs], U[bs] + 1] = lp[r, 0] + lp_dur[r, i]
-    return _ArcWeights(pad, blank, label, closing)
+            closing[bs, pad + t_close[bs] + U[bs], U[bs] + 1] = arcs.blank[r, j]
+    return _GridArcs(pad, arcs.blank_durations, blank, arcs.label_durations, label, closing)
 
 
-def tdt_alpha_beta(lp, lp_dur, layout, options):
-    durations = options.durations
-    if lp_dur.size(1) != len(durations):
-        raise ValueError(f"tdt_alpha_beta: {len(durations)} durations for {lp_dur.size(1)} duration columns")
+def _duration_walks(arcs, lp, lp_arcs, layout):
+    """The Walks of a lattice of _Arcs; NaN where a cell of the utterance has a NaN in lp or lp_arcs."""
     num_rows, B = lp.size(0), layout.batch_size
     grid = _step_grid(layout, frames=False) if B and num_rows else None
     if grid is None or grid.steps == 0:
         empty = torch.full((num_rows,), -math.inf, dtype=lp.dtype)
         return Walks(empty, empty.clone(), lp.new_full((B,), math.inf))
-    arcs = _tdt_arc_weights(lp, lp_dur, layout, grid, durations)
-    alpha, beta = _tdt_walks(arcs, grid, durations)
-    nll = -beta[:, arcs.pad, 1]
-    row_has_nan = torch.isnan(lp).any(dim=1) | torch.isnan(lp_dur).any(dim=1)
+    on_grid = _on_step_grid(arcs, layout, grid)
+    alpha, beta = _walk_both(on_grid, grid)
+    nll = -beta[:, on_grid.pad, 1]
+    row_has_nan = torch.isnan(lp).any(dim=1) | torch.isnan(lp_arcs).any(dim=1)
     if row_has_nan.any():  # rare: which utterances have a NaN in a cell
         nll = torch.where(_nan_in_cells(row_has_nan, grid), math.nan, nll)
-    return Walks(_grid_to_rows(alpha, grid, num_rows, arcs.pad), _grid_to_rows(beta, grid, num_rows, arcs.pad), nll)
+    pad = on_grid.pad
+    return Walks(_grid_to_rows(alpha, grid, num_rows, pad), _grid_to_rows(beta, grid, num_rows, pad), nll)
 
 
-def _tdt_walks(arcs, grid, durations):
+def _walk_both(arcs, grid):
     """alpha and beta on the step grid (B, steps + 2 pad, max_u1 + 2), both in one loop over the steps: loop
     step k computes alpha at grid step pad + k and beta at pad + steps - 1 - k, each cell a logsumexp of its
-    terms. alpha's terms: a blank arc per duration >= 1 and a label arc per duration, from their sources, and
-    the start (alpha(0, 0) = 0); beta's: the same arcs to their targets, and the closing blank. One gather,
-    one add and one logsumexp a step for both walks (the loop's cost is torch's overhead per op). No mask
-    per step: every weight of a cell off the grid is -inf, so it passes nothing on (alpha) and receives
-    nothing (beta); only cells are read out."""
+    terms. alpha's terms: every blank and label arc from its source, and the start (alpha(0, 0) = 0); beta's:
+    the same arcs to their targets, and the closing blank. One gather, one add and one logsumexp a step for
+    both walks (the loop's cost is torch's overhead per op). No mask per step: every weight of a cell off
+    the grid is -inf, so it passes nothing on (alpha) and receives nothing (beta); only cells are read out."""
     B, span, width = arcs.closing.shape
     pad, steps, max_u1 = arcs.pad, grid.steps, grid.max_u1
-    blank_arcs = [i for i, d in enumerate(durations) if d >= 1]  # a blank of duration 0 is not an arc
-    terms = len(blank_arcs) + len(durations) + 1
+    terms = len(arcs.blank_durations) + len(arcs.label_durations) + 1
     # alpha and beta flattened, one extra entry holding the constant 0 (the start's source)
     size = span * width + 1
     walks = torch.full((2, B, size), -math.inf, dtype=arcs.blank.dtype)
     walks[:, :, -1] = 0.0
-    start = size - 1
-    index = _tdt_term_index(durations, blank_arcs, steps, pad, width, max_u1, start)
-    weights = _tdt_term_weights(arcs, durations, blank_arcs, steps, max_u1)
+    index = _term_index(arcs, steps, width, max_u1, size - 1)
+    weights = _term_weights(arcs, steps, max_u1)
     for k in range(steps):
         values = torch.gather(walks, 2, index[k].expand(2, B, terms * max_u1)).view(2, B, terms, max_u1)
         values.add_(weights[k])
@@ -426,14 +498,15 @@ def _tdt_walks(arcs, grid, durations):
     return alpha, beta
 
 
-def _tdt_term_index(durations, blank_arcs, steps, pad, width, max_u1, start):
+def _term_index(arcs, steps, width, max_u1, start):
     """(steps, 2, 1, terms * max_u1): where loop step k's terms read alpha (the arcs' sources) and beta (their
-    targets) in the flattened walks; the last term reads ``start``, the constant 0."""
+    targets) in the flattened walks; the last term reads ``start``, the constant 0. An arc of duration d moves
+    d anti-diagonals (blank) or d + 1 (label, one column to the right)."""
     column = torch.arange(1, max_u1 + 1)
     k = torch.arange(steps)[:, None, None]
-    alpha_step, beta_step = pad + k, pad + steps - 1 - k
-    d_blank = torch.tensor(durations)[blank_arcs][None, :, None]
-    d_label = torch.tensor(durations)[None, :, None]
+    alpha_step, beta_step = arcs.pad + k, arcs.pad + steps - 1 - k
+    d_blank = torch.tensor(arcs.blank_durations)[None, :, None]
+    d_label = torch.tensor(arcs.label_durations)[None, :, None]
     constant = torch.full((steps, 1, max_u1), start)
     index = torch.stack([
         torch.cat([(alpha_step - d_blank) * width + column, (alpha_step - d_label - 1) * width + column - 1,
@@ -444,49 +517,65 @@ def _tdt_term_index(durations, blank_arcs, steps, pad, width, max_u1, start):
     return index.view(steps, 2, 1, -1)
 
 
-def _tdt_term_weights(arcs, durations, blank_arcs, steps, max_u1):
-    """(steps, 2, B, terms, max_u1): the weights loop step k adds to its terms, in _tdt_term_index's order,
+def _term_weights(arcs, steps, max_u1):
+    """(steps, 2, B, terms, max_u1): the weights loop step k adds to its terms, in _term_index's order,
     step-major so that a step's weights are contiguous."""
     B, pad = arcs.blank.size(0), arcs.pad
-    terms = len(blank_arcs) + len(durations) + 1
+    num_blank = len(arcs.blank_durations)
+    terms = num_blank + len(arcs.label_durations) + 1
     cells, left = slice(1, max_u1 + 1), slice(0, max_u1)
     w = arcs.blank.new_empty(steps, 2, B, terms, max_u1)
     # alpha: the arc from its source step, d (blank) or d + 1 (label) steps back
-    for j, i in enumerate(blank_arcs):
-        d = durations[i]
-        w[:, 0, :, j] = arcs.blank[:, pad - d:pad + steps - d, i, cells].transpose(0, 1)
-    for i, d in enumerate(durations):
-        w[:, 0, :, len(blank_arcs) + i] = arcs.label[:, pad - d - 1:pad + steps - d - 1, i, left].transpose(0, 1)
+    for j, d in enumerate(arcs.blank_durations):
+        w[:, 0, :, j] = arcs.blank[:, pad - d:pad + steps - d, j, cells].transpose(0, 1)
+    for j, d in enumerate(arcs.label_durations):
+        w[:, 0, :, num_blank + j] = arcs.label[:, pad - d - 1:pad + steps - d - 1, j, left].transpose(0, 1)
     w[:, 0, :, -1] = -math.inf
     w[0, 0, :, -1, 0] = 0.0  # alpha(0, 0) = 0: the constant, at step 0 only
     # beta: the cell's own arcs, steps downwards
-    w[:, 1, :, :len(blank_arcs)] = arcs.blank[:, pad:pad + steps, blank_arcs, cells].flip(1).transpose(0, 1)
-    w[:, 1, :, len(blank_arcs):-1] = arcs.label[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, :num_blank] = arcs.blank[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, num_blank:-1] = arcs.label[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
     w[:, 1, :, -1] = arcs.closing[:, pad:pad + steps, cells].flip(1).transpose(0, 1)
     return w
 
 
-def _tdt_arc_occupancies(layout, lattice, live, d, start, end, cells):
-    """For the rows [start, end) (``cells`` = _cells(layout, start, end)): the cell posterior gamma (n,) and
-    the posteriors of its blank and label arcs per duration (n, D), zero off ``live`` rows."""
+def _after_arcs(layout, beta, cells, start, d):
+    """For the rows [start, start + n) (``cells`` = _cells(layout, ...)) and arcs of durations d (k,): log beta
+    where a blank arc of each duration lands, (t + d, u), 0 where it ends the alignment (t + d == T_b with
+    u == U_b), -inf where it leaves the grid; and where a label arc lands, (t + d, u + 1), or -inf. (n, k)
+    each."""
     b, t, u, _ = cells
     T, U, stride = layout.logit_lengths[b], layout.target_lengths[b], layout.row_strides[b]
-    beta = lattice.beta
     last = beta.size(0) - 1
-    row = torch.arange(start, end)
-    log_norm = torch.where(live, lattice.alpha[start:end] + lattice.nll[b], -math.inf)
-    gamma = exp_(log_norm + beta[start:end])
+    row = torch.arange(start, start + b.numel())
     land = t[:, None] + d  # the frame an arc of each duration reaches
     inside = land < T[:, None]
     dst = (row[:, None] + d * stride[:, None]).clamp(max=last)
     ends = (land == T[:, None]) & (u == U)[:, None]
     after_blank = torch.where(inside, beta[dst], torch.where(ends, 0.0, -math.inf))
-    after_blank = torch.where(d >= 1, after_blank, -math.inf)
     after_label = torch.where(inside & (u < U)[:, None], beta[(dst + 1).clamp(max=last)], -math.inf)
+    return after_blank, after_label
+
+
+def _tdt_arc_occupancies(layout, lattice, live, d, start, end, cells):
+    """For the rows [start, end) (``cells`` = _cells(layout, start, end)): the cell posterior gamma (n,) and
+    the posteriors of its blank and label arcs per duration (n, D), zero off ``live`` rows."""
+    b = cells[0]
+    log_norm = torch.where(live, lattice.alpha[start:end] + lattice.nll[b], -math.inf)
+    gamma = exp_(log_norm + lattice.beta[start:end])
+    after_blank, after_label = _after_arcs(layout, lattice.beta, cells, start, d)
+    after_blank = torch.where(d >= 1, after_blank, -math.inf)  # a blank of duration 0 is not an arc
     base = log_norm[:, None] + lattice.lp_dur[start:end]
     blank_arc = exp_(base + lattice.lp[start:end, 0:1] + after_blank)
     label_arc = exp_(base + lattice.lp[start:end, 1:2] + after_label)
     return gamma, blank_arc, label_arc
+
+
+def _big_blank_occupancies(layout, lattice, big_blank_durations, live, start, end, cells):
+    """The posteriors (n, K) of the big blanks' arcs leaving the rows [start, end), zero off ``live`` rows."""
+    log_norm = torch.where(live, lattice.alpha[start:end] + lattice.nll[cells[0]], -math.inf)
+    after, _ = _after_arcs(layout, lattice.beta, cells, start, torch.tensor(big_blank_durations))
+    return exp_(log_norm[:, None] + lattice.lp_dur[start:end] + after)
 
 
 def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_tokens, out_durations, row_start=0):

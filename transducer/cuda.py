@@ -51,15 +51,16 @@ DURATION_ROWS = struct("DurationRows", [("data", "ptr"), ("ld", "long long"), ("
 
 LAYOUT_PARAMS = struct("LayoutParams", [
     ("logit_lengths", "ptr"), ("target_lengths", "ptr"), ("labels", LABELS), ("B", "int"), ("padded_t", "int"),
-    ("max_u1", "int"), ("V", "int"), ("table", "ptr")])
+    ("max_u1", "int"), ("V", "int"), ("big_blanks", "int"), ("table", "ptr")])
 LOG_PROBS_PARAMS = struct("LogProbsParams", [
     ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("from_log_softmax", "bool"), ("delay_penalty", "double"),
-    ("lp", "ptr"), ("den", "ptr")])
+    ("sigma", "double"), ("big_blanks", "int"), ("lp", "ptr"), ("den", "ptr"), ("lp_big", "ptr")])
 ALPHA_BETA_PARAMS = struct("AlphaBetaParams", [
     ("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)])
 GRADIENT_PARAMS = struct("GradientParams", [
     ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE),
-    ("fastemit_lambda", "double"), ("clamp", "double"), ("out", "ptr"), ("ld_out", "long long")])
+    ("fastemit_lambda", "double"), ("clamp", "double"), ("lp_big", "ptr"), ("big", DURATIONS), ("out", "ptr"),
+    ("ld_out", "long long")])
 TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
     ("grids", GRIDS), ("tokens", ROWS), ("durations", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
     ("lp", "ptr"), ("lp_dur", "ptr"), ("den", "ptr")])
@@ -190,7 +191,7 @@ def _rows(x, row_start, vec, aligned):
 
 
 def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
-           with_stats=True):
+           with_stats=True, big_blanks=0):
     _check_cuda(logit_lengths, target_lengths)
     B = logit_lengths.numel()
     table = torch.empty(table_size(B), dtype=torch.int64, device=logit_lengths.device)
@@ -200,7 +201,8 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
         targets = targets.contiguous()
         labels, itype = _labels(targets, blank), targets.dtype
     params = LAYOUT_PARAMS(logit_lengths=logit_lengths.contiguous(), target_lengths=target_lengths.contiguous(),
-                           labels=labels, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, table=table)
+                           labels=labels, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, big_blanks=big_blanks,
+                           table=table)
     name = _name("layout_kernel", logit_lengths.dtype, target_lengths.dtype, itype, bool(with_stats))
     launch(_STAGES, name, table, (1,), (1024,), (params,))
     return Layout(table, padded_t > 0, int(max_u1), max(int(padded_t), 0))
@@ -209,15 +211,24 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
 def log_probs(logits2d, targets, layout, options, row_start=0, out=None):
     if row_start and out is None:
         raise ValueError("log_probs: row_start > 0 needs out (the arrays of every row)")
+    return _log_probs(logits2d, targets, layout, options, row_start, out, 0)
+
+
+def multiblank_log_probs(logits2d, targets, layout, options, row_start=0, out=None):
+    if row_start and out is None:
+        raise ValueError("multiblank_log_probs: row_start > 0 needs out (the arrays of every row)")
+    return _log_probs(logits2d, targets, layout, options, row_start, out, len(options.big_blank_durations))
+
+
+def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
+    """(lp, den), or with big blanks (lp, den, lp_big): log_probs_kernel's outputs (into ``out`` when given)."""
     num_rows, V = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
     if out is None:
-        lp = torch.empty(num_rows, 2, dtype=acc, device=logits2d.device)
-        den = torch.empty(num_rows, dtype=acc, device=logits2d.device)
-    else:
-        lp, den = out
+        new = lambda *shape: torch.empty(shape, dtype=acc, device=logits2d.device)  # noqa: E731
+        out = (new(num_rows, 2), new(num_rows)) + ((new(num_rows, big_blanks),) if big_blanks else ())
     if num_rows == 0:
-        return lp, den
+        return out
     _row_major("logits2d", logits2d)
     itemsize = logits2d.element_size()
     vec, aligned, _ = _row_access(itemsize, V, logits2d)
@@ -225,10 +236,11 @@ def log_probs(logits2d, targets, layout, options, row_start=0, out=None):
     rows_per_block = THREADS // (32 * wpr)
     params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows(logits2d, row_start, vec, aligned),
                               labels=_labels(targets, options.blank), from_log_softmax=options.from_log_softmax,
-                              delay_penalty=options.delay_penalty, lp=lp, den=den)
+                              delay_penalty=options.delay_penalty, sigma=options.sigma, big_blanks=big_blanks,
+                              lp=out[0], den=out[1], lp_big=out[2] if big_blanks else None)
     name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
-    return lp, den
+    return out
 
 
 def _alpha_beta_smem_entries(max_u1, itemsize):
@@ -281,12 +293,15 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     rows_per_block = THREADS // (32 * wpr)
     vec, aligned, staged = _row_access(itemsize, V, rows, [out], rows_per_block)
     clamp = max(options.clamp, 0.0)
+    big = options.big_blank_durations
     params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows(rows, row_start, vec, aligned),
                              labels=_labels(targets, options.blank), lattice=_lattice_struct(lattice),
                              scale=SCALE(values=scale, stride=scale.stride(0)),
-                             fastemit_lambda=options.fastemit_lambda, clamp=clamp, out=out, ld_out=out.stride(0))
+                             fastemit_lambda=options.fastemit_lambda, clamp=clamp,
+                             lp_big=lattice.lp_dur if big else None, big=_durations(tuple(big)), out=out,
+                             ld_out=out.stride(0))
     name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(options.from_log_softmax),
-                 bool(options.one_sym_per_frame), clamp > 0, aligned, staged)
+                 bool(options.one_sym_per_frame), clamp > 0, aligned, staged, bool(big))
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
     return out
@@ -450,7 +465,16 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, 
 
 
 def tdt_alpha_beta(lp, lp_dur, layout, options):
-    durations = options.durations
+    return _duration_walks(lp, lp_dur, layout, options.durations, False)
+
+
+def multiblank_alpha_beta(lp, lp_big, layout, options):
+    # TDT's walk with blank arcs of durations 1, d_1, ..., d_K and a label arc of duration 0 (tdt.cu:
+    # TdtWalkParams)
+    return _duration_walks(lp, lp_big, layout, (0, 1) + tuple(options.big_blank_durations), True)
+
+
+def _duration_walks(lp, lp_arcs, layout, durations, multiblank):
     walks, threads = _walk(lp, layout)
     B = layout.batch_size
     if B == 0:
@@ -458,7 +482,7 @@ def tdt_alpha_beta(lp, lp_dur, layout, options):
     max_u1 = max(int(layout.max_u1), 1)
     D, itemsize = len(durations), lp.element_size()
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
-    params = TDT_WALK_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, lp_dur=lp_dur,
+    params = TDT_WALK_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, lp_dur=lp_arcs,
                              durations=_durations(tuple(durations)), padded=layout.padded, ring=0, cols=0,
                              out=_walks_struct(walks))
     # tdt_walk_kernel: rings of a power of two steps, a column per thread and two of -inf; alpha's ring
@@ -466,13 +490,13 @@ def tdt_alpha_beta(lp, lp_dur, layout, options):
     walk_ring, walk_cap = 1 << (ring - 1).bit_length(), threads + 2
     walk_smem = walk_ring * walk_cap * (2 * D + 1) * itemsize
     if D <= WALK_MAX_DURATIONS and max_u1 <= WALK_MAX_THREADS and walk_smem <= max_shared_mem(lp):
-        launch(_TDT, _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD), lp, (2 * B,), (threads,),
+        launch(_TDT, _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD, multiblank), lp, (2 * B,), (threads,),
                (params._replace(ring=walk_ring, cols=walk_cap),), shared_mem=walk_smem)
         return walks
     smem = ring * max_u1 * itemsize
     if smem > DEFAULT_SHARED_MEM:
         ring, smem = 0, 0
-    launch(_TDT, _name("tdt_alpha_beta_kernel", lp.dtype), lp, (2 * B,), (threads,),
+    launch(_TDT, _name("tdt_alpha_beta_kernel", lp.dtype, multiblank), lp, (2 * B,), (threads,),
            (params._replace(ring=ring, cols=max_u1),), shared_mem=smem)
     return walks
 

@@ -37,11 +37,12 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_blank, check_options, check_reduction,
-                     check_tdt_options, check_tensor, is_index)
+from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_big_blank_durations, check_blank, check_options,
+                     check_reduction, check_sigma, check_tdt_options, check_tensor, is_index)
 from .layout import MAX_ROWS, NUM_STATS, Lattice, Layout, LossOptions, stages_for, table_size
 from .library import Op, lattice_of, lattice_outputs, mixed_nll
 from .loss import _reduce
+from .multiblank import multiblank_lattice
 from .tdt import tdt_lattice
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
@@ -72,7 +73,7 @@ def _utterances(row_splits, start, end):
     return bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1)
 
 
-def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, blank):
+def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, blank, big_blanks):
     t_min, t_max, u_min, u_max, cells, bad = stats
     if t_min < 1 or t_max > encoder_out.size(1):
         raise ValueError(f"logit_lengths: expected values in [1, {encoder_out.size(1)}] (encoder_out.size(1)), "
@@ -84,26 +85,29 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, 
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
                          f"supported")
     if bad:
+        blanks = f"a blank ({blank - big_blanks} ... {blank})" if big_blanks else f"blank = {blank}"
         raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {vocab_size}) or equal to "
-                         f"blank = {blank}")
+                         f"{blanks}")
 
 
 def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
                    targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, activation: str, blank: int,
                    one_sym_per_frame: bool, check_inputs: bool, delay_penalty: float, fastemit_lambda: float,
                    clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
-                   omega: float, static_shapes: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                               Tensor, Tensor, Tensor, Tensor]:
+                   omega: float, big_blank_durations: List[int], static_shapes: bool
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(nll, *library.lattice_outputs)."""
     options = LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
                           fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=tuple(durations),
-                          sigma=sigma, omega=omega)
+                          sigma=sigma, omega=omega, big_blank_durations=tuple(big_blank_durations))
     stages = stages_for(encoder_out.device)
     V = weight.size(0) - len(durations)  # the token columns
-    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, blank, check_inputs)
+    big = len(big_blank_durations)
+    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, blank, check_inputs,
+                           big)
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     if check_inputs:
-        _check_fused_values(encoder_out, predictor_out, targets, V, table[-NUM_STATS:], blank)
+        _check_fused_values(encoder_out, predictor_out, targets, V, table[-NUM_STATS:], blank, big)
     num_rows = table[4 * layout.batch_size]
     bound = _capacity(encoder_out, predictor_out)
     if num_rows > bound:
@@ -117,18 +121,22 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     new = functools.partial(new, dtype=accumulate_dtype(compute_dtype))
     lp = new(capacity, 2)
     den = new(capacity, 2) if durations else new(capacity)
-    lp_dur = new(capacity, len(durations))
+    lp_dur = new(capacity, len(durations) or big)  # TDT: the durations' log-probs; multi-blank: the big blanks'
     Wx, _ = _projection(weight, bias, compute_dtype)
     for start, end in _tiles(num_rows, max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
         z = F.linear(hx, Wx)
         if durations:
             stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, options, start, (lp, lp_dur, den))
+        elif big:
+            stages.multiblank_log_probs(z[:, :V], targets, layout, options, start, (lp, den, lp_dur))
         else:
             stages.log_probs(z[:, :V], targets, layout, options, start, (lp, den))
         del hx, z
     if durations:
         lattice = tdt_lattice(stages, layout, lp, lp_dur, den, options)
+    elif big:
+        lattice = multiblank_lattice(stages, layout, lp, den, lp_dur, options)
     else:
         walks = stages.alpha_beta(lp, layout, options)
         lattice = Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll)
@@ -185,12 +193,13 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
                     bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, lp_dur: Tensor, den: Tensor,
                     alpha: Tensor, beta: Tensor, nll: Tensor, alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor,
                     activation: str, blank: int, one_sym_per_frame: bool, fastemit_lambda: float, clamp: float,
-                    compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float, omega: float
-                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                    compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float, omega: float,
+                    big_blank_durations: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * loss[b], each in
     its input's dtype; the last is zeros when there is no bias."""
     options = LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
-                          fastemit_lambda=fastemit_lambda, durations=tuple(durations), sigma=sigma, omega=omega)
+                          fastemit_lambda=fastemit_lambda, durations=tuple(durations), sigma=sigma, omega=omega,
+                          big_blank_durations=tuple(big_blank_durations))
     stages = stages_for(encoder_out.device)
     B, max_t, J = encoder_out.shape
     V = weight.size(0) - len(durations)
@@ -232,12 +241,12 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
 
 def _setup_context(ctx, inputs, output):
     (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
-     fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega, _) = inputs
+     fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega, big_blank_durations, _) = inputs
     nll, *lattice = output
     ctx.mark_non_differentiable(*lattice)
     ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice)
     ctx.options = (activation, blank, one_sym_per_frame, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
-                   sigma, omega)
+                   sigma, omega, big_blank_durations)
 
 
 def _gradient(ctx, grad_nll, backward):
@@ -254,17 +263,17 @@ fused_op, fused_backward_op = fused.op, fused.backward_op
 @fused_op.register_fake
 def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, activation, blank,
       one_sym_per_frame, check_inputs, delay_penalty, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
-      sigma, omega, static_shapes):
+      sigma, omega, big_blank_durations, static_shapes):
     acc = accumulate_dtype(compute_dtype)
     rows = _capacity(encoder_out, predictor_out) if static_shapes else torch.library.get_ctx().new_dynamic_size()
     B = logit_lengths.size(0)
-    D = len(durations)
+    D, K = len(durations), len(big_blank_durations)
     new = lambda *shape: encoder_out.new_empty(*shape, dtype=acc)  # noqa: E731
     r = rows if D and omega else 0
     # (nll, table, lp, lp_dur, den, alpha, beta, nll of the walk, alpha_r, beta_r, rnnt_nll): lattice_outputs
     return (new(B), encoder_out.new_empty(table_size(B), dtype=torch.int64), new(rows, 2),
-            new(rows, D) if D else new(0), new(rows, 2) if D else new(rows), new(rows), new(rows), new(B), new(r),
-            new(r), new(B) if D and omega else new(0))
+            new(rows, D or K) if D or K else new(0), new(rows, 2) if D else new(rows), new(rows), new(rows), new(B),
+            new(r), new(r), new(B) if D and omega else new(0))
 
 
 @fused_backward_op.register_fake
@@ -274,28 +283,41 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
 
 
 def _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda, delay_penalty,
-                   durations, sigma, omega, device=None):
-    """The options of fused_joiner_loss and FusedJoinerLoss; the durations as a list, or None (not TDT)."""
+                   durations, sigma, omega, big_blank_durations, blank, device=None):
+    """The options of fused_joiner_loss and FusedJoinerLoss: (the durations as a list or None (not TDT), the big
+    blanks' durations as a list or None (not multi-blank)); ``blank``: the blank's column, or None when not
+    known yet."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     check_reduction(reduction)
     check_options(clamp, fastemit_lambda, delay_penalty)
     if max_rows is not None and (not is_index(max_rows) or operator.index(max_rows) < 1):
         raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
+    if big_blank_durations is not None:
+        if durations is not None:
+            raise ValueError("big_blank_durations: a multi-blank loss has no durations (TDT's)")
+        if omega:
+            raise ValueError("omega: a TDT option; the multi-blank loss has none")
+        if one_sym_per_frame or delay_penalty:
+            raise ValueError("big_blank_durations: the multi-blank loss has no one_sym_per_frame or delay_penalty "
+                             "option")
+        check_sigma(sigma)
+        return None, list(check_big_blank_durations(big_blank_durations, blank, device))
     if durations is None:
         if sigma or omega:
-            raise ValueError("sigma, omega: TDT options; pass durations too")
-        return None
+            raise ValueError("sigma, omega: TDT options (sigma also the multi-blank loss's); pass durations or "
+                             "big_blank_durations too")
+        return None, None
     durations = check_tdt_options(durations, sigma, omega, device)
     if one_sym_per_frame or delay_penalty:
         raise ValueError("durations: TDT has no one_sym_per_frame or delay_penalty option")
-    return durations
+    return durations, None
 
 
 def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
                       activation="tanh", blank=0, reduction="mean", one_sym_per_frame=False, zero_infinity=False,
                       check_inputs=True, max_rows=None, clamp=-1.0, fastemit_lambda=0.0, delay_penalty=0.0,
-                      durations=None, sigma=0.0, omega=0.0):
+                      durations=None, sigma=0.0, omega=0.0, big_blank_durations=None):
     r"""The joiner ``F.linear(act(encoder_out[b, t] + predictor_out[b, u]), weight, bias)`` and the transducer
     loss over its logits, without the logits or the joiner's hidden in memory.
 
@@ -347,8 +369,9 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
     B, _, J = encoder_out.shape
     V = weight.size(0)  # the token columns and, with durations, the duration columns
-    durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda,
-                               delay_penalty, durations, sigma, omega, device)
+    durations, big_blank_durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp,
+                                                    fastemit_lambda, delay_penalty, durations, sigma, omega,
+                                                    big_blank_durations, None, device)
     D = len(durations or [])
     if weight.size(0) - D < 2:
         before = f" before the {D} duration rows" if D else ""
@@ -366,6 +389,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         if x.size(0) != B:
             raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape {tuple(x.shape)}")
     blank = check_blank(blank, V - D, "the token rows of weight")
+    if big_blank_durations:  # the big blanks fit before the blank
+        check_big_blank_durations(big_blank_durations, blank)
     # the GEMMs' dtype: the autocast dtype, as F.linear under autocast takes it, else the inputs' promoted one
     compute_dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
     if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
@@ -375,7 +400,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
               target_lengths, activation, blank, bool(one_sym_per_frame), bool(check_inputs),
               float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows),
-              durations or [], float(sigma), float(omega), torch.compiler.is_compiling())
+              durations or [], float(sigma), float(omega), big_blank_durations or [], torch.compiler.is_compiling())
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
         nll = fused(*inputs)[0]
     return _reduce(nll, reduction, zero_infinity)
@@ -402,12 +427,13 @@ class FusedJoinerLoss(torch.nn.Module):
 
     def __init__(self, joiner_dim, vocab_size, activation="tanh", bias=True, blank=0, reduction="mean",
                  one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
-                 fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0, device=None,
-                 dtype=None):
+                 fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0, big_blank_durations=None,
+                 device=None, dtype=None):
         super().__init__()
-        durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda,
-                                   delay_penalty, durations, sigma, omega)
         blank = check_blank(blank, vocab_size, "vocab_size")
+        durations, big_blank_durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp,
+                                                        fastemit_lambda, delay_penalty, durations, sigma, omega,
+                                                        big_blank_durations, blank)
         self.output = torch.nn.Linear(joiner_dim, vocab_size + len(durations or []), bias=bias, device=device,
                                       dtype=dtype)
         self.options = dict(activation=activation, blank=blank, reduction=reduction,
@@ -416,6 +442,8 @@ class FusedJoinerLoss(torch.nn.Module):
                             fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
         if durations is not None:
             self.options.update(durations=durations, sigma=sigma, omega=omega)
+        if big_blank_durations is not None:
+            self.options.update(big_blank_durations=big_blank_durations, sigma=sigma)
 
     def forward(self, encoder_out, predictor_out, targets, logit_lengths, target_lengths):
         return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,

@@ -24,11 +24,11 @@ The stage contract (``transducer.cpu`` and ``transducer.cuda``: same names, argu
 ``stages_for(device)`` gives the module). Per-row float arrays are float32, or float64 for float64 logits.
 
 ``layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
-with_stats=True) -> Layout``
+with_stats=True, big_blanks=0) -> Layout``
     One pass over the lengths (one launch on CUDA, no host synchronisation): padded (B, padded_t, max_u1)
     grids when ``padded_t > 0``, compact ones otherwise. With ``with_stats``, ``Layout.stats`` holds what
     the value checks need (``Stats``); ``targets`` (B, S) are then checked against ``[0, vocab_size)`` and
-    ``blank``.
+    the blanks, ``[blank - big_blanks, blank]``.
 
 RNN-T and RNA:
 
@@ -90,6 +90,22 @@ row_start=0)``
     clamped and scaled as for gradient. Zeros on padding rows and for utterances whose TDT loss (or, with
     omega > 0, RNN-T loss) is not finite or whose scale is 0. The outputs may be the inputs themselves.
 
+Multi-blank RNN-T (Xu et al., ICASSP 2023, arXiv 2211.03541; NeMo's semantics): RNN-T plus K big blanks,
+big blank i in column ``blank - 1 - i`` of the logits and of duration ``options.big_blank_durations[i]``
+(distinct ints >= 2). Every log-prob is ``log_softmax - sigma``. From cell (t, u) the label y_{u+1} goes to
+(t, u + 1), the blank to (t + 1, u) and big blank i to (t + d_i, u); an alignment ends on reaching t = T_b
+with u = U_b through any blank. The walk is TDT's with blank arcs of durations (1, d_1, ..., d_K) and label
+arcs of duration 0; the gradient is RNN-T's with the big blanks' arcs on their columns.
+
+``multiblank_log_probs(logits2d, targets, layout, options, row_start=0, out=None) -> (lp, den, lp_big)``
+    As log_probs (without the delay penalty), sigma subtracted, and lp_big (N, K) = the big blanks' log-probs
+    (-inf on padding rows).
+``multiblank_alpha_beta(lp, lp_big, layout, options) -> Walks``
+    As tdt_alpha_beta.
+``gradient(logits2d, targets, lattice, scale, options, out, row_start=0)``
+    With ``options.big_blank_durations``, ``lattice.lp_dur`` holds lp_big and the big blanks' arc posteriors
+    are subtracted on their columns.
+
 The joiner input (``transducer.pack`` and the fused joiner loss):
 
 ``pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None)
@@ -135,7 +151,7 @@ class Stats(NamedTuple):
     min_u: int
     max_u: int
     cells: int       # sum_b T_b*(U_b+1), saturating at CELLS_CAP
-    bad_labels: int  # targets[b, u] with u < U_b outside [0, V) or equal to blank (0 without label checks)
+    bad_labels: int  # targets[b, u] with u < U_b outside [0, V) or a blank (0 without label checks)
 
 
 class Layout(NamedTuple):
@@ -193,8 +209,9 @@ class LossOptions(NamedTuple):
     fastemit_lambda: float = 0.0     # FastEmit: the label log-probs' gradient times 1 + fastemit_lambda
     delay_penalty: float = 0.0       # k2's delay penalty on the label log-probs
     durations: Tuple[int, ...] = ()  # TDT: the durations (empty: RNN-T or RNA)
-    sigma: float = 0.0               # TDT: logit under-normalisation, subtracted from the token log-probs
+    sigma: float = 0.0               # TDT, multi-blank: logit under-normalisation, subtracted from the log-probs
     omega: float = 0.0               # TDT: weight of the plain RNN-T loss of the token scores
+    big_blank_durations: Tuple[int, ...] = ()  # multi-blank: big blank i, in column blank - 1 - i, spans d_i frames
 
 
 class Walks(NamedTuple):
@@ -212,7 +229,8 @@ class Lattice(NamedTuple):
     alpha: torch.Tensor                   # (N,)
     beta: torch.Tensor                    # (N,)
     nll: torch.Tensor                     # (B,)
-    lp_dur: Optional[torch.Tensor] = None  # TDT: (N, D) duration log-probs
+    lp_dur: Optional[torch.Tensor] = None  # TDT: (N, D) duration log-probs; multi-blank: (N, K) the big blanks'
+    #                                        log-probs (the arcs of several frames either way)
     rnnt: Optional[Walks] = None          # TDT with omega > 0: the walks of the plain RNN-T loss
 
 

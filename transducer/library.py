@@ -38,14 +38,16 @@ __all__ = ["Op", "loss", "pack", "make_layout", "saved_layout", "gradient_buffer
            "lattice_of", "mixed_nll"]
 
 
-def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None):
+def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None,
+                big_blanks=0):
     """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits (one launch on CUDA, no sync);
-    labels are checked against ``vocab_size`` (default: logits.size(-1))."""
+    labels are checked against ``vocab_size`` (default: logits.size(-1)) and the blanks."""
     padded = logits.dim() == 4
     return stages_for(logits.device).layout(logit_lengths, target_lengths,
                                             logits.size(2) if padded else targets.size(1) + 1,
                                             logits.size(1) if padded else 0, targets,
-                                            logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats)
+                                            logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats,
+                                            big_blanks)
 
 
 def saved_layout(table, logits, targets):
@@ -59,7 +61,7 @@ def saved_layout(table, logits, targets):
 def checked_log_probs(layout, logits, targets, options, check_inputs, log_probs, vocab_size=None):
     """``log_probs()`` (the loss's first stage) with the value checks of ``check_inputs``: lengths and labels
     against the tensors (checks.check_loss_values; labels in [0, vocab_size), default logits.size(-1), and
-    not ``options.blank``). On CUDA log_probs is queued first (it reads within bounds whatever the values,
+    not a blank of ``options``). On CUDA log_probs is queued first (it reads within bounds whatever the values,
     and nothing else runs unchecked), and the layout's stats are read behind the layout launch alone
     (ops.cuda.HostReader): the host reaches the first big kernel sooner, and waits for the layout and the
     copy, not for log_probs. The CPU stages need valid values to run at all: checked first."""
@@ -67,12 +69,14 @@ def checked_log_probs(layout, logits, targets, options, check_inputs, log_probs,
         return log_probs()
     table = layout.table
     if not table.is_cuda:
-        check_loss_values(logits, targets, layout.stats.tolist(), options.blank, vocab_size)
+        check_loss_values(logits, targets, layout.stats.tolist(), options.blank, vocab_size,
+                          len(options.big_blank_durations))
         return log_probs()
     reader = host_reader(table.device, NUM_STATS, torch.int64)
     reader.mark()  # after the layout launch
     out = log_probs()
-    check_loss_values(logits, targets, reader.read(layout.stats), options.blank, vocab_size)
+    check_loss_values(logits, targets, reader.read(layout.stats), options.blank, vocab_size,
+                      len(options.big_blank_durations))
     return out
 
 
@@ -159,8 +163,8 @@ def mixed_nll(lattice, omega):
 
 def lattice_outputs(lattice):
     """A Lattice's tensors as op outputs (after the loss): (table, lp, lp_dur, den, alpha, beta, nll, alpha_r,
-    beta_r, rnnt_nll); lp_dur empty without durations, the last three without omega (op outputs may not
-    alias each other)."""
+    beta_r, rnnt_nll); lp_dur empty without durations or big blanks, the last three without omega (op outputs
+    may not alias each other)."""
     rnnt = lattice.rnnt or Walks(*(lattice.lp.new_empty(0) for _ in range(3)))
     lp_dur = lattice.lp_dur if lattice.lp_dur is not None else lattice.lp.new_empty(0)
     return (lattice.layout.table, lattice.lp, lp_dur, lattice.den, lattice.alpha, lattice.beta,
@@ -172,7 +176,8 @@ def lattice_of(layout, tensors, options):
     beta_r, rnnt_nll): backward's saved tensors."""
     lp, lp_dur, den, alpha, beta, nll, alpha_r, beta_r, rnnt_nll = tensors
     rnnt = Walks(alpha_r, beta_r, rnnt_nll) if options.omega else None
-    return Lattice(layout, lp, den, alpha, beta, nll, lp_dur if options.durations else None, rnnt)
+    lp_dur = lp_dur if options.durations or options.big_blank_durations else None
+    return Lattice(layout, lp, den, alpha, beta, nll, lp_dur, rnnt)
 
 
 def loss_options(blank, one_sym_per_frame=False, from_log_softmax=False, fastemit_lambda=0.0, clamp=0.0,

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-__all__ = ["transducer_loss_reference", "tdt_loss_reference"]
+__all__ = ["transducer_loss_reference", "tdt_loss_reference", "multiblank_loss_reference"]
 
 
 def _logsumexp(terms):
@@ -137,4 +137,43 @@ def _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, d
         final = [alpha[T - d, U] + blank_lp[T - d, U] + dur_lp[T - d, U, i]
                  for i, d in enumerate(durations) if d >= 1 and (T - d, U) in alpha]
         losses.append(-_logsumexp(final) if final else tok.new_tensor(math.inf))
+    return torch.stack(losses)
+
+
+def multiblank_loss_reference(logits, targets, logit_lengths, target_lengths, big_blank_durations, blank, sigma=0.0,
+                              fastemit_lambda=0.0):
+    """The multi-blank RNN-T loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,), in logits' dtype.
+
+    logits (B, maxT, maxU+1, V); every log-prob is log_softmax(logits) - sigma. From cell (t, u) the label y_{u+1}
+    goes to (t, u + 1), the blank (column ``blank``, in [0, V)) to (t + 1, u), big blank i (column blank - 1 - i,
+    duration big_blank_durations[i] >= 2) to (t + d_i, u); an alignment ends on reaching t = T with u = U through
+    any blank. fastemit_lambda: the value is unchanged, the gradient w.r.t. every label log-prob is scaled by
+    1 + fastemit_lambda. An utterance with a NaN or infinite logit among its cells gets NaN.
+    """
+    durations = [1] + [int(d) for d in big_blank_durations]
+    columns = [blank] + [blank - 1 - i for i in range(len(big_blank_durations))]
+    lp = logits.log_softmax(dim=-1) - sigma
+    losses = []
+    for b in range(logits.size(0)):
+        T, U = int(logit_lengths[b]), int(target_lengths[b])
+        y = targets[b, :U].long()
+        blanks = lp[b, :T, :U + 1][..., columns]                # (T, U+1, 1 + K): the blank arcs' log-probs
+        label_lp = lp[b, :T, torch.arange(U), y]                # (T, U): y_{u+1} from cell (t, u)
+        if fastemit_lambda:  # the value of label_lp, with (1 + lambda) times its gradient
+            label_lp = (1 + fastemit_lambda) * label_lp - fastemit_lambda * label_lp.detach()
+        alpha = {(0, 0): lp.new_zeros(())}
+        for t in range(T):
+            for u in range(U + 1):
+                if (t, u) == (0, 0):
+                    continue
+                terms = [alpha[t - d, u] + blanks[t - d, u, i] for i, d in enumerate(durations) if (t - d, u) in alpha]
+                if u >= 1 and (t, u - 1) in alpha:
+                    terms.append(alpha[t, u - 1] + label_lp[t, u - 1])
+                if terms:
+                    alpha[t, u] = _logsumexp(terms)
+        final = [alpha[T - d, U] + blanks[T - d, U, i] for i, d in enumerate(durations) if (T - d, U) in alpha]
+        loss = -_logsumexp(final) if final else lp.new_tensor(math.inf)
+        if not torch.isfinite(logits[b, :T, :U + 1]).all():
+            loss = loss + math.nan
+        losses.append(loss)
     return torch.stack(losses)

@@ -20,9 +20,10 @@
 
 
 // ---------------------------------------------------------------------------
-// log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)),
-// penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more).
-// A NaN or +-inf logit makes den (RowPass::logsumexp), both log-probs and so the utterance's loss NaN (the
+// log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)) - sigma,
+// penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more); with
+// big blanks (the multi-blank loss), lp_big[r, i] = x_{blank - 1 - i} - den - sigma.
+// A NaN or +-inf logit makes den (RowPass::logsumexp), the log-probs and so the utterance's loss NaN (the
 // CPU twin alike). ALIGNED: as for RowPass (common.cuh); when false, `logits.n` is the row's columns.
 template <typename T, typename I>
 struct LogProbsParams {
@@ -31,8 +32,11 @@ struct LogProbsParams {
   td::Labels<I> labels;
   bool from_log_softmax;  // den = 0: the logits are log-probabilities
   double delay_penalty;
-  typename ops::AccOf<T>::type* lp;   // (N, 2)
-  typename ops::AccOf<T>::type* den;  // (N,)
+  double sigma;
+  int big_blanks;                        // K (< 32: lanes 1 ... K of the row load them)
+  typename ops::AccOf<T>::type* lp;      // (N, 2)
+  typename ops::AccOf<T>::type* den;     // (N,)
+  typename ops::AccOf<T>::type* lp_big;  // (N, K)
 };
 
 template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
@@ -49,31 +53,38 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
   if (!pass.begin(p.logits.data, p.logits, p.grids, !p.grids.pad.padded() && !p.from_log_softmax)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
+  const int K = p.big_blanks, big = pass.lane - 1;  // lane 1 + i: big blank i
   if (!ri.cell) {  // padding: nothing reads these, but every entry is written
     if (pass.lane == 0) {
       lp[2ll * r] = NINF;
       lp[2ll * r + 1] = NINF;
       den[r] = Acc(0);
     }
+    if (big >= 0 && big < K) p.lp_big[(long long)r * K + big] = NINF;
     return;
   }
   // Reads stay in bounds whatever the lengths and labels hold: with check_inputs the host checks them
   // while this kernel runs (the label index is clamped; for checked inputs the clamps change nothing).
   const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
-  Acc x_blank = Acc(0), x_label = NINF;
+  Acc x_blank = Acc(0), x_label = NINF, x_big = Acc(0);
   if (pass.lane == 0) {  // issued early, used after the reduction
     x_blank = to_acc(logits[pass.row + p.labels.blank]);
     if (has_label) {
       const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
       x_label = to_acc(logits[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
     }
+  } else if (big < K) {
+    x_big = to_acc(logits[pass.row + p.labels.blank - 1 - big]);
   }
   const Acc d = p.from_log_softmax ? Acc(0) : pass.logsumexp();
+  const Acc sigma = Acc(p.sigma);
   if (pass.lane == 0) {
     den[r] = d;
-    lp[2ll * r] = x_blank - d;
+    lp[2ll * r] = x_blank - d - sigma;
     const Acc penalty = Acc(p.delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
-    lp[2ll * r + 1] = has_label ? x_label - d + penalty : NINF;
+    lp[2ll * r + 1] = has_label ? x_label - d - sigma + penalty : NINF;
+  } else if (big < K) {
+    p.lp_big[(long long)r * K + big] = x_big - d - sigma;
   }
 }
 
@@ -279,6 +290,11 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const AlphaBetaParams<
 // rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it), or, STAGED, start
 // on one (common.cuh's RowOut). FROM_LOG_SOFTMAX reads no logits: the launcher passes the output rows as
 // `logits` then, so that only their alignment sets the vectors.
+//
+// BIG_BLANKS (the multi-blank loss): big blank i, of duration big.d[i], in column blank - 1 - i, goes to
+// (t + d_i, u) or ends the alignment from (T - d_i, U); its arc posterior occ_big_i = exp(alpha + loss +
+// lp_big_i + beta(after it)) is subtracted on its column. Lanes 0 ... K - 1 of the row compute them into
+// shared memory, which every lane of the row reads on those columns.
 template <typename T, typename I>
 struct GradientParams {
   td::Grids grids;
@@ -288,16 +304,19 @@ struct GradientParams {
   td::Scale<typename ops::AccOf<T>::type> scale;
   double fastemit_lambda;
   double clamp;  // > 0 (CLAMP)
+  const typename ops::AccOf<T>::type* lp_big;  // BIG_BLANKS: (N, K)
+  td::Durations big;                           // BIG_BLANKS: K = big.n and the durations
   T* out;
   long long ld_out;
 };
 
 template <typename T, typename I, int VEC, int WPR, bool FROM_LOG_SOFTMAX, bool RNA, bool CLAMP, bool ALIGNED,
-          bool STAGED>
+          bool STAGED, bool BIG_BLANKS>
 __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
+  typedef RowGeometry<WPR> Geo;
   const Acc NINF = neg_inf<Acc>();
   const ReadOnly<I> targets{p.labels.targets};
   const ReadOnly<Acc> lp{p.lattice.lp}, den{p.lattice.den}, alpha{p.lattice.alpha}, beta{p.lattice.beta},
@@ -349,10 +368,25 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
     coef -= den[r];
   }
   const Acc sub_blank = occ_blank, sub_label = (Acc(1) + fastemit_lambda) * occ_label;
+  __shared__ Acc sub_big[BIG_BLANKS ? Geo::RPB : 1][BIG_BLANKS ? kMaxDurations : 1];
+  const int K = BIG_BLANKS ? p.big.n : 0;
+  Acc* row_big = sub_big[BIG_BLANKS ? threadIdx.x >> Geo::LOG_G : 0];
+  if (BIG_BLANKS) {
+    if (pass.lane < K) {
+      const int d = duration(p.big, pass.lane), s = ri.t + d;
+      const Acc after = s < ri.T ? beta[r + (long long)d * st] : (s == ri.T && ri.u == ri.U ? Acc(0) : NINF);
+      row_big[pass.lane] = exp_acc(lognorm + ldg(p.lp_big + (long long)r * K + pass.lane) + after);
+    }
+    if (WPR == 1)
+      __syncwarp();
+    else
+      __syncthreads();
+  }
   auto grad = [&](int v, T x) {
     Acc g = FROM_LOG_SOFTMAX ? Acc(0) : exp_fast(to_acc(x) + coef);
     if (v == blank) g -= sub_blank;
     if (v == label) g -= sub_label;
+    if (BIG_BLANKS && (unsigned)(blank - 1 - v) < (unsigned)K) g -= row_big[blank - 1 - v];
     if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
     return from_acc<T>(g * sc);
   };
@@ -374,7 +408,7 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
 // thread owns a contiguous run of utterances, so row_splits is one block-wide exclusive sum.
 namespace td {
 // The entries of the table's stats (transducer/layout.py's Stats): min and max T_b and U_b, the cell count
-// sum_b T_b*(U_b+1), and the labels (u < U_b) outside [0, V) or equal to blank.
+// sum_b T_b*(U_b+1), and the labels (u < U_b) outside [0, V) or equal to a blank.
 enum Stat : int { kMinT, kMaxT, kMinU, kMaxU, kCells, kBadLabels, kNumStats };
 // The cell count saturates at 2^61 (transducer/layout.py's CELLS_CAP), so lengths whose products or sums
 // overflow 64 bits are reported instead of wrapping into a plausible count.
@@ -404,6 +438,7 @@ struct LayoutParams {
   int padded_t;  // > 0: padded (B, padded_t, max_u1) grids
   int max_u1;
   int V;
+  int big_blanks;  // the blanks are the columns blank - big_blanks ... blank
   long long* table;
 };
 
@@ -461,7 +496,7 @@ __global__ void __launch_bounds__(1024) layout_kernel(const LayoutParams<IT, IU,
       const int b = (int)(i / target_cols), u = (int)(i - (long long)b * target_cols);
       if (u < (long long)target_lengths[b]) {
         const long long y = (long long)targets[i];
-        v[kBadLabels] += (y < 0 || y >= p.V || y == p.labels.blank);
+        v[kBadLabels] += (y < 0 || y >= p.V || (y >= p.labels.blank - p.big_blanks && y <= p.labels.blank));
       }
     }
   }

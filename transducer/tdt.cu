@@ -20,13 +20,6 @@
 
 namespace td {
 
-constexpr int kMaxDurations = 16;  // transducer/layout.py: MAX_DURATIONS
-
-// The durations, by value: d[0, n) (the rest zeros).
-struct Durations {
-  int n;
-  int d[kMaxDurations];
-};
 
 // log(sum exp(x)) over terms pushed one at a time; -inf terms are skipped, a NaN term makes it NaN. Float
 // uses the fast exp (on the recursions' critical path, as ops/numeric.cuh's log_add does), double the accurate one.
@@ -48,14 +41,6 @@ struct LogSum {
 };
 
 
-// durs.d[i] for a runtime i: a dynamic index into the struct (a kernel parameter) would copy it to local
-// memory in every thread, 17 stores before the first use
-__device__ __forceinline__ int duration(const Durations& durs, int i) {
-  int d = 0;
-#pragma unroll
-  for (int k = 0; k < kMaxDurations; ++k) d = k == i ? durs.d[k] : d;
-  return d;
-}
 
 // What both walks below do first: -inf on the rows of w's utterance that are not cells (padded layout), the
 // loss of an utterance without frames (+inf: no alignment), and when `scan` whether a log-prob of the grid
@@ -184,11 +169,16 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
 // memory, ring * ring_cols entries, when the launcher could allot them (ring > 0) and the utterance fits
 // (U + 1 <= ring_cols); else they are read back from global memory.
 // Both walk kernels' parameters: alpha in blocks [0, B), beta and nll in [B, 2B).
+//
+// MULTIBLANK: the multi-blank lattice (transducer/layout.py) on the same walk. `durations` are then
+// (0, 1, d_1, ..., d_K) and `lp_dur` (N, K) the big blanks' log-probs: blank arcs of duration 1 weigh lp's
+// blank entry, those of duration d_i the big blank's; the one label arc has duration 0 and weighs lp's label
+// entry (td::MultiblankArcs).
 template <typename Acc>
 struct TdtWalkParams {
   td::Grids grids;
   const Acc* lp;         // (N, 2)
-  const Acc* lp_dur;     // (N, D)
+  const Acc* lp_dur;     // (N, D); MULTIBLANK: (N, D - 2)
   td::Durations durations;
   bool padded;           // fill the padding rows of alpha and beta with -inf
   int ring;              // anti-diagonals kept in shared memory (0: none)
@@ -196,13 +186,32 @@ struct TdtWalkParams {
   td::Walks<Acc> out;
 };
 
-template <typename Acc>
+namespace td {
+// The weights of the arcs of duration index k leaving the cell of row i, -inf where there is no such arc: TDT's
+// token log-prob plus the duration's, or the multi-blank lattice's (TdtWalkParams).
+template <typename Acc, bool MULTIBLANK>
+struct Arcs {
+  ReadOnly<Acc> lp, lp_dur;
+  int D;
+  __device__ __forceinline__ Acc blank(long long i, int k) const {
+    if (MULTIBLANK) return k == 0 ? neg_inf<Acc>() : k == 1 ? lp[2 * i] : lp_dur[i * (D - 2) + k - 2];
+    return lp[2 * i] + lp_dur[i * D + k];
+  }
+  __device__ __forceinline__ Acc label(long long i, int k) const {
+    if (MULTIBLANK) return k == 0 ? lp[2 * i + 1] : neg_inf<Acc>();
+    return lp[2 * i + 1] + lp_dur[i * D + k];
+  }
+};
+}  // namespace td
+
+template <typename Acc, bool MULTIBLANK>
 __global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParams<Acc> p) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
   const ReadOnly<Acc> lp{p.lp}, lp_dur{p.lp_dur};
   const Durations& durs = p.durations;
+  const Arcs<Acc, MULTIBLANK> arcs{lp, lp_dur, durs.n};
   const int ring = p.ring, ring_cols = p.cols;
   Acc* loss = p.out.nll;
   const Grids& g = p.grids;
@@ -239,25 +248,23 @@ __global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParam
           if (s < 0 || (t == 0 && u == 0)) continue;
           if (d >= 1) {
             const long long p = base + (long long)s * st + u;
-            acc.add(at(s, u) + lp[2 * p] + lp_dur[p * D + k]);
+            acc.add(at(s, u) + arcs.blank(p, k));
           }
           if (u >= 1) {
             const long long p = base + (long long)s * st + u - 1;
-            acc.add(at(s, u - 1) + lp[2 * p + 1] + lp_dur[p * D + k]);
+            acc.add(at(s, u - 1) + arcs.label(p, k));
           }
         }
       } else {
-        const Acc blank = lp[2 * c], label = lp[2 * c + 1];
         for (int k = 0; k < D; ++k) {
           const int d = durs.d[k], s = t + d;
-          const Acc w = lp_dur[c * D + k];
           if (d >= 1) {
             if (s < T)
-              acc.add(at(s, u) + blank + w);
+              acc.add(at(s, u) + arcs.blank(c, k));
             else if (s == T && u == U)
-              acc.add(blank + w);  // the closing blank
+              acc.add(arcs.blank(c, k));  // the closing blank
           }
-          if (u < U && s < T) acc.add(at(s, u + 1) + label + w);
+          if (u < U && s < T) acc.add(at(s, u + 1) + arcs.label(c, k));
         }
       }
       const Acc v = acc.value();
@@ -314,7 +321,7 @@ __device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S
 
 // One block's walk (BETA: beta, else alpha) over T + U anti-diagonals, a thread a cell (u = threadIdx.x), the
 // rings set up by the caller.
-template <typename Acc, int D, int AHEAD, bool BETA>
+template <typename Acc, int D, int AHEAD, bool BETA, bool MULTIBLANK>
 __device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly<Acc>& lp_dur,
                                      const Durations& durs, long long base, long long st, int T, int U, int mask,
                                      int cap, Acc* S, Acc* out, bool& seen) {
@@ -342,12 +349,17 @@ __device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly
     if (act && t >= 0 && t < T) {
       const long long i = base + (long long)t * st + u;
       const Acc blank = lp[2 * i], label = lp[2 * i + 1];
-      seen |= blank != blank;  // tdt_log_probs_kernel makes a non-finite row's every log-prob NaN
+      seen |= blank != blank;  // the log-probs kernels make a non-finite row's every log-prob NaN
 #pragma unroll
       for (int k = 0; k < D; ++k) {
-        const Acc dur = lp_dur[i * D + k];
-        c.w[0][k] = blank + dur;
-        c.w[1][k] = label + dur;
+        if (MULTIBLANK) {  // TdtWalkParams: blank arcs of durations 1, d_1, ...; a label arc of duration 0
+          c.w[0][k] = k == 0 ? NINF : k == 1 ? blank : lp_dur[i * (D - 2) + k - 2];
+          c.w[1][k] = k == 0 ? label : NINF;
+        } else {
+          const Acc dur = lp_dur[i * D + k];
+          c.w[0][k] = blank + dur;
+          c.w[1][k] = label + dur;
+        }
       }
     } else {
 #pragma unroll
@@ -402,7 +414,7 @@ __device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly
 
 }  // namespace td
 
-template <typename Acc, int D, int AHEAD>
+template <typename Acc, int D, int AHEAD, bool MULTIBLANK>
 __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const TdtWalkParams<Acc> p) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
@@ -427,9 +439,9 @@ __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const Tdt
   if (is_beta && threadIdx.x == 0 && U >= 0 && U + 2 < cap) S[(ring - 1) * cap + U + 1] = Acc(0);
   __syncthreads();
   if (is_beta)
-    tdt_walk<Acc, D, AHEAD, true>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    tdt_walk<Acc, D, AHEAD, true, MULTIBLANK>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   else
-    tdt_walk<Acc, D, AHEAD, false>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    tdt_walk<Acc, D, AHEAD, false, MULTIBLANK>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   nan_seen = __syncthreads_or(seen);
   if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
 }
