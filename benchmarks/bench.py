@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Speed and memory of the transducer loss beside its peers (issue 4).
+"""Speed and memory of the transducer loss beside its peers.
 
     python benchmarks/bench.py                 # everything this machine can run
     python benchmarks/bench.py --cpu-only      # only the CPU comparison
@@ -7,7 +7,8 @@
     python benchmarks/bench.py --from-json F   # re-render RESULTS.md / results.png from a raw json
 
 Protocol A: training step (joiner + loss + backward) on LibriSpeech (T, U) batches; each contender's timed
-step on a batch follows an untimed one on the same batch.
+step on a batch follows an untimed one on the same batch. Precisions: fp32; bf16 autocast with bf16 encoder
+and predictor outputs; bf16 autocast with fp32 ones (a Conformer ending in a LayerNorm), ours only.
 Protocol B: the loss alone at three shapes, against a copy-bandwidth floor.
 scale:      one compact fp16 case with more than 2^31 logit elements.
 CPU:        our CPU path against torchaudio's CPU loss.
@@ -38,14 +39,19 @@ CPU_WARMUP, CPU_REPS = 1, 5
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
-# Our variants: add a line to benchmark another option of TransducerLoss.
-# clobbers: the loss overwrites its input logits, so each run gets a fresh copy.
+# Our variants: add a line to benchmark another option of TransducerLoss. step_only: a Protocol A variant only
+# (inplace_grad writes the gradient over the logits, which must be an op's output: the joiner's, in a step).
 OURS = [
     dict(name="ours compact", layout="compact", kwargs={}, clobbers=False),
     dict(name="ours padded", layout="padded", kwargs={}, clobbers=False),
     dict(name="ours compact no-check", layout="compact", kwargs={"check_inputs": False}, clobbers=False),
-    dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, clobbers=True),
+    dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, clobbers=False,
+         step_only=True),
 ]
+# Protocol A's precisions: the encoder and predictor outputs' dtype and the autocast dtype (None: no autocast)
+PRECISIONS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, torch.bfloat16),
+              "bf16-fp32in": (torch.float32, torch.bfloat16)}
+FP32_INPUTS = "bf16-fp32in"  # runs ours only (compact, fused, the joiner alone)
 
 
 def log(msg):
@@ -112,7 +118,8 @@ def torch_pack(enc, pred, T, U, N):
 
 # ----------------------------------------------------------------------------- contenders
 
-def ours_contenders():
+def ours_contenders(step=False):
+    """Our variants; ``step``: Protocol A's (with the step-only ones)."""
     try:
         import transducer
         ok = None
@@ -120,6 +127,8 @@ def ours_contenders():
         ok = short_error(e)
     out = []
     for v in OURS:
+        if v.get("step_only") and not step:
+            continue
         c = dict(v, peer=False, error=ok, pack=None, loss=None)
         if ok is None:
             mod = transducer.TransducerLoss(blank=0, reduction="sum", **v["kwargs"])
@@ -335,11 +344,13 @@ def protocol_a(args, dev):
     nb, bs = args.a_warmup + args.a_steps, args.a_batch
     batches = [rows[i * bs:(i + 1) * bs] for i in range(nb)]
     res = dict(batch=bs, warmup=args.a_warmup, steps=args.a_steps, width=args.a_width, vocab=args.a_vocab)
-    contenders = ours_contenders() + [fused_contender()] + peer_contenders(cuda) + [joiner_alone_contender()]
+    everyone = ours_contenders(step=True) + [fused_contender()] + peer_contenders(cuda) + [joiner_alone_contender()]
     if cuda:
-        contenders.append(k2_pruned_contender(args.a_width, args.a_vocab, dev))
+        everyone.append(k2_pruned_contender(args.a_width, args.a_vocab, dev))
     for prec in args.a_precisions:
-        dtype = DTYPES[prec]
+        dtype, autocast = PRECISIONS[prec]
+        contenders = everyone if prec != FP32_INPUTS else [
+            c for c in everyone if c["name"] in ("ours compact", "ours fused joiner", JOINER_ALONE)]
         log(f"[A {prec}] {len(batches)} batches of {bs}, contenders: " + ", ".join(c["name"] for c in contenders))
         torch.manual_seed(0)
         joiner = torch.nn.Linear(args.a_width, args.a_vocab).to(dev)
@@ -365,7 +376,7 @@ def protocol_a(args, dev):
                     log(f"[A {prec}] first step of {c['name']} ...")
 
                 def step():
-                    with torch.autocast(dev, dtype=torch.bfloat16 if prec == "fp32" else dtype, enabled=prec != "fp32"):
+                    with torch.autocast(dev, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                         if c.get("joiner_loss"):
                             loss = c["joiner_loss"](enc, pred, joiner, bt)
                         else:
@@ -376,7 +387,8 @@ def protocol_a(args, dev):
                 try:
                     # an untimed step on the batch first: a contender's first step on new shapes, between
                     # contenders of very different footprints, paid the allocator's new segments (synchronous
-                    # cudaMalloc), 2x on some steps (RESULTS.md section 5); a training loop's allocator is warm
+                    # cudaMalloc), 2x on some steps (RESULTS.md: what we learned); a training loop's allocator
+                    # is warm
                     step()
                     enc.grad = pred.grad = None
                     joiner.zero_grad(set_to_none=True)
@@ -502,7 +514,7 @@ def row(section, case, name, r, mem="", vs="", checks=None, pt=None, pm=None):
 
 def rows_a(sec):
     out = []
-    for prec in ("fp32", "bf16"):
+    for prec in PRECISIONS:
         rec = sec.get(prec)
         if not rec:
             continue
@@ -515,14 +527,19 @@ def rows_a(sec):
         for name, r in rec.items():
             checks = None
             t = ok_time(r)
-            if name == "ours fused joiner":  # issue 12's targets
+            if name == "ours fused joiner":
                 peak = r.get("peak_mb") if t else None
                 checks = [check("peak MB", peak, 450)]
                 if prec == "fp32":
                     checks.append(check("time/ours compact", t / unfused if t and unfused else None, 1.15))
+                elif prec == FP32_INPUTS:  # against the same step on bf16 inputs
+                    bf16 = sec.get("bf16", {}).get(name, {})
+                    t16, p16 = ok_time(bf16), bf16.get("peak_mb")
+                    checks = [check("time/bf16 inputs", t / t16 if t and t16 else None, 1.05),
+                              check("peak/bf16 inputs", peak / p16 if peak and p16 else None, 1.1)]
                 else:
                     checks.append(check("step ms", t, 8.0))
-            elif name.startswith("ours") and "padded" not in name:
+            elif name.startswith("ours") and "padded" not in name and prec != FP32_INPUTS:
                 if prec == "fp32":
                     ref, lim, rn = (warp, 0.6, "warp_rnnt compact") if warp else (t_ta, 0.31, "torchaudio")
                     checks = [check(f"time/{rn}", t / ref if t and ref else None, lim),
@@ -629,8 +646,8 @@ def md_block(res, rows):
               "inputs already resident (joiner weights, encoder/predictor outputs, targets: the 'inputs' figure) and "
               "everything the step allocates (joiner activations, logits, loss workspace, gradients of logits, "
               "encoder/predictor outputs and weights); it excludes CuPy's own memory pool (shown as +cupy pool when used) "
-              "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast; peers without "
-              "bf16 get logits cast to fp32. Padded paths build the joiner over (B, maxT, maxU+1, 512). Peers' compact "
+              "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast, bf16-fp32in "
+              "runs fp32 ones (ours only); peers without bf16 get logits cast to fp32. Padded paths build the joiner over (B, maxT, maxU+1, 512). Peers' compact "
               "input comes from a plain-torch gather. Targets apply to ours compact; padded lines are for information.",
               "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
               "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
@@ -733,7 +750,7 @@ def main():
     ap.add_argument("--a-steps", type=int, default=A_STEPS)
     ap.add_argument("--a-width", type=int, default=A_WIDTH)
     ap.add_argument("--a-vocab", type=int, default=A_VOCAB)
-    ap.add_argument("--a-precisions", default="fp32,bf16")
+    ap.add_argument("--a-precisions", default=",".join(PRECISIONS))
     ap.add_argument("--b-dtypes", default="fp32,fp16")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny sizes, every section, on CUDA if present else CPU: checks the script, not the library")
