@@ -71,8 +71,8 @@ __device__ __forceinline__ bf16_t from_acc<bf16_t>(float x) {
   return h;
 }
 
-// *p loaded through the read-only data path (ld.global.nc), for any T of 1, 2, 4, 8 or 16 bytes (a scalar,
-// a 16-bit float, a Vec): what a `const T* __restrict__` kernel parameter gives the compiler leave to do,
+// *p loaded through the read-only data path (ld.global.nc), for any T of 1, 2, 4, 8, 16 or 32 bytes (a scalar,
+// a 16-bit float, a Vec; 32 bytes: two loads, 16-byte aligned): what a `const T* __restrict__` kernel parameter gives the compiler leave to do,
 // for data that arrives in a parameter struct, where it cannot see that nothing else writes it. Only for
 // memory that no thread writes while the kernel runs.
 template <int BYTES>
@@ -90,13 +90,24 @@ struct Word<16> { typedef uint4 type; };
 
 template <typename T>
 __device__ __forceinline__ T ldg(const T* p) {
-  typedef typename Word<sizeof(T)>::type W;
-  union {
-    W w;
-    T x;
-  } u;
-  u.w = __ldg(reinterpret_cast<const W*>(p));
-  return u.x;
+  if constexpr (sizeof(T) == 32) {  // two 16-byte loads (8 floats beside 8 halves: the pack passes' vectors)
+    union {
+      uint4 w[2];
+      T x;
+    } u;
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+    u.w[0] = __ldg(q);
+    u.w[1] = __ldg(q + 1);
+    return u.x;
+  } else {
+    typedef typename Word<sizeof(T)>::type W;
+    union {
+      W w;
+      T x;
+    } u;
+    u.w = __ldg(reinterpret_cast<const W*>(p));
+    return u.x;
+  }
 }
 
 // An array a kernel only reads, loaded through ldg.

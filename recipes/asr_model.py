@@ -2,6 +2,8 @@
 and a joiner fused with the loss (``transducer.fused_joiner_loss``) or building the compact
 (sum_b T_b*(U_b+1), V) logits through ``transducer.pack``."""
 
+import math
+
 import torch
 from torch import nn
 
@@ -98,36 +100,44 @@ def select_state(state, keep, new):
 
 class Transducer(nn.Module):
     """Encoder, predictor and joiner ``out(tanh(enc_proj(enc) + pred_proj(pred)))``; ``forward`` gives the
-    batch's mean loss. ``loss``: "rnnt", "rna" (one symbol per frame) or "tdt" (Token-and-Duration
-    Transducer: the joiner also scores ``durations``). ``joiner="fused"`` computes joiner and loss together
+    batch's mean loss. ``loss``: "rnnt", "rna" (one symbol per frame), "tdt" (Token-and-Duration
+    Transducer: the joiner also scores ``durations``) or "multiblank" (multi-blank RNN-T: the joiner also scores
+    big blanks of ``big_blank_durations`` frames and, last, the blank of the loss; the predictor's start
+    symbol 0 is then no output). ``joiner="fused"`` computes joiner and loss together
     (transducer.fused_joiner_loss: no logits in memory), ``"unfused"`` builds the compact
     logits through transducer.pack and passes them to ``self.criterion``; both give the same loss."""
 
     def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
                  predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0, joiner="fused",
                  loss="rnnt", durations=(0, 1, 2, 3, 4), sigma=0.0, omega=0.0, fastemit_lambda=0.0,
-                 delay_penalty=0.0):
+                 delay_penalty=0.0, big_blank_durations=(2, 4, 8)):
         super().__init__()
-        from transducer import TDTLoss, TransducerLoss
+        from transducer import MultiblankLoss, TDTLoss, TransducerLoss
 
         if joiner not in ("fused", "unfused"):
             raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
-        if loss not in ("rnnt", "rna", "tdt"):
-            raise ValueError(f"loss: expected 'rnnt', 'rna' or 'tdt', got {loss!r}")
-        if loss == "tdt" and delay_penalty:
-            raise ValueError("delay_penalty: applies to loss='rnnt' and 'rna', not 'tdt'")
-        self.blank = blank
+        if loss not in ("rnnt", "rna", "tdt", "multiblank"):
+            raise ValueError(f"loss: expected 'rnnt', 'rna', 'tdt' or 'multiblank', got {loss!r}")
+        if loss in ("tdt", "multiblank") and delay_penalty:
+            raise ValueError(f"delay_penalty: applies to loss='rnnt' and 'rna', not {loss!r}")
         self.joiner = joiner
         self.loss = loss
         self.durations = list(durations) if loss == "tdt" else []
+        self.big_blank_durations = list(big_blank_durations) if loss == "multiblank" else []
+        # the output's blank: the predictor's start symbol, or with big blanks the last column (they sit before it)
+        self.blank = vocab_size + len(self.big_blank_durations) if loss == "multiblank" else blank
         self.encoder = Encoder(encoder, num_mel_bins, encoder_dim, encoder_layers, dropout)
         self.predictor = Predictor(predictor, vocab_size, predictor_dim, blank)
         self.enc_proj = nn.Linear(encoder_dim, joiner_dim)
         self.pred_proj = nn.Linear(predictor_dim, joiner_dim)
-        self.out = nn.Linear(joiner_dim, vocab_size + len(self.durations))
+        extra = len(self.durations) + (len(self.big_blank_durations) + 1 if loss == "multiblank" else 0)
+        self.out = nn.Linear(joiner_dim, vocab_size + extra)
         if loss == "tdt":
             self.loss_options = dict(blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda)
             self.criterion = TDTLoss(self.durations, **self.loss_options)
+        elif loss == "multiblank":
+            self.loss_options = dict(blank=-1, sigma=sigma, fastemit_lambda=fastemit_lambda)
+            self.criterion = MultiblankLoss(self.big_blank_durations, **self.loss_options)
         else:
             # RNA utterances with more labels than frames have no alignment: they are left out of the loss
             rna = loss == "rna"
@@ -143,9 +153,10 @@ class Transducer(nn.Module):
         pred, _ = self.predictor(self.predictor.prepend_blank(targets))
         enc, pred = self.enc_proj(enc), self.pred_proj(pred)
         if self.joiner == "fused":
-            tdt = dict(durations=self.durations) if self.loss == "tdt" else {}
+            extra = (dict(durations=self.durations) if self.loss == "tdt" else
+                     dict(big_blank_durations=self.big_blank_durations) if self.loss == "multiblank" else {})
             return fused_joiner_loss(enc, pred, self.out.weight, self.out.bias, targets, enc_lens, target_lens,
-                                     **self.loss_options, **tdt)
+                                     **self.loss_options, **extra)
         # the logits as they are (bf16 / fp16 under autocast): the loss reads them in their own dtype and
         # accumulates in fp32, where a .float() copy would double the largest tensor of the step
         logits = self.out(torch.tanh(pack(enc, pred, enc_lens, target_lens)))
@@ -156,6 +167,8 @@ class Transducer(nn.Module):
         """Batched greedy search for the model's loss: a list of label-id lists."""
         if self.loss == "tdt":
             return self.greedy_decode_tdt(feats, feat_lens, max_symbols)
+        if self.loss == "multiblank":
+            return self.greedy_decode_multiblank(feats, feat_lens, max_symbols)
         return self.greedy_decode(feats, feat_lens, max_symbols, one_sym_per_frame=self.loss == "rna")
 
     @torch.no_grad()
@@ -190,6 +203,47 @@ class Transducer(nn.Module):
                 state = select_state(state, keep, new_state)
             emitted = torch.where(emit, emitted + 1, 0)
             step = torch.where(emit, step, step.clamp(min=1))  # a blank moves on
+            step = torch.where(emitted >= max_symbols, step.clamp(min=1), step)
+            emitted = torch.where(step > 0, 0, emitted)
+            t = torch.where(active, t + step, t)
+        return hyps
+
+    @torch.no_grad()
+    def greedy_decode_multiblank(self, feats, feat_lens, max_symbols=5):
+        """Multi-blank greedy search (Xu et al. 2023): at each step the best column; a label is emitted (and the
+        predictor advanced) on the same frame, the blank moves on one frame, big blank i (column blank - 1 - i)
+        by its duration; after ``max_symbols`` labels on one frame, the frame moves on by one."""
+        enc, enc_lens = self.encoder(feats, feat_lens)
+        enc = self.enc_proj(enc)
+        B, T, _ = enc.shape
+        # the frames each column moves on by: 0 for a label, 1 for the blank, d_i for big blank i
+        step_of = torch.zeros(self.out.out_features, dtype=torch.long, device=enc.device)
+        step_of[self.blank] = 1
+        for i, d in enumerate(self.big_blank_durations):
+            step_of[self.blank - 1 - i] = d
+        pred, state = self.predictor.initial(B, enc.device)
+        pred = self.pred_proj(pred[:, 0])
+        hyps = [[] for _ in range(B)]
+        t = torch.zeros(B, dtype=torch.long, device=enc.device)
+        emitted = torch.zeros(B, dtype=torch.long, device=enc.device)  # labels emitted on the current frame
+        rows = torch.arange(B, device=enc.device)
+        while True:
+            active = t < enc_lens
+            if not bool(active.any()):
+                break
+            scores = self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred))
+            scores[:, 0] = -math.inf  # the predictor's start symbol: no output
+            best = scores.argmax(-1)
+            step = step_of[best]
+            emit = active & (step == 0)
+            for b in emit.nonzero().flatten().tolist():
+                hyps[b].append(int(best[b]))
+            if bool(emit.any()):
+                new_pred, new_state = self.predictor(best.unsqueeze(1), state)
+                keep = ~emit
+                pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
+                state = select_state(state, keep, new_state)
+            emitted = torch.where(emit, emitted + 1, 0)
             step = torch.where(emitted >= max_symbols, step.clamp(min=1), step)
             emitted = torch.where(step > 0, 0, emitted)
             t = torch.where(active, t + step, t)

@@ -16,7 +16,7 @@ embedding and a one-layer LSTM (--predictor lstm) or an embedding of the last
 out(tanh(enc_proj(enc) + pred_proj(pred))), --joiner-dim wide; by default the
 joiner and the loss are fused (``transducer.fused_joiner_loss``: no logits in
 memory), and ``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits
-through ``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt`` picks the loss
+through ``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt|multiblank`` picks the loss
 and the matching greedy decoding. Tokens are characters.
 Each epoch writes a checkpoint and a plot of train loss and dev WER to
 --exp-dir; the run ends with greedy-search WER/CER on the test set.
@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import asr_data  # noqa: E402
 from asr_data import BucketSampler, CharTokenizer, SpeechDataset, collate  # noqa: E402
 from asr_model import Transducer  # noqa: E402
-from transducer.checks import check_durations  # noqa: E402
+from transducer.checks import check_big_blank_durations, check_durations  # noqa: E402
 
 QUICK = dict(n_train=96, n_dev=16, n_test=16, max_words=3)
 
@@ -107,15 +107,18 @@ def build_parser():
     m.add_argument("--joiner-dim", type=positive(int), default=128,
                    help="joiner width: out(tanh(enc_proj(enc) + pred_proj(pred))) (default: %(default)s; "
                         "--quick: 32)")
-    m.add_argument("--loss", choices=["rnnt", "rna", "tdt"], default="rnnt",
-                   help="rnnt, rna (one symbol per frame) or tdt (Token-and-Duration Transducer), with the "
-                        "matching greedy decoding")
+    m.add_argument("--loss", choices=["rnnt", "rna", "tdt", "multiblank"], default="rnnt",
+                   help="rnnt, rna (one symbol per frame), tdt (Token-and-Duration Transducer) or multiblank "
+                        "(multi-blank RNN-T: big blanks that consume several frames), with the matching greedy "
+                        "decoding")
     m.add_argument("--rna", action="store_true", help="the same as --loss rna")
     m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
                    help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in "
                         "memory); unfused: compact logits through transducer.pack, then the loss")
     m.add_argument("--durations", help="TDT durations (frames), comma-separated (default: 0,1,2,3,4)")
-    m.add_argument("--sigma", type=float, help="TDT logit under-normalisation (default: 0.05)")
+    m.add_argument("--big-blank-durations",
+                   help="multi-blank: the big blanks' durations (frames, >= 2), comma-separated (default: 2,4,8)")
+    m.add_argument("--sigma", type=float, help="TDT and multi-blank logit under-normalisation (default: 0.05)")
     m.add_argument("--omega", type=float, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default: 0)")
     m.add_argument("--fastemit-lambda", type=float, default=0.0,
                    help="FastEmit regularisation, >= 0 (default: %(default)s, off)")
@@ -181,8 +184,17 @@ def parse_args(argv=None):
         a.loss = "rna"
     if a.omega is not None and not 0 <= a.omega < 1:
         p.error("--omega must be in [0, 1)")
-    if a.loss != "tdt" and (a.durations, a.sigma, a.omega) != (None, None, None):
-        p.error("--durations, --sigma and --omega apply to --loss tdt")
+    if a.loss != "tdt" and (a.durations, a.omega) != (None, None):
+        p.error("--durations and --omega apply to --loss tdt")
+    if a.loss != "multiblank" and a.big_blank_durations is not None:
+        p.error("--big-blank-durations applies to --loss multiblank")
+    if a.loss not in ("tdt", "multiblank") and a.sigma is not None:
+        p.error("--sigma applies to --loss tdt and multiblank")
+    try:
+        a.big_blank_durations = [int(d) for d in (a.big_blank_durations or "2,4,8").split(",")]
+        check_big_blank_durations(a.big_blank_durations, None)
+    except ValueError as e:
+        p.error(f"--big-blank-durations must be comma-separated distinct ints >= 2 ({e})")
     a.durations = "0,1,2,3,4" if a.durations is None else a.durations
     a.sigma = 0.05 if a.sigma is None else a.sigma
     a.omega = 0.0 if a.omega is None else a.omega
@@ -196,7 +208,7 @@ def parse_args(argv=None):
         p.error(f"--{e}")  # "--durations must be ..."
     if not 0 <= a.omega < 1 or a.fastemit_lambda < 0:
         p.error("--omega must be in [0, 1) and --fastemit-lambda >= 0")
-    if a.delay_penalty and a.loss == "tdt":
+    if a.delay_penalty and a.loss in ("tdt", "multiblank"):
         p.error("--delay-penalty applies to --loss rnnt and rna")
     if a.device and a.device.split(":")[0] not in ("cpu", "cuda"):
         p.error(f"--device must be cpu or cuda, got {a.device!r}")
@@ -443,7 +455,8 @@ def train(a, dist, t_start):
     model = Transducer(len(tokenizer), encoder=a.encoder, encoder_dim=a.encoder_dim, encoder_layers=a.encoder_layers,
                        predictor=a.predictor, predictor_dim=a.predictor_dim, joiner_dim=a.joiner_dim, joiner=a.joiner,
                        loss=a.loss, durations=a.durations, sigma=a.sigma, omega=a.omega,
-                       fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty).to(device)
+                       fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty,
+                       big_blank_durations=a.big_blank_durations).to(device)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
         f"{a.predictor} predictor, {a.joiner} joiner, {a.loss.upper()} loss, device {device}, world {dist.world}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)

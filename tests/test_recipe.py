@@ -258,8 +258,12 @@ def test_manifest_training_run(tmp_path, capsys):
     (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
     (["--omega", "1"], "--omega must be in [0, 1)"),
     (["--loss", "tdt", "--delay-penalty", "0.1"], "--delay-penalty applies to --loss rnnt and rna"),
-    (["--sigma", "0.3"], "--durations, --sigma and --omega apply to --loss tdt"),
-    (["--loss", "rna", "--durations", "1,2"], "--durations, --sigma and --omega apply to --loss tdt"),
+    (["--sigma", "0.3"], "--sigma applies to --loss tdt and multiblank"),
+    (["--loss", "rna", "--durations", "1,2"], "--durations and --omega apply to --loss tdt"),
+    (["--loss", "multiblank", "--omega", "0.1"], "--durations and --omega apply to --loss tdt"),
+    (["--big-blank-durations", "2,4"], "--big-blank-durations applies to --loss multiblank"),
+    (["--loss", "multiblank", "--big-blank-durations", "1,4"], "--big-blank-durations must be comma-separated"),
+    (["--loss", "multiblank", "--delay-penalty", "0.1"], "--delay-penalty applies to --loss rnnt and rna"),
     (["--loss", "tdt", "--rna"], "--rna is --loss rna; it contradicts --loss tdt"),
     (["--loss", "tdt", "--durations", "0"], "--durations must be distinct ints >= 0 with at least one >= 1"),
 ])
@@ -280,3 +284,40 @@ def test_bad_paths_exit_with_clear_errors(corpus, tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 1 and message in p.stderr, (args, p.stderr[-2000:])
         assert "Traceback" not in p.stderr
+
+
+def test_multiblank_loss_and_decoding(corpus, tmp_path):
+    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 3, "--loss", "multiblank",
+             "--big-blank-durations", "2,4", "--sigma", "0.05"])
+    assert np.isfinite(r["history"][0]["train_loss"]) and r["loss"] == "multiblank" and r["joiner"] == "fused"
+    assert 0 <= r["test_wer"] and r["decode_s"] > 0
+
+
+def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
+    """With the joiner's output fixed by its bias, the hypotheses follow from the frame counts: a label
+    max_symbols times a frame, then a forced step; the blank or a big blank: no label, whatever it skips."""
+    from asr_model import Transducer
+
+    torch.manual_seed(0)
+    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
+                       joiner_dim=8, loss="multiblank", big_blank_durations=(2, 3), joiner="unfused").eval()
+    assert model.out.out_features == 6 + 2 + 1 and model.blank == 8
+    x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
+    frames = model.encoder(x, xl)[1].tolist()
+    steps = []
+    for column, expected in ((3, lambda n: 4 * n), (8, lambda n: 0), (7, lambda n: 0), (6, lambda n: 0)):
+        with torch.no_grad():
+            model.out.weight.zero_()
+            model.out.bias.zero_()
+            model.out.bias[column] = 10.0
+        hyps = model.greedy_decode_multiblank(x, xl, max_symbols=4)
+        assert [len(h) for h in hyps] == [expected(n) for n in frames], column
+        assert all(set(h) <= {column} for h in hyps)
+    # a big blank of duration 3 reaches the end in ceil(T / 3) steps: count them through the joiner's calls
+    calls = []
+    hook = model.out.register_forward_hook(lambda m, i, o: calls.append(1))
+    model.greedy_decode_multiblank(x, xl, max_symbols=4)
+    hook.remove()
+    assert len(calls) == -(-max(frames) // 3)
+    with pytest.raises(ValueError, match="delay_penalty: applies to loss='rnnt' and 'rna', not 'multiblank'"):
+        Transducer(6, num_mel_bins=8, loss="multiblank", delay_penalty=0.1)

@@ -319,13 +319,13 @@ def _threads_per_item(nvec):
 
 
 def _pack_vector(length, reads, writes=()):
-    """Elements per access of a pack pass over rows of ``length`` elements: at most 16 bytes of each tensor
-    it reads (the tensors may have different dtypes; the length and every read tensor's base allowing), and
-    the written tensors' bases aligned to that many elements of the first read tensor's dtype (fp32
-    accumulators beside 16-bit rows take 32-byte vectors, two accesses)."""
-    vec = min(vector_width(t.element_size(), length, [t]) for t in reads)
-    unit = reads[0].element_size()
-    while vec > 1 and any(w.data_ptr() % (vec * unit) for w in writes):
+    """Elements per access of a pack pass over rows of ``length`` elements of tensors of different dtypes: 16
+    bytes of the narrowest tensor (8 elements beside 16-bit rows: 32 bytes of fp32 ones, two accesses), at
+    most 32 bytes of any, the length and every tensor's base allowing (16-byte aligned at most)."""
+    items = [t.element_size() for t in (*reads, *writes)]
+    vec = min(16 // min(items), 32 // max(items))
+    while vec > 1 and (length % vec or any(t.data_ptr() % min(vec * t.element_size(), 16)
+                                           for t in (*reads, *writes))):
         vec //= 2
     return vec
 

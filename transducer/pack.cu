@@ -50,15 +50,17 @@ __device__ __forceinline__ A round_to(A x) {
 }
 
 // act(e + p) for one vector of the joiner input, in P's accumulation type, rounded to P after the sum and
-// after act: pack_forward writes it (in its output type), pack_grad recomputes it (bit for bit)
-template <int ACT, typename P, typename TE, typename TP, int VEC>
+// after act: pack_forward writes it (in its output type), pack_grad recomputes it (bit for bit, given the
+// same FAST). FAST: the GEMMs that take h, or give its gradient, are 16-bit, so tanh.approx is as good (see
+// activate).
+template <int ACT, bool FAST, typename P, typename TE, typename TP, int VEC>
 __device__ __forceinline__ void joiner_input(const ops::Vec<TE, VEC>& e, const ops::Vec<TP, VEC>& p,
                                              typename ops::AccOf<P>::type (&h)[VEC]) {
   typedef typename ops::AccOf<P>::type A;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     h[j] = round_to<P>((A)ops::to_acc(e.v[j]) + (A)ops::to_acc(p.v[j]));
-    if (ACT != kIdentity) h[j] = round_to<P>(activate<ACT, sizeof(P) == 2>(h[j]));
+    if (ACT != kIdentity) h[j] = round_to<P>(activate<ACT, FAST || sizeof(P) == 2>(h[j]));
   }
 }
 
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(256) pack_forward_kernel(const PackForwardPara
       if (!inside[k]) continue;
       A h[VEC];
       if (cell[k]) {
-        td::joiner_input<ACT, P>(e[k], q[k], h);
+        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], h);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h[j] = A(0);
@@ -255,7 +257,7 @@ __global__ void __launch_bounds__(256) pack_grad_kernel(const PackGradParams<T, 
               e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + c * D));
             else
               q = ldg(reinterpret_cast<const Vec<TP, VEC>*>(pred_rows + c * D));
-            td::joiner_input<ACT, P>(e, q, h);
+            td::joiner_input<ACT, sizeof(T) == 2, P>(e, q, h);
           } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) h[j] = Acc(0);
