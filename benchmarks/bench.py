@@ -153,7 +153,7 @@ def fused_contender():
 
 def k2_pruned_contender(width, vocab, dev):
     """Protocol A only: k2's pruned RNN-T (fast_rnnt), the step icefall trains with, at its defaults: an
-    approximation of the loss (../shared/peers/README.md), with its two extra Linear(D, V) projections."""
+    approximation of the loss (benchmarks/README.md), with its two extra Linear(D, V) projections."""
     try:
         import fast_rnnt
     except Exception as e:

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""TDT loss benchmarks (issue 15's targets): the loss alone against NeMo's TDTLossNumba and the bandwidth
-floor, a Protocol A training step (its batches and shapes; 3 warm-up and 4 timed batches where bench.py
-times 20; each timed step follows an untimed one on the same batch) against NeMo and this library's RNN-T step, unfused and fused, and the CPU loss against the RNN-T
-CPU loss. Prints one table; benchmarks/RESULTS.md keeps the figures.
+"""TDT loss benchmarks: the loss alone against NeMo's TDTLossNumba and the bandwidth floor, a Protocol A
+training step (its batches and shapes; 3 warm-up and 4 timed batches where bench.py times 20; each timed step
+follows an untimed one on the same batch) against NeMo and this library's RNN-T step, unfused and fused, and
+the CPU loss against the RNN-T CPU loss. Prints one table; benchmarks/RESULTS.md keeps the figures.
 
-    python benchmarks/tdt.py            # GPU machine (NeMo from ../shared/peers when importable)
+    python benchmarks/tdt.py            # CUDA (NeMo's loss when importable: benchmarks/README.md)
     python benchmarks/tdt.py --cpu-only
 """
 

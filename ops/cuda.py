@@ -116,8 +116,8 @@ def _alignment(dtype) -> int:
 class _Arguments:
     """A kernel's arguments laid out as the C ABI lays out its parameters, for one tuple of argument types:
     cuLaunchKernel takes them as one buffer (its `extra` argument), so a launch packs them with one
-    ``struct.pack_into`` instead of making an object per argument (CuPy's call: 12-23 us a launch on the
-    GPU machine's host; benchmarks/RESULTS.md). Tensors are pointers, numpy scalars their C types, structured
+    ``struct.pack_into`` instead of making an object per argument (benchmarks/RESULTS.md, what we learned:
+    one buffer of launch arguments). Tensors are pointers, numpy scalars their C types, structured
     numpy scalars their bytes at their widest field's alignment, parameter structs (ops.params) their fields
     in the C layout, and the Python int 0 a NULL pointer. The driver cannot check the buffer against the
     kernel's parameters: a wrong type shifts every later argument, so anything else is refused (a kernel

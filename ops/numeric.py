@@ -4,10 +4,8 @@ torch's ``exp`` and ``log`` on CPU call MKL's vector math (VML) where torch is b
 wheels): once per contiguous run, so once per row of a strided view (a (N, V) column slice of NeMo's
 (N, V + D) TDT joint: 24800 calls a chunk), and MKL threads even a few hundred elements, whose fork and join
 cost more than the work on a many-core host (a TDT walk step's (B, 2D + 1, U + 1) terms). ``exp2`` is
-torch's own vectorised loop (Sleef): one loop over any layout, threaded only past torch's grain size.
-Measured on the 2-core machine (2 threads): ``exp_`` of a (24800, 256) float32 view of 261-wide rows
-16 ms -> 1.5 ms; logsumexp over the rows of a (4096, 256) chunk 0.46 -> 0.24 ms (benchmarks/RESULTS.md,
-section 11).
+torch's own vectorised loop (Sleef): one loop over any layout, threaded only past torch's grain size
+(benchmarks/RESULTS.md, what we learned: exp2, not MKL's exp, on the CPU).
 
 - ``exp_(x)``: x = exp(x) in place, as exp2(x * log2(e)).
 - ``logsumexp(x, dim, out=None)``: torch.logsumexp's values and conventions (the max is taken as 0 where

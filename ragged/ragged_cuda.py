@@ -19,10 +19,8 @@ _THREADS = 256
 _TILE_THREADS, _TILE = 128, 1024  # ragged/row_ids.cuh: kThreads, kTile = kThreads * kVT
 _MAX_INT = (1 << 31) - 1
 
-#: The row_splits_to_row_ids kernel taken when ``method`` is None: "binary_search" or "merge_path".
-#: benchmarks/ragged_search.py on an H100: merge_path 1.2-3.2x faster for int32 row_ids (10^6-10^8
-#: elements in 16-10^4 rows; 2.5 TB/s written at 10^8 elements in 16 rows), within 10% of
-#: binary_search at 16 rows and up to 2.3x faster beyond for int64 row_ids.
+#: The row_splits_to_row_ids kernel taken when ``method`` is None: "binary_search" or "merge_path" (the
+#: faster of the two at every size benchmarks/ragged_search.py measures; figures in benchmarks/RESULTS.md).
 DEFAULT_METHOD = "merge_path"
 
 

@@ -32,7 +32,7 @@ PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPa
 ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: enum Activation
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
-_WALK_AHEAD = 2  # steps of log-probs tdt_walk_kernel reads ahead (benchmarks/RESULTS.md: the TDT walk)
+_WALK_AHEAD = 2  # steps of log-probs tdt_walk_kernel reads ahead (RESULTS.md, what we learned: the TDT walk)
 # RowOut<..., true>'s rows a block: room left within DEFAULT_SHARED_MEM for the kernels' static shared memory
 _STAGE_LIMIT = 32 * 1024
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
@@ -454,7 +454,9 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, 
     vec, aligned, _ = _row_access(itemsize, V, tokens2d)
     wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = THREADS // (32 * wpr)
-    deep = 4 if layout.padded else 8  # vectors in flight (benchmarks/RESULTS.md: what we learned)
+    # vectors in flight (RESULTS.md, what we learned: eight vectors in flight where a row is loaded before its
+    # cell test)
+    deep = 4 if layout.padded else 8
     params = TDT_LOG_PROBS_PARAMS(grids=_grids(layout), tokens=_rows(tokens2d, row_start, vec, aligned),
                                   durations=DURATION_ROWS(data=durations2d, ld=durations2d.stride(0), D=D),
                                   labels=_labels(targets, options.blank), sigma=options.sigma, lp=lp, lp_dur=lp_dur,

@@ -153,14 +153,14 @@ def _projection(weight, bias, compute_dtype):
     """(Wx, W): the output projection in the compute dtype, and with a bias Wx = [W | b | 0] (the bias as
     column J, zero columns up to a multiple of 8) against hidden rows [h | 1 ... 1] (_hidden): the bias is
     added by the GEMM, and its gradient, the logits' gradient's column sums, comes out of the weight
-    gradient's GEMM as column J (a GEMV of its own read the tile at a third of the HBM rate: RESULTS.md).
-    Without a bias, Wx = W. W = Wx[:, :J].
+    gradient's GEMM as column J (benchmarks/RESULTS.md, what we learned: the bias gradient from the weight
+    gradient's GEMM). Without a bias, Wx = W. W = Wx[:, :J].
 
     The rows are padded with zero rows to a multiple of 128 where that adds at most 3% to the GEMMs, else
     of 8: the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast kernels on them
-    (with 500 or 505 columns it fell back to older, 2-3x slower ones in bf16; 512 ran faster than 504:
-    RESULTS.md section 5) and the log-probs and gradient stages read them in vectors. The stages read the
-    V (+ D) real columns; the padding columns get no gradient."""
+    (what we learned: the fused projection padded to a multiple of 128 rows) and the log-probs and gradient
+    stages read them in vectors. The stages read the V (+ D) real columns; the padding columns get no
+    gradient."""
     rows, J = weight.shape
     pad = next(p for p in (-rows % m for m in _ROW_MULTIPLES) if p <= 0.03 * rows or p < 8)
     cols = J if bias is None else (J + 8) // 8 * 8

@@ -81,7 +81,8 @@ __device__ __forceinline__ T convert(A x) {
 
 // kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
 // and steps to the next rows (a search again only where a row starts another utterance), and has the
-// rows' loads in flight together (benchmarks/RESULTS.md, what we learned: pack_forward).
+// rows' loads in flight together (benchmarks/RESULTS.md, what we learned: several rows per thread group in
+// pack_forward).
 namespace td {
 constexpr int kPackRows = 4;  // transducer/cuda.py: PACK_ROWS
 }  // namespace td
