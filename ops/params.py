@@ -2,8 +2,9 @@
 Params pattern), instead of a long list of positional arguments.
 
 ``struct(name, fields)`` describes a C struct: ``fields`` lists ``(field, type)`` in declaration order, the
-type being a C scalar type of ``C_TYPES``, ``(C type, length)`` for an array, or another struct made here. It returns a namedtuple class, so a
-value names every field (a missing or unknown one is a TypeError) and reads back by name::
+type being a C scalar type of ``C_TYPES``, ``(C type, length)`` for an array, or another struct made here.
+It returns a namedtuple class, so a value names every field (a missing or unknown one is a TypeError) and
+reads back by name::
 
     Rows = struct("Rows", [("data", "ptr"), ("ld", "long long"), ("row_start", "int"), ("num_rows", "int")])
     rows = Rows(data=logits, ld=logits.stride(0), row_start=0, num_rows=logits.size(0))

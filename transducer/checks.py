@@ -11,9 +11,9 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 
 from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
 
-__all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "check_pack_values",
-           "check_durations", "check_rows", "check_module_blank", "check_big_blank_durations", "check_sigma", "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES",
-           "INDEX_DTYPES", "REDUCTIONS"]
+__all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_module_blank", "check_loss_values",
+           "check_pack_values", "check_durations", "check_big_blank_durations", "check_sigma", "check_rows",
+           "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
 

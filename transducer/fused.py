@@ -322,33 +322,38 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     loss over its logits, without the logits or the joiner's hidden in memory.
 
     Equal to ``transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets,
-    T, U, ...)`` with the same options (see :func:`transducer.transducer_loss`); with ``durations``, to
-    ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` (see :func:`transducer.tdt_loss`). Gradients
-    flow to ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``.
+    T, U, ...)`` with the same options (:func:`transducer.transducer_loss`); with ``durations``, to
+    ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` (:func:`transducer.tdt_loss`); with
+    ``big_blank_durations``, to ``multiblank_loss(F.linear(...), ...)`` (:func:`transducer.multiblank_loss`).
+    Gradients flow to ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``, each in its own dtype.
 
     Args:
-        encoder_out: ``(B, maxT, J)`` float16 / bfloat16 / float32 / float64.
-        predictor_out: ``(B, maxU+1, J)``, same dtype and device.
-        weight: ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight), floating point; with
-            ``durations``, ``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout).
-        bias: ``(weight.size(0),)`` or None.
-        targets: ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
-        logit_lengths: ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
-        target_lengths: ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
-        activation: ``"tanh"`` (default), ``"relu"`` or ``"identity"``.
-        max_rows: rows per tile; default: tile buffers of about 256 MiB on CUDA, 16 MiB on the CPU. Memory is
-            O(sum_b T_b*(U_b+1)) for the loss's per-row arrays (under torch.compile O(B * maxT * (maxU+1)),
-            a bound known from the shapes, so that the op's outputs have static shapes) plus
-            O(max_rows * (J + V)) for a tile.
-        blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda,
-            delay_penalty: as for :func:`transducer.transducer_loss`, except that sizing the tiles reads the
-            layout on the host whatever check_inputs (one transfer in forward, one in backward).
+        encoder_out (Tensor): ``(B, maxT, J)``, float16 / bfloat16 / float32 / float64.
+        predictor_out (Tensor): ``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same device.
+        weight (Tensor): ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``,
+            ``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout).
+        bias (Tensor or None): ``(weight.size(0),)``.
+        targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
+        target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
+        activation (str, optional): ``"tanh"``, ``"relu"`` or ``"identity"``. (Default: ``"tanh"``)
+        max_rows (int, optional): rows per tile. (Default: tile buffers of about 256 MiB on CUDA, 16 MiB on the
+            CPU)
+        blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda, delay_penalty:
+            as for :func:`transducer.transducer_loss` (a negative blank counts from the end of the token
+            rows), except that sizing the tiles reads the layout on the host whatever check_inputs (one
+            transfer in forward, one in backward).
         durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
             loss TDT's (not with one_sym_per_frame or delay_penalty).
+        big_blank_durations (list of int, optional): as for :func:`transducer.multiblank_loss` (with
+            ``sigma``): the multi-blank loss. (Default: ``None``)
 
     Returns:
-        float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Under autocast
-        the GEMMs run in the autocast dtype and the loss arithmetic in fp32.
+        Tensor: float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Memory: a few
+        floats per row of the grids (under torch.compile, per row of B * maxT * (maxU+1), a bound known from
+        the shapes) plus one tile of ``max_rows * (J + V)``. The sum and the activation run in the inputs'
+        promoted dtype (as ``enc + pred``), the GEMMs in the autocast dtype under autocast (else the promoted
+        one), the loss arithmetic in fp32.
 
     Example::
 
@@ -387,7 +392,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         raise ValueError(f"bias: expected shape ({V},) (V = weight.size(0)), got {tuple(bias.shape)}")
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
         if x.size(0) != B:
-            raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape {tuple(x.shape)}")
+            raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape "
+                             f"{tuple(x.shape)}")
     blank = check_blank(blank, V - D, "the token rows of weight")
     if big_blank_durations:  # the big blanks fit before the blank
         check_big_blank_durations(big_blank_durations, blank)
@@ -414,7 +420,19 @@ class FusedJoinerLoss(torch.nn.Module):
     The module owns the output projection as ``m.output`` (a ``Linear(joiner_dim, vocab_size)``), so a model
     swaps its joiner's last layer for it and keeps the weights. With ``durations`` (TDT) the projection is a
     ``Linear(joiner_dim, vocab_size + len(durations))``: token scores then duration scores, as
-    :func:`transducer.tdt_loss` reads them.
+    :func:`transducer.tdt_loss` reads them; with ``big_blank_durations`` the big blanks are among the
+    ``vocab_size`` columns, before the blank.
+
+    Args:
+        joiner_dim (int): J, the width of ``enc + pred``.
+        vocab_size (int): V, the token columns (blank included).
+        activation (str, optional): ``"tanh"``, ``"relu"`` or ``"identity"``. (Default: ``"tanh"``)
+        bias (bool, optional): the projection has a bias. (Default: ``True``)
+        blank (int, optional): the blank's column; negative counts from the end. (Default: ``0``)
+        **options: ``reduction``, ``one_sym_per_frame``, ``zero_infinity``, ``check_inputs``, ``max_rows``,
+            ``clamp``, ``fastemit_lambda``, ``delay_penalty``, ``durations``, ``sigma``, ``omega``,
+            ``big_blank_durations``, as for :func:`fused_joiner_loss`; ``device``, ``dtype`` for the
+            projection.
 
     Example::
 
@@ -446,6 +464,8 @@ class FusedJoinerLoss(torch.nn.Module):
             self.options.update(big_blank_durations=big_blank_durations, sigma=sigma)
 
     def forward(self, encoder_out, predictor_out, targets, logit_lengths, target_lengths):
+        """The loss of the joiner over ``encoder_out`` (B, maxT, J) and ``predictor_out`` (B, maxU+1, J) with the
+        module's projection and options (see :func:`fused_joiner_loss`)."""
         return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,
                                  logit_lengths, target_lengths, **self.options)
 

@@ -44,47 +44,40 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     r"""Transducer (RNN-T) loss, or with ``one_sym_per_frame`` the RNA loss, over compact or padded logits.
 
     Args:
-        logits: unnormalised scores, float16 / bfloat16 / float32 / float64, either compact
-            ``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid stored row-major, utterances
-            one after another) or padded ``(B, maxT, maxU+1, V)``; picked by ``logits.dim()``.
-            Non-contiguous logits are copied once to be made contiguous.
-        targets: ``(B, S)`` int32 / int64 label ids, ``S >= max_b U_b``; entries past ``U_b`` are ignored.
-            Labels must lie in ``[0, V)`` and differ from ``blank``.
-        logit_lengths: ``(B,)`` int32 / int64, ``T_b >= 1`` frames of each utterance.
-        target_lengths: ``(B,)`` int32 / int64, ``U_b >= 0`` labels of each utterance.
-        blank: index of the blank symbol in ``[0, V)``. Default 0.
-        reduction: ``"none"`` gives the ``(B,)`` negative log-likelihoods, ``"sum"`` their sum,
-            ``"mean"`` (default) their mean over the batch (torchaudio's convention).
-        one_sym_per_frame: RNA topology: every step consumes a frame, so a label moves
-            (t, u) -> (t+1, u+1). Utterances with ``U_b > T_b - 1`` have no alignment: loss ``+inf``.
-        from_log_softmax: the logits are already log-probabilities (log_softmax done by the caller);
-            the loss skips its own normalisation and the gradient is w.r.t. those log-probabilities.
-        zero_infinity: replace infinite losses by 0. Utterances whose loss is not finite get zero
-            gradient either way; a NaN loss (a NaN or infinite logit) stays NaN.
-        check_inputs: check lengths and label values against the tensors (on CUDA this costs one
-            small device-to-host transfer, which overlaps the first pass over the logits). ``False``
-            skips it: no host synchronisation, so a step can be captured in a CUDA graph;
-            out-of-range values then give undefined results.
-        inplace_grad: write the gradient into the logits' own storage in backward instead of a new
-            tensor, saving one logits-sized buffer. Only valid when nothing else needs the logits'
-            values afterwards (true for a joiner ``Linear`` whose output feeds only this loss). On leaf
-            logits, ``logits.grad`` then shares their storage. Autograd is told the logits changed,
-            so a backward that still needs them raises instead of reading the gradient.
-        clamp: if > 0, each element of the gradient w.r.t. the logits, for a unit incoming gradient,
-            is clamped to ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's
-            ``clamp``). Default -1: no clamp.
-        fastemit_lambda: FastEmit (Yu et al., 2021; warp-rnnt's and NeMo's ``fastemit_lambda``): the
-            returned loss is unchanged; its gradient w.r.t. every label (emission) log-probability is
-            scaled by ``1 + fastemit_lambda``, which favours early emission. Default 0.
-        delay_penalty: k2's delay penalty: the label log-probability of cell (t, u) of utterance b
-            gets ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion; loss and gradient are
-            those of this penalised lattice. Default 0.
+        logits (Tensor): unnormalised scores, float16 / bfloat16 / float32 / float64: compact
+            ``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after
+            another) or padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``.
+        targets (Tensor): ``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``;
+            entries past ``U_b`` are ignored.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64 frames, ``T_b >= 1``.
+        target_lengths (Tensor): ``(B,)`` int32 / int64 labels, ``U_b >= 0``.
+        blank (int, optional): the blank's column, in ``[-V, V)``; negative counts from the end. (Default: ``0``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as torchaudio).
+            (Default: ``"mean"``)
+        one_sym_per_frame (bool, optional): RNA: a label moves (t, u) -> (t+1, u+1); an utterance with
+            ``U_b > T_b - 1`` has no alignment and loss ``+inf``. (Default: ``False``)
+        from_log_softmax (bool, optional): the logits are log-probabilities already; the gradient is w.r.t.
+            them. (Default: ``False``)
+        zero_infinity (bool, optional): infinite losses become 0 (their gradient is zero either way); NaN
+            losses stay NaN. (Default: ``False``)
+        check_inputs (bool, optional): check lengths and labels against the tensors (on CUDA one small
+            device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs),
+            out-of-range values give undefined results. (Default: ``True``)
+        inplace_grad (bool, optional): write the gradient over the logits in backward, saving a logits-sized
+            buffer; for logits an op produced that nothing else needs (a joiner ``Linear``'s output). A leaf
+            that requires grad (or a view of one) is refused with a ValueError. (Default: ``False``)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's). (Default: ``-1``)
+        fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label
+            log-prob times ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+        delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b
+            gets ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
 
     Returns:
-        float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. The gradient
-        flows to ``logits`` only and has the logits' dtype. On CUDA, for 16-bit logits that an op produced
-        and whose rows are not a multiple of 16 bytes (up to 4 KiB), it comes in rows padded to one (a
-        non-contiguous view: ``library.gradient_buffer``), which the op's backward GEMMs read faster.
+        Tensor: float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. The gradient
+        flows to ``logits`` in their dtype, computed in backward (forward keeps a few floats per row). On
+        CUDA, for 16-bit logits that an op produced with rows not a multiple of 16 bytes (up to 4 KiB), it
+        comes in rows padded to one (a non-contiguous view), which the op's backward GEMMs read faster.
 
     Example::
 
@@ -115,7 +108,14 @@ def _reduce(nll, reduction, zero_infinity):
 
 
 class TransducerLoss(torch.nn.Module):
-    """Module form of :func:`transducer_loss`: ``TransducerLoss(blank=0)(logits, targets, T, U)``."""
+    """Module form of :func:`transducer_loss`: ``TransducerLoss(blank=0)(logits, targets, T, U)``.
+
+    Args:
+        blank (int, optional): the blank's column; negative counts from the end. (Default: ``0``)
+        **options: ``reduction``, ``one_sym_per_frame``, ``from_log_softmax``, ``zero_infinity``,
+            ``check_inputs``, ``inplace_grad``, ``clamp``, ``fastemit_lambda``, ``delay_penalty``, as for
+            :func:`transducer_loss`.
+    """
 
     def __init__(self, blank=0, reduction="mean", one_sym_per_frame=False, from_log_softmax=False,
                  zero_infinity=False, check_inputs=True, inplace_grad=False, clamp=-1.0, fastemit_lambda=0.0,
@@ -135,6 +135,7 @@ class TransducerLoss(torch.nn.Module):
         self.delay_penalty = delay_penalty
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
+        """The loss of compact or padded ``logits`` with the module's options (see :func:`transducer_loss`)."""
         return transducer_loss(logits, targets, logit_lengths, target_lengths, blank=self.blank,
                                reduction=self.reduction, one_sym_per_frame=self.one_sym_per_frame,
                                from_log_softmax=self.from_log_softmax, zero_infinity=self.zero_infinity,
@@ -156,19 +157,23 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     """torchaudio's ``rnnt_loss``, same arguments and semantics: switch with one changed import.
 
     Args:
-        logits: ``(B, maxT, maxU+1, V)`` padded scores as torchaudio takes them, or compact
+        logits (Tensor): padded ``(B, maxT, maxU+1, V)`` scores as torchaudio takes them, or compact
             ``(sum_b T_b*(U_b+1), V)``; float16 / bfloat16 / float32 / float64.
-        targets: ``(B, maxU)`` int32 or int64.
-        logit_lengths, target_lengths: ``(B,)`` int32 or int64.
-        blank: the blank index; negative values count from the end (default -1: the last index ``V - 1``).
-        clamp: if > 0, each gradient element (for a unit incoming gradient) is clamped to
-            ``[-clamp, clamp]``. Default -1: no clamp.
-        reduction: ``"none"``, ``"sum"`` or ``"mean"`` (default; the mean over the batch).
-        fused_log_softmax: ``False`` means the logits are already log-probabilities.
-        fastemit_lambda, delay_penalty: keyword-only, not torchaudio's: as for :func:`transducer_loss`.
+        targets (Tensor): ``(B, maxU)`` int32 / int64 labels.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64 frames.
+        target_lengths (Tensor): ``(B,)`` int32 / int64 labels.
+        blank (int, optional): the blank's column; negative counts from the end. (Default: ``-1``, the last)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]``. (Default: ``-1``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"``. (Default: ``"mean"``)
+        fused_log_softmax (bool, optional): ``False``: the logits are log-probabilities. (Default: ``True``)
+        fastemit_lambda (float, optional): keyword-only, not torchaudio's: as for :func:`transducer_loss`.
+            (Default: ``0.0``)
+        delay_penalty (float, optional): keyword-only, not torchaudio's: as for :func:`transducer_loss`.
+            (Default: ``0.0``)
 
     Returns:
-        as :func:`transducer_loss`: float32 (float64 for float64 logits), where torchaudio returns the
+        Tensor: as :func:`transducer_loss`: float32 (float64 for float64 logits), where torchaudio returns the
         logits' dtype.
 
     Example::
@@ -184,7 +189,11 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
 
 
 class RNNTLoss(torch.nn.Module):
-    """torchaudio's ``RNNTLoss(blank=-1, clamp=-1, reduction="mean", fused_log_softmax=True)``: see :func:`rnnt_loss`."""
+    """torchaudio's ``RNNTLoss(blank=-1, clamp=-1, reduction="mean", fused_log_softmax=True)``.
+
+    Args:
+        blank, clamp, reduction, fused_log_softmax, fastemit_lambda, delay_penalty: as for :func:`rnnt_loss`.
+    """
 
     def __init__(self, blank=-1, clamp=-1.0, reduction="mean", fused_log_softmax=True, *, fastemit_lambda=0.0,
                  delay_penalty=0.0):
@@ -199,6 +208,7 @@ class RNNTLoss(torch.nn.Module):
         self.delay_penalty = delay_penalty
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
+        """The loss of ``logits`` with the module's options (see :func:`rnnt_loss`)."""
         return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=self.blank, clamp=self.clamp,
                          reduction=self.reduction, fused_log_softmax=self.fused_log_softmax,
                          fastemit_lambda=self.fastemit_lambda, delay_penalty=self.delay_penalty)

@@ -25,9 +25,9 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
     one_sym_per_frame (RNA): label y_u moves (t, u) -> (t+1, u+1).
     Both end with a blank from (T-1, U). delay_penalty (k2): the label log-prob of cell (t, u) gets
     delay_penalty * ((T - 1) / 2 - t) before the recursion. fastemit_lambda (FastEmit, Yu et al. 2021):
-    the loss is unchanged, the gradient w.r.t. every label log-prob is scaled by 1 + fastemit_lambda. An utterance with no alignment gets +inf; one with a NaN or
-    infinite logit among its cells gets NaN (with from_log_softmax, where -inf log-probs are legal, one
-    with a NaN blank log-prob in a cell).
+    the loss is unchanged, the gradient w.r.t. every label log-prob is scaled by 1 + fastemit_lambda. An
+    utterance with no alignment gets +inf; one with a NaN or infinite logit among its cells gets NaN (with
+    from_log_softmax, where -inf log-probs are legal, one with a NaN blank log-prob in a cell).
     """
     log_probs = logits if from_log_softmax else logits.log_softmax(dim=-1)
     losses = []

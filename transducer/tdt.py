@@ -137,40 +137,43 @@ def _(grad_nll, logits, duration_logits, *rest):
 def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
              reduction="mean", fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, check_inputs=True,
              duration_logits=None):
-    r"""Token-and-Duration Transducer loss (NeMo's semantics), over compact or padded joiner scores.
+    r"""Token-and-Duration Transducer loss (Xu et al. 2023; NeMo's semantics), over compact or padded scores.
 
     Args:
-        logits: compact ``(sum_b T_b*(U_b+1), V + D)`` or padded ``(B, maxT, maxU+1, V + D)``: the first V
-            columns are token scores (blank among them), the last D = len(durations) duration scores (NeMo's
-            joint layout). With ``duration_logits``, ``logits`` holds the V token scores alone. float16 /
-            bfloat16 / float32 / float64. Rows are read in place when the last dim has unit stride (a column
-            slice of a wider tensor); other layouts are copied once.
-        targets: ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
-        logit_lengths: ``(B,)`` int32 / int64, ``T_b >= 1``.
-        target_lengths: ``(B,)`` int32 / int64, ``U_b >= 0``.
-        durations: the D durations (frames a symbol covers): distinct ints >= 0, at least one >= 1 (a blank
-            must advance time), at most 16 (``layout.MAX_DURATIONS``) on CUDA. Default none: required.
-        blank: index of blank among the token columns, in ``[0, V)``. Default 0.
-        sigma: logit under-normalisation: token log-probs are log_softmax(tokens) - sigma. Default 0.
-        omega: the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain RNN-T loss of the token
-            scores (no sigma): the expectation of NeMo's sampling the RNN-T loss with probability omega.
-            In ``[0, 1)``. Default 0.
-        reduction: ``"none"`` (per utterance), ``"sum"``, ``"mean"`` (default; the mean over the batch, as
-            for transducer_loss: NeMo and transformers divide by target lengths first).
-        fastemit_lambda: the gradient w.r.t. every label token log-prob times ``1 + fastemit_lambda``
-            (FastEmit; the loss value is unchanged). Default 0.
-        clamp: if > 0, each gradient element (for a unit incoming gradient) is clamped to
-            ``[-clamp, clamp]``. Default -1.
-        zero_infinity: infinite losses (no alignment) become 0; NaN losses stay NaN.
-        check_inputs: check lengths and labels against the tensors (one small device-to-host read).
-        duration_logits: ``(sum_TU, D)`` or ``(B, maxT, maxU+1, D)``: the duration scores as their own head
-            (transformers' joint has separate heads, and concatenating them would copy the largest tensor of
-            the step). Default None: they are the last D columns of ``logits``.
+        logits (Tensor): compact ``(sum_b T_b*(U_b+1), V + D)`` or padded ``(B, maxT, maxU+1, V + D)``, float16 /
+            bfloat16 / float32 / float64: V token scores (blank among them) then D = len(durations) duration
+            scores per row (NeMo's joint); with ``duration_logits``, the V token scores alone. Rows with a unit
+            last stride are read in place (a column slice of a wider tensor), other layouts copied once.
+        targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)`` other than blank.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64, ``T_b >= 1``.
+        target_lengths (Tensor): ``(B,)`` int32 / int64, ``U_b >= 0``.
+        durations (list of int): the D durations (frames a symbol covers): distinct ints >= 0, at least one
+            >= 1 (a blank must advance time), at most 16 (``layout.MAX_DURATIONS``) on CUDA. Required.
+        blank (int, optional): the blank among the token columns, in ``[-V, V)``; negative counts from the
+            end (``-1``: NeMo's blank, the last token column). (Default: ``0``)
+        sigma (float, optional): logit under-normalisation: token log-probs are ``log_softmax - sigma``.
+            (Default: ``0.0``)
+        omega (float, optional): in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the
+            plain RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it).
+            (Default: ``0.0``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch; NeMo and
+            transformers divide by the target lengths first). (Default: ``"mean"``)
+        fastemit_lambda (float, optional): the gradient w.r.t. every label token log-prob times
+            ``1 + fastemit_lambda`` (FastEmit; the value is unchanged). (Default: ``0.0``)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]``. (Default: ``-1``)
+        zero_infinity (bool, optional): infinite losses become 0; NaN losses stay NaN. (Default: ``False``)
+        check_inputs (bool, optional): check lengths and labels against the tensors (one small
+            device-to-host read on CUDA). (Default: ``True``)
+        duration_logits (Tensor, optional): ``(sum_TU, D)`` or ``(B, maxT, maxU+1, D)``: the duration head on
+            its own (transformers' joint has two heads; concatenating them would copy the largest tensor of
+            the step). (Default: ``None``: the last D columns of ``logits``)
 
     Returns:
-        float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. An utterance with
-        no alignment gets ``+inf`` and zero gradient. Gradients flow to ``logits`` (and ``duration_logits``),
-        in their dtype; the one of ``logits`` in padded rows as for :func:`transducer_loss`.
+        Tensor: float32 loss (float64 for float64 scores): ``(B,)`` for ``"none"``, else a scalar. An
+        utterance with no alignment gets ``+inf`` and zero gradient. Gradients flow to ``logits`` (and
+        ``duration_logits``) in their dtype; the one of ``logits`` in padded rows as for
+        :func:`transducer_loss`.
 
     Example::
 
@@ -205,7 +208,14 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
 
 
 class TDTLoss(torch.nn.Module):
-    """Module form of :func:`tdt_loss`: ``TDTLoss(durations=[0, 1, 2, 3, 4], blank=0)(logits, targets, T, U)``."""
+    """Module form of :func:`tdt_loss`: ``TDTLoss(durations=[0, 1, 2, 3, 4], blank=0)(logits, targets, T, U)``.
+
+    Args:
+        durations (list of int): as for :func:`tdt_loss`.
+        blank (int, optional): the blank among the token columns; negative counts from the end. (Default: ``0``)
+        **options: ``sigma``, ``omega``, ``reduction``, ``fastemit_lambda``, ``clamp``, ``zero_infinity``,
+            ``check_inputs``, as for :func:`tdt_loss`.
+    """
 
     def __init__(self, durations, blank=0, sigma=0.0, omega=0.0, reduction="mean", fastemit_lambda=0.0,
                  clamp=-1.0, zero_infinity=False, check_inputs=True):
@@ -218,6 +228,8 @@ class TDTLoss(torch.nn.Module):
                             check_inputs=check_inputs)
 
     def forward(self, logits, targets, logit_lengths, target_lengths, duration_logits=None):
+        """The loss of ``logits`` (and ``duration_logits``, the duration head on its own) with the module's
+        options (see :func:`tdt_loss`)."""
         return tdt_loss(logits, targets, logit_lengths, target_lengths, self.durations,
                         duration_logits=duration_logits, **self.options)
 
