@@ -37,7 +37,7 @@ __device__ __forceinline__ float to_acc(bf16_t x) { return __uint_as_float(((uns
 
 // float -> bf16 bits, round to nearest even, in integer arithmetic: what cvt.rn.bf16.f32 does on
 // sm_80 and later (NaN stays a quiet NaN of its sign; overflow rounds to infinity). The CPU tests
-// check the same arithmetic against torch's rounding (tests/test_edge_inputs.py).
+// check the same arithmetic against torch's rounding (tests/test_ops.py).
 __device__ __forceinline__ unsigned short bf16_bits_rn(float x) {
   const unsigned int u = __float_as_uint(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);

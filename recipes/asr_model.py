@@ -239,7 +239,8 @@ class Transducer(nn.Module):
             for b in emit.nonzero().flatten().tolist():
                 hyps[b].append(int(best[b]))
             if bool(emit.any()):
-                new_pred, new_state = self.predictor(best.unsqueeze(1), state)
+                # rows that chose a blank feed the start symbol: the blanks' columns are not predictor inputs
+                new_pred, new_state = self.predictor(best.masked_fill(~emit, self.predictor.blank).unsqueeze(1), state)
                 keep = ~emit
                 pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
                 state = select_state(state, keep, new_state)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a tiny speech recogniser end to end with this library's losses (RNN-T, RNA or TDT).
+"""Train a tiny speech recogniser end to end with this library's losses (RNN-T, RNA, TDT or multi-blank RNN-T).
 
     python recipes/train_toy.py                    # eSpeak NG toy corpus, made on the first run
     python recipes/train_toy.py --quick            # a smoke test: tiny corpus, tiny model, seconds

@@ -1,3 +1,5 @@
+"""Skips the tests marked cuda where there is no CUDA GPU or no CuPy (their reason says how to install it)."""
+
 import importlib.util
 
 import pytest

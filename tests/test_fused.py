@@ -1,5 +1,7 @@
 """The fused joiner loss against the unfused composition transducer_loss(F.linear(act(pack(...)))), on
-every device: float64 exactness, gradcheck, float32, bf16 autocast, tiles that split utterances."""
+every device: float64 exactness, gradcheck, float32, bf16 autocast and mixed input dtypes, tiles that split
+utterances, TDT; the module, opcheck and torch.compile; bad input and options. (The stages it tiles over are
+tested in test_stages.py.)"""
 
 import math
 
@@ -8,22 +10,17 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from _batches import DEVICES
+from _batches import DEVICES, random_targets
 from transducer import FusedJoinerLoss, fused_joiner_loss, pack, tdt_loss, transducer_loss
-from transducer.layout import LossOptions, stages_for
 
 
 def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):
+    """The fused loss's inputs on ``device``: encoder and predictor outputs (B, max_t, J) and (B, max_u + 1, J), the
+    joint's weight (V, J) and bias (V,), all leaves that require grad; random_targets' targets and lengths, with
+    T_b = 1 and U_b = 0 in utterance 1 and U_b = 0 in utterance 2; per-utterance weights in [0.5, 1.5)."""
     gen = torch.Generator().manual_seed(seed)
-    T = torch.randint(1, max_t + 1, (B,), generator=gen)
-    U = torch.randint(0, max_u + 1, (B,), generator=gen)
-    T[0], U[0] = max_t, max_u
-    T[1], U[1] = 1, 0   # T_b = 1
-    U[2] = 0            # U_b = 0
-    if rna:
-        U = torch.minimum(U, T - 1)
-    labels = torch.tensor([v for v in range(V) if v != blank])
-    targets = labels[torch.randint(0, len(labels), (B, max_u), generator=gen)]
+    targets, T, U = random_targets(gen, B, max_t, max_u, V, blank, rna=rna, edges=True)
+    U[1] = 0
     enc = torch.randn(B, max_t, J, generator=gen, dtype=torch.float64)
     pred = torch.randn(B, max_u + 1, J, generator=gen, dtype=torch.float64)
     weight = torch.randn(V, J, generator=gen, dtype=torch.float64) * 0.5
@@ -353,21 +350,6 @@ def test_tdt_module(device):
     assert "durations=[0, 1, 2]" in repr(m)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_stages_need_out_for_a_tile(device):
-    """A tile's log-probs (row_start > 0) are written into the arrays of every row: without them, an error
-    on both devices (the kernels index those arrays by layout row)."""
-    stages = stages_for(torch.device(device))
-    T, U = torch.tensor([3, 2], device=device), torch.tensor([1, 2], device=device)
-    targets = torch.tensor([[1, 0], [2, 1]], device=device)
-    layout = stages.layout(T, U, 3, 0, targets, 5, 0, False)
-    x = torch.randn(4, 5 + 2, device=device)
-    with pytest.raises(ValueError, match="row_start > 0 needs out"):
-        stages.log_probs(x[:, :5].contiguous(), targets, layout, LossOptions(), 2)
-    with pytest.raises(ValueError, match="row_start > 0 needs out"):
-        stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, LossOptions(durations=(0, 1)), 2)
-
-
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(sigma=0.5), ValueError, "sigma, omega: TDT options"),
     (dict(durations=[0, 1], omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
@@ -383,54 +365,3 @@ def test_module_bad_options(kwargs, error, match):
     """FusedJoinerLoss checks its options when built, with the messages of fused_joiner_loss."""
     with pytest.raises(error, match=match):
         FusedJoinerLoss(8, 6, **kwargs)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_pack_forward_into_a_wider_matrix(device):
-    """The stages' pack_forward(out=): written into the first J columns of a wider matrix (the fused loss's
-    hidden rows with a column of ones), the rest untouched; a wrong shape or dtype is a ValueError."""
-    enc, pred, _, _, targets, T, U, _ = joiner_batch(590, device=device)
-    stages = stages_for(enc.device)
-    layout = stages.layout(T, U, pred.size(1))
-    rows = int((T * (U + 1)).sum())
-    want = torch.tanh(pack(enc, pred, T, U))
-    wide = torch.full((rows, enc.size(2) + 5), 7.0, dtype=enc.dtype, device=enc.device)
-    got = stages.pack_forward(enc, pred, layout, rows, 0, "tanh", wide[:, :enc.size(2)])
-    assert got.data_ptr() == wide.data_ptr()
-    torch.testing.assert_close(wide[:, :enc.size(2)], want)
-    assert (wide[:, enc.size(2):] == 7.0).all()
-    for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].long()):
-        with pytest.raises(ValueError, match="pack_forward: out must be"):
-            stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
-def test_pack_backward_add_recomputes_the_activation(device, activation):
-    """The stages' pack_backward_add over a tile that splits utterances: the sums of grad_rows * act'(h), h
-    recomputed from inputs = (encoder_out, predictor_out), equal autograd's through act(pack(...)); with an
-    activation and no inputs, a ValueError."""
-    enc, pred, _, _, _, T, U, _ = joiner_batch(595, device=device)
-    stages = stages_for(enc.device)
-    layout = stages.layout(T, U, pred.size(1))
-    rows = int((T * (U + 1)).sum())
-    start, end = 3, rows - 2
-    grad_rows = torch.randn(end - start, enc.size(2), dtype=enc.dtype, generator=torch.Generator().manual_seed(5))
-    grad_rows = grad_rows.to(device)
-    e, p = enc.detach().requires_grad_(), pred.detach().requires_grad_()
-    act = torch.tanh if activation == "tanh" else torch.relu
-    (act(pack(e, p, T, U))[start:end] * grad_rows).sum().backward()
-    grad_enc, grad_pred = torch.zeros_like(enc), torch.zeros_like(pred)
-    row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
-    utterances = (max(b for b in range(len(T)) if row_splits[b] <= start),
-                  min(b for b in range(1, len(T) + 1) if row_splits[b] >= end))
-    stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred, (enc, pred), activation)
-    assert grad_enc.abs().sum() > 0 and grad_pred.abs().sum() > 0
-    torch.testing.assert_close(grad_enc, e.grad, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(grad_pred, p.grad, rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="pack_backward_add: inputs must be"):
-        stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred, None, activation)
-    if device == "cuda":  # inputs on another device than the rows: named, not read through a host pointer
-        with pytest.raises(ValueError, match="pack_backward_add: inputs must be .* device"):
-            stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred,
-                                     (enc.cpu(), pred.cpu()), activation)

@@ -1,6 +1,6 @@
-"""The regularisers against the peers that define them, on the GPU machine (skipped where the peers are
-not importable: see ../shared/peers/README.md): k2's delay penalty (fast_rnnt.rnnt_loss) and warp-rnnt's
-FastEmit (its gradient w.r.t. the log-probabilities it takes)."""
+"""The regularisers and losses against the peers that define them, on the GPU machine (skipped where the peers
+are not importable: see ../shared/peers/README.md): k2's delay penalty (fast_rnnt.rnnt_loss), warp-rnnt's
+FastEmit (its gradient w.r.t. the log-probabilities it takes), NeMo's TDT and multi-blank losses."""
 
 import importlib.util
 
@@ -71,11 +71,9 @@ def test_tdt_matches_nemo(sigma):
     from transducer import tdt_loss
     gen = torch.Generator().manual_seed(92)
     B, max_t, max_u, V, durations = 6, 30, 10, 40, [0, 1, 2, 3, 4]
-    T = torch.randint(max_t // 2, max_t + 1, (B,), generator=gen)
-    U = torch.randint(1, max_u + 1, (B,), generator=gen)
-    T[0], U[0] = max_t, max_u
-    targets = torch.randint(0, V - 1, (B, max_u), generator=gen)  # blank = V - 1, as in NeMo's examples
-    logits = torch.randn(B, max_t, max_u + 1, V + len(durations), generator=gen) * 2
+    # blank = V - 1, as in NeMo's examples
+    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, V - 1, dtype=torch.float32, scale=2.0,
+                                         min_t=max_t // 2, min_u=1, extra=len(durations))
     logits, targets, T, U = logits.cuda(), targets.cuda(), T.cuda(), U.cuda()
     nemo_in = logits.clone().requires_grad_()
     want = nemo.TDTLossNumba(blank=V - 1, durations=durations, reduction="none", sigma=sigma)(
@@ -103,11 +101,10 @@ def test_multiblank_matches_nemo(seed):
     gen = torch.Generator().manual_seed(93 + seed)
     B, max_t, max_u, V, big = 6, 24, 8, 40, [2, 4, 8]
     sigma = (0.0, 0.05)[seed % 2]
-    T = torch.randint(1, max_t + 1, (B,), generator=gen)
-    U = torch.randint(0, max_u + 1, (B,), generator=gen)
-    T[0], U[0], T[1], U[2], T[3] = max_t, max_u, 1, 0, 3
-    targets = torch.randint(0, V - 1 - len(big), (B, max_u), generator=gen)
-    logits = torch.randn(B, max_t, max_u + 1, V, generator=gen) * 2
+    # labels avoid the blank (V - 1) and the big blanks before it
+    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, tuple(range(V - 1 - len(big), V)),
+                                         dtype=torch.float32, scale=2.0, edges=True)
+    T[3] = 3
     logits, targets, T, U = logits.cuda(), targets.cuda(), T.cuda(), U.cuda()
     nemo_in = logits.clone().requires_grad_()
     want = nemo.MultiblankRNNTLossNumba(blank=V - 1, big_blank_durations=big, reduction="none", sigma=sigma)(

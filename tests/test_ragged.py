@@ -1,4 +1,5 @@
-"""CPU tests for ragged: row_splits <-> row_ids and RaggedShape."""
+"""ragged on the CPU and on CUDA (each CUDA function against the CPU one): row_splits <-> row_ids, row_of and
+RaggedShape."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,8 @@ import torch
 
 import ragged
 from ragged import RaggedShape
+
+DEV = "cuda"
 
 
 def _naive_row_ids(row_splits):
@@ -133,3 +136,136 @@ def test_method_is_checked_on_every_device():
     for bad in ("merge", "", 1):
         with pytest.raises(ValueError, match="method"):
             ragged.row_splits_to_row_ids(torch.from_numpy(rs), 5, method=bad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On CUDA
+
+
+METHODS = ragged.ROW_IDS_METHODS
+
+
+INDEX = [torch.int32, torch.int64]
+
+
+def _sizes(rng, num_rows, num_elems, empty=0.3):
+    """Random row sizes summing to num_elems, a fraction ``empty`` of the rows (at least) empty."""
+    sizes = np.zeros(num_rows, dtype=np.int64)
+    full = np.flatnonzero(rng.random(num_rows) >= empty)
+    if full.size == 0:
+        full = rng.integers(0, num_rows, 1)
+    sizes[full] = rng.multinomial(num_elems, np.full(full.size, 1.0 / full.size))
+    return sizes
+
+
+def _splits(sizes, dtype):
+    return torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)])).to(dtype)
+
+
+def _poison(n, dtype):
+    """Fill and free a block of n elements: torch's caching allocator hands it to the next allocation
+    of that size, so an element a kernel fails to write holds -7, not a right answer left behind by
+    an earlier call."""
+    torch.full((n,), -7, dtype=dtype, device=DEV)
+
+
+def _row_ids(rs, n, dtype, method):
+    _poison(n, dtype)
+    return ragged.row_splits_to_row_ids(rs, n, dtype=dtype, method=method)
+
+
+def _check_row_ids(rs, method):
+    """Both output dtypes against the CPU (repeat_interleave), and the way back to row_splits."""
+    n, num_rows = int(rs[-1]), rs.numel() - 1
+    rs_dev = rs.to(DEV)
+    for odt in INDEX:
+        ref = ragged.row_splits_to_row_ids(rs, n, dtype=odt)
+        got = _row_ids(rs_dev, n, odt, method)
+        assert got.device.type == "cuda" and got.dtype == odt and got.shape == (n,)
+        assert torch.equal(got.cpu(), ref), (method, num_rows, n, rs.dtype, odt)
+        _poison(num_rows + 1, rs.dtype)
+        back = ragged.row_ids_to_row_splits(got, num_rows, dtype=rs.dtype)
+        assert back.dtype == rs.dtype and torch.equal(back.cpu(), rs)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("seed", range(3))
+def test_row_ids_random_with_empty_rows(method, seed):
+    """Empty first and last rows, runs of empty rows (some longer than a 1024-step tile), int32/int64."""
+    rng = np.random.default_rng(seed)
+    for num_rows in (1, 2, 17, 1000, 30000):
+        sizes = rng.integers(1, 50, num_rows)
+        sizes[rng.random(num_rows) < 0.3] = 0
+        sizes[0] = sizes[-1] = 0
+        for run in (3, 1500):  # a run of empty rows somewhere
+            if num_rows > run:
+                start = int(rng.integers(0, num_rows - run))
+                sizes[start:start + run] = 0
+        for sdt in INDEX:
+            _check_row_ids(_splits(sizes, sdt), method)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", METHODS)
+def test_row_ids_single_row_and_no_elements(method):
+    rng = np.random.default_rng(7)
+    for n in (1, 5, 1023, 1024, 1025, 4097, int(rng.integers(10000, 100000))):
+        for sdt in INDEX:
+            _check_row_ids(torch.tensor([0, n], dtype=sdt), method)
+    for num_rows in (0, 1, 3, 5000):  # num_elems == 0: every row empty
+        for sdt in INDEX:
+            rs = torch.zeros(num_rows + 1, dtype=sdt, device=DEV)
+            for odt in INDEX:
+                ids = ragged.row_splits_to_row_ids(rs, 0, dtype=odt, method=method)
+                assert ids.dtype == odt and ids.shape == (0,)
+                _poison(num_rows + 1, sdt)
+                back = ragged.row_ids_to_row_splits(ids, num_rows, dtype=sdt)
+                assert back.cpu().tolist() == [0] * (num_rows + 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", METHODS)
+def test_row_ids_tile_boundaries(method):
+    """num_elems + num_rows - 1 (the merge's steps) around multiples of the 1024-step tile."""
+    rng = np.random.default_rng(11)
+    for steps in (1023, 1024, 1025, 2047, 2048, 2049, 10 * 1024 - 1, 10 * 1024, 10 * 1024 + 1):
+        for num_rows in (1, 2, 7, 300, 1024, steps):
+            num_elems = steps - num_rows + 1
+            if num_elems < 1:
+                continue
+            sizes = _sizes(rng, num_rows, num_elems)
+            for sdt in INDEX:
+                _check_row_ids(_splits(sizes, sdt), method)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", METHODS)
+def test_row_ids_large(method):
+    """The transducer's scale: 10^7 rows of logits (elements) in 10^4 utterances (rows)."""
+    rng = np.random.default_rng(13)
+    sizes = _sizes(rng, 10_000, 10_000_000, empty=0.05)
+    for sdt in INDEX:
+        _check_row_ids(_splits(sizes, sdt), method)
+
+
+@pytest.mark.cuda
+def test_row_ids_methods_agree_on_many_rows():
+    """Many rows, few elements each (the merge's row starts outnumber its elements)."""
+    rng = np.random.default_rng(17)
+    sizes = _sizes(rng, 2_000_000, 1_000_000, empty=0.5)
+    rs = _splits(sizes, torch.int64).to(DEV)
+    ref = ragged.row_splits_to_row_ids(rs.cpu(), int(rs[-1]), dtype=torch.int32)
+    for method in METHODS:
+        got = _row_ids(rs, ref.numel(), torch.int32, method)
+        assert torch.equal(got.cpu(), ref), method
+
+
+@pytest.mark.cuda
+def test_ragged_all_empty_and_shape_cuda():
+    rs = torch.zeros(5, dtype=torch.int64, device=DEV)
+    assert ragged.row_splits_to_row_ids(rs, 0).numel() == 0
+    assert ragged.row_ids_to_row_splits(torch.zeros(0, dtype=torch.int32, device=DEV), 4).cpu().tolist() == [0] * 5
+    s = ragged.RaggedShape.from_sizes(torch.tensor([2, 0, 3], device=DEV), num_elems=5, row_ids_dtype=torch.int32)
+    assert s.dim0 == 3 and s.numel == 5
+    assert s.row_ids.device.type == "cuda" and s.row_ids.cpu().tolist() == [0, 0, 2, 2, 2]

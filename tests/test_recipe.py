@@ -319,5 +319,21 @@ def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
     model.greedy_decode_multiblank(x, xl, max_symbols=4)
     hook.remove()
     assert len(calls) == -(-max(frames) // 3)
+    # rows that disagree on a step (one emits a label, another a big blank): each decodes as it does alone.
+    # Label 3 wins where w.h is above its median over the first frames' joiner states h, big blank 7 elsewhere.
+    x, xl = torch.randn(4, 40, 8), torch.tensor([40, 31, 23, 40])
+    with torch.no_grad():
+        enc = model.enc_proj(model.encoder(x, xl)[0])
+        h = torch.tanh(enc + model.pred_proj(model.predictor.initial(4, "cpu")[0]))
+        w = torch.randn(8)
+        threshold = (h @ w).median()
+        model.out.weight.zero_()
+        model.out.bias.zero_()
+        model.out.weight[3], model.out.bias[3] = 100 * w, -100 * threshold
+        model.out.weight[7], model.out.bias[7] = -100 * w, 100 * threshold
+    hyps = model.greedy_decode_multiblank(x, xl, max_symbols=2)
+    assert any(hyps) and all(set(h) <= {3} for h in hyps)
+    assert hyps == [model.greedy_decode_multiblank(x[b:b + 1, :n], xl[b:b + 1], max_symbols=2)[0]
+                    for b, n in enumerate(xl.tolist())]
     with pytest.raises(ValueError, match="delay_penalty: applies to loss='rnnt' and 'rna', not 'multiblank'"):
         Transducer(6, num_mel_bins=8, loss="multiblank", delay_penalty=0.1)

@@ -1,6 +1,7 @@
-"""transducer.tdt_loss on every device against the float64 reference: compact and padded, concatenated and
-split heads, durations with and without 0, infeasible utterances, sigma, omega, FastEmit, clamp, every
-reduction; the registered op under opcheck and torch.compile; bad input."""
+"""transducer.tdt_loss and TDTLoss on every device against the float64 reference: compact and padded, concatenated
+and split heads (column views read in place), durations with and without 0, infeasible utterances, sigma, omega,
+FastEmit, clamp, every reduction, half precision; the registered op under opcheck and torch.compile; the
+durations' checks and bad input."""
 
 import math
 
@@ -8,23 +9,11 @@ import pytest
 import torch
 import torch._dynamo
 
-from _batches import DEVICES, cell_mask, compact
-from transducer import TDTLoss, tdt_loss, tdt_loss_reference
-from transducer.tdt import _rows
-
-
-def tdt_batch(seed, B=5, max_t=7, max_u=3, V=9, durations=(0, 1, 2, 3), blank=0, dtype=torch.float64):
-    """Padded (B, maxT, maxU+1, V + D) scores, targets avoiding blank, ragged lengths with T_b = 1, U_b = 0."""
-    gen = torch.Generator().manual_seed(seed)
-    T = torch.randint(1, max_t + 1, (B,), generator=gen)
-    U = torch.randint(0, max_u + 1, (B,), generator=gen)
-    T[0], U[0] = max_t, max_u
-    T[1], U[1] = 1, 0
-    U[2] = 0
-    labels = torch.tensor([v for v in range(V) if v != blank])
-    targets = labels[torch.randint(0, len(labels), (B, max_u), generator=gen)]
-    logits = torch.randn(B, max_t, max_u + 1, V + len(durations), generator=gen, dtype=torch.float64) * 1.5
-    return logits.to(dtype), targets, T, U, torch.rand(B, generator=gen, dtype=torch.float64) + 0.5
+import transducer.tdt
+from _batches import DEVICES, cell_mask, compact, random_batch
+from transducer import TDTLoss, cpu, tdt_loss, tdt_loss_reference
+from transducer.checks import check_durations
+from transducer.layout import LossOptions
 
 
 CASES = [  # durations, blank, options
@@ -54,7 +43,9 @@ def reference(logits, targets, T, U, durations, blank, w, clamp=-1.0, **options)
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_matches_reference_float64(device, layout, heads, case):
     durations, blank, options = CASES[case]
-    logits, targets, T, U, w = tdt_batch(600 + case, durations=durations, blank=blank)
+    gen = torch.Generator().manual_seed(600 + case)
+    logits, targets, T, U = random_batch(gen, 5, 7, 3, 9, blank, scale=1.5, edges=True, extra=len(durations))
+    w = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
     want, want_grad = reference(logits, targets, T, U, durations, blank, w, **options)
     V = logits.size(-1) - len(durations)
     x = compact(logits, T, U) if layout == "compact" else logits
@@ -79,7 +70,8 @@ def test_matches_reference_float64(device, layout, heads, case):
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_and_reductions(device):
     durations = [0, 1, 2, 3, 4]
-    logits, targets, T, U, w = tdt_batch(610, B=6, max_t=20, max_u=6, V=64, durations=durations)
+    gen = torch.Generator().manual_seed(610)
+    logits, targets, T, U = random_batch(gen, 6, 20, 6, 64, 0, scale=1.5, edges=True, extra=len(durations))
     want, want_grad = reference(logits, targets, T, U, durations, 0, torch.ones(6, dtype=torch.float64), sigma=0.05)
     x = compact(logits, T, U).float().to(device).requires_grad_()
     args = (targets.to(device), T.to(device), U.to(device), durations)
@@ -95,7 +87,8 @@ def test_float32_and_reductions(device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(device, dtype):
     durations = [0, 1, 2]
-    logits, targets, T, U, _ = tdt_batch(620, B=4, max_t=12, max_u=5, V=40, durations=durations)
+    gen = torch.Generator().manual_seed(620)
+    logits, targets, T, U = random_batch(gen, 4, 12, 5, 40, 0, scale=1.5, edges=True, extra=len(durations))
     half = compact(logits, T, U).to(dtype).to(device).requires_grad_()
     full = half.detach().float().requires_grad_()
     args = (targets.to(device), T.to(device), U.to(device), durations)
@@ -113,7 +106,8 @@ def test_half_precision(device, dtype):
 def test_infeasible_and_non_finite(device):
     # durations [2] only: a blank moves two frames, so T_b = 3 with U_b = 0 has no alignment (+inf, zero
     # gradient, 0 with zero_infinity); a NaN score makes its utterance NaN
-    logits, targets, T, U, _ = tdt_batch(630, B=3, max_t=4, max_u=1, V=5, durations=[2])
+    gen = torch.Generator().manual_seed(630)
+    logits, targets, T, U = random_batch(gen, 3, 4, 1, 5, 0, scale=1.5, edges=True, extra=1)
     T[:], U[:] = torch.tensor([3, 4, 4]), torch.tensor([0, 1, 0])
     logits[2, 0, 0, 3] = math.nan
     logits[0, 1, 1, 2] = math.nan  # a padding row of utterance 0 (U_0 = 0): its log-probs go unused
@@ -131,18 +125,27 @@ def test_infeasible_and_non_finite(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["compact", "padded"])
-def test_column_views_of_a_wider_joint(device, layout):
+def test_column_views_of_a_wider_joint(device, layout, monkeypatch):
     """Token and duration heads as column slices of one joint padded to a width of 16 (read in place, no
     copy): the loss and gradients of the contiguous heads; the padding columns get a zero gradient."""
-    logits, targets, T, U, w = tdt_batch(31, V=9, durations=(0, 1, 2), blank=4, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(31)
+    logits, targets, T, U = random_batch(gen, 5, 7, 3, 9, 4, dtype=torch.float32, scale=1.5, edges=True, extra=3)
+    w = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
     if layout == "compact":
         logits = compact(logits, T, U)
     joint = torch.randn(*logits.shape[:-1], 16, dtype=torch.float32)
     joint[..., :9], joint[..., 13:] = logits[..., :9], logits[..., 9:]
     joint = joint.to(device).requires_grad_()
-    assert all(_rows(v) is v for v in (joint[..., :9], joint[..., 13:]))  # no copy
+    op, seen = transducer.tdt.tdt, []
+
+    def spy(*inputs):  # the registered op, noting the heads it is given
+        seen.append(inputs[:2])
+        return op(*inputs)
+    monkeypatch.setattr(transducer.tdt, "tdt", spy)
     args = (targets.to(device), T.to(device), U.to(device), [0, 1, 2])
-    loss = tdt_loss(joint[..., :9], *args, blank=4, reduction="none", duration_logits=joint[..., 13:])
+    tokens, duration_scores = joint[..., :9], joint[..., 13:]
+    loss = tdt_loss(tokens, *args, blank=4, reduction="none", duration_logits=duration_scores)
+    assert seen[0][0] is tokens and seen[0][1] is duration_scores  # read in place: no copy
     (loss * w.float().to(device)).sum().backward()
     x = logits.to(device).requires_grad_()
     ref = tdt_loss(x, *args, blank=4, reduction="none")
@@ -155,7 +158,8 @@ def test_column_views_of_a_wider_joint(device, layout):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_module_and_opcheck(device):
-    logits, targets, T, U, _ = tdt_batch(640)
+    gen = torch.Generator().manual_seed(640)
+    logits, targets, T, U = random_batch(gen, 5, 7, 3, 9, 0, scale=1.5, edges=True, extra=4)
     durations = [0, 1, 2, 3]
     m = TDTLoss(durations, blank=0, sigma=0.02, reduction="sum")
     x = logits.to(device)
@@ -171,7 +175,8 @@ def test_module_and_opcheck(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph(device):
-    logits, targets, T, U, _ = tdt_batch(650, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(650)
+    logits, targets, T, U = random_batch(gen, 5, 7, 3, 9, 0, dtype=torch.float32, scale=1.5, edges=True, extra=4)
     linear = torch.nn.Linear(13, 13).to(device)
     x = logits.to(device)
     args = (targets.to(device), T.to(device), U.to(device))
@@ -191,8 +196,26 @@ def test_compile_fullgraph(device):
         torch._dynamo.reset()
 
 
+def test_check_durations():
+    assert check_durations([0, 1, 2]) == (0, 1, 2)
+    assert check_durations(torch.tensor([3, 1]), 2) == (3, 1)
+    for bad in ([], [0], [1, 1], [-1, 1], [1.5, 2]):
+        with pytest.raises(ValueError):
+            check_durations(bad)
+    with pytest.raises(ValueError):
+        check_durations([0, 1], 3)
+    gen = torch.Generator().manual_seed(29)
+    logits, targets, T, U = random_batch(gen, 2, 3, 1, 3, 0, scale=1.5, edges=True, extra=2)
+    layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1))
+    rows = logits.reshape(-1, 5)
+    lp, lp_dur, _ = cpu.tdt_log_probs(rows[:, :3], rows[:, 3:], targets, layout, LossOptions())
+    with pytest.raises(ValueError):
+        cpu.tdt_alpha_beta(lp, lp_dur, layout, LossOptions(durations=(0, 1, 2)))  # 3 durations for 2 duration columns
+
+
 def _bad(**change):
-    logits, targets, T, U, _ = tdt_batch(660)
+    gen = torch.Generator().manual_seed(660)
+    logits, targets, T, U = random_batch(gen, 5, 7, 3, 9, 0, scale=1.5, edges=True, extra=4)
     args = dict(logits=logits, targets=targets, logit_lengths=T, target_lengths=U, durations=[0, 1, 2, 3])
     args.update({k: change.pop(k) for k in list(change) if k in args})
     return tdt_loss(**args, **change)
@@ -245,6 +268,7 @@ def test_module_bad_options(kwargs, error, match):
 
 @pytest.mark.cuda
 def test_at_most_16_durations_on_cuda():
-    logits, targets, T, U, _ = tdt_batch(670, V=5, durations=list(range(17)))
+    gen = torch.Generator().manual_seed(670)
+    logits, targets, T, U = random_batch(gen, 5, 7, 3, 5, 0, scale=1.5, edges=True, extra=17)
     with pytest.raises(ValueError, match="durations: at most 16 on CUDA, got 17"):
         tdt_loss(logits.cuda(), targets.cuda(), T.cuda(), U.cuda(), list(range(17)))

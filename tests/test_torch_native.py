@@ -1,26 +1,22 @@
-"""The registered ops under torch.library.opcheck, torch.compile (no graph breaks, eager numbers),
-CUDA graphs and torch.export."""
+"""The registered RNN-T op and pack under torch.library.opcheck, torch.compile (no graph breaks, eager numbers,
+CUDA graphs through mode="reduce-overhead"), torch.export, and a training step captured in a CUDA graph. The
+TDT and fused ops' own opcheck and compile tests are in test_tdt.py and test_fused.py."""
 
 import pytest
 import torch
 import torch._dynamo
 
-from _batches import DEVICES, compact, random_batch
+from _batches import DEVICES, compact, random_batch, random_targets, to_device
 from transducer import TransducerLoss, pack, transducer_loss
 
-
-def batch(device, seed=80, dtype=torch.float32, V=11, D=16, rna=False):
-    gen = torch.Generator().manual_seed(seed)
-    logits, targets, T, U = random_batch(gen, 4, 7, 3, V, 0, dtype=dtype, rna=rna)
-    T[1], U[1], U[2] = 1, 0, 0
-    h = torch.randn(int((T * (U + 1)).sum()), D, generator=gen, dtype=dtype)
-    return (compact(logits, T, U).to(device), logits.to(device), targets.to(device), T.to(device), U.to(device),
-            h.to(device))
+DEV = "cuda"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
-    rows, padded, targets, T, U, _ = batch(device, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(80)
+    padded, targets, T, U = random_batch(gen, 4, 7, 3, 11, 0, edges=True)
+    rows, padded, targets, T, U = to_device(device, compact(padded, T, U), padded, targets, T, U)
     for logits, options in ((rows, (0, False, False, True, 0.0, 0.0, -1.0, False)),
                             (padded, (0, True, False, False, 0.1, 0.5, 0.3, False))):
         args = (logits.clone().requires_grad_(), targets, T, U) + options
@@ -42,7 +38,10 @@ def step(criterion, linear):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rna", [False, True])
 def test_compile_fullgraph_matches_eager(device, rna):
-    _, _, targets, T, U, h = batch(device, rna=rna)
+    gen = torch.Generator().manual_seed(80)
+    targets, T, U = random_targets(gen, 4, 7, 3, 11, 0, rna=rna, edges=True)
+    h = torch.randn(int((T * (U + 1)).sum()), 16, generator=gen)  # the joiner's hidden rows
+    targets, T, U, h = to_device(device, targets, T, U, h)
     torch.manual_seed(0)
     linear = torch.nn.Linear(h.size(1), 11).to(device)
     f = step(TransducerLoss(blank=0, one_sym_per_frame=rna, zero_infinity=True, clamp=2.0, fastemit_lambda=0.1),
@@ -63,8 +62,8 @@ def test_compile_fullgraph_matches_eager(device, rna):
 @pytest.mark.parametrize("device", DEVICES)
 @torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)  # pack's row count depends on values
 def test_compile_pack_joiner_and_loss(device):
-    _, padded, targets, T, U, _ = batch(device)
     gen = torch.Generator().manual_seed(81)
+    targets, T, U = to_device(device, *random_targets(gen, 4, 7, 3, 11, 0, edges=True))
     enc = torch.randn(4, 7, 16, generator=gen).to(device).requires_grad_()
     pred = torch.randn(4, 4, 16, generator=gen).to(device).requires_grad_()
     linear = torch.nn.Linear(16, 11).to(device)
@@ -91,7 +90,10 @@ def test_compile_reduce_overhead_cuda_graphs():
     of CUDAGraphs that has been overwritten", seen on the H100 on 2026-11-23, so that is not this op's doing.)"""
     import torch._inductor.config as inductor_config
 
-    _, _, targets, T, U, h = batch("cuda")
+    gen = torch.Generator().manual_seed(80)
+    targets, T, U = random_targets(gen, 4, 7, 3, 11, 0, edges=True)
+    h = torch.randn(int((T * (U + 1)).sum()), 16, generator=gen)  # the joiner's hidden rows
+    targets, T, U, h = to_device("cuda", targets, T, U, h)
     linear = torch.nn.Linear(h.size(1), 11).cuda()
     f = step(TransducerLoss(blank=0, check_inputs=False), linear)
     gen = torch.Generator().manual_seed(82)
@@ -132,8 +134,56 @@ def test_export_eval_module(device):
         def forward(self, h, targets, T, U):
             return self.loss(self.linear(h), targets, T, U)
 
-    _, _, targets, T, U, h = batch(device)
+    gen = torch.Generator().manual_seed(80)
+    targets, T, U = random_targets(gen, 4, 7, 3, 11, 0, edges=True)
+    h = torch.randn(int((T * (U + 1)).sum()), 16, generator=gen)  # the joiner's hidden rows
+    targets, T, U, h = to_device(device, targets, T, U, h)
     model = Scorer().to(device).eval()
     exported = torch.export.export(model, (h, targets, T, U))
     assert any(n.target == torch.ops.transducer.loss.default for n in exported.graph.nodes)
     torch.testing.assert_close(exported.module()(h, targets, T, U), model(h, targets, T, U))
+
+
+@pytest.mark.cuda
+def test_cuda_graph_training_step():
+    gen = torch.Generator().manual_seed(21)
+    B, max_t, max_u, V, D = 4, 20, 8, 64, 32
+    targets, T, U = random_targets(gen, B, max_t, max_u, V, 0)
+    N = int((T * (U + 1)).sum())
+    x = torch.randn(N, D, generator=gen).to(DEV)
+    W = torch.nn.Parameter(torch.randn(D, V, generator=gen).to(DEV) * 0.3)
+    targets = targets.to(DEV)
+    Tg, Ug = T.to(DEV), U.to(DEV)
+    loss_fn = TransducerLoss(blank=0, reduction="mean", check_inputs=False)
+
+    def step():
+        loss = loss_fn(x @ W, targets, Tg, Ug)
+        loss.backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: compile and load every kernel outside the capture
+        for _ in range(2):
+            W.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    W.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    static_grad = W.grad
+
+    for trial in range(3):
+        perm = torch.randperm(B, generator=gen)  # same number of rows, different layout
+        x.copy_(torch.randn(N, D, generator=gen).to(DEV))
+        targets.copy_(torch.randint(1, V, (B, max_u), generator=gen).to(DEV))
+        Tg.copy_(T[perm].to(DEV))
+        Ug.copy_(U[perm].to(DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        W2 = W.detach().clone().requires_grad_()
+        eager = TransducerLoss(blank=0, reduction="mean")(x @ W2, targets, Tg, Ug)
+        eager.backward()
+        torch.testing.assert_close(static_loss, eager, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(static_grad, W2.grad, rtol=1e-5, atol=1e-6)

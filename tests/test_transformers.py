@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from _batches import DEVICES
+from _batches import DEVICES, random_batch
 from _imports import require
 from transducer import tdt_loss_reference, transducer_loss_reference
 from transducer.integrations.transformers import ParakeetForRNNTLoss, ParakeetForTDTLoss, apply
@@ -32,16 +32,14 @@ def reduce(losses, lengths, reduction):
 
 
 def scores_batch(seed, V, D=0, B=5, max_t=6, max_u=4):
-    """Padded (B, maxT, maxU+1, V + D) float32 scores, labels avoiding 0 and V - 1 (the blanks tested) padded with
-    V - 1, lengths with T_b = 1 (utterance 1) and U_b = 0 (utterance 2); torchaudio wants maxT = max T_b and
-    maxU = max U_b."""
+    """random_batch's padded (B, maxT, maxU+1, V + D) scores in float32, with labels as transformers gives them:
+    avoiding 0 and V - 1 (the blanks tested), padded with V - 1; lengths with T_b = 1 (utterance 1) and U_b = 0
+    (utterance 2), the others at least 2 and 1; torchaudio wants maxT = max T_b and maxU = max U_b."""
     gen = torch.Generator().manual_seed(seed)
-    T = torch.randint(2, max_t + 1, (B,), generator=gen)
-    U = torch.randint(1, max_u + 1, (B,), generator=gen)
-    T[0], U[0], T[1], U[2] = max_t, max_u, 1, 0
-    labels = torch.randint(1, V - 1, (B, max_u), generator=gen)
+    logits, labels, T, U = random_batch(gen, B, max_t, max_u, V, (0, V - 1), dtype=torch.float32, scale=2.0, min_t=2,
+                                        min_u=1, edges=True, extra=D)
     labels[torch.arange(max_u) >= U[:, None]] = V - 1
-    return torch.randn(B, max_t, max_u + 1, V + D, generator=gen) * 2, labels, T, U
+    return logits, labels, T, U
 
 
 def grad_of(loss, x):
