@@ -148,13 +148,14 @@ def test_mixed_dtypes_promote_as_the_sum_does(device, dtypes):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
                                     (torch.bfloat16, torch.bfloat16)], ids=["fp32", "fp32-bf16", "bf16"])
-def test_autocast_inputs_as_models_give_them(device, dtypes):
+@pytest.mark.parametrize("J", [64, 36, 35])  # the pack passes' vectors: 8, 4 and 1 elements
+def test_autocast_inputs_as_models_give_them(device, dtypes, J):
     """Under bf16 autocast, encoder and predictor outputs as models give them (fp32 after a LayerNorm, bf16
     after an LSTM or a Linear, mixed): the fused loss computes what the unfused composition computes under
     the same autocast (the sum and act in the promoted dtype, the GEMMs in bf16, the loss in fp32), within
     twice the unfused path's distance from the float64 loss of the same inputs; gradients in each input's
     dtype."""
-    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(547, B=6, max_t=20, max_u=8, J=64, V=100,
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(547, B=6, max_t=20, max_u=8, J=J, V=100,
                                                              device=device, dtype=torch.float32)
     enc = enc.detach().to(dtypes[0]).requires_grad_()
     pred = pred.detach().to(dtypes[1]).requires_grad_()
