@@ -80,7 +80,7 @@ def protocol_a(batches=4, width=512, vocab=500):
     for prec in ("fp32", "bf16"):
         dtype = torch.float32 if prec == "fp32" else torch.bfloat16
         torch.manual_seed(0)
-        joiner_mb = torch.nn.Linear(width, vocab + len(BIG)).cuda()  # blank last, the big blanks before it
+        joiner_mb = torch.nn.Linear(width, vocab + len(BIG) + 1).cuda()  # labels [1, vocab), the big blanks, the blank last
         joiner_rnnt = torch.nn.Linear(width, vocab).cuda()
         recs = {}
         for i in range(3 + batches):
