@@ -52,6 +52,9 @@ class UsageError(Exception):
     pass
 
 
+LOSS_NAMES = {"rnnt": "RNN-T", "rna": "RNA", "tdt": "TDT", "multiblank": "multi-blank RNN-T"}
+
+
 def positive(kind):
     def parse(s):
         try:
@@ -559,7 +562,7 @@ def train(a, dist, t_start):
     decode_s = evaluate.seconds
     wall = time.time() - t_start
     log(f"test ({len(test_set)} utterances{', held-out voices' if not a.manifest else ''}): "
-        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%  ({a.loss.upper()} greedy decoding {decode_s:.1f} s)")
+        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%  ({LOSS_NAMES[a.loss]} greedy decoding {decode_s:.1f} s)")
     for ref, hyp in pairs[: a.show]:  # this rank's first utterances in corpus order
         log(f"  REF: {ref}\n  HYP: {hyp}{'' if ref == hyp else '   <- error'}")
     log(f"total {wall:.0f} s (data {t_data:.0f} s); checkpoint, plot and results in {exp}/")
