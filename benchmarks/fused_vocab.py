@@ -5,17 +5,13 @@
 
 (B, T, U, J) = (8, 200, 50, 512): 81,600 rows; V = 500, 4000, 32000; fp32 and bf16 autocast (bf16 encoder
 and predictor outputs). The step is joiner + loss (sum) + backward after one warm-up step; its peak
-extra memory is torch.cuda.max_memory_allocated above what was allocated before it (CUDA events time it;
-benchmarks/tdt.py's cuda_ms).
+extra memory is torch.cuda.max_memory_allocated above what was allocated before it (CUDA events time it:
+benchmarks/common.py's cuda_ms).
 """
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import transducer  # noqa: E402
-from tdt import cuda_ms  # noqa: E402  (benchmarks/tdt.py: CUDA-event time and peak extra memory)
+from common import cuda_ms  # first: it puts the repository root on sys.path
+import transducer
 
 
 def main(B=8, T=200, U=50, J=512):

@@ -176,51 +176,39 @@ class Transducer(nn.Module):
         """TDT greedy search (Xu et al. 2023): at each step the best token and the best duration; a label is
         emitted (and the predictor advanced), and the frame moves on by the duration (at least 1 for a blank,
         and after ``max_symbols`` labels on one frame)."""
-        enc, enc_lens = self.encoder(feats, feat_lens)
-        enc = self.enc_proj(enc)
-        B, T, _ = enc.shape
         V = self.out.out_features - len(self.durations)
-        durations = torch.tensor(self.durations, device=enc.device)
-        pred, state = self.predictor.initial(B, enc.device)
-        pred = self.pred_proj(pred[:, 0])
-        hyps = [[] for _ in range(B)]
-        t = torch.zeros(B, dtype=torch.long, device=enc.device)
-        emitted = torch.zeros(B, dtype=torch.long, device=enc.device)  # labels emitted on the current frame
-        rows = torch.arange(B, device=enc.device)
-        while True:
-            active = t < enc_lens
-            if not bool(active.any()):
-                break
-            scores = self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred))
-            token, step = scores[:, :V].argmax(-1), durations[scores[:, V:].argmax(-1)]
-            emit = active & (token != self.blank)
-            for b in emit.nonzero().flatten().tolist():
-                hyps[b].append(int(token[b]))
-            if bool(emit.any()):
-                new_pred, new_state = self.predictor(token.unsqueeze(1), state)
-                keep = ~emit
-                pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
-                state = select_state(state, keep, new_state)
-            emitted = torch.where(emit, emitted + 1, 0)
-            step = torch.where(emit, step, step.clamp(min=1))  # a blank moves on
-            step = torch.where(emitted >= max_symbols, step.clamp(min=1), step)
-            emitted = torch.where(step > 0, 0, emitted)
-            t = torch.where(active, t + step, t)
-        return hyps
+        durations = torch.tensor(self.durations, device=feats.device)
+
+        def choose(scores):
+            token = scores[:, :V].argmax(-1)
+            return token, token != self.blank, durations[scores[:, V:].argmax(-1)]
+        return self._greedy_decode_skipping(feats, feat_lens, max_symbols, choose)
 
     @torch.no_grad()
     def greedy_decode_multiblank(self, feats, feat_lens, max_symbols=5):
         """Multi-blank greedy search (Xu et al. 2023): at each step the best column; a label is emitted (and the
         predictor advanced) on the same frame, the blank moves on one frame, big blank i (column blank - 1 - i)
         by its duration; after ``max_symbols`` labels on one frame, the frame moves on by one."""
-        enc, enc_lens = self.encoder(feats, feat_lens)
-        enc = self.enc_proj(enc)
-        B, T, _ = enc.shape
         # the frames each column moves on by: 0 for a label, 1 for the blank, d_i for big blank i
-        step_of = torch.zeros(self.out.out_features, dtype=torch.long, device=enc.device)
+        step_of = torch.zeros(self.out.out_features, dtype=torch.long, device=feats.device)
         step_of[self.blank] = 1
         for i, d in enumerate(self.big_blank_durations):
             step_of[self.blank - 1 - i] = d
+
+        def choose(scores):
+            scores[:, 0] = -math.inf  # the predictor's start symbol: no output
+            best = scores.argmax(-1)
+            return best, step_of[best] == 0, step_of[best]
+        return self._greedy_decode_skipping(feats, feat_lens, max_symbols, choose)
+
+    def _greedy_decode_skipping(self, feats, feat_lens, max_symbols, choose):
+        """The batched greedy search of the outputs that skip frames (TDT, multi-blank). ``choose(scores)``
+        gives each row's (token, emit, step): where emit, the token is emitted and the predictor advanced;
+        the frame moves on by step, at least 1 where nothing is emitted or after ``max_symbols`` labels on
+        one frame."""
+        enc, enc_lens = self.encoder(feats, feat_lens)
+        enc = self.enc_proj(enc)
+        B, T, _ = enc.shape
         pred, state = self.predictor.initial(B, enc.device)
         pred = self.pred_proj(pred[:, 0])
         hyps = [[] for _ in range(B)]
@@ -231,20 +219,19 @@ class Transducer(nn.Module):
             active = t < enc_lens
             if not bool(active.any()):
                 break
-            scores = self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred))
-            scores[:, 0] = -math.inf  # the predictor's start symbol: no output
-            best = scores.argmax(-1)
-            step = step_of[best]
-            emit = active & (step == 0)
+            token, emit, step = choose(self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred)))
+            emit = active & emit
             for b in emit.nonzero().flatten().tolist():
-                hyps[b].append(int(best[b]))
+                hyps[b].append(int(token[b]))
             if bool(emit.any()):
-                # rows that chose a blank feed the start symbol: the blanks' columns are not predictor inputs
-                new_pred, new_state = self.predictor(best.masked_fill(~emit, self.predictor.blank).unsqueeze(1), state)
+                # rows that emit nothing feed the start symbol: a blank's column need not be a predictor input
+                new_pred, new_state = self.predictor(token.masked_fill(~emit, self.predictor.blank).unsqueeze(1),
+                                                     state)
                 keep = ~emit
                 pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
                 state = select_state(state, keep, new_state)
             emitted = torch.where(emit, emitted + 1, 0)
+            step = torch.where(emit, step, step.clamp(min=1))  # a blank moves on
             step = torch.where(emitted >= max_symbols, step.clamp(min=1), step)
             emitted = torch.where(step > 0, 0, emitted)
             t = torch.where(active, t + step, t)

@@ -1,0 +1,131 @@
+"""What the per-loss benchmarks (tdt.py, multiblank.py, fused_vocab.py) share: CUDA-event timing with the
+peak extra memory, NeMo's numba losses when importable, the copy-bandwidth floor, Protocol A's batches and
+timed steps, CPU losses timed in alternating pairs, and the printed table."""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def cuda_ms(fn, warmup=3, reps=10):
+    """Median ms of fn (CUDA events) and the peak memory over what was allocated before, MB."""
+    for _ in range(warmup):
+        fn()
+    times, extra = [], 0
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+        extra = max(extra, torch.cuda.max_memory_allocated() - base)
+    return statistics.median(times), extra / 2**20
+
+
+def nemo_class(name):
+    """NeMo's numba loss class ``name`` (TDTLossNumba, MultiblankRNNTLossNumba), or None with a printed
+    reason."""
+    try:
+        if not hasattr(np, "row_stack"):  # NeMo 3.0's numba losses still call it
+            np.row_stack = np.vstack
+        from nemo.collections.asr.parts.numba import rnnt_loss
+        return getattr(rnnt_loss, name)
+    except Exception as e:  # noqa: BLE001
+        print(f"NeMo {name}: not importable ({type(e).__name__}: {str(e)[:80]})")
+        return None
+
+
+def three_pass_floor_ms(rows):
+    """The loss's floor: three passes over ``rows`` at the rate of one device-to-device copy of them."""
+    copy = torch.empty_like(rows)
+    t_copy, _ = cuda_ms(lambda: copy.copy_(rows))
+    return 1.5 * t_copy  # a copy reads and writes: two passes
+
+
+def protocol_a(label, make_contenders, modules, vocab=500, batches=4, width=512):
+    """Protocol A's steps for each precision: batches of 30 utterances with LibriSpeech's (T, U), labels in
+    [1, vocab), random encoder and predictor outputs of ``width``; ``make_contenders(enc, pred, y, T, U)``
+    gives {name: a function returning the loss}; ``modules``' gradients are cleared after each step.
+    3 warm-up batches, then ``batches`` timed ones, each timed step after an untimed one on the same batch
+    (a contender's first step on new shapes pays the allocator's new segments). Returns rows (case, name,
+    mean ms, peak MB)."""
+    rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
+                      dtype=np.int64)
+    out = []
+    for prec in ("fp32", "bf16"):
+        dtype = torch.float32 if prec == "fp32" else torch.bfloat16
+        torch.manual_seed(0)
+        recs = {}
+        for i in range(3 + batches):
+            r = rows[i * 30:(i + 1) * 30]
+            T, U = torch.tensor(r[:, 0], device="cuda"), torch.tensor(r[:, 1], device="cuda")
+            y = torch.randint(1, vocab, (30, int(U.max())), device="cuda")
+            enc = torch.randn(30, int(T.max()), width, device="cuda", dtype=dtype, requires_grad=True)
+            pred = torch.randn(30, int(U.max()) + 1, width, device="cuda", dtype=dtype, requires_grad=True)
+            for name, loss_fn in make_contenders(enc, pred, y, T, U).items():
+                def step():
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=prec == "bf16"):
+                        loss = loss_fn()
+                    loss.backward()
+                    enc.grad = pred.grad = None
+                    for m in modules:
+                        m.zero_grad(set_to_none=True)
+                ms, _ = cuda_ms(step, warmup=1, reps=1)  # resets the peak counter before the timed step
+                peak = torch.cuda.max_memory_allocated() / 2**20
+                if i >= 3:
+                    recs.setdefault(name, []).append((ms, peak))
+            del enc, pred
+        for name, v in recs.items():
+            out.append((f"Protocol A step {prec} ({label})", name,
+                        statistics.fmean(m for m, _ in v), max(p for _, p in v)))
+    return out
+
+
+def cpu_pairs(case, losses, reps=11):
+    """CPU forward and backward of each loss in ``losses`` = [(name, logits, fn(logits) -> loss)], the steps
+    alternating (a loaded machine slows both alike): rows (case, name, median ms, None), and the median of
+    the per-pair ratios of the second to the first, printed."""
+    steps = []
+    for _, x, fn in losses:
+        def step(x=x, fn=fn):
+            x.grad = None
+            t0 = time.perf_counter()
+            fn(x).backward()
+            return (time.perf_counter() - t0) * 1e3
+        step()
+        steps.append(step)
+    times = [[] for _ in steps]
+    for _ in range(reps):
+        for k, step in enumerate(steps):
+            times[k].append(step())
+    ratio = statistics.median(b / a for a, b in zip(times[0], times[1]))
+    print(f"  CPU {losses[1][0]} / {losses[0][0]}: {ratio:.2f}x (median of {reps} alternating pairs)")
+    return [(case, name, statistics.median(t), None) for (name, _, _), t in zip(losses, times)]
+
+
+def main(description, loss_alone, protocol_a_rows, cpu):
+    """The scripts' command line (``--cpu-only``) and their table."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu-only", action="store_true")
+    a = p.parse_args()
+    results = []
+    if torch.cuda.is_available() and not a.cpu_only:
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+        results += loss_alone()
+        results += protocol_a_rows()
+    results += cpu()
+    print(f"{'case':<52} {'contender':<42} {'ms':>9} {'MB':>9}")
+    for case, name, ms, mb in results:
+        print(f"{case:<52} {name:<42} {ms:9.2f} {'' if mb is None else f'{mb:9.0f}'}")
