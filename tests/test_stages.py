@@ -625,17 +625,22 @@ def test_stages_need_out_for_a_tile(device):
         stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, LossOptions(durations=(0, 1)), 2)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_pack_forward_into_a_wider_matrix(device):
-    """The stages' pack_forward(out=): written into the first J columns of a wider matrix (the fused loss's
-    hidden rows with a column of ones), the rest untouched; a wrong shape or dtype is a ValueError."""
-    gen = torch.Generator().manual_seed(590)
+def pack_batch(device, seed):
+    """Encoder and predictor outputs (width 12) of 5 utterances with T_b = 1 and U_b = 0 among them, their
+    stages, layout and row count."""
+    gen = torch.Generator().manual_seed(seed)
     _, T, U = random_targets(gen, 5, 8, 4, 17, 0, edges=True)
     enc, pred = (torch.randn(5, n, 12, generator=gen, dtype=torch.float64) for n in (8, 5))  # maxT, maxU + 1
     enc, pred, T, U = to_device(device, enc, pred, T, U)
     stages = stages_for(enc.device)
-    layout = stages.layout(T, U, pred.size(1))
-    rows = int((T * (U + 1)).sum())
+    return enc, pred, T, U, stages, stages.layout(T, U, pred.size(1)), int((T * (U + 1)).sum())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pack_forward_into_a_wider_matrix(device):
+    """The stages' pack_forward(out=): written into the first J columns of a wider matrix (the fused loss's
+    hidden rows with a column of ones), the rest untouched; a wrong shape or dtype is a ValueError."""
+    enc, pred, T, U, stages, layout, rows = pack_batch(device, 590)
     want = torch.tanh(pack(enc, pred, T, U))
     wide = torch.full((rows, enc.size(2) + 5), 7.0, dtype=enc.dtype, device=enc.device)
     got = stages.pack_forward(enc, pred, layout, rows, 0, "tanh", wide[:, :enc.size(2)])
@@ -653,13 +658,7 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
     """The stages' pack_backward_add over a tile that splits utterances: the sums of grad_rows * act'(h), h
     recomputed from inputs = (encoder_out, predictor_out), equal autograd's through act(pack(...)); with an
     activation and no inputs, a ValueError."""
-    gen = torch.Generator().manual_seed(595)
-    _, T, U = random_targets(gen, 5, 8, 4, 17, 0, edges=True)
-    enc, pred = (torch.randn(5, n, 12, generator=gen, dtype=torch.float64) for n in (8, 5))  # maxT, maxU + 1
-    enc, pred, T, U = to_device(device, enc, pred, T, U)
-    stages = stages_for(enc.device)
-    layout = stages.layout(T, U, pred.size(1))
-    rows = int((T * (U + 1)).sum())
+    enc, pred, T, U, stages, layout, rows = pack_batch(device, 595)
     start, end = 3, rows - 2
     grad_rows = torch.randn(end - start, enc.size(2), dtype=enc.dtype, generator=torch.Generator().manual_seed(5))
     grad_rows = grad_rows.to(device)
