@@ -11,7 +11,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from _batches import DEVICES, random_targets
-from transducer import FusedJoinerLoss, fused_joiner_loss, pack, tdt_loss, transducer_loss
+from transducer import FusedJoinerLoss, fused_joiner_loss, multiblank_loss, pack, tdt_loss, transducer_loss
 
 
 def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):
@@ -149,25 +149,37 @@ def test_mixed_dtypes_promote_as_the_sum_does(device, dtypes):
 @pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
                                     (torch.bfloat16, torch.bfloat16)], ids=["fp32", "fp32-bf16", "bf16"])
 @pytest.mark.parametrize("J", [64, 36, 35])  # the pack passes' vectors: 8, 4 and 1 elements
-def test_autocast_inputs_as_models_give_them(device, dtypes, J):
+@pytest.mark.parametrize("loss", ["rnnt", "tdt", "multiblank"])
+def test_autocast_inputs_as_models_give_them(device, dtypes, J, loss):
     """Under bf16 autocast, encoder and predictor outputs as models give them (fp32 after a LayerNorm, bf16
     after an LSTM or a Linear, mixed): the fused loss computes what the unfused composition computes under
     the same autocast (the sum and act in the promoted dtype, the GEMMs in bf16, the loss in fp32), within
     twice the unfused path's distance from the float64 loss of the same inputs; gradients in each input's
-    dtype."""
+    dtype. TDT: 3 duration rows after the 100 token rows; multi-blank: 2 big blanks and the blank after them."""
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(547, B=6, max_t=20, max_u=8, J=J, V=100,
                                                              device=device, dtype=torch.float32)
     enc = enc.detach().to(dtypes[0]).requires_grad_()
     pred = pred.detach().to(dtypes[1]).requires_grad_()
+    options, loss_fn = {}, transducer_loss
+    if loss != "rnnt":
+        gen = torch.Generator().manual_seed(548)
+        weight = torch.cat([weight.detach(), 0.5 * torch.randn(3, J, generator=gen).to(device)]).requires_grad_()
+        bias = torch.cat([bias.detach(), torch.randn(3, generator=gen).to(device)]).requires_grad_()
+        if loss == "tdt":
+            options, loss_fn = dict(durations=[0, 1, 2], sigma=0.05), tdt_loss
+        else:
+            options, loss_fn = dict(blank=-1, big_blank_durations=[2, 3], sigma=0.05), multiblank_loss
     params = (enc, pred, weight, bias)
+
+    def unfused_(e, p, W, b):
+        return loss_fn(F.linear(torch.tanh(pack(e, p, T, U)), W, b), targets, T, U, **options)
 
     def run(fn, autocast, inputs=params):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             loss = fn(*inputs)
         return loss.detach(), torch.autograd.grad(loss, inputs)
 
-    fused = lambda e, p, W, b: fused_joiner_loss(e, p, W, b, targets, T, U, max_rows=50)  # noqa: E731
-    unfused_ = lambda e, p, W, b: unfused(e, p, W, b, targets, T, U)  # noqa: E731
+    fused = lambda e, p, W, b: fused_joiner_loss(e, p, W, b, targets, T, U, max_rows=50, **options)  # noqa: E731
     exact = [x.detach().double().requires_grad_() for x in params]
     ref_loss, ref_grads = run(unfused_, False, exact)
     un_loss, un_grads = run(unfused_, True)
