@@ -461,7 +461,7 @@ def train(a, dist, t_start):
                        fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty,
                        big_blank_durations=a.big_blank_durations).to(device)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
-        f"{a.predictor} predictor, {a.joiner} joiner, {a.loss.upper()} loss, device {device}, world {dist.world}")
+        f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
                             seed=a.seed, rank=dist.rank, world=dist.world)

@@ -230,7 +230,7 @@ def _bad(**change):
     (dict(big_blank_durations=[2.5]), ValueError, "big_blank_durations: expected a sequence of ints"),
     (dict(big_blank_durations=[2, 3, 4], blank=2), ValueError, "3 big blanks sit in the columns"),
     (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\)"),
-    (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
+    (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
     (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(targets=torch.full((5, 3), 7)), ValueError, r"equal to a blank \(6 ... 8\)"),
     (dict(targets=torch.full((5, 3), 6)), ValueError, r"equal to a blank \(6 ... 8\)"),

@@ -1,5 +1,5 @@
-"""The regularisers and losses against the peers that define them, on the GPU machine (skipped where the peers
-are not importable: see ../shared/peers/README.md): k2's delay penalty (fast_rnnt.rnnt_loss), warp-rnnt's
+"""The regularisers and losses against the peers that define them, on a CUDA machine (skipped where the peers
+are not importable: benchmarks/README.md says how to install them): k2's delay penalty (fast_rnnt.rnnt_loss), warp-rnnt's
 FastEmit (its gradient w.r.t. the log-probabilities it takes), NeMo's TDT and multi-blank losses."""
 
 import importlib.util
@@ -65,7 +65,7 @@ def test_fastemit_matches_warp_rnnt(fastemit_lambda):
 @pytest.mark.parametrize("sigma", [0.0, 0.05])
 def test_tdt_matches_nemo(sigma):
     import numpy as np
-    if not hasattr(np, "row_stack"):  # NeMo 3.0's numba loss still calls it (../shared/peers/README.md)
+    if not hasattr(np, "row_stack"):  # NeMo 3.0's numba loss still calls it
         np.row_stack = np.vstack
     nemo = peer("nemo.collections.asr.parts.numba.rnnt_loss")
     from transducer import tdt_loss
@@ -94,7 +94,7 @@ def test_multiblank_matches_nemo(seed):
     # NeMo's MultiblankRNNTLossNumba (big blank i in column blank - 1 - i, as its kernel reads it), on random
     # ragged batches with T_b = 1, U_b = 0 and T_b shorter than a big blank; its reduction "none" is per utterance
     import numpy as np
-    if not hasattr(np, "row_stack"):  # NeMo 3.0's numba loss still calls it (../shared/peers/README.md)
+    if not hasattr(np, "row_stack"):  # NeMo 3.0's numba loss still calls it
         np.row_stack = np.vstack
     nemo = peer("nemo.collections.asr.parts.numba.rnnt_loss")
     from transducer import multiblank_loss
@@ -118,3 +118,8 @@ def test_multiblank_matches_nemo(seed):
     for b in range(B):
         torch.testing.assert_close(x.grad[b, :T[b], :U[b] + 1], nemo_in.grad[b, :T[b], :U[b] + 1], rtol=1e-4,
                                    atol=1e-5)
+    # its reduction "mean" is the batch's sum over B, as ours (NeMo's RNNTLoss divides by target lengths)
+    mean = nemo.MultiblankRNNTLossNumba(blank=V - 1, big_blank_durations=big, reduction="mean", sigma=sigma)(
+        logits.clone(), targets.long(), T.long(), U.long())
+    torch.testing.assert_close(multiblank_loss(logits, targets, T, U, big, blank=-1, sigma=sigma).reshape(()),
+                               mean.float().reshape(()), rtol=1e-5, atol=1e-4)

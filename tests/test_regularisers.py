@@ -72,7 +72,7 @@ def test_clamp_clamps_the_unit_gradient_then_scales(device, from_log_softmax):
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(clamp="1"), TypeError, "clamp: expected a number"),
     (dict(fastemit_lambda=-0.1), ValueError, "fastemit_lambda: expected a number >= 0"),
-    (dict(fastemit_lambda=math.nan), TypeError, "fastemit_lambda: expected a number"),
+    (dict(fastemit_lambda=math.nan), ValueError, "fastemit_lambda: expected a number, not NaN"),
     (dict(delay_penalty=None), TypeError, "delay_penalty: expected a number"),
     (dict(delay_penalty=True), TypeError, "delay_penalty: expected a number"),
     (dict(delay_penalty=-math.inf), ValueError, "delay_penalty: expected a finite number"),

@@ -231,7 +231,7 @@ def _bad(**change):
     (dict(blank=-10), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
     (dict(omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(sigma="a"), TypeError, "sigma: expected a number"),
-    (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
+    (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
     (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(omega="0.1"), TypeError, "omega: expected a number"),
     (dict(durations=3), ValueError, "durations: durations must be a sequence of ints"),
@@ -252,7 +252,7 @@ def test_bad_input(change, error, match):
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(durations=[1, 1]), ValueError, "durations: durations must be distinct"),
     (dict(sigma="x"), TypeError, "sigma: expected a number"),
-    (dict(sigma=math.nan), TypeError, "sigma: expected a number"),
+    (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
     (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(omega="x"), TypeError, "omega: expected a number"),
     (dict(blank=1.5), ValueError, "blank: expected an int"),

@@ -149,7 +149,7 @@ def check_big_blank_durations(big_blank_durations, blank, device=None):
         raise ValueError(f"{name}: expected distinct ints >= 2 (the standard blank has duration 1), got {list(ds)}")
     if blank is not None and blank - len(ds) < 0:
         raise ValueError(f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
-                         f"do not fit before blank = {blank}")
+                         f"do not fit before the blank's column {blank}")
     if device is not None and device.type == "cuda" and len(ds) > MAX_DURATIONS - 2:
         raise ValueError(f"{name}: at most {MAX_DURATIONS - 2} big blanks on CUDA, got {len(ds)}")
     return ds
@@ -181,8 +181,10 @@ def check_reduction(reduction):
 
 
 def _number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a number, got {value!r}")
+    if math.isnan(value):
+        raise ValueError(f"{name}: expected a number, not NaN")
 
 
 def check_options(clamp, fastemit_lambda, delay_penalty):

@@ -112,8 +112,9 @@ def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_du
             (NeMo's models put it last: ``-1``). No default.
         sigma (float, optional): logit under-normalisation: every log-prob is ``log_softmax - sigma``.
             (Default: ``0.0``)
-        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch; NeMo's
-            ``"mean"`` divides each loss by its target length first). (Default: ``"mean"``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as
+            NeMo's ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length
+            first). (Default: ``"mean"``)
         fastemit_lambda (float, optional): the gradient w.r.t. every label log-prob times ``1 + fastemit_lambda``
             (FastEmit; the loss value is unchanged). (Default: ``0.0``)
         clamp (float, optional): if > 0, each gradient element (for a unit incoming gradient) is clamped to

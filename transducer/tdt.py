@@ -156,8 +156,9 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
         omega (float, optional): in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the
             plain RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it).
             (Default: ``0.0``)
-        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch; NeMo and
-            transformers divide by the target lengths first). (Default: ``"mean"``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
+            ``TDTLossNumba``; NeMo's ``RNNTLoss`` and transformers divide by the target lengths first).
+            (Default: ``"mean"``)
         fastemit_lambda (float, optional): the gradient w.r.t. every label token log-prob times
             ``1 + fastemit_lambda`` (FastEmit; the value is unchanged). (Default: ``0.0``)
         clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
