@@ -42,11 +42,10 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # Our variants: add a line to benchmark another option of TransducerLoss. step_only: a Protocol A variant only
 # (inplace_grad writes the gradient over the logits, which must be an op's output: the joiner's, in a step).
 OURS = [
-    dict(name="ours compact", layout="compact", kwargs={}, clobbers=False),
-    dict(name="ours padded", layout="padded", kwargs={}, clobbers=False),
-    dict(name="ours compact no-check", layout="compact", kwargs={"check_inputs": False}, clobbers=False),
-    dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, clobbers=False,
-         step_only=True),
+    dict(name="ours compact", layout="compact", kwargs={}),
+    dict(name="ours padded", layout="padded", kwargs={}),
+    dict(name="ours compact no-check", layout="compact", kwargs={"check_inputs": False}),
+    dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, step_only=True),
 ]
 # Protocol A's precisions: the encoder and predictor outputs' dtype and the autocast dtype (None: no autocast)
 PRECISIONS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, torch.bfloat16),
@@ -147,7 +146,7 @@ def fused_contender():
         err = short_error(e)
     joiner_loss = lambda enc, pred, joiner, bt: transducer.fused_joiner_loss(  # noqa: E731
         enc, pred, joiner.weight, joiner.bias, bt.tgt, bt.T, bt.U, reduction="sum")
-    return dict(name="ours fused joiner", layout="compact", peer=False, error=err, clobbers=False,
+    return dict(name="ours fused joiner", layout="compact", peer=False, error=err,
                 joiner_loss=joiner_loss, loss=None, pack=None)
 
 
@@ -157,8 +156,7 @@ def k2_pruned_contender(width, vocab, dev):
     try:
         import fast_rnnt
     except Exception as e:
-        return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error="not installed: " + short_error(e),
-                    clobbers=False, loss=None, pack=None)
+        return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error="not installed: " + short_error(e), loss=None, pack=None)
     torch.manual_seed(2)
     am_proj, lm_proj = torch.nn.Linear(width, vocab).to(dev), torch.nn.Linear(width, vocab).to(dev)
 
@@ -174,7 +172,7 @@ def k2_pruned_contender(width, vocab, dev):
         pruned = fast_rnnt.rnnt_loss_pruned(logits=logits.float(), symbols=bt.tgt, ranges=ranges, termination_symbol=0,
                                             boundary=boundary, reduction="sum")
         return 0.5 * simple + pruned
-    return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error=None, clobbers=False,
+    return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error=None,
                 joiner_loss=joiner_loss, loss=None, pack=None)
 
 
@@ -185,7 +183,7 @@ JOINER_ALONE = "joiner alone (no loss)"
 
 def joiner_alone_contender():
     import transducer
-    return dict(name=JOINER_ALONE, layout="compact", peer=False, error=None, clobbers=False,
+    return dict(name=JOINER_ALONE, layout="compact", peer=False, error=None,
                 pack=lambda enc, pred, bt: transducer.pack(enc, pred, bt.T, bt.U),
                 loss=lambda x, bt: x.float().sum())
 
@@ -226,7 +224,7 @@ def peer_contenders(cuda):
         except Exception as e:
             out.append(dict(name="warprnnt_numba", layout="padded", loss=None, error="not installed: " + short_error(e)))
     for c in out:
-        c.update(peer=True, pack=pack, clobbers=False)
+        c.update(peer=True, pack=pack)
     return out
 
 
@@ -274,7 +272,7 @@ def loss_alone(cands, bt, warmup, reps, cuda):
                 continue
             if i == 0:
                 log(f"  {c['name']} ...")
-            x = master.detach().clone() if c["clobbers"] else master
+            x = master
             x.requires_grad_(True)
             x.grad = None
 
@@ -647,7 +645,8 @@ def md_block(res, rows):
               "everything the step allocates (joiner activations, logits, loss workspace, gradients of logits, "
               "encoder/predictor outputs and weights); it excludes CuPy's own memory pool (shown as +cupy pool when used) "
               "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast, bf16-fp32in "
-              "runs fp32 ones (ours only); peers without bf16 get logits cast to fp32. Padded paths build the joiner over (B, maxT, maxU+1, 512). Peers' compact "
+              "runs fp32 ones (ours only); peers without bf16 get logits cast to fp32. Padded paths build the joiner "
+              "over (B, maxT, maxU+1, 512). Peers' compact "
               "input comes from a plain-torch gather. Targets apply to ours compact; padded lines are for information.",
               "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
               "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
