@@ -72,9 +72,9 @@ __device__ __forceinline__ bf16_t from_acc<bf16_t>(float x) {
 }
 
 // *p loaded through the read-only data path (ld.global.nc), for any T of 1, 2, 4, 8, 16 or 32 bytes (a scalar,
-// a 16-bit float, a Vec; 32 bytes: two loads, 16-byte aligned): what a `const T* __restrict__` kernel parameter gives the compiler leave to do,
-// for data that arrives in a parameter struct, where it cannot see that nothing else writes it. Only for
-// memory that no thread writes while the kernel runs.
+// a 16-bit float, a Vec; 32 bytes: two loads, 16-byte aligned): what a `const T* __restrict__` kernel
+// parameter gives the compiler leave to do, for data that arrives in a parameter struct, where it cannot see
+// that nothing else writes it. Only for memory that no thread writes while the kernel runs.
 template <int BYTES>
 struct Word;  // the type __ldg loads for BYTES bytes
 template <>

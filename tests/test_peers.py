@@ -1,6 +1,7 @@
 """The regularisers and losses against the peers that define them, on a CUDA machine (skipped where the peers
-are not importable: benchmarks/README.md says how to install them): k2's delay penalty (fast_rnnt.rnnt_loss), warp-rnnt's
-FastEmit (its gradient w.r.t. the log-probabilities it takes), NeMo's TDT and multi-blank losses."""
+are not importable: benchmarks/README.md says how to install them): k2's delay penalty
+(fast_rnnt.rnnt_loss), warp-rnnt's FastEmit (its gradient w.r.t. the log-probabilities it takes), NeMo's TDT
+and multi-blank losses."""
 
 import importlib.util
 
