@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
 // MULTIBLANK: the multi-blank lattice (transducer/layout.py) on the same walk. `durations` are then
 // (0, 1, d_1, ..., d_K) and `lp_dur` (N, K) the big blanks' log-probs: blank arcs of duration 1 weigh lp's
 // blank entry, those of duration d_i the big blank's; the one label arc has duration 0 and weighs lp's label
-// entry (td::MultiblankArcs).
+// entry (td::Arcs<Acc, true>).
 template <typename Acc>
 struct TdtWalkParams {
   td::Grids grids;
