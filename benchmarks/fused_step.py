@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""The fused joiner + loss step against its floor, the four GEMMs it cannot avoid, and NeMo's Flash RNN-T.
+
+    python benchmarks/fused_step.py                       # every case
+    python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt)
+    python benchmarks/fused_step.py --profile             # and the kernels of one step of each of ours
+
+The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and
+again in backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step
+runs (V padded as the step pads it, the GEMMs' dtype). Floor and steps are timed in turns, several rounds,
+and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under
+1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
+precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during
+it beyond its inputs. Our step runs with the GEMMs that hold the loss in their epilogue (Triton) and with
+cuBLAS GEMMs between the CUDA stages (TRANSDUCER_EPILOGUE_GEMMS=0's path).
+
+Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: no autocast):
+    protocol-a     LibriSpeech train-clean-100 batches of 30 (benchmarks/data), 512 -> 500, tanh
+    flash          Flash RNN-T's own benchmark shape: B 32, T <= 400, U <= 128, 640 -> 1024, tanh
+    parakeet-tdt   Parakeet-TDT-0.6B's joint: B 16, T 375, U 100, 640 -> 8193 + 5 durations, relu
+"""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from transducer import fused, fused_joiner_loss  # noqa: E402
+
+ROUNDS = 5
+
+
+def gpu_clock():
+    """The SM clock (MHz) and temperature (C) nvidia-smi reads now, as text."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.replace(", ", " MHz, ") + " C" if out else "?"
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def timed(fn):
+    """(ms, peak MB beyond what was allocated before) of one call of fn on the current stream."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    fn()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1), (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def padded_rows(rows):
+    """The projection's rows as the fused step pads them (transducer/fused.py: _projection)."""
+    return rows + next(p for p in (-rows % m for m in (128, 8)) if p <= 0.03 * rows or p < 8)
+
+
+def floor_gemms(N, J, rows, dtype):
+    """The four GEMMs of a fused step over N rows, J -> rows (padded as the step pads them), in ``dtype``."""
+    Vp = padded_rows(rows)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    H = torch.randn(N, J, device="cuda", dtype=dtype, generator=g)
+    W = torch.randn(Vp, J, device="cuda", dtype=dtype, generator=g)
+    G = torch.randn(N, Vp, device="cuda", dtype=dtype, generator=g)
+
+    def run():
+        torch.mm(H, W.t())
+        torch.mm(H, W.t())
+        torch.mm(G, W)
+        torch.mm(G.t(), H)
+    return run
+
+
+class NemoLikeJoint(torch.nn.Module):
+    """What Flash RNN-T reads of NeMo's RNNTJoint: identity projections, joint_net[-1] the output Linear."""
+
+    def __init__(self, linear, activation):
+        super().__init__()
+        self.joint_net = torch.nn.ModuleList([linear])
+        self.activation, self.dropout, self.masking_prob, self.num_extra_outputs = activation, 0.0, 0.0, 0
+        self.num_classes_with_blank, self.log_softmax, self.temperature = linear.out_features, False, 1.0
+
+    def project_encoder(self, x):
+        return x
+
+    def project_prednet(self, x):
+        return x
+
+    def is_adapter_available(self):
+        return False
+
+
+def flash_loss():
+    """NeMo's Flash RNN-T (benchmarks/README.md: from ../shared/peers), or None."""
+    try:
+        from nemo.collections.asr.losses.flash_rnnt import FlashRNNTLoss
+        return FlashRNNTLoss
+    except Exception as e:  # noqa: BLE001
+        print(f"Flash RNN-T: not importable ({type(e).__name__}: {str(e)[:100]})")
+        return None
+
+
+def batches(case, count, seed=0):
+    """(T, U) lists of ``count`` batches of the case."""
+    rng = np.random.default_rng(seed)
+    if case == "protocol-a":
+        rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
+                          dtype=np.int64)
+        return [(rows[i * 30:(i + 1) * 30, 0], rows[i * 30:(i + 1) * 30, 1]) for i in range(count)]
+    if case == "flash":
+        return [(rng.integers(200, 401, 32), rng.integers(64, 129, 32)) for _ in range(count)]
+    return [(np.full(16, 375), np.full(16, 100)) for _ in range(count)]
+
+
+CASES = {  # J, token columns, durations, activation, precisions
+    "protocol-a": (512, 500, None, "tanh", ("bf16", "bf16-fp32in", "fp32")),
+    "flash": (640, 1024, None, "tanh", ("bf16", "fp32")),
+    "parakeet-tdt": (640, 8193, [0, 1, 2, 3, 4], "relu", ("bf16",)),
+}
+
+
+def run_case(case, prec, count, profile, flash):
+    J, V, durations, activation, _ = CASES[case]
+    in_dtype = torch.float32 if prec != "bf16" else torch.bfloat16
+    autocast = prec != "fp32"
+    gemm_dtype = torch.bfloat16 if autocast else torch.float32
+    rows = V + len(durations or [])
+    blank = V - 1  # Flash RNN-T's blank is the last token column
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(J, rows, device="cuda")
+    joint = NemoLikeJoint(linear, activation)
+    flash_mod = flash(blank=blank) if flash and not durations else None
+    results = {}
+    for T, U in batches(case, count):
+        B = len(T)
+        N = int((T * (U + 1)).sum())
+        Tt, Ut = torch.tensor(T, device="cuda"), torch.tensor(U, device="cuda")
+        y = torch.randint(0, V - 1, (B, int(U.max())), device="cuda")
+        enc = torch.randn(B, int(T.max()), J, device="cuda", dtype=in_dtype, requires_grad=True)
+        pred = torch.randn(B, int(U.max()) + 1, J, device="cuda", dtype=in_dtype, requires_grad=True)
+        options = dict(durations=durations, sigma=0.05) if durations else {}
+
+        def ours(epilogue):
+            def step():
+                fused.EPILOGUE_GEMMS = epilogue
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    loss = fused_joiner_loss(enc, pred, linear.weight, linear.bias, y, Tt, Ut, activation=activation,
+                                             blank=blank, reduction="sum", **options)
+                loss.backward()
+                enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
+            return step
+
+        steps = {"floor (4 GEMMs)": floor_gemms(N, J, rows, gemm_dtype), "ours fused": ours(True),
+                 "ours fused, cuBLAS + CUDA stages": ours(False)}
+        if flash_mod is not None:
+            def flash_step():
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    loss = flash_mod(joint, enc, pred, y, Tt, Ut).sum()
+                loss.backward()
+                enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
+            steps["Flash RNN-T"] = flash_step
+        for fn in steps.values():
+            fn()  # compile, allocate
+        best = {name: (float("inf"), 0.0) for name in steps}
+        for _ in range(ROUNDS):
+            for name, fn in steps.items():
+                ms, mb = timed(fn)
+                best[name] = (min(best[name][0], ms), max(best[name][1], mb))
+        for name, (ms, mb) in best.items():
+            r = results.setdefault(name, [0.0, 0.0, 0])
+            r[0] += ms
+            r[1] = max(r[1], mb)
+            r[2] += N
+        if profile:
+            for name in ("ours fused", "ours fused, cuBLAS + CUDA stages"):
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    steps[name]()
+                    torch.cuda.synchronize()
+                print(f"--- {case} {prec} {name}, N = {N}")
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+            profile = False
+        del enc, pred, steps
+    fused.EPILOGUE_GEMMS = True
+    floor = results["floor (4 GEMMs)"][0]
+    print(f"\n{case} {prec} ({count} batches, {results['floor (4 GEMMs)'][2] // count} rows a batch on average; "
+          f"clock {gpu_clock()})")
+    for name, (ms, mb, _) in results.items():
+        print(f"  {name:<36} {ms / count:8.2f} ms  {ms / floor:5.2f}x floor  {mb:8.0f} MB")
+    return {name: (ms / count, mb) for name, (ms, mb, _) in results.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--no-flash", action="store_true")
+    p.add_argument("--precisions", nargs="*", default=None, help="of each case's: bf16, bf16-fp32in, fp32")
+    a = p.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {gpu_clock()}")
+    flash = None if a.no_flash else flash_loss()
+    for case in a.cases:
+        for prec in CASES[case][4]:
+            if a.precisions and prec not in a.precisions:
+                continue
+            run_case(case, prec, a.batches, a.profile, flash)
+
+
+if __name__ == "__main__":
+    main()
