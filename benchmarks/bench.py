@@ -10,6 +10,9 @@ Protocol A: training step (joiner + loss + backward) on LibriSpeech (T, U) batch
 step on a batch follows an untimed one on the same batch. Precisions: fp32; bf16 autocast with bf16 encoder
 and predictor outputs; bf16 autocast with fp32 ones (a Conformer ending in a LayerNorm), ours only.
 Protocol B: the loss alone at three shapes, against a copy-bandwidth floor.
+F:          the fused joiner + loss step against its floor, its four GEMMs timed alone at the sizes it runs, in
+            turns with it (benchmarks/fused_step.py, in a process of its own), and NeMo's Flash RNN-T beside it
+            where --flash-rnnt names its folder.
 scale:      one compact fp16 case with more than 2^31 logit elements.
 CPU:        our CPU path against torchaudio's CPU loss.
 Measurements go to results.json (raw); rows, targets and pass/miss are derived from
@@ -601,9 +604,41 @@ def rows_cpu(sec):
     return out
 
 
+def protocol_f(args):
+    """benchmarks/fused_step.py's cases in a process of its own (Flash RNN-T shadows NeMo's numba losses)."""
+    out = args.out / "fused_step.json"
+    env = dict(os.environ)
+    if args.flash_rnnt:
+        env["PYTHONPATH"] = os.pathsep.join([str(args.flash_rnnt)] + [p for p in [env.get("PYTHONPATH")] if p])
+    cmd = [sys.executable, str(HERE / "fused_step.py"), "--json", str(out), "--batches", str(args.f_batches)]
+    if not args.flash_rnnt:
+        cmd.append("--no-flash")
+    log(f"[F] {' '.join(cmd)}")
+    subprocess.run(cmd, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def rows_f(sec):
+    out = []
+    for c in sec["cases"]:
+        floor = c["contenders"]["floor (4 GEMMs)"]["time_ms"]
+        flash = c["contenders"].get("Flash RNN-T", {}).get("time_ms")
+        name = f"{c['case']} {c['precision']}, {c['rows']} rows, {c['J']} -> {c['V']}" + (
+            f" + {len(c['durations'])}" if c.get("durations") else "")
+        for who, r in c["contenders"].items():
+            t = r["time_ms"]
+            vs = f"{t / floor:.2f}x floor"
+            if who == "ours fused" and flash:
+                vs += f", {flash / t:.2f}x faster than Flash RNN-T"
+            out.append(row("F", name, who, dict(r, status="ok"), f"peak {r['peak_mb']:.0f} MB", vs, None, t / floor,
+                           r["peak_mb"]))
+    return out
+
+
 def build_rows(res):
     s = res["sections"]
-    return ((rows_a(s["A"]) if "A" in s else []) + (rows_b(s["B"]) if "B" in s else [])
+    return ((rows_a(s["A"]) if "A" in s else []) + (rows_f(s["F"]) if "F" in s else [])
+            + (rows_b(s["B"]) if "B" in s else [])
             + (rows_scale(s["scale"]) if "scale" in s else []) + (rows_cpu(s["CPU"]) if "CPU" in s else []))
 
 
@@ -648,6 +683,10 @@ def md_block(res, rows):
               "runs fp32 ones (ours only); peers without bf16 get logits cast to fp32. Padded paths build the joiner "
               "over (B, maxT, maxU+1, 512). Peers' compact "
               "input comes from a plain-torch gather. Targets apply to ours compact; padded lines are for information.",
+              "- F: the fused step (forward under the precision's autocast and backward) against its floor, the four "
+              "GEMMs it cannot avoid (the logits in forward and again in backward's recompute, dH and dW) timed alone "
+              "at its sizes; floor and steps in turns, each one's minimum over the rounds, summed over the batches "
+              "(benchmarks/fused_step.py). Peak: memory allocated during the step beyond its inputs.",
               "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
               "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
               "includes the gradient itself; grad = size of the layout's gradient. Targets apply to ours compact.",
@@ -742,7 +781,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md, results.png, results.json go")
     ap.add_argument("--cpu-only", action="store_true", help="only the CPU comparison")
-    ap.add_argument("--only", default="", help="comma list of sections to run: A,B,scale,CPU")
+    ap.add_argument("--only", default="", help="comma list of sections to run: A,F,B,scale,CPU")
     ap.add_argument("--from-json", type=Path, help="render RESULTS.md / results.png from this raw json, run nothing")
     ap.add_argument("--a-batch", type=int, default=A_BATCH)
     ap.add_argument("--a-warmup", type=int, default=A_WARMUP)
@@ -751,6 +790,8 @@ def main():
     ap.add_argument("--a-vocab", type=int, default=A_VOCAB)
     ap.add_argument("--a-precisions", default=",".join(PRECISIONS))
     ap.add_argument("--b-dtypes", default="fp32,fp16")
+    ap.add_argument("--f-batches", type=int, default=4, help="F: batches of each case")
+    ap.add_argument("--flash-rnnt", type=Path, help="F: the folder that holds NeMo's Flash RNN-T (its nemo package)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny sizes, every section, on CUDA if present else CPU: checks the script, not the library")
     args = ap.parse_args()
@@ -773,9 +814,9 @@ def main():
         cuda = torch.cuda.is_available() and not args.cpu_only
         dev = "cuda" if cuda else "cpu" if args.smoke else None
         want = {s.strip() for s in args.only.split(",") if s.strip()} or \
-            ({"CPU"} if args.cpu_only else {"A", "B", "scale", "CPU"} if dev else {"CPU"})
-        if want - {"A", "B", "scale", "CPU"}:
-            ap.error(f"--only: unknown sections {sorted(want - {'A', 'B', 'scale', 'CPU'})}")
+            ({"CPU"} if args.cpu_only else {"A", "F", "B", "scale", "CPU"} if dev else {"CPU"})
+        if want - {"A", "F", "B", "scale", "CPU"}:
+            ap.error(f"--only: unknown sections {sorted(want - {'A', 'F', 'B', 'scale', 'CPU'})}")
         if not dev and want - {"CPU"}:
             log(f"no CUDA device: skipping {sorted(want - {'CPU'})}")
         meta, new, t0 = versions(), {"sections": {}}, time.perf_counter()
@@ -783,6 +824,8 @@ def main():
         secs = new["sections"]
         if dev and "A" in want:
             secs["A"] = protocol_a(args, dev)
+        if cuda and "F" in want and not args.smoke:
+            secs["F"] = protocol_f(args)
         if dev and ("B" in want or "scale" in want):
             secs["B"] = protocol_b(args, dev) if "B" in want else dict(copy_gbps=copy_bandwidth(dev), cases=[])
             if "scale" in want:
@@ -796,7 +839,7 @@ def main():
         log(f"bench: {time.perf_counter() - t0:.0f} s")
     # sections not run this time keep their figures from the json already in --out
     merged = {"sections": {**old.get("sections", {}), **new["sections"]}}
-    order = ["A", "B", "scale", "CPU"]
+    order = ["A", "F", "B", "scale", "CPU"]
     merged["sections"] = {k: merged["sections"][k] for k in order if k in merged["sections"]}
     rows = build_rows(merged)
     print(text_table(rows), flush=True)

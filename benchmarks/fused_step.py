@@ -3,7 +3,11 @@
 
     python benchmarks/fused_step.py                       # every case
     python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt)
-    python benchmarks/fused_step.py --profile             # and the kernels of one step of each of ours
+    python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
+    python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
+
+NeMo's Flash RNN-T joins where it imports (its folder first on PYTHONPATH, in a process of its own: it shadows
+NeMo's numba losses; benchmarks/README.md).
 
 The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and
 again in backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step
@@ -11,8 +15,7 @@ runs (V padded as the step pads it, the GEMMs' dtype). Floor and steps are timed
 and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under
 1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
 precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during
-it beyond its inputs. Our step runs with the GEMMs that hold the loss in their epilogue (Triton) and with
-cuBLAS GEMMs between the CUDA stages (TRANSDUCER_EPILOGUE_GEMMS=0's path).
+it beyond its inputs.
 
 Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: no autocast):
     protocol-a     LibriSpeech train-clean-100 batches of 30 (benchmarks/data), 512 -> 500, tanh
@@ -21,6 +24,7 @@ Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: 
 """
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +35,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from transducer import fused, fused_joiner_loss  # noqa: E402
+from transducer import fused_joiner_loss  # noqa: E402
 
 ROUNDS = 5
 
@@ -41,7 +45,7 @@ def gpu_clock():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.replace(", ", " MHz, ") + " C" if out else "?"
+        return f"SM {out.replace(', ', ', ')} C" if out else "?"
     except Exception:  # noqa: BLE001
         return "?"
 
@@ -149,9 +153,8 @@ def run_case(case, prec, count, profile, flash):
         pred = torch.randn(B, int(U.max()) + 1, J, device="cuda", dtype=in_dtype, requires_grad=True)
         options = dict(durations=durations, sigma=0.05) if durations else {}
 
-        def ours(epilogue):
+        def ours():
             def step():
-                fused.EPILOGUE_GEMMS = epilogue
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                     loss = fused_joiner_loss(enc, pred, linear.weight, linear.bias, y, Tt, Ut, activation=activation,
                                              blank=blank, reduction="sum", **options)
@@ -159,8 +162,7 @@ def run_case(case, prec, count, profile, flash):
                 enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
             return step
 
-        steps = {"floor (4 GEMMs)": floor_gemms(N, J, rows, gemm_dtype), "ours fused": ours(True),
-                 "ours fused, cuBLAS + CUDA stages": ours(False)}
+        steps = {"floor (4 GEMMs)": floor_gemms(N, J, rows, gemm_dtype), "ours fused": ours()}
         if flash_mod is not None:
             def flash_step():
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -181,21 +183,22 @@ def run_case(case, prec, count, profile, flash):
             r[1] = max(r[1], mb)
             r[2] += N
         if profile:
-            for name in ("ours fused", "ours fused, cuBLAS + CUDA stages"):
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    steps[name]()
-                    torch.cuda.synchronize()
-                print(f"--- {case} {prec} {name}, N = {N}")
-                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                steps["ours fused"]()
+                torch.cuda.synchronize()
+            print(f"--- {case} {prec}: the kernels of one step, N = {N}")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
             profile = False
         del enc, pred, steps
-    fused.EPILOGUE_GEMMS = True
     floor = results["floor (4 GEMMs)"][0]
-    print(f"\n{case} {prec} ({count} batches, {results['floor (4 GEMMs)'][2] // count} rows a batch on average; "
-          f"clock {gpu_clock()})")
+    rows_avg = results["floor (4 GEMMs)"][2] // count
+    clock = gpu_clock()
+    print(f"\n{case} {prec} ({count} batches, {rows_avg} rows a batch on average; clock {clock})")
     for name, (ms, mb, _) in results.items():
         print(f"  {name:<36} {ms / count:8.2f} ms  {ms / floor:5.2f}x floor  {mb:8.0f} MB")
-    return {name: (ms / count, mb) for name, (ms, mb, _) in results.items()}
+    return dict(case=case, precision=prec, batches=count, rows=rows_avg, clock=clock, J=J, V=V,
+                durations=durations, contenders={name: dict(time_ms=ms / count, peak_mb=mb)
+                                                 for name, (ms, mb, _) in results.items()})
 
 
 def main():
@@ -205,14 +208,18 @@ def main():
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-flash", action="store_true")
     p.add_argument("--precisions", nargs="*", default=None, help="of each case's: bf16, bf16-fp32in, fp32")
+    p.add_argument("--json", type=Path, help="write the figures here")
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {gpu_clock()}")
     flash = None if a.no_flash else flash_loss()
+    out = []
     for case in a.cases:
         for prec in CASES[case][4]:
             if a.precisions and prec not in a.precisions:
                 continue
-            run_case(case, prec, a.batches, a.profile, flash)
+            out.append(run_case(case, prec, a.batches, a.profile, flash))
+    if a.json:
+        a.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), cases=out), indent=1))
 
 
 if __name__ == "__main__":

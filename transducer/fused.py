@@ -29,7 +29,6 @@ forward and one in backward.
 import bisect
 import functools
 import operator
-import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -41,7 +40,6 @@ from ops import accumulate_dtype
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_big_blank_durations, check_blank, check_options,
                      check_reduction, check_sigma, check_tdt_options, check_tensor, is_index)
 from .layout import MAX_ROWS, NUM_STATS, Lattice, Layout, LossOptions, stages_for, table_size
-from . import joiner_gemm
 from .library import Op, lattice_of, lattice_outputs, mixed_nll
 from .loss import _reduce
 from .multiblank import multiblank_lattice
@@ -54,16 +52,6 @@ ACTIVATIONS = ("tanh", "relu", "identity")
 # given: on CUDA smaller tiles cost launches, host time and GEMM efficiency, on the CPU a few thousand rows
 # already keep the GEMMs efficient (the peaks and times: benchmarks/RESULTS.md).
 _TILE_BYTES = {"cuda": 256 << 20, "cpu": 16 << 20}
-#: Whether 16-bit GEMMs take the GEMMs with the loss in their epilogue (transducer/joiner_gemm.py, Triton) where
-#: Triton imports: on CUDA, or on the CPU in Triton's interpreter. TRANSDUCER_EPILOGUE_GEMMS=0 keeps the
-#: cuBLAS GEMMs and the CUDA stages (the path where Triton is missing).
-EPILOGUE_GEMMS = os.environ.get("TRANSDUCER_EPILOGUE_GEMMS", "1") != "0"
-
-
-def epilogue_gemms(device, compute_dtype):
-    """Whether the fused loss on ``device`` with GEMMs in ``compute_dtype`` runs joiner_gemm's kernels."""
-    return (EPILOGUE_GEMMS and compute_dtype in (torch.float16, torch.bfloat16) and joiner_gemm.available()
-            and (device.type == "cuda" or joiner_gemm.interpreted()))
 
 
 def default_max_rows(J, V, itemsize, device_type="cuda"):
@@ -134,22 +122,17 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     lp = new(capacity, 2)
     den = new(capacity, 2) if durations else new(capacity)
     lp_dur = new(capacity, len(durations) or big)  # TDT: the durations' log-probs; multi-blank: the big blanks'
-    if epilogue_gemms(encoder_out.device, compute_dtype):
-        _epilogue_log_probs(stages, encoder_out, predictor_out, weight, bias, targets, layout, options, activation,
-                            compute_dtype, max_rows, num_rows, V, (lp, den, lp_dur))
-    else:
-        Wx, _ = _projection(weight, bias, compute_dtype)
-        for start, end in _tiles(num_rows, max_rows):
-            hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
-            z = F.linear(hx, Wx)
-            if durations:
-                stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, options, start,
-                                     (lp, lp_dur, den))
-            elif big:
-                stages.multiblank_log_probs(z[:, :V], targets, layout, options, start, (lp, den, lp_dur))
-            else:
-                stages.log_probs(z[:, :V], targets, layout, options, start, (lp, den))
-            del hx, z
+    Wx, _ = _projection(weight, bias, compute_dtype)
+    for start, end in _tiles(num_rows, max_rows):
+        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        z = F.linear(hx, Wx)
+        if durations:
+            stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, options, start, (lp, lp_dur, den))
+        elif big:
+            stages.multiblank_log_probs(z[:, :V], targets, layout, options, start, (lp, den, lp_dur))
+        else:
+            stages.log_probs(z[:, :V], targets, layout, options, start, (lp, den))
+        del hx, z
     if durations:
         lattice = tdt_lattice(stages, layout, lp, lp_dur, den, options)
     elif big:
@@ -163,28 +146,10 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     return (mixed_nll(lattice, omega),) + lattice_outputs(lattice)
 
 
-def _epilogue_log_probs(stages, encoder_out, predictor_out, weight, bias, targets, layout, options, activation,
-                        compute_dtype, max_rows, num_rows, V, out):
-    """The log-probs stage's outputs ``out`` = (lp, den, lp_dur) of every row from the logits' statistics that
-    joiner_gemm.logit_stats takes in its epilogue, tile by tile of the hidden."""
-    lp, den, lp_dur = out
-    W, b = _projection(weight, bias, compute_dtype, bias_column=False)
-    rows = joiner_gemm.row_labels(layout, targets, options, num_rows)
-    for start, end in _tiles(num_rows, max_rows):
-        h = encoder_out.new_empty(end - start, W.size(1), dtype=W.dtype)
-        stages.pack_forward(encoder_out, predictor_out, layout, end - start, start, activation, h)
-        joiner_gemm.logit_stats(h, W, b, rows, options, V, start, lp, den, lp_dur)
-        del h
-    if options.durations:  # the extra columns' raw logits become their log-probs, as the log-probs stages give them
-        lp_dur[:num_rows] -= den[:num_rows, 1:]
-    elif options.big_blank_durations:
-        lp_dur[:num_rows] -= den[:num_rows, None] + options.sigma
-
-
 _ROW_MULTIPLES = (128, 8)  # the projection's rows are padded to a multiple of the first that costs <= 3%
 
 
-def _projection(weight, bias, compute_dtype, bias_column=True):
+def _projection(weight, bias, compute_dtype):
     """(Wx, W): the output projection in the compute dtype, and with a bias Wx = [W | b | 0] (the bias as
     column J, zero columns up to a multiple of 8) against hidden rows [h | 1 ... 1] (_hidden): the bias is
     added by the GEMM, and its gradient, the logits' gradient's column sums, comes out of the weight
@@ -195,14 +160,9 @@ def _projection(weight, bias, compute_dtype, bias_column=True):
     of 8: the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast kernels on them
     (what we learned: the fused projection padded to a multiple of 128 rows) and the log-probs and gradient
     stages read them in vectors. The stages read the V (+ D) real columns; the padding columns get no
-    gradient. Without ``bias_column`` (the epilogue GEMMs add the bias themselves): (W padded, bias in the
-    compute dtype or None)."""
+    gradient."""
     rows, J = weight.shape
     pad = next(p for p in (-rows % m for m in _ROW_MULTIPLES) if p <= 0.03 * rows or p < 8)
-    if not bias_column:
-        W = weight.new_zeros(rows + pad, J, dtype=compute_dtype)
-        W[:rows] = weight
-        return W, None if bias is None else bias.to(compute_dtype)
     cols = J if bias is None else (J + 8) // 8 * 8
     Wx = weight.new_zeros(rows + pad, cols, dtype=compute_dtype)
     Wx[:rows, :J] = weight
@@ -249,12 +209,9 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
-    scale = grad_nll.to(acc)
-    if epilogue_gemms(encoder_out.device, compute_dtype):
-        return _epilogue_backward(stages, encoder_out, predictor_out, weight, bias, targets, layout, lattice, scale,
-                                  options, activation, compute_dtype, max_rows, row_splits, grad_enc, grad_pred)
     Wx, W = _projection(weight, bias, compute_dtype)
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
+    scale = grad_nll.to(acc)
     for start, end in _tiles(row_splits[-1], max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
         dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
@@ -279,33 +236,6 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
     grad_b = grad_wx[:rows, J].clone() if bias is not None else grad_wx.new_zeros(rows)  # outputs may not alias
-    return grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w, grad_b.to(weight.dtype)
-
-
-def _epilogue_backward(stages, encoder_out, predictor_out, weight, bias, targets, layout, lattice, scale, options,
-                       activation, compute_dtype, max_rows, row_splits, grad_enc, grad_pred):
-    """_fused_backward with the logits' gradient formed in the recompute GEMM's epilogue (joiner_gemm) from the
-    rows' coefficients; dW and db from one GEMM as there (_projection)."""
-    V, J = weight.size(0) - len(options.durations), weight.size(1)
-    coefs, subs = joiner_gemm.gradient_coefficients(lattice, scale, options)
-    labels, _ = joiner_gemm.row_labels(layout, targets, options, row_splits[-1])
-    Wx, W = _projection(weight, bias, compute_dtype)
-    b = None if bias is None else bias.to(compute_dtype)
-    grad_wx = weight.new_zeros(Wx.shape, dtype=lattice.lp.dtype)  # [dW | db | ...]
-    for start, end in _tiles(row_splits[-1], max_rows):
-        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
-        dz = hx.new_empty(end - start, Wx.size(0))
-        joiner_gemm.logit_gradient(hx[:, :J], W, b, labels, options, V, start, coefs, subs, dz)
-        grad_wx += dz.t().mm(hx)
-        del hx  # a tile holds two of (hidden, logits' gradient, dh) at a time: default_max_rows
-        dh = dz.mm(W)
-        del dz
-        stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,
-                                 (encoder_out, predictor_out), activation)
-        del dh
-    rows = weight.size(0)
-    grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
-    grad_b = grad_wx[:rows, J].clone() if bias is not None else grad_wx.new_zeros(rows)
     return grad_enc.to(encoder_out.dtype), grad_pred.to(predictor_out.dtype), grad_w, grad_b.to(weight.dtype)
 
 
