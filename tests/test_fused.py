@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from _batches import DEVICES, random_targets
 from transducer import FusedJoinerLoss, fused_joiner_loss, multiblank_loss, pack, tdt_loss, transducer_loss
+from transducer.layout import LossOptions
 
 
 def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):
@@ -232,19 +233,26 @@ def test_opcheck(device, static_shapes):
     # static_shapes: per-row outputs sized by the shapes' bound (as torch.compile calls the op), else by the
     # lengths' row count (eager calls; the fake gives a data-dependent size)
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(570, device=device)
-    args = (enc, pred, weight, bias, targets, T, U, "tanh", 0, False, True, 0.0, 0.0, -1.0, torch.float64, 7, [], 0.0,
-            0.0, [], static_shapes)
+    seed = torch.zeros((), dtype=torch.int64)
+
+    def op_args(options, targets=targets):
+        return (enc, pred, weight, bias, targets, T, U, *options.flat(), "tanh", 0.0, seed, True, torch.float64, 7,
+                static_shapes)
+    args = op_args(LossOptions(clamp=-1.0))
     out = torch.ops.transducer.fused_joiner_loss.default(*args)
     rows = int((T * (U + 1)).sum())
     assert out[2].shape == (enc.size(0) * enc.size(1) * pred.size(1) if static_shapes else rows, 2)
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
     # TDT: the last 3 rows of weight score durations 0, 1, 3; omega > 0 adds the RNN-T outputs
     tdt_targets = (targets % 14).clamp(min=1)
-    tdt_args = args[:4] + (tdt_targets,) + args[5:-5] + ([0, 1, 3], 0.1, 0.25, [], static_shapes)
-    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, tdt_args)
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default,
+                          op_args(LossOptions(durations=(0, 1, 3), sigma=0.1, omega=0.25), tdt_targets))
     # multi-blank: blank 16, big blanks of durations 2 and 3 in columns 15 and 14
-    mb_args = args[:4] + (tdt_targets,) + args[5:8] + (16,) + args[9:-5] + ([], 0.05, 0.0, [2, 3], static_shapes)
-    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, mb_args)
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default,
+                          op_args(LossOptions(blank=16, sigma=0.05, big_blank_durations=(2, 3)), tdt_targets))
+    # dropout: the seed travels as a CPU tensor
+    dropped = args[:10] + (0.2, torch.tensor(12345)) + args[12:]
+    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, dropped)
 
 
 def _bad(**change):
@@ -266,16 +274,19 @@ def _bad(**change):
     (dict(logit_lengths=torch.tensor([8, 1, 3, 20, 2])), ValueError, r"logit_lengths: expected values in \[1, 8\]"),
     (dict(target_lengths=torch.tensor([4, 0, 0, 5, 1])), ValueError, "target_lengths: expected values in"),
     (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
-    (dict(activation="gelu"), ValueError, "activation: expected one of"),
+    (dict(activation="softplus"), ValueError, "activation: expected one of"),
+    (dict(dropout=1.0), ValueError, r"dropout: expected a number in \[0, 1\)"),
     (dict(blank=17), ValueError, r"blank: expected an int in \[-17, 17\)"),
     (dict(blank=-18), ValueError, r"blank: expected an int in \[-17, 17\)"),
     (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
-    (dict(durations=[1, 1]), ValueError, "durations: durations must be distinct"),
-    (dict(durations=[0, 1], delay_penalty=0.1), ValueError, "durations: TDT has no"),
+    (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
+    (dict(durations=[0, 1], delay_penalty=0.1), ValueError, "delay_penalty: the TDT loss does not take this option"),
+    (dict(durations=[0, 1], big_blank_durations=[2]), ValueError,
+     "big_blank_durations: the TDT loss does not take this option"),
     (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
-    (dict(sigma=0.1), ValueError, "sigma, omega: TDT options"),
+    (dict(sigma=0.1), ValueError, "sigma: the RNN-T loss does not take this option"),
     (dict(durations=[0, 1], sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
     (dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)), ValueError, "encoder_out: expected at least one"),
@@ -364,12 +375,13 @@ def test_tdt_module(device):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(sigma=0.5), ValueError, "sigma, omega: TDT options"),
+    (dict(sigma=0.5), ValueError, "sigma: the RNN-T loss does not take this option"),
     (dict(durations=[0, 1], omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(durations=[0, 1], sigma="x"), TypeError, "sigma: expected a number"),
-    (dict(durations=[0, 1], one_sym_per_frame=True), ValueError, "durations: TDT has no one_sym_per_frame"),
+    (dict(durations=[0, 1], one_sym_per_frame=True), ValueError,
+     "one_sym_per_frame: the TDT loss does not take this option"),
     (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
-    (dict(activation="gelu"), ValueError, "activation: expected one of"),
+    (dict(activation="softplus"), ValueError, "activation: expected one of"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(blank=6), ValueError, r"blank: expected an int in \[-6, 6\)"),
     (dict(fastemit_lambda=-1.0), ValueError, "fastemit_lambda: expected a number >= 0"),

@@ -10,6 +10,7 @@ import pytest
 import ops
 from ops.params import struct
 from transducer import cuda, layout
+from transducer.joiner import ACTIVATIONS
 
 ROOT = ops.cuda_include_dir()
 SOURCES = ["ops/fast_divmod.cuh", "transducer/common.cuh", "transducer/stages.cu", "transducer/tdt.cu",
@@ -127,7 +128,7 @@ def test_constants_agree():
     assert c["kCellsCap"] == layout.CELLS_CAP
     activation = re.search(r"enum Activation : int \{([^}]*)\}", TEXT).group(1)
     assert {k: int(v) for k, v in re.findall(r"k(\w+) = (\d+)", activation)} == {
-        name.capitalize(): value for name, value in cuda.ACTIVATIONS.items()}
+        name.capitalize(): a.code for name, a in ACTIVATIONS.items()}
     stat = re.search(r"enum Stat : int \{([^}]*)\}", TEXT).group(1)
     names = [n.strip() for n in stat.split(",")]
     assert names[-1] == "kNumStats" and len(names) - 1 == layout.NUM_STATS

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from _batches import DEVICES, compact, random_batch
 from transducer import (FusedJoinerLoss, MultiblankLoss, fused_joiner_loss, multiblank_loss,
                         multiblank_loss_reference, pack)
+from transducer.layout import LossOptions
 
 V, BLANK, BIG = 9, 8, [2, 4]  # NeMo's layout: the blank last, big blanks 7 (duration 2) and 6 (duration 4)
 
@@ -201,8 +202,9 @@ def test_module_opcheck_compile(device):
     x = logits.requires_grad_()
     torch.testing.assert_close(m(x, targets, T, U), multiblank_loss(x, targets, T, U, BIG, -1, sigma=0.05,
                                                                     reduction="sum"))
-    op_args = (logits.detach().requires_grad_(), targets, T, U, BIG, BLANK, 0.05, 0.1, -1.0, True)
-    torch.library.opcheck(torch.ops.transducer.multiblank_loss.default, op_args)
+    options = LossOptions(blank=BLANK, sigma=0.05, fastemit_lambda=0.1, clamp=-1.0, big_blank_durations=tuple(BIG))
+    op_args = (logits.detach().requires_grad_(), None, targets, T, U, logits.size(-1), *options.flat(), True, False)
+    torch.library.opcheck(torch.ops.transducer.loss.default, op_args)
 
     def f(z):
         return multiblank_loss(z, targets, T, U, BIG, -1, sigma=0.05)
@@ -244,13 +246,13 @@ def test_bad_input(change, error, match):
 def test_bad_module_and_fused_options():
     with pytest.raises(ValueError, match="big_blank_durations: expected distinct ints >= 2"):
         MultiblankLoss([1], blank=-1)
-    with pytest.raises(ValueError, match="big_blank_durations: a multi-blank loss has no durations"):
-        FusedJoinerLoss(8, 10, big_blank_durations=[2], durations=[0, 1])
-    with pytest.raises(ValueError, match="omega: a TDT option"):
+    with pytest.raises(ValueError, match="big_blank_durations: the TDT loss does not take this option"):
+        FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], durations=[0, 1])
+    with pytest.raises(ValueError, match="omega: the multi-blank RNN-T loss does not take this option"):
         FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], omega=0.1)
     with pytest.raises(ValueError, match="big_blank_durations: 2 big blanks sit in the columns"):
         FusedJoinerLoss(8, 10, blank=1, big_blank_durations=[2, 3])
-    with pytest.raises(ValueError, match="no one_sym_per_frame or delay_penalty"):
+    with pytest.raises(ValueError, match="delay_penalty: the multi-blank RNN-T loss does not take this option"):
         FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], delay_penalty=0.1)
 
 

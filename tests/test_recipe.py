@@ -254,7 +254,7 @@ def test_manifest_training_run(tmp_path, capsys):
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
-    (["--loss", "tdt", "--durations", "0,0"], "--durations must be distinct"),
+    (["--loss", "tdt", "--durations", "0,0"], "--durations: expected distinct"),
     (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
     (["--omega", "1"], "--omega must be in [0, 1)"),
     (["--loss", "tdt", "--delay-penalty", "0.1"], "--delay-penalty applies to --loss rnnt and rna"),
@@ -265,7 +265,7 @@ def test_manifest_training_run(tmp_path, capsys):
     (["--loss", "multiblank", "--big-blank-durations", "1,4"], "--big-blank-durations must be comma-separated"),
     (["--loss", "multiblank", "--delay-penalty", "0.1"], "--delay-penalty applies to --loss rnnt and rna"),
     (["--loss", "tdt", "--rna"], "--rna is --loss rna; it contradicts --loss tdt"),
-    (["--loss", "tdt", "--durations", "0"], "--durations must be distinct ints >= 0 with at least one >= 1"),
+    (["--loss", "tdt", "--durations", "0"], "--durations: expected distinct ints >= 0 with at least one >= 1"),
 ])
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:

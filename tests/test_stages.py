@@ -10,7 +10,8 @@ import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
 from transducer import cpu, cuda, pack, tdt_loss_reference
-from transducer.layout import Lattice, Layout, LossOptions, stages_for
+from transducer.backend import stages_for
+from transducer.layout import Lattice, Layout, LossOptions
 from transducer.library import make_layout
 
 DEV = "cuda"
@@ -271,13 +272,13 @@ def test_gradient_into_rows_of_another_stride(V):
 
     tokens, durs = x[:, :V], x[:, V:]
     o = options(blank, durations=tuple(durations))
-    lp, lp_dur, den = cuda.tdt_log_probs(tokens, durs, targets, layout, o)
-    alpha, beta, loss = cuda.tdt_alpha_beta(lp, lp_dur, layout, o)
+    lp, den, lp_arcs, den_arcs = cuda.tdt_log_probs(tokens, durs, targets, layout, o)
+    alpha, beta, loss = cuda.tdt_alpha_beta(lp, lp_arcs, layout, o)
     same, staged = outs()
     out_durs = torch.empty(N, D, dtype=x.dtype, device=DEV)
     for out in (same[:, :V], staged):
-        cuda.tdt_gradient(tokens, durs, targets, Lattice(layout, lp, den, alpha, beta, loss, lp_dur), scale, o, out,
-                          out_durs)
+        cuda.tdt_gradient(tokens, durs, targets, Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs), scale,
+                          o, out, out_durs)
     assert_no_nan(staged)
     assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
 
@@ -360,15 +361,15 @@ def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0,
         layout = stages.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
     assert int(layout.stats[-1]) == 0
     options = LossOptions(blank=blank, durations=tuple(durations), sigma=sigma, omega=omega, fastemit_lambda=lam)
-    lp, lp_dur, den = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, options)
-    alpha, beta, loss = stages.tdt_alpha_beta(lp, lp_dur, layout, options)
+    lp, den, lp_arcs, den_arcs = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, options)
+    alpha, beta, loss = stages.tdt_alpha_beta(lp, lp_arcs, layout, options)
     rnnt, total = None, loss
     if omega:
         rnnt = stages.alpha_beta(lp + sigma, layout, options)
         total = (1 - omega) * loss + omega * rnnt.nll
     scale = torch.ones(B, dtype=lp.dtype) if scale is None else scale
     out = logits2d if alias else torch.empty_like(logits2d)
-    lattice = Lattice(layout, lp, den, alpha, beta, loss, lp_dur, rnnt)
+    lattice = Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs, rnnt)
     stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, lattice, scale.to(device), options, out[:, :V],
                         out[:, V:])
     out, total = out.cpu(), total.cpu()
@@ -427,18 +428,21 @@ def test_tdt_log_probs_contract():
     layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1), targets=targets, vocab_size=V, blank=blank)
     rows = logits.masked_fill(~mask[..., None], math.nan).reshape(-1, W)
     options = LossOptions(blank=blank, sigma=sigma)
-    lp, lp_dur, den = cpu.tdt_log_probs(rows[:, :V], rows[:, V:], targets, layout, options)
-    assert lp.shape == (logits[..., 0].numel(), 2) and lp_dur.shape == (lp.size(0), 3) and den.shape == lp.shape
-    assert lp.dtype == lp_dur.dtype == den.dtype == torch.float64
-    lp, lp_dur, den = lp.view(*mask.shape, 2), lp_dur.view(*mask.shape, 3), den.view(*mask.shape, 2)
-    assert torch.isnan(den[0, 1, 1]).all() and torch.isnan(lp[0, 1, 1]).all() and torch.isnan(lp_dur[0, 1, 1]).all()
+    lp, den, lp_arcs, den_arcs = cpu.tdt_log_probs(rows[:, :V], rows[:, V:], targets, layout, options)
+    N = logits[..., 0].numel()
+    assert lp.shape == (N, 2) and lp_arcs.shape == (N, 3) and den.shape == den_arcs.shape == (N,)
+    assert lp.dtype == lp_arcs.dtype == den.dtype == den_arcs.dtype == torch.float64
+    lp, lp_arcs = lp.view(*mask.shape, 2), lp_arcs.view(*mask.shape, 3)
+    den, den_arcs = den.view(mask.shape), den_arcs.view(mask.shape)
+    assert torch.isnan(den[0, 1, 1]) and torch.isnan(den_arcs[0, 1, 1])
+    assert torch.isnan(lp[0, 1, 1]).all() and torch.isnan(lp_arcs[0, 1, 1]).all()
     mask[0, 1, 1] = False
     tok = logits[..., :V].log_softmax(-1) - sigma
     dur = logits[..., V:].log_softmax(-1)
     torch.testing.assert_close(lp[..., 0][mask], tok[..., blank][mask], rtol=1e-14, atol=1e-14)
-    torch.testing.assert_close(lp_dur[mask], dur[mask], rtol=1e-14, atol=1e-14)
-    torch.testing.assert_close(den[..., 0][mask], logits[..., :V].logsumexp(-1)[mask], rtol=1e-14, atol=1e-14)
-    torch.testing.assert_close(den[..., 1][mask], logits[..., V:].logsumexp(-1)[mask], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(lp_arcs[mask], dur[mask], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(den[mask], logits[..., :V].logsumexp(-1)[mask], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(den_arcs[mask], logits[..., V:].logsumexp(-1)[mask], rtol=1e-14, atol=1e-14)
     for b in range(len(T)):
         for t, u in itertools.product(range(logits.size(1)), range(logits.size(2))):
             if (b, t, u) == (0, 1, 1):

@@ -136,12 +136,12 @@ def test_column_views_of_a_wider_joint(device, layout, monkeypatch):
     joint = torch.randn(*logits.shape[:-1], 16, dtype=torch.float32)
     joint[..., :9], joint[..., 13:] = logits[..., :9], logits[..., 9:]
     joint = joint.to(device).requires_grad_()
-    op, seen = transducer.tdt.tdt, []
+    op, seen = transducer.tdt.loss_call, []
 
-    def spy(*inputs):  # the registered op, noting the heads it is given
+    def spy(*inputs):  # the registered op's call, noting the heads it is given
         seen.append(inputs[:2])
         return op(*inputs)
-    monkeypatch.setattr(transducer.tdt, "tdt", spy)
+    monkeypatch.setattr(transducer.tdt, "loss_call", spy)
     args = (targets.to(device), T.to(device), U.to(device), [0, 1, 2])
     tokens, duration_scores = joint[..., :9], joint[..., 13:]
     loss = tdt_loss(tokens, *args, blank=4, reduction="none", duration_logits=duration_scores)
@@ -166,11 +166,15 @@ def test_module_and_opcheck(device):
     args = (targets.to(device), T.to(device), U.to(device))
     torch.testing.assert_close(m(x, *args), tdt_loss(x, *args, durations, sigma=0.02, reduction="sum"))
     assert "durations=[0, 1, 2, 3]" in repr(m)
-    op_args = (x.clone().requires_grad_(), None, *args, 9, durations, 0, 0.02, 0.2, 0.1, -1.0, True)
-    torch.library.opcheck(torch.ops.transducer.tdt_loss.default, op_args)
+    options = LossOptions(durations=tuple(durations), sigma=0.02, omega=0.2, fastemit_lambda=0.1, clamp=-1.0)
+    op_args = (x.clone().requires_grad_(), None, *args, 9, *options.flat(), True, False)
+    torch.library.opcheck(torch.ops.transducer.loss.default, op_args)
     # omega = 0 (the default): the RNN-T outputs are empty, and must not alias each other
-    op_args = op_args[:8] + (0.0,) + op_args[9:]
-    torch.library.opcheck(torch.ops.transducer.tdt_loss.default, op_args)
+    op_args = op_args[:6] + options._replace(omega=0.0).flat() + op_args[8:]
+    torch.library.opcheck(torch.ops.transducer.loss.default, op_args)
+    # the duration head on its own
+    op_args = (x[..., :9].clone().requires_grad_(), x[..., 9:].clone().requires_grad_(), *op_args[2:])
+    torch.library.opcheck(torch.ops.transducer.loss.default, op_args)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -208,9 +212,9 @@ def test_check_durations():
     logits, targets, T, U = random_batch(gen, 2, 3, 1, 3, 0, scale=1.5, edges=True, extra=2)
     layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1))
     rows = logits.reshape(-1, 5)
-    lp, lp_dur, _ = cpu.tdt_log_probs(rows[:, :3], rows[:, 3:], targets, layout, LossOptions())
+    lp, _, lp_arcs, _ = cpu.tdt_log_probs(rows[:, :3], rows[:, 3:], targets, layout, LossOptions())
     with pytest.raises(ValueError):
-        cpu.tdt_alpha_beta(lp, lp_dur, layout, LossOptions(durations=(0, 1, 2)))  # 3 durations for 2 duration columns
+        cpu.tdt_alpha_beta(lp, lp_arcs, layout, LossOptions(durations=(0, 1, 2)))  # 3 durations for 2 duration columns
 
 
 def _bad(**change):
@@ -222,10 +226,10 @@ def _bad(**change):
 
 
 @pytest.mark.parametrize("change, error, match", [
-    (dict(durations=[]), ValueError, "durations: durations must be distinct"),
-    (dict(durations=[0, 1, 1, 2]), ValueError, "durations: durations must be distinct"),
-    (dict(durations=[-1, 1, 2, 3]), ValueError, "durations: durations must be distinct"),
-    (dict(durations=[0]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=[]), ValueError, "durations: expected distinct ints >= 0"),
+    (dict(durations=[0, 1, 1, 2]), ValueError, "durations: expected distinct ints >= 0"),
+    (dict(durations=[-1, 1, 2, 3]), ValueError, "durations: expected distinct ints >= 0"),
+    (dict(durations=[0]), ValueError, "durations: expected distinct ints >= 0"),
     (dict(durations=list(range(12))), ValueError, "logits: expected at least 2 token columns"),
     (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
     (dict(blank=-10), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
@@ -234,8 +238,8 @@ def _bad(**change):
     (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
     (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(omega="0.1"), TypeError, "omega: expected a number"),
-    (dict(durations=3), ValueError, "durations: durations must be a sequence of ints"),
-    (dict(durations=[0, 1.5]), ValueError, "durations: durations must be ints"),
+    (dict(durations=3), ValueError, "durations: expected a sequence of ints"),
+    (dict(durations=[0, 1.5]), ValueError, "durations: expected ints"),
     (dict(fastemit_lambda=math.inf), ValueError, "fastemit_lambda: expected a number >= 0, and finite"),
     (dict(duration_logits=torch.zeros(5, 7, 4, 4, dtype=torch.float32)), TypeError, "duration_logits: expected dtype"),
     (dict(duration_logits=[0.0]), TypeError, "duration_logits: expected a torch.Tensor"),
@@ -250,7 +254,7 @@ def test_bad_input(change, error, match):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(durations=[1, 1]), ValueError, "durations: durations must be distinct"),
+    (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
     (dict(sigma="x"), TypeError, "sigma: expected a number"),
     (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
     (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),

@@ -8,6 +8,7 @@ import torch._dynamo
 
 from _batches import DEVICES, compact, random_batch, random_targets, to_device
 from transducer import TransducerLoss, pack, transducer_loss
+from transducer.layout import LossOptions
 
 DEV = "cuda"
 
@@ -17,9 +18,10 @@ def test_opcheck(device):
     gen = torch.Generator().manual_seed(80)
     padded, targets, T, U = random_batch(gen, 4, 7, 3, 11, 0, edges=True)
     rows, padded, targets, T, U = to_device(device, compact(padded, T, U), padded, targets, T, U)
-    for logits, options in ((rows, (0, False, False, True, 0.0, 0.0, -1.0, False)),
-                            (padded, (0, True, False, False, 0.1, 0.5, 0.3, False))):
-        args = (logits.clone().requires_grad_(), targets, T, U) + options
+    for logits, options, check in ((rows, LossOptions(clamp=-1.0), True),
+                                   (padded, LossOptions(one_sym_per_frame=True, clamp=0.3, fastemit_lambda=0.5,
+                                                        delay_penalty=0.1), False)):
+        args = (logits.clone().requires_grad_(), None, targets, T, U, logits.size(-1), *options.flat(), check, False)
         torch.library.opcheck(torch.ops.transducer.loss.default, args)
     enc = torch.randn(4, 7, 5, dtype=torch.float64, device=device, requires_grad=True)
     pred = torch.randn(4, 4, 5, dtype=torch.float64, device=device, requires_grad=True)

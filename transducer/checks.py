@@ -118,19 +118,20 @@ def check_pack_values(encoder_out, predictor_out, stats):
     return num_rows
 
 
-def check_durations(durations, num_durations=None):
-    """The durations as a tuple of Python ints; ValueError unless they are distinct ints >= 0, at least one
-    >= 1 (and ``num_durations`` of them, when given)."""
+def check_durations(durations, num_durations=None, name="durations"):
+    """The durations as a tuple of Python ints; ValueError (naming ``name``) unless they are distinct ints >= 0,
+    at least one >= 1 (and ``num_durations`` of them, when given)."""
     try:
         ds = tuple(int(d) for d in durations)
-    except TypeError:
-        raise ValueError(f"durations must be a sequence of ints, got {durations!r}") from None
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a sequence of ints, got {durations!r}") from None
     if any(int(d) != d for d in durations):
-        raise ValueError(f"durations must be ints, got {list(durations)}")
+        raise ValueError(f"{name}: expected ints, got {list(durations)}")
     if not ds or min(ds) < 0 or max(ds) < 1 or len(set(ds)) != len(ds):
-        raise ValueError(f"durations must be distinct ints >= 0 with at least one >= 1, got {list(ds)}")
+        raise ValueError(f"{name}: expected distinct ints >= 0 with at least one >= 1 (a blank must advance time), "
+                         f"got {list(ds)}")
     if num_durations is not None and len(ds) != num_durations:
-        raise ValueError(f"{len(ds)} durations for {num_durations} duration columns")
+        raise ValueError(f"{name}: {len(ds)} durations for {num_durations} duration columns")
     return ds
 
 
@@ -201,14 +202,11 @@ def check_options(clamp, fastemit_lambda, delay_penalty):
 def check_tdt_options(durations, sigma, omega, device=None):
     """TDT's options: the durations as a list (see check_durations; at most MAX_DURATIONS on CUDA), sigma a
     finite number, omega a number in [0, 1)."""
-    try:
-        if (type(durations) in (list, tuple) and all(type(d) is int for d in durations)
-                and not torch.compiler.is_compiling()):  # eager steps' usual case, checked once (dynamo: no caches)
-            durations = list(_checked_ints(tuple(durations)))
-        else:
-            durations = list(check_durations(durations))
-    except ValueError as e:
-        raise ValueError(f"durations: {e}") from None
+    if (type(durations) in (list, tuple) and all(type(d) is int for d in durations)
+            and not torch.compiler.is_compiling()):  # eager steps' usual case, checked once (dynamo: no caches)
+        durations = list(_checked_ints(tuple(durations)))
+    else:
+        durations = list(check_durations(durations))
     if device is not None and device.type == "cuda" and len(durations) > MAX_DURATIONS:
         raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
     for name, value in (("sigma", sigma), ("omega", omega)):

@@ -14,6 +14,7 @@ from ops import FastDivmod, accumulate_dtype, gather, reduce
 from ops.numeric import exp_, logsumexp
 from ragged import row_of
 
+from .joiner import ACTIVATIONS, dropout_mask
 from .layout import CELLS_CAP, Layout, Walks
 
 _CHUNK_ELEMENTS = 1 << 22
@@ -116,7 +117,7 @@ def _written(out, parts, row_start):
 
 
 def _log_probs(logits2d, targets, layout, options, row_start, big_blanks):
-    """(lp, den, lp_big) of the rows [row_start, row_start + N): lp_big (N, big_blanks) the log-probs of the
+    """(lp, den, lp_arcs) of the rows [row_start, row_start + N): lp_arcs (N, big_blanks) the log-probs of the
     columns blank - 1 - i; every log-prob less options.sigma."""
     num_rows, vocab_size = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
@@ -139,8 +140,8 @@ def _log_probs(logits2d, targets, layout, options, row_start, big_blanks):
     if options.delay_penalty:  # k2's delay penalty on the label log-probs: delay_penalty * ((T_b - 1) / 2 - t)
         lp[:, 1] += options.delay_penalty * ((layout.logit_lengths[b] - 1).to(acc) * 0.5 - t)
     lp[:, 1].masked_fill_(~has_label, -math.inf)
-    lp_big = lp[:, 2:].masked_fill_(~is_cell[:, None], -math.inf)
-    return lp[:, :2].contiguous() if big_blanks else lp, den, lp_big.contiguous()
+    lp_arcs = lp[:, 2:].masked_fill_(~is_cell[:, None], -math.inf)
+    return lp[:, :2].contiguous() if big_blanks else lp, den, lp_arcs.contiguous()
 
 
 class _StepGrid(NamedTuple):
@@ -321,17 +322,28 @@ def gradient_row_width(V, itemsize):
     return V
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None):
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None,
+                 dropout=None):
     D = encoder_out.size(2)
-    dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)  # as enc + pred computes the sum
     if out is not None and (out.shape != (num_rows, D) or not out.is_floating_point()):
         raise ValueError(f"pack_forward: out must be a ({num_rows}, {D}) floating-point tensor, got "
                          f"{tuple(out.shape)} {out.dtype}")
-    b, t, u = _coordinates(layout, row_start, row_start + num_rows)
-    rows = encoder_out.reshape(-1, D).index_select(0, b * encoder_out.size(1) + t).to(dtype)
-    rows += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
-    rows = rows.tanh_() if activation == "tanh" else rows.relu_() if activation == "relu" else rows
+    rows = _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation, dropout)[1]
     return rows if out is None else out.copy_(rows)
+
+
+def _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation, dropout):
+    """(a, h) of the rows [row_start, row_start + num_rows): a = encoder_out[b, t] + predictor_out[b, u] and h =
+    dropout(act(a)), in the inputs' promoted dtype (as ``enc + pred`` computes the sum)."""
+    D = encoder_out.size(2)
+    dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
+    b, t, u = _coordinates(layout, row_start, row_start + num_rows)
+    a = encoder_out.reshape(-1, D).index_select(0, b * encoder_out.size(1) + t).to(dtype)
+    a += predictor_out.reshape(-1, D).index_select(0, b * predictor_out.size(1) + u)
+    h = ACTIVATIONS[activation].forward(a)
+    if dropout is not None and dropout.p:
+        h = h * dropout_mask(dropout, num_rows, D, row_start, dtype)
+    return a, h
 
 
 def pack_backward(grad_rows, layout, max_t, max_u1):
@@ -341,16 +353,20 @@ def pack_backward(grad_rows, layout, max_t, max_u1):
 
 
 def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
-                      activation="identity"):
+                      activation="identity", dropout=None):
     # ``utterances``: the CUDA twin launches over them; here every row finds its own
     B, max_t, D = grad_enc.shape
-    b, t, u = _coordinates(layout, row_start, row_start + grad_rows.size(0))
-    if activation != "identity":
+    num_rows = grad_rows.size(0)
+    b, t, u = _coordinates(layout, row_start, row_start + num_rows)
+    dropped = dropout is not None and dropout.p
+    if activation != "identity" or dropped:
         if inputs is None:
             raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) with an activation")
-        hidden = pack_forward(*inputs, layout, grad_rows.size(0), row_start, activation)  # a fresh tensor
-        slope = hidden.mul_(hidden).neg_().add_(1) if activation == "tanh" else hidden.gt_(0).to(hidden.dtype)
-        grad_rows = slope.mul_(grad_rows)  # in the inputs' promoted dtype, as autograd computes act's backward
+        a, h = _hidden(*inputs, layout, num_rows, row_start, activation, None)
+        slope = ACTIVATIONS[activation].slope(a, h)
+        if dropped:
+            slope = slope * dropout_mask(dropout, num_rows, D, row_start, slope.dtype)
+        grad_rows = slope * grad_rows  # in the inputs' promoted dtype, as autograd computes act's backward
     grad_enc.view(-1, D).index_add_(0, b * max_t + t, grad_rows.to(grad_enc.dtype))
     grad_pred.view(-1, D).index_add_(0, b * grad_pred.size(1) + u, grad_rows.to(grad_pred.dtype))
     return grad_enc, grad_pred
@@ -359,30 +375,28 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
 # ---------------------------------------------------------------------------- TDT (the math: layout.py)
 
 
-def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, out=None):
+def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start=0, out=None):
     if row_start and out is None:
         raise ValueError("tdt_log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = tokens2d.shape
     acc = accumulate_dtype(tokens2d.dtype)
     b, t, u, is_cell, has_label, picks = _picks(layout, targets, options.blank, row_start, row_start + num_rows)
     lp = torch.empty(num_rows, 2, dtype=acc)
-    lp_dur = torch.empty(num_rows, durations2d.size(1), dtype=acc)
-    den = torch.empty(num_rows, 2, dtype=acc)
-    for start, end in _chunks(num_rows, V + durations2d.size(1)):
-        tokens, durs = tokens2d[start:end], durations2d[start:end]
-        den[start:end, 0] = reduce(tokens, axis=-1, op="logsumexp")
-        den[start:end, 1] = reduce(durs, axis=-1, op="logsumexp")
-        bad = _non_finite(tokens, den[start:end, 0]) | _non_finite(durs, den[start:end, 1])
-        den[start:end].masked_fill_(bad[:, None], math.nan)
+    den = torch.empty(num_rows, dtype=acc)
+    lp_arcs = torch.empty(num_rows, duration_scores.size(1), dtype=acc)
+    den_arcs = torch.empty(num_rows, dtype=acc)
+    for start, end in _chunks(num_rows, V + duration_scores.size(1)):
+        tokens, durs = tokens2d[start:end], duration_scores[start:end]
+        den[start:end] = reduce(tokens, axis=-1, op="logsumexp")
+        den_arcs[start:end] = reduce(durs, axis=-1, op="logsumexp")
+        bad = _non_finite(tokens, den[start:end]) | _non_finite(durs, den_arcs[start:end])
+        den[start:end].masked_fill_(bad, math.nan)
+        den_arcs[start:end].masked_fill_(bad, math.nan)
         picked = gather(tokens, picks[start:end], axis=1, batch_dims=1).to(acc)
-        lp[start:end] = picked - den[start:end, 0:1] - options.sigma
-        lp_dur[start:end] = durs.to(acc) - den[start:end, 1:2]
+        lp[start:end] = picked - den[start:end, None] - options.sigma
+        lp_arcs[start:end] = durs.to(acc) - den_arcs[start:end, None]
     lp[:, 1].masked_fill_(~has_label, -math.inf)
-    if out is None:
-        return lp, lp_dur, den
-    for whole, part in zip(out, (lp, lp_dur, den)):
-        whole[row_start:row_start + num_rows] = part
-    return out
+    return _written(out, (lp, den, lp_arcs, den_arcs), row_start)
 
 
 class _Arcs(NamedTuple):
@@ -396,31 +410,31 @@ class _Arcs(NamedTuple):
     label: torch.Tensor
 
 
-def _tdt_arcs(lp, lp_dur, options):
+def _tdt_arcs(lp, lp_arcs, options):
     """TDT: a blank and a label arc per duration, weighing the token log-prob plus the duration's (a blank of
     duration 0 is not an arc)."""
     durations = options.durations
-    if lp_dur.size(1) != len(durations):
-        raise ValueError(f"tdt_alpha_beta: {len(durations)} durations for {lp_dur.size(1)} duration columns")
+    if lp_arcs.size(1) != len(durations):
+        raise ValueError(f"tdt_alpha_beta: {len(durations)} durations for {lp_arcs.size(1)} duration columns")
     blanks = [i for i, d in enumerate(durations) if d >= 1]
-    return _Arcs([durations[i] for i in blanks], lp[:, 0:1] + lp_dur[:, blanks], list(durations),
-                 lp[:, 1:2] + lp_dur)
+    return _Arcs([durations[i] for i in blanks], lp[:, 0:1] + lp_arcs[:, blanks], list(durations),
+                 lp[:, 1:2] + lp_arcs)
 
 
-def _multiblank_arcs(lp, lp_big, options):
+def _multiblank_arcs(lp, lp_arcs, options):
     """Multi-blank: the blank (duration 1) and the big blanks, the label of duration 0."""
     big = options.big_blank_durations
-    if lp_big.size(1) != len(big):
-        raise ValueError(f"multiblank_alpha_beta: {len(big)} big blanks for {lp_big.size(1)} log-prob columns")
-    return _Arcs([1, *big], torch.cat([lp[:, 0:1], lp_big], 1), [0], lp[:, 1:2])
+    if lp_arcs.size(1) != len(big):
+        raise ValueError(f"multiblank_alpha_beta: {len(big)} big blanks for {lp_arcs.size(1)} log-prob columns")
+    return _Arcs([1, *big], torch.cat([lp[:, 0:1], lp_arcs], 1), [0], lp[:, 1:2])
 
 
-def tdt_alpha_beta(lp, lp_dur, layout, options):
-    return _duration_walks(_tdt_arcs(lp, lp_dur, options), lp, lp_dur, layout)
+def tdt_alpha_beta(lp, lp_arcs, layout, options):
+    return _duration_walks(_tdt_arcs(lp, lp_arcs, options), lp, lp_arcs, layout)
 
 
-def multiblank_alpha_beta(lp, lp_big, layout, options):
-    return _duration_walks(_multiblank_arcs(lp, lp_big, options), lp, lp_big, layout)
+def multiblank_alpha_beta(lp, lp_arcs, layout, options):
+    return _duration_walks(_multiblank_arcs(lp, lp_arcs, options), lp, lp_arcs, layout)
 
 
 class _GridArcs(NamedTuple):
@@ -565,7 +579,7 @@ def _tdt_arc_occupancies(layout, lattice, live, d, start, end, cells):
     gamma = exp_(log_norm + lattice.beta[start:end])
     after_blank, after_label = _after_arcs(layout, lattice.beta, cells, start, d)
     after_blank = torch.where(d >= 1, after_blank, -math.inf)  # a blank of duration 0 is not an arc
-    base = log_norm[:, None] + lattice.lp_dur[start:end]
+    base = log_norm[:, None] + lattice.lp_arcs[start:end]
     blank_arc = exp_(base + lattice.lp[start:end, 0:1] + after_blank)
     label_arc = exp_(base + lattice.lp[start:end, 1:2] + after_label)
     return gamma, blank_arc, label_arc
@@ -575,15 +589,15 @@ def _big_blank_occupancies(layout, lattice, big_blank_durations, live, start, en
     """The posteriors (n, K) of the big blanks' arcs leaving the rows [start, end), zero off ``live`` rows."""
     log_norm = torch.where(live, lattice.alpha[start:end] + lattice.nll[cells[0]], -math.inf)
     after, _ = _after_arcs(layout, lattice.beta, cells, start, torch.tensor(big_blank_durations))
-    return exp_(log_norm[:, None] + lattice.lp_dur[start:end] + after)
+    return exp_(log_norm[:, None] + lattice.lp_arcs[start:end] + after)
 
 
-def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_tokens, out_durations, row_start=0):
+def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out_tokens, out_duration_scores, row_start=0):
     num_rows, V = tokens2d.shape
     durations, omega, lam, clamp, blank = (options.durations, options.omega, float(options.fastemit_lambda),
                                            options.clamp, options.blank)
-    if durations2d.size(1) != len(durations):
-        raise ValueError(f"tdt_gradient: {len(durations)} durations for {durations2d.size(1)} duration columns")
+    if duration_scores.size(1) != len(durations):
+        raise ValueError(f"tdt_gradient: {len(durations)} durations for {duration_scores.size(1)} duration columns")
     if omega and lattice.rnnt is None:
         raise ValueError("tdt_gradient: omega > 0 needs the RNN-T walks (lattice.rnnt)")
     layout = lattice.layout
@@ -620,11 +634,11 @@ def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_to
         acc = lattice.lp.dtype
         dst = out_tokens[local:local_end]
         g_tok = dst if dst.dtype == acc else torch.empty(dst.shape, dtype=acc)
-        exp_(torch.sub(tokens2d[local:local_end].to(acc), lattice.den[start:end, 0:1], out=g_tok))
+        exp_(torch.sub(tokens2d[local:local_end].to(acc), lattice.den[start:end, None], out=g_tok))
         g_tok.mul_(factor[:, None])
         g_tok[index, blank] -= sub_blank
         g_tok[index, labels] -= sub_label
-        q = exp_(durations2d[local:local_end].to(acc) - lattice.den[start:end, 1:2])
+        q = exp_(duration_scores[local:local_end].to(acc) - lattice.den_arcs[start:end, None])
         g_dur = q.mul_(gamma[:, None]).sub_(blank_arc).sub_(label_arc).mul_(1 - omega)
         if not fold:
             if clamp > 0:
@@ -639,4 +653,4 @@ def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_to
                 g.masked_fill_(dead[:, None], 0.0)
         if g_tok is not dst:
             dst.copy_(g_tok)
-        out_durations[local:local_end] = g_dur
+        out_duration_scores[local:local_end] = g_dur

@@ -20,6 +20,7 @@ from ops import FastDivmod, accumulate_dtype, ctype
 from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, max_shared_mem, num_sms, vector_width
 from ops.params import FAST_DIVMOD, struct
 
+from .joiner import ACTIVATIONS
 from .layout import MAX_DURATIONS, Layout, Walks, table_size
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +30,6 @@ _PACK = os.path.join(_HERE, "pack.cu")
 
 THREADS = 256  # block size of the per-row kernels (common.cuh: kThreads)
 PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
-ACTIVATIONS = {"identity": 0, "tanh": 1, "relu": 2}  # pack.cu: enum Activation
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
 _WALK_AHEAD = 2  # steps of log-probs tdt_walk_kernel reads ahead (RESULTS.md, what we learned: the TDT walk)
@@ -48,37 +48,41 @@ WALKS = struct("Walks", [("alpha", "ptr"), ("beta", "ptr"), ("nll", "ptr")])
 SCALE = struct("Scale", [("values", "ptr"), ("stride", "long long")])
 DURATIONS = struct("Durations", [("n", "int"), ("d", ("int", MAX_DURATIONS))])
 DURATION_ROWS = struct("DurationRows", [("data", "ptr"), ("ld", "long long"), ("D", "int")])
+DROPOUT = struct("Dropout", [("seed_lo", "unsigned int"), ("seed_hi", "unsigned int"), ("threshold", "unsigned int"),
+                             ("scale", "float")])
 
 LAYOUT_PARAMS = struct("LayoutParams", [
     ("logit_lengths", "ptr"), ("target_lengths", "ptr"), ("labels", LABELS), ("B", "int"), ("padded_t", "int"),
     ("max_u1", "int"), ("V", "int"), ("big_blanks", "int"), ("table", "ptr")])
 LOG_PROBS_PARAMS = struct("LogProbsParams", [
     ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("from_log_softmax", "bool"), ("delay_penalty", "double"),
-    ("sigma", "double"), ("big_blanks", "int"), ("lp", "ptr"), ("den", "ptr"), ("lp_big", "ptr")])
+    ("sigma", "double"), ("big_blanks", "int"), ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
 ALPHA_BETA_PARAMS = struct("AlphaBetaParams", [
     ("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)])
 GRADIENT_PARAMS = struct("GradientParams", [
     ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE),
-    ("fastemit_lambda", "double"), ("clamp", "double"), ("lp_big", "ptr"), ("big", DURATIONS), ("out", "ptr"),
+    ("fastemit_lambda", "double"), ("clamp", "double"), ("lp_arcs", "ptr"), ("big", DURATIONS), ("out", "ptr"),
     ("ld_out", "long long")])
 TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
-    ("grids", GRIDS), ("tokens", ROWS), ("durations", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
-    ("lp", "ptr"), ("lp_dur", "ptr"), ("den", "ptr")])
+    ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
+    ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
 TDT_WALK_PARAMS = struct("TdtWalkParams", [
-    ("grids", GRIDS), ("lp", "ptr"), ("lp_dur", "ptr"), ("durations", DURATIONS), ("padded", "bool"), ("ring", "int"),
+    ("grids", GRIDS), ("lp", "ptr"), ("lp_arcs", "ptr"), ("durations", DURATIONS), ("padded", "bool"), ("ring", "int"),
     ("cols", "int"), ("out", WALKS)])
 TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
-    ("grids", GRIDS), ("tokens", ROWS), ("durations", DURATION_ROWS), ("values", DURATIONS), ("labels", LABELS),
-    ("lattice", LATTICE), ("lp_dur", "ptr"), ("rnnt", WALKS), ("scale", SCALE), ("sigma", "double"),
-    ("fastemit_lambda", "double"), ("omega", "double"), ("clamp", "double"), ("out_tokens", "ptr"),
-    ("ld_out_tokens", "long long"), ("out_durations", "ptr"), ("ld_out_durations", "long long")])
+    ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("durations", DURATIONS),
+    ("labels", LABELS), ("lattice", LATTICE), ("lp_arcs", "ptr"), ("den_arcs", "ptr"), ("rnnt", WALKS),
+    ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"), ("clamp", "double"),
+    ("out_tokens", "ptr"), ("ld_out_tokens", "long long"), ("out_duration_scores", "ptr"),
+    ("ld_out_duration_scores", "long long")])
 PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
-    ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("out", "ptr"), ("ld_out", "long long")])
+    ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("dropout", DROPOUT), ("out", "ptr"),
+    ("ld_out", "long long")])
 PACK_GRAD_PARAMS = struct("PackGradParams", [
     ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
     ("per_b", FAST_DIVMOD), ("item_start", "int"), ("num_items", "int"), ("row_start", "int"), ("row_end", "int"),
-    ("nvec", "int"), ("log_tpr", "int"), ("log_split", "int"), ("grad", "ptr")])
+    ("nvec", "int"), ("log_tpr", "int"), ("log_split", "int"), ("dropout", DROPOUT), ("grad", "ptr")])
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments
@@ -176,11 +180,11 @@ def _padded_grid(rows_per_utterance, max_u1):
     return PADDED_GRID(FastDivmod(rows_per_utterance).params(), FastDivmod(max_u1).params())
 
 
-def _labels(targets, blank):
+def _labels_struct(targets, blank):
     return LABELS(targets=targets, cols=targets.size(1), blank=blank)
 
 
-def _rows(x, row_start, vec, aligned):
+def _rows_struct(x, row_start, vec, aligned):
     """The ROWS of the 2-D ``x`` (rows [row_start, row_start + len(x)) of the layout): ``n`` is the row's
     vectors when aligned, else its columns (common.cuh's RowPass)."""
     V = x.size(1)
@@ -199,7 +203,7 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
         labels, itype = LABELS(targets=None, cols=0, blank=blank), "int"
     else:
         targets = targets.contiguous()
-        labels, itype = _labels(targets, blank), targets.dtype
+        labels, itype = _labels_struct(targets, blank), targets.dtype
     params = LAYOUT_PARAMS(logit_lengths=logit_lengths.contiguous(), target_lengths=target_lengths.contiguous(),
                            labels=labels, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, big_blanks=big_blanks,
                            table=table)
@@ -221,7 +225,7 @@ def multiblank_log_probs(logits2d, targets, layout, options, row_start=0, out=No
 
 
 def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
-    """(lp, den), or with big blanks (lp, den, lp_big): log_probs_kernel's outputs (into ``out`` when given)."""
+    """(lp, den), or with big blanks (lp, den, lp_arcs): log_probs_kernel's outputs (into ``out`` when given)."""
     num_rows, V = logits2d.shape
     acc = accumulate_dtype(logits2d.dtype)
     if out is None:
@@ -234,10 +238,10 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
     vec, aligned, _ = _row_access(itemsize, V, logits2d)
     wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = THREADS // (32 * wpr)
-    params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows(logits2d, row_start, vec, aligned),
-                              labels=_labels(targets, options.blank), from_log_softmax=options.from_log_softmax,
+    params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows_struct(logits2d, row_start, vec, aligned),
+                              labels=_labels_struct(targets, options.blank), from_log_softmax=options.from_log_softmax,
                               delay_penalty=options.delay_penalty, sigma=options.sigma, big_blanks=big_blanks,
-                              lp=out[0], den=out[1], lp_big=out[2] if big_blanks else None)
+                              lp=out[0], den=out[1], lp_arcs=out[2] if big_blanks else None)
     name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
@@ -294,11 +298,11 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     vec, aligned, staged = _row_access(itemsize, V, rows, [out], rows_per_block)
     clamp = max(options.clamp, 0.0)
     big = options.big_blank_durations
-    params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows(rows, row_start, vec, aligned),
-                             labels=_labels(targets, options.blank), lattice=_lattice_struct(lattice),
+    params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows_struct(rows, row_start, vec, aligned),
+                             labels=_labels_struct(targets, options.blank), lattice=_lattice_struct(lattice),
                              scale=SCALE(values=scale, stride=scale.stride(0)),
                              fastemit_lambda=options.fastemit_lambda, clamp=clamp,
-                             lp_big=lattice.lp_dur if big else None, big=_durations(tuple(big)), out=out,
+                             lp_arcs=lattice.lp_arcs if big else None, big=_durations(tuple(big)), out=out,
                              ld_out=out.stride(0))
     name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(options.from_log_softmax),
                  bool(options.one_sym_per_frame), clamp > 0, aligned, staged, bool(big))
@@ -330,7 +334,19 @@ def _pack_vector(length, reads, writes=()):
     return vec
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None):
+_NO_DROPOUT = DROPOUT(seed_lo=0, seed_hi=0, threshold=0, scale=1.0)
+
+
+def _dropout_struct(dropout):
+    """pack.cu's Dropout of a joiner.Dropout (or None: none)."""
+    if dropout is None or not dropout.p:
+        return _NO_DROPOUT
+    return DROPOUT(seed_lo=dropout.seed & 0xFFFFFFFF, seed_hi=(dropout.seed >> 32) & 0xFFFFFFFF,
+                   threshold=dropout.threshold, scale=1.0 / (1.0 - dropout.p))
+
+
+def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None,
+                 dropout=None):
     _check_cuda(encoder_out, predictor_out)
     encoder_out, predictor_out = encoder_out.contiguous(), predictor_out.contiguous()
     B, max_t, D = encoder_out.shape
@@ -350,22 +366,25 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     nvec = D // vec
     tpr = _threads_per_item(nvec)
     groups = ceil_div(num_rows, PACK_ROWS)  # a group of tpr threads writes PACK_ROWS rows
+    drop = _dropout_struct(dropout)
     params = PACK_FORWARD_PARAMS(enc=encoder_out, pred=predictor_out, max_t=max_t, max_u1=max_u1,
                                  grids=_grids(layout, padded_grid=False), row_start=row_start, num_rows=num_rows,
-                                 nvec=nvec, log_tpr=tpr.bit_length() - 1, out=out, ld_out=out.stride(0))
+                                 nvec=nvec, log_tpr=tpr.bit_length() - 1, dropout=drop, out=out, ld_out=out.stride(0))
     name = _name("pack_forward_kernel", encoder_out.dtype, predictor_out.dtype, promoted, out.dtype, vec,
-                 ACTIVATIONS[activation])
+                 ACTIVATIONS[activation].code, drop is not _NO_DROPOUT)
     launch(_PACK, name, out, (ceil_div(groups, THREADS // tpr),), (THREADS,), (params,))
     return out
 
 
-def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inputs=None, activation="identity"):
+def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inputs=None, activation="identity",
+               dropout=None):
     """The launches of pack_grad_kernel: for each of grads = (grad_enc, grad_pred), the sums over u and
-    over t of the rows [row_start, row_start + len(grad_rows)) (times act'(h), h recomputed from
-    ``inputs`` = (encoder_out, predictor_out)), items of `utterances` = (first, end)."""
+    over t of the rows [row_start, row_start + len(grad_rows)) (times the dropout mask and act'(a), a and h
+    recomputed from ``inputs`` = (encoder_out, predictor_out)), items of `utterances` = (first, end)."""
     D = grad_rows.size(1)
-    act = ACTIVATIONS[activation]
-    if act:
+    act = ACTIVATIONS[activation].code
+    drop = _dropout_struct(dropout)
+    if act or drop is not _NO_DROPOUT:  # the inputs are read (an activation), or give the hidden's dtype
         enc, prd = inputs if inputs is not None else (None, None)
         if (enc is None or prd is None or enc.shape != grads[0].shape or prd.shape != grads[1].shape
                 or enc.device != grad_rows.device or prd.device != grad_rows.device):
@@ -378,8 +397,8 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
         enc = prd = None
         promoted = grad_rows.dtype
         vec = _pack_vector(D, [grad_rows], grads)
-    enc_dtype = enc.dtype if act else grad_rows.dtype
-    pred_dtype = prd.dtype if act else grad_rows.dtype
+    enc_dtype = enc.dtype if enc is not None else grad_rows.dtype
+    pred_dtype = prd.dtype if prd is not None else grad_rows.dtype
     nvec = D // vec
     b0, b1 = utterances
     grids = _grids(layout, padded_grid=False)
@@ -398,9 +417,9 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
                                   max_u1=grads[1].size(1), grids=grids, per_b=FastDivmod(per_b).params(),
                                   item_start=b0 * per_b, num_items=num_items, row_start=row_start,
                                   row_end=row_start + grad_rows.size(0), nvec=nvec, log_tpr=tpr.bit_length() - 1,
-                                  log_split=split.bit_length() - 1, grad=grad)
+                                  log_split=split.bit_length() - 1, dropout=drop, grad=grad)
         name = _name("pack_grad_kernel", grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad.dtype, vec, pred,
-                     bool(accumulate), act)
+                     bool(accumulate), act, drop is not _NO_DROPOUT)
         launch(_PACK, name, grad, (ceil_div(num_items, items_per_block),), (THREADS,), (params,))
 
 
@@ -416,11 +435,11 @@ def pack_backward(grad_rows, layout, max_t, max_u1):
 
 
 def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
-                      activation="identity"):
+                      activation="identity", dropout=None):
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
         _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, inputs,
-                   activation)
+                   activation, dropout)
     return grad_enc, grad_pred
 
 
@@ -435,19 +454,18 @@ def _durations(durations):
     return DURATIONS(n=len(durations), d=tuple(durations) + (0,) * (MAX_DURATIONS - len(durations)))
 
 
-def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, out=None):
+def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start=0, out=None):
     _row_major("tokens2d", tokens2d)
-    _row_major("durations2d", durations2d)
+    _row_major("duration_scores", duration_scores)
     if row_start and out is None:
         raise ValueError("tdt_log_probs: row_start > 0 needs out (the arrays of every row)")
     num_rows, V = tokens2d.shape
-    D = durations2d.size(1)
+    D = duration_scores.size(1)
     acc = accumulate_dtype(tokens2d.dtype)
     if out is None:
-        dev = tokens2d.device
-        out = (torch.empty(num_rows, 2, dtype=acc, device=dev), torch.empty(num_rows, D, dtype=acc, device=dev),
-               torch.empty(num_rows, 2, dtype=acc, device=dev))
-    lp, lp_dur, den = out
+        new = lambda *shape: torch.empty(shape, dtype=acc, device=tokens2d.device)  # noqa: E731
+        out = (new(num_rows, 2), new(num_rows), new(num_rows, D), new(num_rows))
+    lp, den, lp_arcs, den_arcs = out
     if num_rows == 0:
         return out
     itemsize = tokens2d.element_size()
@@ -457,23 +475,24 @@ def tdt_log_probs(tokens2d, durations2d, targets, layout, options, row_start=0, 
     # vectors in flight (RESULTS.md, what we learned: eight vectors in flight where a row is loaded before its
     # cell test)
     deep = 4 if layout.padded else 8
-    params = TDT_LOG_PROBS_PARAMS(grids=_grids(layout), tokens=_rows(tokens2d, row_start, vec, aligned),
-                                  durations=DURATION_ROWS(data=durations2d, ld=durations2d.stride(0), D=D),
-                                  labels=_labels(targets, options.blank), sigma=options.sigma, lp=lp, lp_dur=lp_dur,
-                                  den=den)
+    params = TDT_LOG_PROBS_PARAMS(
+        grids=_grids(layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
+        duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=D),
+        labels=_labels_struct(targets, options.blank), sigma=options.sigma, lp=lp, lp_arcs=lp_arcs, den=den,
+        den_arcs=den_arcs)
     name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
 
 
-def tdt_alpha_beta(lp, lp_dur, layout, options):
-    return _duration_walks(lp, lp_dur, layout, options.durations, False)
+def tdt_alpha_beta(lp, lp_arcs, layout, options):
+    return _duration_walks(lp, lp_arcs, layout, options.durations, False)
 
 
-def multiblank_alpha_beta(lp, lp_big, layout, options):
+def multiblank_alpha_beta(lp, lp_arcs, layout, options):
     # TDT's walk with blank arcs of durations 1, d_1, ..., d_K and a label arc of duration 0 (tdt.cu:
     # TdtWalkParams)
-    return _duration_walks(lp, lp_big, layout, (0, 1) + tuple(options.big_blank_durations), True)
+    return _duration_walks(lp, lp_arcs, layout, (0, 1) + tuple(options.big_blank_durations), True)
 
 
 def _duration_walks(lp, lp_arcs, layout, durations, multiblank):
@@ -484,7 +503,7 @@ def _duration_walks(lp, lp_arcs, layout, durations, multiblank):
     max_u1 = max(int(layout.max_u1), 1)
     D, itemsize = len(durations), lp.element_size()
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
-    params = TDT_WALK_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, lp_dur=lp_arcs,
+    params = TDT_WALK_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, lp_arcs=lp_arcs,
                              durations=_durations(tuple(durations)), padded=layout.padded, ring=0, cols=0,
                              out=_walks_struct(walks))
     # tdt_walk_kernel: rings of a power of two steps, a column per thread and two of -inf; alpha's ring
@@ -503,9 +522,10 @@ def _duration_walks(lp, lp_arcs, layout, durations, multiblank):
     return walks
 
 
-def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_tokens, out_durations, row_start=0):
-    for name, x in (("tokens2d", tokens2d), ("durations2d", durations2d), ("out_tokens", out_tokens),
-                    ("out_durations", out_durations)):
+def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out_tokens, out_duration_scores,
+                 row_start=0):
+    for name, x in (("tokens2d", tokens2d), ("duration_scores", duration_scores), ("out_tokens", out_tokens),
+                    ("out_duration_scores", out_duration_scores)):
         _row_major(name, x)
     num_rows, V = tokens2d.shape
     if num_rows == 0:
@@ -521,13 +541,14 @@ def tdt_gradient(tokens2d, durations2d, targets, lattice, scale, options, out_to
     vec, aligned, staged = _row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
     clamp = max(options.clamp, 0.0)
     params = TDT_GRADIENT_PARAMS(
-        grids=_grids(lattice.layout), tokens=_rows(tokens2d, row_start, vec, aligned),
-        durations=DURATION_ROWS(data=durations2d, ld=durations2d.stride(0), D=durations2d.size(1)),
-        values=_durations(tuple(options.durations)), labels=_labels(targets, options.blank),
-        lattice=_lattice_struct(lattice), lp_dur=lattice.lp_dur, rnnt=_walks_struct(rnnt),
-        scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
+        grids=_grids(lattice.layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
+        duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=duration_scores.size(1)),
+        durations=_durations(tuple(options.durations)), labels=_labels_struct(targets, options.blank),
+        lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs, den_arcs=lattice.den_arcs,
+        rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
         fastemit_lambda=options.fastemit_lambda, omega=omega, clamp=clamp, out_tokens=out_tokens,
-        ld_out_tokens=out_tokens.stride(0), out_durations=out_durations, ld_out_durations=out_durations.stride(0))
+        ld_out_tokens=out_tokens.stride(0), out_duration_scores=out_duration_scores,
+        ld_out_duration_scores=out_duration_scores.stride(0))
     name = _name("tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), clamp > 0, aligned,
                  staged)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),

@@ -21,7 +21,8 @@ promoted one) and the loss arithmetic in fp32, as in the unfused path; the pack 
 in their own dtypes and write (read) the tiles in the GEMMs' dtype.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
-registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers).
+registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers), with the
+loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``kinds.Kind``.
 Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
 forward and one in backward.
 """
@@ -37,17 +38,17 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
+from .joiner import ACTIVATIONS, Dropout, check_activation, check_dropout
+from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_big_blank_durations, check_blank, check_options,
                      check_reduction, check_sigma, check_tdt_options, check_tensor, is_index)
-from .layout import MAX_ROWS, NUM_STATS, Lattice, Layout, LossOptions, stages_for, table_size
-from .library import Op, lattice_of, lattice_outputs, mixed_nll
-from .loss import _reduce
-from .multiblank import multiblank_lattice
-from .tdt import tdt_lattice
+from .kinds import check_supported, kind_of
+from .layout import MAX_ROWS, NUM_STATS, Layout, LossOptions
+from .library import Op, fake_outputs, lattice_of, lattice_outputs
+from .loss import reduce_losses
 
-__all__ = ["fused_joiner_loss", "FusedJoinerLoss", "ACTIVATIONS"]
+__all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
 
-ACTIVATIONS = ("tanh", "relu", "identity")
 # Tile buffers (two of the tile's hidden, logits and dh) of about this many bytes when max_rows is not
 # given: on CUDA smaller tiles cost launches, host time and GEMM efficiency, on the CPU a few thousand rows
 # already keep the GEMMs efficient (the peaks and times: benchmarks/RESULTS.md).
@@ -78,7 +79,7 @@ def _utterances(row_splits, start, end):
     return bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1)
 
 
-def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, blank, big_blanks):
+def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_columns, stats, blank, big_blanks):
     t_min, t_max, u_min, u_max, cells, bad = stats
     if t_min < 1 or t_max > encoder_out.size(1):
         raise ValueError(f"logit_lengths: expected values in [1, {encoder_out.size(1)}] (encoder_out.size(1)), "
@@ -96,23 +97,24 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, stats, 
 
 
 def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
-                   targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, activation: str, blank: int,
-                   one_sym_per_frame: bool, check_inputs: bool, delay_penalty: float, fastemit_lambda: float,
-                   clamp: float, compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float,
-                   omega: float, big_blank_durations: List[int], static_shapes: bool
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, option_ints: List[int],
+                   option_floats: List[float], activation: str, dropout: float, seed: Tensor, check_inputs: bool,
+                   compute_dtype: torch.dtype, max_rows: int, static_shapes: bool
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                              Tensor]:
     """(nll, *library.lattice_outputs)."""
-    options = LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
-                          fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=tuple(durations),
-                          sigma=sigma, omega=omega, big_blank_durations=tuple(big_blank_durations))
+    options = LossOptions.from_flat(option_ints, option_floats)
+    kind = kind_of(options)
+    check_supported(options, kind, encoder_out.device.type)
     stages = stages_for(encoder_out.device)
-    V = weight.size(0) - len(durations)  # the token columns
-    big = len(big_blank_durations)
-    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, blank, check_inputs,
-                           big)
+    D = kind.extra_columns(options)
+    V = weight.size(0) - D  # the token columns
+    big = len(options.big_blank_durations)
+    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, options.blank,
+                           check_inputs, big)
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     if check_inputs:
-        _check_fused_values(encoder_out, predictor_out, targets, V, table[-NUM_STATS:], blank, big)
+        _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
     num_rows = table[4 * layout.batch_size]
     bound = _capacity(encoder_out, predictor_out)
     if num_rows > bound:
@@ -123,32 +125,19 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     # num_rows hold zeros; in eager mode they have num_rows rows.
     capacity = bound if static_shapes else num_rows
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
-    new = functools.partial(new, dtype=accumulate_dtype(compute_dtype))
-    lp = new(capacity, 2)
-    den = new(capacity, 2) if durations else new(capacity)
-    lp_dur = new(capacity, len(durations) or big)  # TDT: the durations' log-probs; multi-blank: the big blanks'
+    arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
     Wx, _ = _projection(weight, bias, compute_dtype)
+    joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     for start, end in _tiles(num_rows, max_rows):
-        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
         z = F.linear(hx, Wx)
-        if durations:
-            stages.tdt_log_probs(z[:, :V], z[:, V:weight.size(0)], targets, layout, options, start, (lp, lp_dur, den))
-        elif big:
-            stages.multiblank_log_probs(z[:, :V], targets, layout, options, start, (lp, den, lp_dur))
-        else:
-            stages.log_probs(z[:, :V], targets, layout, options, start, (lp, den))
+        kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
         del hx, z
-    if durations:
-        lattice = tdt_lattice(stages, layout, lp, lp_dur, den, options)
-    elif big:
-        lattice = multiblank_lattice(stages, layout, lp, den, lp_dur, options)
-    else:
-        walks = stages.alpha_beta(lp, layout, options)
-        lattice = Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll)
+    lattice = kind.lattice(stages, layout, arrays, options)
     if capacity > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
             x[num_rows:] = 0
-    return (mixed_nll(lattice, omega),) + lattice_outputs(lattice)
+    return (kind.nll(lattice, options),) + lattice_outputs(lattice)
 
 
 _ROW_MULTIPLES = (128, 8)  # the projection's rows are padded to a multiple of the first that costs <= 3%
@@ -176,17 +165,17 @@ def _projection(weight, bias, compute_dtype):
     return Wx, Wx[:, :J]
 
 
-def _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx):
-    """The GEMMs' operand against Wx (_projection) for the rows [start, end), in Wx's dtype: h = act(
-    encoder_out[b, t] + predictor_out[b, u]) (the sum and act in the inputs' promoted dtype, as the unfused
-    composition computes them, then rounded to Wx's dtype by the pack pass itself: no tile of the promoted
-    dtype), then with a bias columns of ones. The backward recomputes act'(h) from the inputs
-    (pack_backward_add), so h is not kept."""
+def _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx):
+    """The GEMMs' operand against Wx (_projection) for the rows [start, end), in Wx's dtype: h = dropout(act(
+    encoder_out[b, t] + predictor_out[b, u])) (``joiner`` = (activation, Dropout or None); the sum and act in
+    the inputs' promoted dtype, as the unfused composition computes them, then rounded to Wx's dtype by the
+    pack pass itself: no tile of the promoted dtype), then with a bias columns of ones. The backward
+    recomputes act'(a) and the mask from the inputs (pack_backward_add), so h is not kept."""
     J, rows = encoder_out.size(2), end - start
     hx = encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
     if Wx.size(1) > J:  # a bias: its columns of ones
         hx[:, J:] = 1
-    stages.pack_forward(encoder_out, predictor_out, layout, rows, start, activation, hx[:, :J])
+    stages.pack_forward(encoder_out, predictor_out, layout, rows, start, joiner[0], hx[:, :J], joiner[1])
     return hx
 
 
@@ -195,21 +184,21 @@ def _capacity(encoder_out, predictor_out):
 
 
 def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor, weight: Tensor,
-                    bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, lp_dur: Tensor, den: Tensor,
-                    alpha: Tensor, beta: Tensor, nll: Tensor, alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor,
-                    activation: str, blank: int, one_sym_per_frame: bool, fastemit_lambda: float, clamp: float,
-                    compute_dtype: torch.dtype, max_rows: int, durations: List[int], sigma: float, omega: float,
-                    big_blank_durations: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                    bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, den: Tensor, lp_arcs: Tensor,
+                    den_arcs: Tensor, alpha: Tensor, beta: Tensor, nll: Tensor, alpha_r: Tensor, beta_r: Tensor,
+                    rnnt_nll: Tensor, option_ints: List[int], option_floats: List[float], activation: str,
+                    dropout: float, seed: Tensor, compute_dtype: torch.dtype, max_rows: int
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * loss[b], each in
     its input's dtype; the last is zeros when there is no bias."""
-    options = LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
-                          fastemit_lambda=fastemit_lambda, durations=tuple(durations), sigma=sigma, omega=omega,
-                          big_blank_durations=tuple(big_blank_durations))
+    options = LossOptions.from_flat(option_ints, option_floats)
+    kind = kind_of(options)
     stages = stages_for(encoder_out.device)
     B, max_t, J = encoder_out.shape
-    V = weight.size(0) - len(durations)
+    D = kind.extra_columns(options)
+    V = weight.size(0) - D
     layout = Layout(table, False, targets.size(1) + 1)
-    lattice = lattice_of(layout, (lp, lp_dur, den, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
+    lattice = lattice_of(layout, (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
     row_splits = layout.row_splits.tolist()
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
@@ -217,17 +206,13 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     Wx, W = _projection(weight, bias, compute_dtype)
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
+    joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     for start, end in _tiles(row_splits[-1], max_rows):
-        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, activation, Wx)
+        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
         dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
-        tokens = dz[:, :V]
-        if durations:
-            durs = dz[:, V:weight.size(0)]
-            stages.tdt_gradient(tokens, durs, targets, lattice, scale, options, tokens, durs, start)
-            del durs  # a view of dz, which is freed below: a view left alive kept a third tile buffer
-        else:
-            stages.gradient(tokens, targets, lattice, scale, options, tokens, start)
-        del tokens
+        tokens, extra = dz[:, :V], dz[:, V:V + D] if D else None
+        kind.gradient(stages, tokens, extra, targets, lattice, scale, options, tokens, extra, start)
+        del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
         if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
             dz[:, weight.size(0):] = 0
         grad_wx += dz.t().mm(hx)
@@ -236,7 +221,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         del dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
         stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,
-                                 (encoder_out, predictor_out), activation)
+                                 (encoder_out, predictor_out), *joiner)
         del dh
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
@@ -245,18 +230,21 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
 
 
 def _setup_context(ctx, inputs, output):
-    (encoder_out, predictor_out, weight, bias, targets, _, _, activation, blank, one_sym_per_frame, _, _,
-     fastemit_lambda, clamp, compute_dtype, max_rows, durations, sigma, omega, big_blank_durations, _) = inputs
+    (encoder_out, predictor_out, weight, bias, targets, _, _, option_ints, option_floats, activation, dropout, seed,
+     _, compute_dtype, max_rows, _) = inputs
     nll, *lattice = output
     ctx.mark_non_differentiable(*lattice)
-    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice)
-    ctx.options = (activation, blank, one_sym_per_frame, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
-                   sigma, omega, big_blank_durations)
+    ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice, seed)
+    ctx.options = LossOptions.from_flat(option_ints, option_floats)
+    ctx.joiner = (activation, dropout, compute_dtype, max_rows)
 
 
 def _gradient(ctx, grad_nll, backward):
-    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *ctx.saved_tensors, *ctx.options)
-    bias = ctx.saved_tensors[3]
+    *tensors, seed = ctx.saved_tensors
+    activation, dropout, compute_dtype, max_rows = ctx.joiner
+    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *tensors, *ctx.options.flat(), activation, dropout, seed,
+                                                   compute_dtype, max_rows)
+    bias = tensors[3]
     return {"encoder_out": grad_enc, "predictor_out": grad_pred, "weight": grad_w,
             "bias": None if bias is None else grad_b}
 
@@ -266,19 +254,11 @@ fused_op, fused_backward_op = fused.op, fused.backward_op
 
 
 @fused_op.register_fake
-def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, activation, blank,
-      one_sym_per_frame, check_inputs, delay_penalty, fastemit_lambda, clamp, compute_dtype, max_rows, durations,
-      sigma, omega, big_blank_durations, static_shapes):
-    acc = accumulate_dtype(compute_dtype)
+def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, option_ints, option_floats,
+      activation, dropout, seed, check_inputs, compute_dtype, max_rows, static_shapes):
     rows = _capacity(encoder_out, predictor_out) if static_shapes else torch.library.get_ctx().new_dynamic_size()
-    B = logit_lengths.size(0)
-    D, K = len(durations), len(big_blank_durations)
-    new = lambda *shape: encoder_out.new_empty(*shape, dtype=acc)  # noqa: E731
-    r = rows if D and omega else 0
-    # (nll, table, lp, lp_dur, den, alpha, beta, nll of the walk, alpha_r, beta_r, rnnt_nll): lattice_outputs
-    return (new(B), encoder_out.new_empty(table_size(B), dtype=torch.int64), new(rows, 2),
-            new(rows, D or K) if D or K else new(0), new(rows, 2) if D else new(rows), new(rows), new(rows), new(B),
-            new(r), new(r), new(B) if D and omega else new(0))
+    return fake_outputs(encoder_out, accumulate_dtype(compute_dtype), logit_lengths.size(0), rows,
+                        LossOptions.from_flat(option_ints, option_floats))
 
 
 @fused_backward_op.register_fake
@@ -287,44 +267,36 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
             weight.new_empty(weight.size(0)))
 
 
-def _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp, fastemit_lambda, delay_penalty,
-                   durations, sigma, omega, big_blank_durations, blank, device=None):
-    """The options of fused_joiner_loss and FusedJoinerLoss: (the durations as a list or None (not TDT), the big
-    blanks' durations as a list or None (not multi-blank)); ``blank``: the blank's column, or None when not
-    known yet."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+def _loss_options(activation, reduction, max_rows, blank, device=None, *, one_sym_per_frame, clamp, fastemit_lambda,
+                  delay_penalty, durations, sigma, omega, big_blank_durations):
+    """The LossOptions of fused_joiner_loss's and FusedJoinerLoss's arguments, every one checked: a loss's
+    options that its lattice does not take are refused by the option table (kinds.check_supported);
+    ``blank``: the blank's column, or None when it is not known yet (the module, before a call)."""
+    check_activation(activation)
     check_reduction(reduction)
     check_options(clamp, fastemit_lambda, delay_penalty)
     if max_rows is not None and (not is_index(max_rows) or operator.index(max_rows) < 1):
         raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
+    check_sigma(sigma)
+    if durations is not None:
+        durations = check_tdt_options(durations, sigma, omega, device)
     if big_blank_durations is not None:
-        if durations is not None:
-            raise ValueError("big_blank_durations: a multi-blank loss has no durations (TDT's)")
-        if omega:
-            raise ValueError("omega: a TDT option; the multi-blank loss has none")
-        if one_sym_per_frame or delay_penalty:
-            raise ValueError("big_blank_durations: the multi-blank loss has no one_sym_per_frame or delay_penalty "
-                             "option")
-        check_sigma(sigma)
-        return None, list(check_big_blank_durations(big_blank_durations, blank, device))
-    if durations is None:
-        if sigma or omega:
-            raise ValueError("sigma, omega: TDT options (sigma also the multi-blank loss's); pass durations or "
-                             "big_blank_durations too")
-        return None, None
-    durations = check_tdt_options(durations, sigma, omega, device)
-    if one_sym_per_frame or delay_penalty:
-        raise ValueError("durations: TDT has no one_sym_per_frame or delay_penalty option")
-    return durations, None
+        big_blank_durations = check_big_blank_durations(big_blank_durations, blank, device)
+    options = LossOptions(blank=0 if blank is None else blank, one_sym_per_frame=bool(one_sym_per_frame),
+                          clamp=float(clamp), fastemit_lambda=float(fastemit_lambda),
+                          delay_penalty=float(delay_penalty), durations=tuple(durations or ()), sigma=float(sigma),
+                          omega=float(omega), big_blank_durations=tuple(big_blank_durations or ()))
+    check_supported(options, kind_of(options), device.type if device is not None else None)
+    return options
 
 
 def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
-                      activation="tanh", blank=0, reduction="mean", one_sym_per_frame=False, zero_infinity=False,
-                      check_inputs=True, max_rows=None, clamp=-1.0, fastemit_lambda=0.0, delay_penalty=0.0,
-                      durations=None, sigma=0.0, omega=0.0, big_blank_durations=None):
-    r"""The joiner ``F.linear(act(encoder_out[b, t] + predictor_out[b, u]), weight, bias)`` and the transducer
-    loss over its logits, without the logits or the joiner's hidden in memory.
+                      activation="tanh", dropout=0.0, generator=None, blank=0, reduction="mean",
+                      one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
+                      fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0,
+                      big_blank_durations=None):
+    r"""The joiner ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])), weight, bias)`` and the
+    transducer loss over its logits, without the logits or the joiner's hidden in memory.
 
     Equal to ``transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets,
     T, U, ...)`` with the same options (:func:`transducer.transducer_loss`); with ``durations``, to
@@ -341,7 +313,13 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank.
         logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
-        activation (str, optional): ``"tanh"``, ``"relu"`` or ``"identity"``. (Default: ``"tanh"``)
+        activation (str, optional): ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"gelu"``, ``"silu"`` or
+            ``"identity"`` (transducer/joiner.py). (Default: ``"tanh"``)
+        dropout (float, optional): the rate of dropout on the joiner's hidden, as NeMo's joint applies it
+            after the activation; its mask is a hash of a seed drawn from ``generator`` and of each element's
+            (row, column), the same in backward's recompute (``transducer.joiner.dropout_mask`` gives it). 0
+            draws nothing. (Default: ``0.0``)
+        generator (torch.Generator, optional): a CPU generator for dropout's seed. (Default: torch's default one)
         max_rows (int, optional): rows per tile. (Default: tile buffers of about 256 MiB on CUDA, 16 MiB on the
             CPU)
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda, delay_penalty:
@@ -378,12 +356,14 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
     B, _, J = encoder_out.shape
-    V = weight.size(0)  # the token columns and, with durations, the duration columns
-    durations, big_blank_durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp,
-                                                    fastemit_lambda, delay_penalty, durations, sigma, omega,
-                                                    big_blank_durations, None, device)
-    D = len(durations or [])
-    if weight.size(0) - D < 2:
+    rows = weight.size(0)  # the token columns and, with durations, the duration columns
+    loss = dict(one_sym_per_frame=one_sym_per_frame, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                delay_penalty=delay_penalty, durations=durations, sigma=sigma, omega=omega,
+                big_blank_durations=big_blank_durations)
+    options = _loss_options(activation, reduction, max_rows, None, device, **loss)
+    check_dropout(dropout)
+    D = len(options.durations)
+    if rows - D < 2:
         before = f" before the {D} duration rows" if D else ""
         raise ValueError(f"weight: expected at least 2 token rows{before}, got shape {tuple(weight.shape)}")
     if B == 0:
@@ -393,28 +373,30 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
                          f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}")
     if weight.size(1) != J:
         raise ValueError(f"weight: expected shape (V, {J}) (J = encoder_out.size(2)), got {tuple(weight.shape)}")
-    if bias is not None and bias.shape != (V,):
-        raise ValueError(f"bias: expected shape ({V},) (V = weight.size(0)), got {tuple(bias.shape)}")
+    if bias is not None and bias.shape != (rows,):
+        raise ValueError(f"bias: expected shape ({rows},) (weight.size(0)), got {tuple(bias.shape)}")
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
         if x.size(0) != B:
             raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape "
                              f"{tuple(x.shape)}")
-    blank = check_blank(blank, V - D, "the token rows of weight")
-    if big_blank_durations:  # the big blanks fit before the blank
-        check_big_blank_durations(big_blank_durations, blank)
+    blank = check_blank(blank, rows - D, "the token rows of weight")
+    if options.big_blank_durations:  # the big blanks fit before the blank
+        check_big_blank_durations(options.big_blank_durations, blank)
+    options = options._replace(blank=blank)
     # the GEMMs' dtype: the autocast dtype, as F.linear under autocast takes it, else the inputs' promoted one
     compute_dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
     if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
         compute_dtype = torch.get_autocast_dtype(device.type)
     if max_rows is None:
-        max_rows = default_max_rows(J, V, torch.finfo(compute_dtype).bits // 8, device.type)
+        max_rows = default_max_rows(J, rows, torch.finfo(compute_dtype).bits // 8, device.type)
+    # dropout's seed: 63 bits from a CPU generator, a CPU tensor (no device work, and torch.compile traces it)
+    seed = torch.randint((1 << 63) - 1, (), generator=generator) if dropout else torch.zeros((), dtype=torch.int64)
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
-              target_lengths, activation, blank, bool(one_sym_per_frame), bool(check_inputs),
-              float(delay_penalty), float(fastemit_lambda), float(clamp), compute_dtype, operator.index(max_rows),
-              durations or [], float(sigma), float(omega), big_blank_durations or [], torch.compiler.is_compiling())
+              target_lengths, *options.flat(), activation, float(dropout), seed, bool(check_inputs), compute_dtype,
+              operator.index(max_rows), torch.compiler.is_compiling())
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
         nll = fused(*inputs)[0]
-    return _reduce(nll, reduction, zero_infinity)
+    return reduce_losses(nll, reduction, zero_infinity)
 
 
 class FusedJoinerLoss(torch.nn.Module):
@@ -431,7 +413,7 @@ class FusedJoinerLoss(torch.nn.Module):
     Args:
         joiner_dim (int): J, the width of ``enc + pred``.
         vocab_size (int): V, the token columns (blank included).
-        activation (str, optional): ``"tanh"``, ``"relu"`` or ``"identity"``. (Default: ``"tanh"``)
+        activation (str, optional): as for :func:`fused_joiner_loss`. (Default: ``"tanh"``)
         bias (bool, optional): the projection has a bias. (Default: ``True``)
         blank (int, optional): the blank's column; negative counts from the end. (Default: ``0``)
         **options: ``reduction``, ``one_sym_per_frame``, ``zero_infinity``, ``check_inputs``, ``max_rows``,
@@ -454,9 +436,13 @@ class FusedJoinerLoss(torch.nn.Module):
                  device=None, dtype=None):
         super().__init__()
         blank = check_blank(blank, vocab_size, "vocab_size")
-        durations, big_blank_durations = _check_options(activation, reduction, one_sym_per_frame, max_rows, clamp,
-                                                        fastemit_lambda, delay_penalty, durations, sigma, omega,
-                                                        big_blank_durations, blank)
+        _loss_options(activation, reduction, max_rows, blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
+                      fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=durations, sigma=sigma,
+                      omega=omega, big_blank_durations=big_blank_durations)
+        if durations is not None:
+            durations = check_tdt_options(durations, sigma, omega)
+        if big_blank_durations is not None:
+            big_blank_durations = list(check_big_blank_durations(big_blank_durations, blank))
         self.output = torch.nn.Linear(joiner_dim, vocab_size + len(durations or []), bias=bias, device=device,
                                       dtype=dtype)
         self.options = dict(activation=activation, blank=blank, reduction=reduction,
@@ -476,9 +462,7 @@ class FusedJoinerLoss(torch.nn.Module):
 
     def logits(self, encoder_out, predictor_out):
         """``output(act(encoder_out + predictor_out))`` with broadcasting, for decoding."""
-        h, activation = encoder_out + predictor_out, self.options["activation"]
-        h = torch.tanh(h) if activation == "tanh" else torch.relu(h) if activation == "relu" else h
-        return self.output(h)
+        return self.output(ACTIVATIONS[self.options["activation"]].forward(encoder_out + predictor_out))
 
     def extra_repr(self):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())

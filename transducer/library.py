@@ -1,20 +1,23 @@
-"""The loss and pack as registered operators (``torch.ops.transducer.*``): torch.compile and
-torch.export see one opaque op each, with a fake (meta) implementation for shapes and an autograd
-formula, instead of tracing into the kernel launches.
+"""The losses and pack as registered operators (``torch.ops.transducer.*``): torch.compile and torch.export
+see one opaque op each, with a fake (meta) implementation for shapes and an autograd formula, instead of
+tracing into the kernel launches.
 
-    transducer::loss(logits, targets, logit_lengths, target_lengths, blank, one_sym_per_frame,
-                     from_log_softmax, check_inputs, delay_penalty, fastemit_lambda, clamp,
-                     inplace_grad) -> (nll, table, lp, den, alpha, beta)
-    transducer::loss_backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, blank,
-                              one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, out) -> ()
+    transducer::loss(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, option_ints,
+                     option_floats, check_inputs, inplace_grad)
+        -> (nll, table, lp, den, lp_arcs, den_arcs, alpha, beta, walk_nll, alpha_r, beta_r, rnnt_nll)
+    transducer::loss_backward(grad_nll, logits, extra_scores, targets, table, lp, ..., rnnt_nll, vocab_size,
+                              option_ints, option_floats, out, out_extra) -> ()
     transducer::pack(encoder_out, predictor_out, logit_lengths, target_lengths) -> (rows, table)
     transducer::pack_backward(grad_rows, table, max_t, max_u1) -> (grad_encoder_out, grad_predictor_out)
 
-An op's schema is flat (torch.library's types); inside, the options become one ``LossOptions`` and what
-forward keeps one ``Lattice`` (transducer/layout.py), which the stages take whole. ``nll`` is the (B,)
-negative log-likelihood (float32, or float64 for float64 logits); ``table``, ``lp``, ``den``, ``alpha`` and
-``beta`` are the Lattice's tensors. Logits and targets reach ``loss`` contiguous (transducer/loss.py makes
-them so, where autograd sees the copy).
+One op serves every loss (RNN-T, RNA, TDT, multi-blank): its ``LossOptions`` travel flat (``option_ints``,
+``option_floats``: ``LossOptions.flat``, torch.library's types) and pick the lattice (transducer/kinds.py);
+inside, the options are one ``LossOptions`` again and what forward keeps one ``Lattice``
+(transducer/layout.py), which the stages take whole. ``logits`` holds the token scores, and TDT's duration
+scores after them unless ``extra_scores`` holds them (a second head); ``vocab_size`` is the token columns.
+``nll`` is the (B,) loss (float32, or float64 for float64 logits); the lattice's tensors follow it
+(``lattice_outputs``), empty where a lattice has no such array. Logits and targets reach ``loss`` contiguous
+or with rows readable in place (the public functions make them so, where autograd sees the copy).
 
 ``loss`` and ``pack`` below (``Op``s) are what the rest of the package calls: the registered ops while
 torch.compile or torch.export traces, and in eager mode autograd Functions around the same implementations,
@@ -23,7 +26,7 @@ benchmarks/RESULTS.md, what we learned: small steps are host-bound).
 """
 
 import inspect
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -31,11 +34,13 @@ from torch import Tensor
 from ops import accumulate_dtype
 from ops.cuda import host_reader
 
+from .backend import stages_for
 from .checks import check_loss_values, check_pack_values, check_rows
-from .layout import NUM_STATS, Lattice, Layout, LossOptions, Walks, stages_for, table_size
+from .kinds import check_supported, kind_of
+from .layout import NUM_STATS, Lattice, Layout, LossOptions, Walks, table_size
 
-__all__ = ["Op", "loss", "pack", "make_layout", "saved_layout", "gradient_buffer", "loss_options", "lattice_outputs",
-           "lattice_of", "mixed_nll"]
+__all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs", "lattice_of",
+           "fake_outputs", "score_views", "in_place_rows"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None,
@@ -155,82 +160,114 @@ class Op:
 # ---------------------------------------------------------------------------------------------- loss
 
 
-def mixed_nll(lattice, omega):
-    """The loss of a lattice: with omega (TDT), (1 - omega) * tdt + omega * rnnt; a new tensor either way (op
-    outputs may not alias each other)."""
-    return (1 - omega) * lattice.nll + omega * lattice.rnnt.nll if omega else lattice.nll.clone()
-
-
 def lattice_outputs(lattice):
-    """A Lattice's tensors as op outputs (after the loss): (table, lp, lp_dur, den, alpha, beta, nll, alpha_r,
-    beta_r, rnnt_nll); lp_dur empty without durations or big blanks, the last three without omega (op outputs
-    may not alias each other)."""
-    rnnt = lattice.rnnt or Walks(*(lattice.lp.new_empty(0) for _ in range(3)))
-    lp_dur = lattice.lp_dur if lattice.lp_dur is not None else lattice.lp.new_empty(0)
-    return (lattice.layout.table, lattice.lp, lp_dur, lattice.den, lattice.alpha, lattice.beta,
-            lattice.nll) + tuple(rnnt)
+    """A Lattice's tensors as op outputs (after the loss): (table, lp, den, lp_arcs, den_arcs, alpha, beta, nll,
+    alpha_r, beta_r, rnnt_nll); empty where the lattice has no such array (op outputs may not alias each
+    other)."""
+    empty = lattice.lp.new_empty
+    rnnt = lattice.rnnt or Walks(empty(0), empty(0), empty(0))
+    return (lattice.layout.table, lattice.lp, lattice.den,
+            lattice.lp_arcs if lattice.lp_arcs is not None else empty(0),
+            lattice.den_arcs if lattice.den_arcs is not None else empty(0),
+            lattice.alpha, lattice.beta, lattice.nll) + tuple(rnnt)
 
 
 def lattice_of(layout, tensors, options):
-    """The Lattice of lattice_outputs' tensors after the table, (lp, lp_dur, den, alpha, beta, nll, alpha_r,
-    beta_r, rnnt_nll): backward's saved tensors."""
-    lp, lp_dur, den, alpha, beta, nll, alpha_r, beta_r, rnnt_nll = tensors
-    rnnt = Walks(alpha_r, beta_r, rnnt_nll) if options.omega else None
-    lp_dur = lp_dur if options.durations or options.big_blank_durations else None
-    return Lattice(layout, lp, den, alpha, beta, nll, lp_dur, rnnt)
+    """The Lattice of lattice_outputs' tensors after the table: backward's saved tensors."""
+    lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll = tensors
+    kind = kind_of(options)
+    return Lattice(layout, lp, den, alpha, beta, nll, lp_arcs if kind.arcs(options) else None,
+                   den_arcs if kind.extra_columns(options) else None,
+                   Walks(alpha_r, beta_r, rnnt_nll) if options.omega else None)
 
 
-def loss_options(blank, one_sym_per_frame=False, from_log_softmax=False, fastemit_lambda=0.0, clamp=0.0,
-                 delay_penalty=0.0):
-    """The LossOptions of transducer::loss's flat arguments."""
-    return LossOptions(blank=blank, one_sym_per_frame=one_sym_per_frame, from_log_softmax=from_log_softmax,
-                       clamp=clamp, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+def fake_outputs(like, acc, B, N, options):
+    """The op outputs (nll, *lattice_outputs) of ``B`` utterances over ``N`` rows, as empty tensors like
+    ``like`` (the register_fake implementations; ``acc``: the per-row arrays' dtype)."""
+    kind = kind_of(options)
+    K, D = kind.arcs(options), kind.extra_columns(options)
+    new = lambda *shape: like.new_empty(shape, dtype=acc)  # noqa: E731
+    r = N if options.omega else 0
+    return (new(B), like.new_empty(table_size(B), dtype=torch.int64), new(N, 2), new(N), new(N, K) if K else new(0),
+            new(N) if D else new(0), new(N), new(N), new(B), new(r), new(r), new(B if options.omega else 0))
 
 
-def _loss_forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int,
-                  one_sym_per_frame: bool, from_log_softmax: bool, check_inputs: bool, delay_penalty: float,
-                  fastemit_lambda: float, clamp: float, inplace_grad: bool
-                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def in_place_rows(x):
+    """``x`` itself when its rows can be read in place (unit column stride, leading dims that flatten to one
+    row index: a column slice of a wider joint output, such as the token and duration columns of a joint
+    whose width is padded to a multiple of 8), else a contiguous copy."""
+    if x.is_contiguous():
+        return x
+    if x.stride(-1) == 1:
+        try:
+            x.view(-1, x.size(-1))
+            return x
+        except RuntimeError:
+            pass
+    return x.contiguous()
+
+
+def score_views(logits, extra_scores, vocab_size):
+    """(tokens (N, V), extra (N, D) or None): 2-D views of the rows (no copy; one op: each costs host time)."""
+    rows = logits if logits.dim() == 2 else logits.view(-1, logits.size(-1))
+    if extra_scores is not None:
+        return rows, extra_scores if extra_scores.dim() == 2 else extra_scores.view(-1, extra_scores.size(-1))
+    if vocab_size < rows.size(1):
+        return rows.split_with_sizes([vocab_size, rows.size(1) - vocab_size], 1)
+    return rows, None
+
+
+def _loss_forward(logits: Tensor, extra_scores: Optional[Tensor], targets: Tensor, logit_lengths: Tensor,
+                  target_lengths: Tensor, vocab_size: int, option_ints: List[int], option_floats: List[float],
+                  check_inputs: bool, inplace_grad: bool
+                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                             Tensor]:
     check_rows(logits)  # here, not in the Python caller: under torch.compile the rows may be symbolic
-    options = loss_options(blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp, delay_penalty)
+    options = LossOptions.from_flat(option_ints, option_floats)
+    kind = kind_of(options)
+    check_supported(options, kind, logits.device.type)
     stages = stages_for(logits.device)
-    layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs)
-    logits2d = logits.view(-1, logits.size(-1))
-    lp, den = checked_log_probs(layout, logits, targets, options, check_inputs,
-                                lambda: stages.log_probs(logits2d, targets, layout, options))
-    walks = stages.alpha_beta(lp, layout, options)
-    return walks.nll, layout.table, lp, den, walks.alpha, walks.beta
+    tokens, extra = score_views(logits, extra_scores, vocab_size)
+    layout = make_layout(logits, targets, logit_lengths, target_lengths, options.blank, check_inputs, vocab_size,
+                         len(options.big_blank_durations))
+    log_probs = checked_log_probs(layout, logits, targets, options, check_inputs,
+                                  lambda: kind.log_probs(stages, tokens, extra, targets, layout, options), vocab_size)
+    lattice = kind.lattice(stages, layout, log_probs, options)
+    return (kind.nll(lattice, options),) + lattice_outputs(lattice)
 
 
-def _loss_backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Tensor, lp: Tensor, den: Tensor,
-                   alpha: Tensor, beta: Tensor, nll: Tensor, blank: int, one_sym_per_frame: bool,
-                   from_log_softmax: bool, fastemit_lambda: float, clamp: float, out: Tensor) -> None:
-    """out (the logits' shape and dtype; may be the logits) = the gradient of sum_b grad_nll[b] * nll[b]."""
-    options = loss_options(blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp)
-    lattice = Lattice(saved_layout(table, logits, targets), lp, den, alpha, beta, nll)
-    logits2d = logits.view(-1, logits.size(-1))
-    stages_for(logits.device).gradient(logits2d, targets, lattice, grad_nll.to(lp.dtype), options,
-                                       out.view(logits2d.shape))
+def _loss_backward(grad_nll: Tensor, logits: Tensor, extra_scores: Optional[Tensor], targets: Tensor, table: Tensor,
+                   lp: Tensor, den: Tensor, lp_arcs: Tensor, den_arcs: Tensor, alpha: Tensor, beta: Tensor,
+                   nll: Tensor, alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor, vocab_size: int,
+                   option_ints: List[int], option_floats: List[float], out: Tensor, out_extra: Tensor) -> None:
+    """out (the logits' shape and dtype; may be the logits) and out_extra (extra_scores', or empty) = the
+    gradient of sum_b grad_nll[b] * nll[b]."""
+    options = LossOptions.from_flat(option_ints, option_floats)
+    lattice = lattice_of(saved_layout(table, logits, targets),
+                         (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
+    tokens, extra = score_views(logits, extra_scores, vocab_size)
+    out_tokens, out_extra = score_views(out, out_extra if extra_scores is not None else None, vocab_size)
+    kind_of(options).gradient(stages_for(logits.device), tokens, extra, targets, lattice, grad_nll.to(lp.dtype),
+                              options, out_tokens, out_extra)
 
 
 def _loss_setup_context(ctx, inputs, output):
-    (logits, targets, _, _, blank, one_sym_per_frame, from_log_softmax, _, _, fastemit_lambda, clamp,
-     inplace_grad) = inputs
-    nll, table, lp, den, alpha, beta = output
-    ctx.mark_non_differentiable(table, lp, den, alpha, beta)
-    ctx.save_for_backward(logits, targets, table, lp, den, alpha, beta, nll)
-    ctx.options = loss_options(blank, one_sym_per_frame, from_log_softmax, fastemit_lambda, clamp)
+    logits, extra_scores, targets, _, _, vocab_size, option_ints, option_floats, _, inplace_grad = inputs
+    nll, *lattice = output
+    ctx.mark_non_differentiable(*lattice)
+    ctx.save_for_backward(logits, extra_scores, targets, *lattice)
+    ctx.vocab_size = vocab_size
+    ctx.options = LossOptions.from_flat(option_ints, option_floats)
     ctx.inplace_grad = inplace_grad
     ctx.wide_rows = wide_gradient_rows(ctx, logits)
 
 
 def _loss_gradient(ctx, grad_nll, backward):
-    logits, targets, table, lp, den, alpha, beta, nll = ctx.saved_tensors
-    o = ctx.options
+    logits, extra_scores, targets, *lattice = ctx.saved_tensors
     out = logits if ctx.inplace_grad else gradient_buffer(logits, ctx.wide_rows)
-    backward(grad_nll, logits, targets, table, lp, den, alpha, beta, nll, o.blank, o.one_sym_per_frame,
-             o.from_log_softmax, o.fastemit_lambda, o.clamp, out)
-    return {"logits": out}
+    out_extra = torch.empty_like(extra_scores) if extra_scores is not None else logits.new_empty(0)
+    backward(grad_nll, logits, extra_scores, targets, *lattice, ctx.vocab_size, *ctx.options.flat(), out, out_extra)
+    return {"logits": out, "extra_scores": out_extra if extra_scores is not None else None}
 
 
 def _after_eager_backward(ctx, grads):
@@ -238,24 +275,29 @@ def _after_eager_backward(ctx, grads):
         torch.autograd.graph.increment_version(grads[0])
 
 
-loss = Op("loss", _loss_forward, _loss_backward, _loss_setup_context, _loss_gradient, backward_mutates=("out",),
-          after_backward=_after_eager_backward)
+loss = Op("loss", _loss_forward, _loss_backward, _loss_setup_context, _loss_gradient,
+          backward_mutates=("out", "out_extra"), after_backward=_after_eager_backward)
 loss_op, loss_backward_op = loss.op, loss.backward_op
 
 
 @loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, *options):
-    acc = accumulate_dtype(logits.dtype)
+def _(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, option_ints, option_floats, *rest):
     N = logits.numel() // logits.size(-1)
-    B = logit_lengths.size(0)
-    return (logits.new_empty(B, dtype=acc), logits.new_empty(table_size(B), dtype=torch.int64),
-            logits.new_empty(N, 2, dtype=acc), logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc),
-            logits.new_empty(N, dtype=acc))
+    return fake_outputs(logits, accumulate_dtype(logits.dtype), logit_lengths.size(0), N,
+                        LossOptions.from_flat(option_ints, option_floats))
 
 
 @loss_backward_op.register_fake
 def _(*args):
     return None
+
+
+def loss_call(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, options, check_inputs,
+              inplace_grad=False):
+    """The per-utterance loss (B,) of the ``loss`` op for ``options`` (a LossOptions)."""
+    ints, floats = options.flat()
+    return loss(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, ints, floats,
+                bool(check_inputs), bool(inplace_grad))[0]
 
 
 # ---------------------------------------------------------------------------------------------- pack

@@ -1,6 +1,6 @@
 """The transducer loss: the functional form, the module, and torchaudio's spelling of both.
 
-The work happens in the op ``transducer::loss`` (transducer/library.py); this
+The work happens in the op ``transducer::loss`` (transducer/library.py), which every loss shares; this
 module checks the arguments (types, shapes, options: everything that needs no look at tensor values),
 makes logits and targets contiguous where autograd sees the copy, and reduces the per-utterance
 losses with plain torch ops, so that torch.compile traces all of it.
@@ -9,6 +9,7 @@ losses with plain torch ops, so that torch.compile traces all of it.
 import torch
 
 from . import library
+from .layout import LossOptions
 from .checks import (FLOAT_DTYPES, check_batch, check_blank, check_module_blank, check_options, check_reduction,
                      check_tensor)
 
@@ -88,13 +89,15 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     """
     blank = _check_arguments(logits, targets, logit_lengths, target_lengths, blank, reduction, clamp,
                              fastemit_lambda, delay_penalty, inplace_grad)
-    nll = library.loss(logits.contiguous(), targets.contiguous(), logit_lengths, target_lengths,
-                       blank, bool(one_sym_per_frame), bool(from_log_softmax), bool(check_inputs),
-                       float(delay_penalty), float(fastemit_lambda), float(clamp), bool(inplace_grad))[0]
-    return _reduce(nll, reduction, zero_infinity)
+    options = LossOptions(blank=blank, one_sym_per_frame=bool(one_sym_per_frame),
+                          from_log_softmax=bool(from_log_softmax), clamp=float(clamp),
+                          fastemit_lambda=float(fastemit_lambda), delay_penalty=float(delay_penalty))
+    nll = library.loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths,
+                            logits.size(-1), options, check_inputs, inplace_grad)
+    return reduce_losses(nll, reduction, zero_infinity)
 
 
-def _reduce(nll, reduction, zero_infinity):
+def reduce_losses(nll, reduction, zero_infinity):
     """The per-utterance losses as the caller asked for them. Backward sees the true losses (an infinite one
     gets zero gradient); the caller may see zeros. What is returned is a new tensor, never the op's output
     that backward keeps, so it may be changed in place."""

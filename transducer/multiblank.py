@@ -1,98 +1,19 @@
 """The multi-blank RNN-T loss (Xu et al., "Multi-blank Transducers for Speech Recognition", ICASSP 2023, arXiv
-2211.03541; NeMo's semantics): the functional form, the module, and the registered op
-``transducer::multiblank_loss`` (with its backward ``transducer::multiblank_loss_backward``; a ``library.Op``). The
-math and the stage contract: transducer/layout.py. The stages are RNN-T's log-probs and gradient with the big
-blanks' columns, and TDT's walk with the big blanks as blank arcs of several frames.
+2211.03541; NeMo's semantics): the functional form and the module, on the op ``transducer::loss``
+(transducer/library.py). The math and the stage contract: transducer/backend.py. The stages are RNN-T's
+log-probs and gradient with the big blanks' columns, and TDT's walk with the big blanks as blank arcs of
+several frames.
 """
 
-from typing import List, Tuple
-
 import torch
-from torch import Tensor
-
-from ops import accumulate_dtype
 
 from .checks import (FLOAT_DTYPES, check_batch, check_big_blank_durations, check_blank, check_module_blank,
-                     check_options, check_reduction, check_rows, check_sigma, check_tensor)
-from .layout import Lattice, LossOptions, stages_for, table_size
-from .library import Op, checked_log_probs, gradient_buffer, make_layout, saved_layout, wide_gradient_rows
-from .loss import _reduce
+                     check_options, check_reduction, check_sigma, check_tensor)
+from .layout import LossOptions
+from .library import loss_call
+from .loss import reduce_losses
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]
-
-
-def multiblank_options(big_blank_durations, blank, sigma, fastemit_lambda=0.0, clamp=0.0):
-    """The LossOptions of a multi-blank loss (transducer::multiblank_loss's flat arguments)."""
-    return LossOptions(blank=blank, clamp=clamp, fastemit_lambda=fastemit_lambda, sigma=sigma,
-                       big_blank_durations=tuple(big_blank_durations))
-
-
-def multiblank_lattice(stages, layout, lp, den, lp_big, options):
-    """The Lattice of the log-probs (multiblank_log_probs' results): both walks, the big blanks as blank arcs of
-    several frames."""
-    walks = stages.multiblank_alpha_beta(lp, lp_big, layout, options)
-    return Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll, lp_big)
-
-
-def _forward(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
-             big_blank_durations: List[int], blank: int, sigma: float, fastemit_lambda: float, clamp: float,
-             check_inputs: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(nll, table, lp, den, lp_big, alpha, beta)."""
-    check_rows(logits)
-    options = multiblank_options(big_blank_durations, blank, sigma, fastemit_lambda, clamp)
-    stages = stages_for(logits.device)
-    layout = make_layout(logits, targets, logit_lengths, target_lengths, blank, check_inputs,
-                         big_blanks=len(big_blank_durations))
-    logits2d = logits.view(-1, logits.size(-1))
-    lp, den, lp_big = checked_log_probs(layout, logits, targets, options, check_inputs,
-                                        lambda: stages.multiblank_log_probs(logits2d, targets, layout, options))
-    lattice = multiblank_lattice(stages, layout, lp, den, lp_big, options)
-    return lattice.nll.clone(), layout.table, lp, den, lp_big, lattice.alpha, lattice.beta  # outputs may not alias
-
-
-def _backward(grad_nll: Tensor, logits: Tensor, targets: Tensor, table: Tensor, lp: Tensor, den: Tensor,
-              lp_big: Tensor, alpha: Tensor, beta: Tensor, nll: Tensor, big_blank_durations: List[int], blank: int,
-              sigma: float, fastemit_lambda: float, clamp: float, wide_rows: bool) -> Tensor:
-    """The gradient of sum_b grad_nll[b] * nll[b] w.r.t. the logits (wide_rows: see library.gradient_buffer)."""
-    options = multiblank_options(big_blank_durations, blank, sigma, fastemit_lambda, clamp)
-    lattice = Lattice(saved_layout(table, logits, targets), lp, den, alpha, beta, nll, lp_big)
-    grad = gradient_buffer(logits, wide_rows)
-    logits2d = logits.view(-1, logits.size(-1))
-    stages_for(logits.device).gradient(logits2d, targets, lattice, grad_nll.to(lp.dtype), options,
-                                       grad.view(logits2d.shape))
-    return grad
-
-
-def _setup_context(ctx, inputs, output):
-    logits, targets, _, _, big_blank_durations, blank, sigma, fastemit_lambda, clamp, _ = inputs
-    nll, table, lp, den, lp_big, alpha, beta = output
-    ctx.mark_non_differentiable(table, lp, den, lp_big, alpha, beta)
-    ctx.save_for_backward(logits, targets, table, lp, den, lp_big, alpha, beta, nll)
-    ctx.options = (big_blank_durations, blank, sigma, fastemit_lambda, clamp)
-    ctx.wide_rows = wide_gradient_rows(ctx, logits)
-
-
-def _gradient(ctx, grad_nll, backward):
-    return {"logits": backward(grad_nll, *ctx.saved_tensors, *ctx.options, ctx.wide_rows)}
-
-
-multiblank = Op("multiblank_loss", _forward, _backward, _setup_context, _gradient)
-multiblank_op, multiblank_backward_op = multiblank.op, multiblank.backward_op
-
-
-@multiblank_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, big_blank_durations, *rest):
-    acc = accumulate_dtype(logits.dtype)
-    N = logits.numel() // logits.size(-1)
-    B = logit_lengths.size(0)
-    new = logits.new_empty
-    return (new(B, dtype=acc), new(table_size(B), dtype=torch.int64), new(N, 2, dtype=acc), new(N, dtype=acc),
-            new(N, len(big_blank_durations), dtype=acc), new(N, dtype=acc), new(N, dtype=acc))
-
-
-@multiblank_backward_op.register_fake
-def _(grad_nll, logits, *rest):
-    return torch.empty_like(logits)
 
 
 def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_durations, blank, sigma=0.0,
@@ -142,9 +63,11 @@ def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_du
     check_sigma(sigma)
     check_reduction(reduction)
     check_options(clamp, fastemit_lambda, 0.0)
-    nll = multiblank(logits.contiguous(), targets.contiguous(), logit_lengths, target_lengths, list(big), blank,
-                     float(sigma), float(fastemit_lambda), float(clamp), bool(check_inputs))[0]
-    return _reduce(nll, reduction, zero_infinity)
+    options = LossOptions(blank=blank, clamp=float(clamp), fastemit_lambda=float(fastemit_lambda), sigma=float(sigma),
+                          big_blank_durations=tuple(big))
+    nll = loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
+                    options, check_inputs)
+    return reduce_losses(nll, reduction, zero_infinity)
 
 
 class MultiblankLoss(torch.nn.Module):

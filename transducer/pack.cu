@@ -2,15 +2,17 @@
 // transducer/cuda.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
 // of the layout, so that the fused joiner loss (transducer/fused.py) can go tile by tile:
 //
-//   pack_forward_kernel            out[r - row_start] = act(enc[b, t] + pred[b, u]) for row r = (b, t, u)
-//                                  (out's rows ld_out apart: the fused loss packs into a wider matrix)
+//   pack_forward_kernel            out[r - row_start] = dropout(act(a)), a = enc[b, t] + pred[b, u], for
+//                                  row r = (b, t, u) (out's rows ld_out apart: the fused loss packs into a
+//                                  wider matrix)
 //   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  d(b, t, u) in range   (t < T_b)
 //   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   d(b, t, u) in range   (u <= U_b)
 //
-// with d = grad_rows * act'(h), h = act(enc[b, t] + pred[b, u]) recomputed as pack_forward_kernel computes
-// it (the same h), or, for the identity, d = grad_rows: the fused joiner loss's activation and its backward
-// ride on these passes instead of passes of their own, and the tile's hidden need not be kept (or read
-// back: the input rows a pass reads besides grad_rows are few and stay in cache).
+// with d = grad_rows * mask * act'(a), a and h = act(a) recomputed as pack_forward_kernel computes them (the
+// same h), or, for the identity without dropout, d = grad_rows: the fused joiner loss's activation, dropout
+// and their backward ride on these passes instead of passes of their own, and the tile's hidden need not be
+// kept (or read back: the input rows a pass reads besides grad_rows are few and stay in cache). The
+// activations and the dropout mask: transducer/joiner.py (the same table and the same hash).
 //
 // The inputs may have different types (TE, TP: an fp32 encoder output beside a 16-bit predictor output
 // under autocast): the sum and the activation are rounded to their promoted type P, as `enc + pred` and
@@ -22,7 +24,8 @@
 #include "transducer/common.cuh"
 
 namespace td {
-enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2 };  // transducer/cuda.py: ACTIVATIONS
+// transducer/joiner.py: ACTIVATIONS (each one's code)
+enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5 };
 
 // FAST: the result is rounded to a 16-bit type, whose half ulp (2^-9 at least) exceeds tanh.approx's
 // error (2^-10.99, PTX ISA), so the one-instruction approximation (sm_75 and later) is as good there.
@@ -39,7 +42,49 @@ __device__ __forceinline__ A activate(A a) {
     return tanh(a);
   }
   if (ACT == kRelu) return a > A(0) ? a : A(0);
+  if (ACT == kSigmoid) return A(1) / (A(1) + exp(-a));
+  if (ACT == kGelu) return A(0.5) * a * (A(1) + erf(a * A(0.70710678118654752440)));
+  if (ACT == kSilu) return a / (A(1) + exp(-a));
   return a;
+}
+
+// act'(a), given a and h = act(a): from h where it gives it (tanh: 1 - h^2, relu: [h > 0], sigmoid:
+// h (1 - h)), else from a (gelu: Phi(a) + a phi(a); silu: s + h (1 - s), s = sigmoid(a))
+template <int ACT, typename A>
+__device__ __forceinline__ A activation_slope(A a, A h) {
+  if (ACT == kTanh) return A(1) - h * h;
+  if (ACT == kRelu) return h > A(0) ? A(1) : A(0);
+  if (ACT == kSigmoid) return h * (A(1) - h);
+  if (ACT == kGelu)
+    return A(0.5) * (A(1) + erf(a * A(0.70710678118654752440))) + a * exp(A(-0.5) * a * a) * A(0.39894228040143267794);
+  if (ACT == kSilu) {
+    const A sg = A(1) / (A(1) + exp(-a));
+    return sg + h * (A(1) - sg);
+  }
+  return A(1);
+}
+
+// The joiner's dropout (transducer/joiner.py: dropout_keep, the same arithmetic): element (row, col) is kept
+// where h = fmix32(fmix32(row * 0x9E3779B1 ^ seed_lo) ^ col * 0x85EBCA77 ^ seed_hi) has h >> 8 >= threshold,
+// and scaled by `scale` = 1 / (1 - p) (rounded to the hidden's type by the kernels, as the CPU twin's mask).
+struct Dropout {
+  unsigned int seed_lo;
+  unsigned int seed_hi;
+  unsigned int threshold;
+  float scale;
+};
+
+__device__ __forceinline__ unsigned int fmix32(unsigned int h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+__device__ __forceinline__ bool dropout_keep(const Dropout& d, unsigned int row, unsigned int col) {
+  const unsigned int h = fmix32(fmix32(row * 0x9e3779b1u ^ d.seed_lo) ^ (col * 0x85ebca77u) ^ d.seed_hi);
+  return (h >> 8) >= d.threshold;
 }
 
 // x of type A rounded to type T and back
@@ -101,10 +146,12 @@ struct Packed<ops::half_t> {
 
 template <int ACT, bool FAST, typename P, typename TE, typename TP, int VEC>
 __device__ __forceinline__ void joiner_input(const ops::Vec<TE, VEC>& e, const ops::Vec<TP, VEC>& p,
+                                             typename ops::AccOf<P>::type (&a)[VEC],
                                              typename ops::AccOf<P>::type (&h)[VEC]) {
   typedef typename ops::AccOf<P>::type A;
   if constexpr (SameType<TE, TP>::value && SameType<TE, P>::value && sizeof(P) == 2 && VEC % 2 == 0 &&
-                Packed<P>::kOn) {
+                Packed<P>::kOn && (ACT == kIdentity || ACT == kTanh || ACT == kRelu)) {
+    // a is not kept: these activations' slopes read h alone
     const unsigned int* pe = reinterpret_cast<const unsigned int*>(&e);
     const unsigned int* pp = reinterpret_cast<const unsigned int*>(&p);
 #pragma unroll
@@ -116,21 +163,13 @@ __device__ __forceinline__ void joiner_input(const ops::Vec<TE, VEC>& e, const o
       h[2 * j] = (A)ops::to_acc(lo);
       h[2 * j + 1] = (A)ops::to_acc(hi);
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    h[j] = round_to<P>((A)ops::to_acc(e.v[j]) + (A)ops::to_acc(p.v[j]));
-    if (ACT != kIdentity) h[j] = round_to<P>(activate<ACT, FAST || sizeof(P) == 2>(h[j]));
+    for (int j = 0; j < VEC; ++j) {
+      a[j] = round_to<P>((A)ops::to_acc(e.v[j]) + (A)ops::to_acc(p.v[j]));
+      h[j] = ACT == kIdentity ? a[j] : round_to<P>(activate<ACT, FAST || sizeof(P) == 2>(a[j]));
+    }
   }
-}
-
-// act'(a) from h = act(a): tanh' = 1 - h^2, relu' = [h > 0]
-template <int ACT, typename A>
-__device__ __forceinline__ A activation_slope(A h) {
-  if (ACT == kTanh) return A(1) - h * h;
-  if (ACT == kRelu) return h > A(0) ? A(1) : A(0);
-  return A(1);
 }
 
 // x of accumulation type A in type T
@@ -159,12 +198,13 @@ struct PackForwardParams {
   int num_rows;
   int nvec;     // D / VEC
   int log_tpr;  // log2 of the threads of a group
+  td::Dropout dropout;  // DROPOUT
   TO* out;
   long long ld_out;
 };
 
 // P: the promoted type of TE and TP
-template <typename TE, typename TP, typename P, typename TO, int VEC, int ACT>
+template <typename TE, typename TP, typename P, typename TO, int VEC, int ACT, bool DROPOUT>
 __global__ void __launch_bounds__(256) pack_forward_kernel(const PackForwardParams<TE, TP, TO> p) {
   using namespace ops;
   typedef typename AccOf<P>::type A;
@@ -212,12 +252,19 @@ __global__ void __launch_bounds__(256) pack_forward_kernel(const PackForwardPara
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       if (!inside[k]) continue;
-      A h[VEC];
+      A a[VEC], h[VEC];
       if (cell[k]) {
-        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], h);
+        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], a, h);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h[j] = A(0);
+      }
+      if (DROPOUT) {
+        const A scale = td::round_to<P>((A)p.dropout.scale);
+        const unsigned int row = (unsigned int)(p.row_start + first + k);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          h[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? td::round_to<P>(h[j] * scale) : A(0);
       }
       Vec<TO, VEC> o;
 #pragma unroll
@@ -243,19 +290,20 @@ struct PackGradParams {
   int nvec;       // D / VEC
   int log_tpr;    // log2 of the threads of a group
   int log_split;  // log2 of the groups of an item
+  td::Dropout dropout;  // DROPOUT
   O* grad;        // (B, max_t or max_u1, D)
 };
 
 // PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
 // t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them; enc
-// (B, max_t, D) and pred (B, max_u1, D) are read only for an activation (h; a row whose t or u lies past
-// them, possible with unchecked lengths, had h = 0 in forward, as here). A block of 256 threads is
+// (B, max_t, D) and pred (B, max_u1, D) are read only for an activation (a and h; a row whose t or u lies
+// past them, possible with unchecked lengths, had a = h = 0 in forward, as here); DROPOUT: the mask too. A block of 256 threads is
 // 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an item take every
 // (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed order (deterministic):
 // the launcher splits an item whose rows are many and far apart (the predictor's sums over t) and keeps an
 // item to one group when its rows are few and contiguous. P: the promoted type of TE and TP.
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, bool PRED, bool ACCUMULATE,
-          int ACT>
+          int ACT, bool DROPOUT>
 __global__ void __launch_bounds__(256) pack_grad_kernel(const PackGradParams<T, TE, TP, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
@@ -306,27 +354,38 @@ __global__ void __launch_bounds__(256) pack_grad_kernel(const PackGradParams<T, 
         else
           e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + (long long)k * D));
       }
+      const Acc scale = DROPOUT ? td::round_to<P>((Acc)p.dropout.scale) : Acc(1);
 #pragma unroll 4
       for (long long c = c0 + part; c < c1; c += split) {
         const V x = ldg(reinterpret_cast<const V*>(rows + c * step * D));
+        Acc slope[VEC];
         if (ACT == td::kIdentity) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[j] += (Acc)to_acc(x.v[j]);
+          for (int j = 0; j < VEC; ++j) slope[j] = Acc(1);
         } else {
-          Acc h[VEC];
+          Acc a[VEC], h[VEC];
           if (c < other_rows) {
             if (PRED)
               e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + c * D));
             else
               q = ldg(reinterpret_cast<const Vec<TP, VEC>*>(pred_rows + c * D));
-            td::joiner_input<ACT, sizeof(T) == 2, P>(e, q, h);
+            td::joiner_input<ACT, sizeof(T) == 2, P>(e, q, a, h);
           } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) h[j] = Acc(0);
+            for (int j = 0; j < VEC; ++j) a[j] = h[j] = Acc(0);
           }
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[j] += (Acc)to_acc(x.v[j]) * td::activation_slope<ACT>(h[j]);
+          for (int j = 0; j < VEC; ++j) slope[j] = td::activation_slope<ACT>(a[j], h[j]);
         }
+        if (DROPOUT) {
+          const unsigned int row = (unsigned int)(first + c * step);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j)
+            slope[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? slope[j] * scale : Acc(0);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          acc[j] += ACT == td::kIdentity && !DROPOUT ? (Acc)to_acc(x.v[j]) : (Acc)to_acc(x.v[j]) * slope[j];
       }
     }
     if (split > 1) {  // the item's parts meet in part 0, in order

@@ -22,7 +22,7 @@
 // ---------------------------------------------------------------------------
 // log_probs: den[r] = logsumexp_v logits[r, v]; lp[r] = (x_blank - den, x_{y_u} - den + penalty(t)) - sigma,
 // penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more); with
-// big blanks (the multi-blank loss), lp_big[r, i] = x_{blank - 1 - i} - den - sigma.
+// big blanks (the multi-blank loss), lp_arcs[r, i] = x_{blank - 1 - i} - den - sigma.
 // A NaN or +-inf logit makes den (RowPass::logsumexp), the log-probs and so the utterance's loss NaN (the
 // CPU twin alike). ALIGNED: as for RowPass (common.cuh); when false, `logits.n` is the row's columns.
 template <typename T, typename I>
@@ -36,7 +36,7 @@ struct LogProbsParams {
   int big_blanks;                        // K (< 32: lanes 1 ... K of the row load them)
   typename ops::AccOf<T>::type* lp;      // (N, 2)
   typename ops::AccOf<T>::type* den;     // (N,)
-  typename ops::AccOf<T>::type* lp_big;  // (N, K)
+  typename ops::AccOf<T>::type* lp_arcs;  // (N, K)
 };
 
 template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
       lp[2ll * r + 1] = NINF;
       den[r] = Acc(0);
     }
-    if (big >= 0 && big < K) p.lp_big[(long long)r * K + big] = NINF;
+    if (big >= 0 && big < K) p.lp_arcs[(long long)r * K + big] = NINF;
     return;
   }
   // Reads stay in bounds whatever the lengths and labels hold: with check_inputs the host checks them
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
     const Acc penalty = Acc(p.delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
     lp[2ll * r + 1] = has_label ? x_label - d - sigma + penalty : NINF;
   } else if (big < K) {
-    p.lp_big[(long long)r * K + big] = x_big - d - sigma;
+    p.lp_arcs[(long long)r * K + big] = x_big - d - sigma;
   }
 }
 
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const AlphaBetaParams<
 //
 // BIG_BLANKS (the multi-blank loss): big blank i, of duration big.d[i], in column blank - 1 - i, goes to
 // (t + d_i, u) or ends the alignment from (T - d_i, U); its arc posterior occ_big_i = exp(alpha + loss +
-// lp_big_i + beta(after it)) is subtracted on its column. Lanes 0 ... K - 1 of the row compute them into
+// lp_arcs_i + beta(after it)) is subtracted on its column. Lanes 0 ... K - 1 of the row compute them into
 // shared memory, which every lane of the row reads on those columns.
 template <typename T, typename I>
 struct GradientParams {
@@ -304,7 +304,7 @@ struct GradientParams {
   td::Scale<typename ops::AccOf<T>::type> scale;
   double fastemit_lambda;
   double clamp;  // > 0 (CLAMP)
-  const typename ops::AccOf<T>::type* lp_big;  // BIG_BLANKS: (N, K)
+  const typename ops::AccOf<T>::type* lp_arcs;  // BIG_BLANKS: (N, K)
   td::Durations big;                           // BIG_BLANKS: K = big.n and the durations
   T* out;
   long long ld_out;
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
     if (pass.lane < K) {
       const int d = duration(p.big, pass.lane), s = ri.t + d;
       const Acc after = s < ri.T ? beta[r + (long long)d * st] : (s == ri.T && ri.u == ri.U ? Acc(0) : NINF);
-      row_big[pass.lane] = exp_acc(lognorm + ldg(p.lp_big + (long long)r * K + pass.lane) + after);
+      row_big[pass.lane] = exp_acc(lognorm + ldg(p.lp_arcs + (long long)r * K + pass.lane) + after);
     }
     if (WPR == 1)
       __syncwarp();

@@ -75,9 +75,9 @@ __device__ __forceinline__ bool walk_begin(const ReadOnly<Acc>& lp, const Grids&
 }  // namespace td
 
 // ---------------------------------------------------------------------------
-// lp[r] = (tok(blank), tok(y_{u+1})) = x - den_tok - sigma, lp_dur[r, i] = x_dur[i] - den_dur,
-// den[r] = (logsumexp of the tokens, logsumexp of the durations); a NaN or +-inf score in the row makes
-// both den entries NaN (the sum of x - x, 0 or NaN, added to them).
+// lp[r] = (tok(blank), tok(y_{u+1})) = x - den - sigma, lp_arcs[r, i] = x_dur[i] - den_arcs, den[r] the
+// logsumexp of the token scores and den_arcs[r] that of the duration scores; a NaN or +-inf score in the row
+// makes both NaN (the sum of x - x, 0 or NaN, added to them).
 namespace td {
 // The D duration scores of each row: `ld` elements apart from `data`, the rows of the token scores'.
 template <typename T>
@@ -92,12 +92,13 @@ template <typename T, typename I>
 struct TdtLogProbsParams {
   td::Grids grids;
   td::Rows<T> tokens;
-  td::DurationRows<T> durations;
+  td::DurationRows<T> duration_scores;
   td::Labels<I> labels;
   double sigma;
-  typename ops::AccOf<T>::type* lp;      // (N, 2)
-  typename ops::AccOf<T>::type* lp_dur;  // (N, D)
-  typename ops::AccOf<T>::type* den;     // (N, 2)
+  typename ops::AccOf<T>::type* lp;        // (N, 2)
+  typename ops::AccOf<T>::type* lp_arcs;   // (N, D)
+  typename ops::AccOf<T>::type* den;       // (N,)
+  typename ops::AccOf<T>::type* den_arcs;  // (N,)
 };
 
 template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
@@ -105,12 +106,13 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   using namespace td;
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
-  const ReadOnly<T> tok{p.tokens.data}, dur{p.durations.data};
+  const ReadOnly<T> tok{p.tokens.data}, dur{p.duration_scores.data};
   const ReadOnly<I> targets{p.labels.targets};
   Acc* __restrict__ lp = p.lp;
-  Acc* __restrict__ lp_dur = p.lp_dur;
+  Acc* __restrict__ lp_arcs = p.lp_arcs;
   Acc* __restrict__ den = p.den;
-  const int D = p.durations.D, V = p.tokens.V, target_cols = p.labels.cols;
+  Acc* __restrict__ den_arcs = p.den_arcs;
+  const int D = p.duration_scores.D, V = p.tokens.V, target_cols = p.labels.cols;
   const Acc sigma = Acc(p.sigma);
   // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
   // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
@@ -125,10 +127,10 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
     if (pass.lane == 0) {
       lp[2ll * r] = NINF;
       lp[2ll * r + 1] = NINF;
-      den[2ll * r] = Acc(0);
-      den[2ll * r + 1] = Acc(0);
+      den[r] = Acc(0);
+      den_arcs[r] = Acc(0);
     }
-    if (pass.lane < D) lp_dur[(long long)r * D + pass.lane] = NINF;
+    if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = NINF;
     return;
   }
   const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
       x_label = to_acc(tok[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
     }
   }
-  if (pass.lane < D) x_dur = to_acc(dur[local * p.durations.ld + pass.lane]);
+  if (pass.lane < D) x_dur = to_acc(dur[local * p.duration_scores.ld + pass.lane]);
   const Acc d_tok = pass.logsumexp();
   // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
   ReduceState<Acc> lsd = identity<kLogSumExp, Acc>();
@@ -153,12 +155,12 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   const Acc d_dur = finish<kLogSumExp, Acc, true>(lsd);
   const Acc bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
   if (pass.lane == 0) {
-    den[2ll * r] = d_tok + bad;
-    den[2ll * r + 1] = d_dur + bad;
+    den[r] = d_tok + bad;
+    den_arcs[r] = d_dur + bad;
     lp[2ll * r] = x_blank - d_tok - sigma + bad;
     lp[2ll * r + 1] = has_label ? x_label - d_tok - sigma + bad : NINF;
   }
-  if (pass.lane < D) lp_dur[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
+  if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
 }
 
 // ---------------------------------------------------------------------------
@@ -172,14 +174,14 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
 // Both walk kernels' parameters: alpha in blocks [0, B), beta and nll in [B, 2B).
 //
 // MULTIBLANK: the multi-blank lattice (transducer/layout.py) on the same walk. `durations` are then
-// (0, 1, d_1, ..., d_K) and `lp_dur` (N, K) the big blanks' log-probs: blank arcs of duration 1 weigh lp's
+// (0, 1, d_1, ..., d_K) and `lp_arcs` (N, K) the big blanks' log-probs: blank arcs of duration 1 weigh lp's
 // blank entry, those of duration d_i the big blank's; the one label arc has duration 0 and weighs lp's label
 // entry (td::Arcs<Acc, true>).
 template <typename Acc>
 struct TdtWalkParams {
   td::Grids grids;
   const Acc* lp;         // (N, 2)
-  const Acc* lp_dur;     // (N, D); MULTIBLANK: (N, D - 2)
+  const Acc* lp_arcs;     // (N, D); MULTIBLANK: (N, D - 2)
   td::Durations durations;
   bool padded;           // fill the padding rows of alpha and beta with -inf
   int ring;              // anti-diagonals kept in shared memory (0: none)
@@ -192,15 +194,15 @@ namespace td {
 // token log-prob plus the duration's, or the multi-blank lattice's (TdtWalkParams).
 template <typename Acc, bool MULTIBLANK>
 struct Arcs {
-  ReadOnly<Acc> lp, lp_dur;
+  ReadOnly<Acc> lp, lp_arcs;
   int D;
   __device__ __forceinline__ Acc blank(long long i, int k) const {
-    if (MULTIBLANK) return k == 0 ? neg_inf<Acc>() : k == 1 ? lp[2 * i] : lp_dur[i * (D - 2) + k - 2];
-    return lp[2 * i] + lp_dur[i * D + k];
+    if (MULTIBLANK) return k == 0 ? neg_inf<Acc>() : k == 1 ? lp[2 * i] : lp_arcs[i * (D - 2) + k - 2];
+    return lp[2 * i] + lp_arcs[i * D + k];
   }
   __device__ __forceinline__ Acc label(long long i, int k) const {
     if (MULTIBLANK) return k == 0 ? lp[2 * i + 1] : neg_inf<Acc>();
-    return lp[2 * i + 1] + lp_dur[i * D + k];
+    return lp[2 * i + 1] + lp_arcs[i * D + k];
   }
 };
 }  // namespace td
@@ -210,9 +212,9 @@ __global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParam
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
-  const ReadOnly<Acc> lp{p.lp}, lp_dur{p.lp_dur};
+  const ReadOnly<Acc> lp{p.lp}, lp_arcs{p.lp_arcs};
   const Durations& durs = p.durations;
-  const Arcs<Acc, MULTIBLANK> arcs{lp, lp_dur, durs.n};
+  const Arcs<Acc, MULTIBLANK> arcs{lp, lp_arcs, durs.n};
   const int ring = p.ring, ring_cols = p.cols;
   Acc* loss = p.out.nll;
   const Grids& g = p.grids;
@@ -323,7 +325,7 @@ __device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S
 // One block's walk (BETA: beta, else alpha) over T + U anti-diagonals, a thread a cell (u = threadIdx.x), the
 // rings set up by the caller.
 template <typename Acc, int D, int AHEAD, bool BETA, bool MULTIBLANK>
-__device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly<Acc>& lp_dur,
+__device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly<Acc>& lp_arcs,
                                      const Durations& durs, long long base, long long st, int T, int U, int mask,
                                      int cap, Acc* S, Acc* out, bool& seen) {
   constexpr int kCell = BETA ? 1 : 2 * D + 1;
@@ -354,10 +356,10 @@ __device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly
 #pragma unroll
       for (int k = 0; k < D; ++k) {
         if (MULTIBLANK) {  // TdtWalkParams: blank arcs of durations 1, d_1, ...; a label arc of duration 0
-          c.w[0][k] = k == 0 ? NINF : k == 1 ? blank : lp_dur[i * (D - 2) + k - 2];
+          c.w[0][k] = k == 0 ? NINF : k == 1 ? blank : lp_arcs[i * (D - 2) + k - 2];
           c.w[1][k] = k == 0 ? label : NINF;
         } else {
-          const Acc dur = lp_dur[i * D + k];
+          const Acc dur = lp_arcs[i * D + k];
           c.w[0][k] = blank + dur;
           c.w[1][k] = label + dur;
         }
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const Tdt
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   Acc* S = reinterpret_cast<Acc*>(smem_raw);
-  const ReadOnly<Acc> lp{p.lp}, lp_dur{p.lp_dur};
+  const ReadOnly<Acc> lp{p.lp}, lp_arcs{p.lp_arcs};
   const Durations& durs = p.durations;
   const int ring = p.ring, cap = p.cols;
   Acc* loss = p.out.nll;
@@ -440,9 +442,9 @@ __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const Tdt
   if (is_beta && threadIdx.x == 0 && U >= 0 && U + 2 < cap) S[(ring - 1) * cap + U + 1] = Acc(0);
   __syncthreads();
   if (is_beta)
-    tdt_walk<Acc, D, AHEAD, true, MULTIBLANK>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    tdt_walk<Acc, D, AHEAD, true, MULTIBLANK>(lp, lp_arcs, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   else
-    tdt_walk<Acc, D, AHEAD, false, MULTIBLANK>(lp, lp_dur, durs, base, st, T, U, ring - 1, cap, S, out, seen);
+    tdt_walk<Acc, D, AHEAD, false, MULTIBLANK>(lp, lp_arcs, durs, base, st, T, U, ring - 1, cap, S, out, seen);
   nan_seen = __syncthreads_or(seen);
   if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
 }
@@ -457,11 +459,12 @@ template <typename T, typename I>
 struct TdtGradientParams {
   td::Grids grids;
   td::Rows<T> tokens;
-  td::DurationRows<T> durations;
-  td::Durations values;  // the durations themselves
+  td::DurationRows<T> duration_scores;
+  td::Durations durations;
   td::Labels<I> labels;
-  td::Lattice<typename ops::AccOf<T>::type> lattice;  // den (N, 2)
-  const typename ops::AccOf<T>::type* lp_dur;       // (N, D)
+  td::Lattice<typename ops::AccOf<T>::type> lattice;
+  const typename ops::AccOf<T>::type* lp_arcs;   // (N, D)
+  const typename ops::AccOf<T>::type* den_arcs;  // (N,)
   td::Walks<const typename ops::AccOf<T>::type> rnnt;  // OMEGA: the plain RNN-T loss of the token scores
   td::Scale<typename ops::AccOf<T>::type> scale;
   double sigma;
@@ -470,8 +473,8 @@ struct TdtGradientParams {
   double clamp;  // > 0 (CLAMP)
   T* out_tokens;
   long long ld_out_tokens;
-  T* out_durations;
-  long long ld_out_durations;
+  T* out_duration_scores;
+  long long ld_out_duration_scores;
 };
 
 template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool ALIGNED, bool STAGED>
@@ -480,11 +483,12 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   typedef typename AccOf<T>::type Acc;
   typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
-  const T* dur = p.durations.data;
+  const T* dur = p.duration_scores.data;
   const ReadOnly<I> targets{p.labels.targets};
-  const ReadOnly<Acc> lp{p.lattice.lp}, lp_dur{p.lp_dur}, den{p.lattice.den}, alpha{p.lattice.alpha},
+  const ReadOnly<Acc> lp{p.lattice.lp}, lp_arcs{p.lp_arcs}, den{p.lattice.den}, den_arcs{p.den_arcs},
+      alpha{p.lattice.alpha},
       beta{p.lattice.beta}, loss{p.lattice.nll}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta}, loss_r{p.rnnt.nll};
-  const Durations& durs = p.values;
+  const Durations& durs = p.durations;
   const Acc sigma = Acc(p.sigma), fastemit_lambda = Acc(p.fastemit_lambda), omega = Acc(p.omega),
             clamp = Acc(p.clamp);
   const int D = durs.n, V = p.tokens.V, blank = p.labels.blank;
@@ -495,7 +499,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   const long long local = r - p.tokens.row_start;
   RowOut<T, VEC, WPR, STAGED> dst;
   dst.begin(p.out_tokens + local * p.ld_out_tokens, pass.head, V);
-  T* qd = p.out_durations + local * p.ld_out_durations;
+  T* qd = p.out_duration_scores + local * p.ld_out_duration_scores;
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0), l_r = Acc(0);
   if (live) {
@@ -521,7 +525,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   Acc arc_b = Acc(0), arc_l = Acc(0);
   if (lane < D) {
     const int d = duration(durs, lane), s = ri.t + d;
-    const Acc w = lognorm + lp_dur[(long long)r * D + lane];
+    const Acc w = lognorm + lp_arcs[(long long)r * D + lane];
     if (d >= 1) {
       if (s < ri.T)
         arc_b = exp_acc(w + lp_b + beta[r + d * st]);
@@ -561,7 +565,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
     sub_label += omega * label_r;
   }
   sub_label *= Acc(1) + lam;
-  const Acc coef = log_acc(factor) - den[2ll * r];
+  const Acc coef = log_acc(factor) - den[r];
   const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
   auto grad = [&](int v, T x) {
     Acc g = exp_fast(to_acc(x) + coef);
@@ -579,8 +583,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   if (!ALIGNED && pass.col >= 0) dst.put_scalar(pass.col, grad(pass.col, pass.x));
   dst.finish(lane);
   if (lane < D) {
-    const Acc x = to_acc(dur[local * p.durations.ld + lane]);
-    Acc g = keep * (exp_acc(x - den[2ll * r + 1]) * gamma - own);
+    const Acc x = to_acc(dur[local * p.duration_scores.ld + lane]);
+    Acc g = keep * (exp_acc(x - den_arcs[r]) * gamma - own);
     if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
     qd[lane] = from_acc<T>(g * sc);
   }

@@ -14,13 +14,15 @@ Example::
 import types
 
 from .. import fused_joiner_loss, tdt_loss, transducer_loss
+from ..joiner import ACTIVATIONS as JOINER_ACTIVATIONS
 
 __all__ = ["ParakeetForRNNTLoss", "ParakeetForTDTLoss", "apply"]
 
 REDUCTIONS = ("mean_volume", "mean_batch", "mean", "sum", "none")
 
-# config.hidden_act -> fused_joiner_loss's activation ("linear" is transformers' name for the identity).
-ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "linear": "identity", "identity": "identity"}
+# config.hidden_act -> the joiner's activation (transducer/joiner.py): its names, and transformers' "linear"
+# (the identity) and "swish" (silu); transformers' "gelu" is the erf form, as the joiner's.
+ACTIVATIONS = dict({name: name for name in JOINER_ACTIVATIONS}, linear="identity", swish="silu")
 
 
 def _check_reduction(reduction):
@@ -149,9 +151,9 @@ def apply(model, fused=True):
 
     Raises:
         TypeError: ``model`` is not a ``ParakeetForRNNT`` or ``ParakeetForTDT``.
-        ValueError: ``fused`` and the joint's activation (``config.hidden_act``) is not relu, tanh or
-            linear (identity), or the model's class has its own forward, or ``model.joint`` is not transformers'
-            joint network.
+        ValueError: ``fused`` and the joint's activation (``config.hidden_act``) is not one of
+            ``ACTIVATIONS`` (relu, tanh, sigmoid, gelu, silu or swish, identity or linear), or the model's class
+            has its own forward, or ``model.joint`` is not transformers' joint network.
         ImportError: transformers older than 5.12 (no ``ParakeetForRNNT``) or missing.
     """
     rnnt_class, tdt_class = _parakeet_classes()
