@@ -346,7 +346,7 @@ def test_ddp(device, tmp_path):
                           1e-3 if device == "cuda" else 1e-4)
 
 
-@pytest.mark.parametrize("hidden_act", ["tanh", "linear"])
+@pytest.mark.parametrize("hidden_act", ["tanh", "linear", "sigmoid", "gelu", "silu", "swish"])
 def test_other_activations(hidden_act):
     """The fused joint's other activations (relu, transformers' default, is in test_model_matches_transformers)."""
     model = make_model("tdt", hidden_act=hidden_act)
@@ -374,9 +374,9 @@ def test_unfused_again_and_replaced_loss():
 
 def test_refused():
     """apply refuses what it cannot fuse (ValueError) and other models (TypeError)."""
-    with pytest.raises(ValueError, match="'silu'"):
-        apply(make_model("tdt", hidden_act="silu"))
-    model = apply(make_model("rnnt", hidden_act="silu"), fused=False)  # unfused takes any activation
+    with pytest.raises(ValueError, match="'gelu_new'"):
+        apply(make_model("tdt", hidden_act="gelu_new"))
+    model = apply(make_model("rnnt", hidden_act="gelu_new"), fused=False)  # unfused takes any activation
     assert model.loss_function is ParakeetForRNNTLoss
 
     class Subclass(transformers.ParakeetForTDT):
