@@ -282,7 +282,7 @@ def _bad(**change):
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
     (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(durations=[0, 1], delay_penalty=0.1), ValueError, "delay_penalty: the TDT loss does not take this option"),
+    (dict(durations=[0, 1], one_sym_per_frame=True), ValueError, "one_sym_per_frame: the TDT loss does not take this"),
     (dict(durations=[0, 1], big_blank_durations=[2]), ValueError,
      "big_blank_durations: the TDT loss does not take this option"),
     (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),

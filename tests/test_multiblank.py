@@ -252,8 +252,8 @@ def test_bad_module_and_fused_options():
         FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], omega=0.1)
     with pytest.raises(ValueError, match="big_blank_durations: 2 big blanks sit in the columns"):
         FusedJoinerLoss(8, 10, blank=1, big_blank_durations=[2, 3])
-    with pytest.raises(ValueError, match="delay_penalty: the multi-blank RNN-T loss does not take this option"):
-        FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], delay_penalty=0.1)
+    with pytest.raises(ValueError, match="one_sym_per_frame: the multi-blank RNN-T loss does not take this option"):
+        FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], one_sym_per_frame=True)
 
 
 @pytest.mark.cuda

@@ -142,7 +142,7 @@ def test_tdt_reference_infeasible_utterances():
 def test_tdt_reference_fastemit_scales_the_label_token_log_prob_gradient():
     # The gradient w.r.t. the token log-probs, which tdt_loss_reference (taking logits) does not expose: its
     # private core, on log-probs, is called directly.
-    from transducer.reference import _tdt_loss_from_log_probs
+    from transducer.reference import tdt_loss_from_log_probs
     gen = torch.Generator().manual_seed(13)
     V, durations, blank = 5, [0, 1, 2, 4], 3
     logits, targets, T, U = random_batch(gen, 4, 6, 3, V, blank, scale=1.5, edges=True, extra=len(durations))
@@ -151,7 +151,7 @@ def test_tdt_reference_fastemit_scales_the_label_token_log_prob_gradient():
     lam = 0.7
     grads = {}
     for value in (0.0, lam):
-        loss = _tdt_loss_from_log_probs(tok, dur, targets, T, U, durations, blank, value)
+        loss = tdt_loss_from_log_probs(tok, dur, targets, T, U, durations, blank, value)
         grads[value] = torch.autograd.grad(loss.sum(), (tok, dur)) + (loss.detach(),)
     torch.testing.assert_close(grads[lam][2], grads[0.0][2], rtol=0, atol=0)  # the value is unchanged
     torch.testing.assert_close(grads[lam][1], grads[0.0][1], rtol=1e-14, atol=1e-14)  # durations unchanged

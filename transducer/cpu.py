@@ -137,11 +137,16 @@ def _log_probs(logits2d, targets, layout, options, row_start, big_blanks):
         lp[start:end] = picked - den[start:end, None]
     if options.sigma:
         lp -= options.sigma
-    if options.delay_penalty:  # k2's delay penalty on the label log-probs: delay_penalty * ((T_b - 1) / 2 - t)
-        lp[:, 1] += options.delay_penalty * ((layout.logit_lengths[b] - 1).to(acc) * 0.5 - t)
+    _delay_penalty(lp, layout, b, t, options)
     lp[:, 1].masked_fill_(~has_label, -math.inf)
     lp_arcs = lp[:, 2:].masked_fill_(~is_cell[:, None], -math.inf)
     return lp[:, :2].contiguous() if big_blanks else lp, den, lp_arcs.contiguous()
+
+
+def _delay_penalty(lp, layout, b, t, options):
+    """k2's delay penalty on the label log-probs lp[:, 1] of rows (b, t): delay_penalty * ((T_b - 1) / 2 - t)."""
+    if options.delay_penalty:
+        lp[:, 1] += options.delay_penalty * ((layout.logit_lengths[b] - 1).to(lp.dtype) * 0.5 - t)
 
 
 class _StepGrid(NamedTuple):
@@ -395,6 +400,7 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
         picked = gather(tokens, picks[start:end], axis=1, batch_dims=1).to(acc)
         lp[start:end] = picked - den[start:end, None] - options.sigma
         lp_arcs[start:end] = durs.to(acc) - den_arcs[start:end, None]
+    _delay_penalty(lp, layout, b, t, options)
     lp[:, 1].masked_fill_(~has_label, -math.inf)
     return _written(out, (lp, den, lp_arcs, den_arcs), row_start)
 

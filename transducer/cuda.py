@@ -65,7 +65,7 @@ GRADIENT_PARAMS = struct("GradientParams", [
     ("ld_out", "long long")])
 TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
     ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
-    ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
+    ("delay_penalty", "double"), ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
 TDT_WALK_PARAMS = struct("TdtWalkParams", [
     ("grids", GRIDS), ("lp", "ptr"), ("lp_arcs", "ptr"), ("durations", DURATIONS), ("padded", "bool"), ("ring", "int"),
     ("cols", "int"), ("out", WALKS)])
@@ -478,8 +478,8 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
     params = TDT_LOG_PROBS_PARAMS(
         grids=_grids(layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
         duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=D),
-        labels=_labels_struct(targets, options.blank), sigma=options.sigma, lp=lp, lp_arcs=lp_arcs, den=den,
-        den_arcs=den_arcs)
+        labels=_labels_struct(targets, options.blank), sigma=options.sigma, delay_penalty=options.delay_penalty, lp=lp,
+        lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
     name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out

@@ -327,7 +327,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
             rows), except that sizing the tiles reads the layout on the host whatever check_inputs (one
             transfer in forward, one in backward).
         durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
-            loss TDT's (not with one_sym_per_frame or delay_penalty).
+            loss TDT's (not with one_sym_per_frame).
         big_blank_durations (list of int, optional): as for :func:`transducer.multiblank_loss` (with
             ``sigma``): the multi-blank loss. (Default: ``None``)
 

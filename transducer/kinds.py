@@ -26,10 +26,10 @@ _ALL = ("cpu", "cuda")
 SUPPORTED = {
     "RNN-T": {"blank": _ALL, "one_sym_per_frame": _ALL, "from_log_softmax": _ALL, "clamp": _ALL,
               "fastemit_lambda": _ALL, "delay_penalty": _ALL},
-    "TDT": {"blank": _ALL, "clamp": _ALL, "fastemit_lambda": _ALL, "durations": _ALL, "sigma": _ALL,
-            "omega": _ALL},
-    "multi-blank RNN-T": {"blank": _ALL, "clamp": _ALL, "fastemit_lambda": _ALL, "sigma": _ALL,
-                          "big_blank_durations": _ALL},
+    "TDT": {"blank": _ALL, "clamp": _ALL, "fastemit_lambda": _ALL, "delay_penalty": _ALL, "durations": _ALL,
+            "sigma": _ALL, "omega": _ALL},
+    "multi-blank RNN-T": {"blank": _ALL, "clamp": _ALL, "fastemit_lambda": _ALL, "delay_penalty": _ALL,
+                          "sigma": _ALL, "big_blank_durations": _ALL},
 }
 
 _DEFAULTS = LossOptions()

@@ -17,7 +17,8 @@ __all__ = ["multiblank_loss", "MultiblankLoss"]
 
 
 def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_durations, blank, sigma=0.0,
-                    reduction="mean", fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, check_inputs=True):
+                    reduction="mean", fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, check_inputs=True,
+                    delay_penalty=0.0):
     r"""Multi-blank RNN-T loss (NeMo's semantics), over compact or padded logits: RNN-T with K big blanks that
     consume several frames at once.
 
@@ -43,6 +44,8 @@ def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_du
         zero_infinity (bool, optional): infinite losses become 0; NaN losses stay NaN. (Default: ``False``)
         check_inputs (bool, optional): check lengths and labels against the tensors (on CUDA one small
             device-to-host read). (Default: ``True``)
+        delay_penalty (float, optional): k2's delay penalty on every label log-prob, as for
+            :func:`transducer.transducer_loss`. (Default: ``0.0``)
 
     Returns:
         Tensor: float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. From (t, u)
@@ -62,9 +65,9 @@ def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_du
     big = check_big_blank_durations(big_blank_durations, blank, logits.device)
     check_sigma(sigma)
     check_reduction(reduction)
-    check_options(clamp, fastemit_lambda, 0.0)
-    options = LossOptions(blank=blank, clamp=float(clamp), fastemit_lambda=float(fastemit_lambda), sigma=float(sigma),
-                          big_blank_durations=tuple(big))
+    check_options(clamp, fastemit_lambda, delay_penalty)
+    options = LossOptions(blank=blank, clamp=float(clamp), fastemit_lambda=float(fastemit_lambda),
+                          delay_penalty=float(delay_penalty), sigma=float(sigma), big_blank_durations=tuple(big))
     nll = loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
                     options, check_inputs)
     return reduce_losses(nll, reduction, zero_infinity)
@@ -77,19 +80,19 @@ class MultiblankLoss(torch.nn.Module):
         big_blank_durations (list of int): as for :func:`multiblank_loss`.
         blank (int): the standard blank's column; negative counts from the end.
         **options: ``sigma``, ``reduction``, ``fastemit_lambda``, ``clamp``, ``zero_infinity``,
-            ``check_inputs``, as for :func:`multiblank_loss`.
+            ``check_inputs``, ``delay_penalty``, as for :func:`multiblank_loss`.
     """
 
     def __init__(self, big_blank_durations, blank, sigma=0.0, reduction="mean", fastemit_lambda=0.0, clamp=-1.0,
-                 zero_infinity=False, check_inputs=True):
+                 zero_infinity=False, check_inputs=True, delay_penalty=0.0):
         super().__init__()
         self.big_blank_durations = list(check_big_blank_durations(big_blank_durations, None))
         self.blank = check_module_blank(blank)
         check_sigma(sigma)
         check_reduction(reduction)
-        check_options(clamp, fastemit_lambda, 0.0)
+        check_options(clamp, fastemit_lambda, delay_penalty)
         self.options = dict(sigma=sigma, reduction=reduction, fastemit_lambda=fastemit_lambda, clamp=clamp,
-                            zero_infinity=zero_infinity, check_inputs=check_inputs)
+                            zero_infinity=zero_infinity, check_inputs=check_inputs, delay_penalty=delay_penalty)
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of ``logits`` (compact or padded), as :func:`multiblank_loss` computes it."""

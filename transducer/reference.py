@@ -8,11 +8,24 @@ import math
 
 import torch
 
-__all__ = ["transducer_loss_reference", "tdt_loss_reference", "multiblank_loss_reference"]
+__all__ = ["transducer_loss_reference", "tdt_loss_reference", "multiblank_loss_reference", "tdt_loss_from_log_probs"]
 
 
 def _logsumexp(terms):
     return torch.logsumexp(torch.stack(terms), dim=0)
+
+
+def _label_log_probs(label_lp, fastemit_lambda, delay_penalty):
+    """The label log-probs (T, U) of one utterance as every loss's recursion reads them: FastEmit (Yu et al.
+    2021) keeps their value and scales their gradient by 1 + fastemit_lambda; k2's delay penalty adds
+    delay_penalty * ((T - 1) / 2 - t) to the label log-prob of frame t."""
+    if fastemit_lambda:
+        label_lp = (1 + fastemit_lambda) * label_lp - fastemit_lambda * label_lp.detach()
+    if delay_penalty:
+        T = label_lp.size(0)
+        frames = torch.arange(T, dtype=label_lp.dtype)[:, None]
+        label_lp = label_lp + delay_penalty * ((T - 1) / 2 - frames)
+    return label_lp
 
 
 def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, blank=0,
@@ -42,12 +55,7 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
             continue
         y = targets[b, :U].long()
         blank_lp = log_probs[b, :T, :U + 1, blank]
-        emit_lp = log_probs[b, :T, torch.arange(U), y]  # (T, U)
-        if fastemit_lambda:  # the value of emit_lp, with (1 + lambda) times its gradient
-            emit_lp = (1 + fastemit_lambda) * emit_lp - fastemit_lambda * emit_lp.detach()
-        if delay_penalty:
-            frames = torch.arange(T, dtype=emit_lp.dtype)[:, None]
-            emit_lp = emit_lp + delay_penalty * ((T - 1) / 2 - frames)
+        emit_lp = _label_log_probs(log_probs[b, :T, torch.arange(U), y], fastemit_lambda, delay_penalty)  # (T, U)
         alpha = {(0, 0): log_probs.new_zeros(())}
         for t in range(T):
             for u in range(U + 1):
@@ -71,7 +79,7 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
 
 
 def tdt_loss_reference(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
-                       fastemit_lambda=0.0):
+                       fastemit_lambda=0.0, delay_penalty=0.0):
     """The Token-and-Duration Transducer (TDT) loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,),
     in logits' dtype.
 
@@ -81,20 +89,20 @@ def tdt_loss_reference(logits, targets, logit_lengths, target_lengths, durations
     (t + d, u + 1) if t + d < T (d may be 0); a blank with duration d >= 1 goes to (t + d, u) if t + d < T, or
     ends the alignment if u == U and t + d == T; the arc weighs tok + dur. The loss is
     (1 - omega) * tdt + omega * rnnt, rnnt being the plain RNN-T loss (transducer_loss_reference) of the token
-    columns (no sigma). fastemit_lambda: the value is unchanged, the gradient w.r.t. every label token
-    log-prob is scaled by 1 + fastemit_lambda (in both terms). An utterance with no TDT alignment gets +inf
+    columns (no sigma). fastemit_lambda and delay_penalty: on every label token log-prob, in both terms, as
+    transducer_loss_reference applies them. An utterance with no TDT alignment gets +inf
     (a constant: no gradient, whatever omega); one with a NaN or infinite logit among its cells gets NaN.
     """
     durations = [int(d) for d in durations]
     V = logits.size(-1) - len(durations)
     tok = logits[..., :V].log_softmax(dim=-1) - sigma
     dur = logits[..., V:].log_softmax(dim=-1)
-    tdt = _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank,
-                                   fastemit_lambda)
+    tdt = tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank,
+                                  fastemit_lambda, delay_penalty)
     rnnt = None
     if omega:
         rnnt = transducer_loss_reference(logits[..., :V], targets, logit_lengths, target_lengths, blank,
-                                         fastemit_lambda=fastemit_lambda)
+                                         fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
     losses = []
     for b in range(logits.size(0)):
         T, U = int(logit_lengths[b]), int(target_lengths[b])
@@ -107,8 +115,8 @@ def tdt_loss_reference(logits, targets, logit_lengths, target_lengths, durations
     return torch.stack(losses)
 
 
-def _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank=0,
-                             fastemit_lambda=0.0):
+def tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank=0,
+                            fastemit_lambda=0.0, delay_penalty=0.0):
     """-log of the summed weight of every TDT alignment, per utterance, from the token log-probs tok
     (B, maxT, maxU+1, V) (sigma already subtracted) and the duration log-probs dur (B, maxT, maxU+1, D).
     +inf (a constant) where no alignment exists. No check of finiteness."""
@@ -117,9 +125,7 @@ def _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, d
         T, U = int(logit_lengths[b]), int(target_lengths[b])
         y = targets[b, :U].long()
         blank_lp = tok[b, :T, :U + 1, blank]                 # (T, U+1)
-        label_lp = tok[b, :T, torch.arange(U), y]           # (T, U): y_{u+1} from cell (t, u)
-        if fastemit_lambda:  # the value of label_lp, with (1 + lambda) times its gradient
-            label_lp = (1 + fastemit_lambda) * label_lp - fastemit_lambda * label_lp.detach()
+        label_lp = _label_log_probs(tok[b, :T, torch.arange(U), y], fastemit_lambda, delay_penalty)  # y_{u+1}, (t, u)
         dur_lp = dur[b, :T, :U + 1]                          # (T, U+1, D)
         alpha = {(0, 0): tok.new_zeros(())} if T > 0 else {}
         for t in range(T):
@@ -141,14 +147,14 @@ def _tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, d
 
 
 def multiblank_loss_reference(logits, targets, logit_lengths, target_lengths, big_blank_durations, blank, sigma=0.0,
-                              fastemit_lambda=0.0):
+                              fastemit_lambda=0.0, delay_penalty=0.0):
     """The multi-blank RNN-T loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,), in logits' dtype.
 
     logits (B, maxT, maxU+1, V); every log-prob is log_softmax(logits) - sigma. From cell (t, u) the label y_{u+1}
     goes to (t, u + 1), the blank (column ``blank``, in [0, V)) to (t + 1, u), big blank i (column blank - 1 - i,
     duration big_blank_durations[i] >= 2) to (t + d_i, u); an alignment ends on reaching t = T with u = U through
-    any blank. fastemit_lambda: the value is unchanged, the gradient w.r.t. every label log-prob is scaled by
-    1 + fastemit_lambda. An utterance with a NaN or infinite logit among its cells gets NaN.
+    any blank. fastemit_lambda and delay_penalty: on every label log-prob, as transducer_loss_reference applies
+    them. An utterance with a NaN or infinite logit among its cells gets NaN.
     """
     durations = [1] + [int(d) for d in big_blank_durations]
     columns = [blank] + [blank - 1 - i for i in range(len(big_blank_durations))]
@@ -158,9 +164,7 @@ def multiblank_loss_reference(logits, targets, logit_lengths, target_lengths, bi
         T, U = int(logit_lengths[b]), int(target_lengths[b])
         y = targets[b, :U].long()
         blanks = lp[b, :T, :U + 1][..., columns]                # (T, U+1, 1 + K): the blank arcs' log-probs
-        label_lp = lp[b, :T, torch.arange(U), y]                # (T, U): y_{u+1} from cell (t, u)
-        if fastemit_lambda:  # the value of label_lp, with (1 + lambda) times its gradient
-            label_lp = (1 + fastemit_lambda) * label_lp - fastemit_lambda * label_lp.detach()
+        label_lp = _label_log_probs(lp[b, :T, torch.arange(U), y], fastemit_lambda, delay_penalty)  # y_{u+1}, (t, u)
         alpha = {(0, 0): lp.new_zeros(())}
         for t in range(T):
             for u in range(U + 1):

@@ -75,7 +75,8 @@ __device__ __forceinline__ bool walk_begin(const ReadOnly<Acc>& lp, const Grids&
 }  // namespace td
 
 // ---------------------------------------------------------------------------
-// lp[r] = (tok(blank), tok(y_{u+1})) = x - den - sigma, lp_arcs[r, i] = x_dur[i] - den_arcs, den[r] the
+// lp[r] = (tok(blank), tok(y_{u+1})) = x - den - sigma (the label's plus k2's delay penalty, as
+// log_probs_kernel adds it), lp_arcs[r, i] = x_dur[i] - den_arcs, den[r] the
 // logsumexp of the token scores and den_arcs[r] that of the duration scores; a NaN or +-inf score in the row
 // makes both NaN (the sum of x - x, 0 or NaN, added to them).
 namespace td {
@@ -95,6 +96,7 @@ struct TdtLogProbsParams {
   td::DurationRows<T> duration_scores;
   td::Labels<I> labels;
   double sigma;
+  double delay_penalty;
   typename ops::AccOf<T>::type* lp;        // (N, 2)
   typename ops::AccOf<T>::type* lp_arcs;   // (N, D)
   typename ops::AccOf<T>::type* den;       // (N,)
@@ -158,7 +160,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
     den[r] = d_tok + bad;
     den_arcs[r] = d_dur + bad;
     lp[2ll * r] = x_blank - d_tok - sigma + bad;
-    lp[2ll * r + 1] = has_label ? x_label - d_tok - sigma + bad : NINF;
+    const Acc penalty = Acc(p.delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
+    lp[2ll * r + 1] = has_label ? x_label - d_tok - sigma + penalty + bad : NINF;
   }
   if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
 }

@@ -16,7 +16,7 @@ __all__ = ["tdt_loss", "TDTLoss"]
 
 def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
              reduction="mean", fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, check_inputs=True,
-             duration_logits=None):
+             duration_logits=None, delay_penalty=0.0):
     r"""Token-and-Duration Transducer loss (Xu et al. 2023; NeMo's semantics), over compact or padded scores.
 
     Args:
@@ -49,6 +49,8 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
         duration_logits (Tensor, optional): ``(sum_TU, D)`` or ``(B, maxT, maxU+1, D)``: the duration head on
             its own (transformers' joint has two heads; concatenating them would copy the largest tensor of
             the step). (Default: ``None``: the last D columns of ``logits``)
+        delay_penalty (float, optional): k2's delay penalty on every label token log-prob, as for
+            :func:`transducer.transducer_loss` (in both terms with omega). (Default: ``0.0``)
 
     Returns:
         Tensor: float32 loss (float64 for float64 scores): ``(B,)`` for ``"none"``, else a scalar. An
@@ -80,9 +82,10 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
     check_batch(logits, targets, logit_lengths, target_lengths)
     blank = check_blank(blank, V, "the token columns")
     check_reduction(reduction)
-    check_options(clamp, fastemit_lambda, 0.0)
+    check_options(clamp, fastemit_lambda, delay_penalty)
     options = LossOptions(blank=blank, clamp=float(clamp), fastemit_lambda=float(fastemit_lambda),
-                          durations=tuple(durations), sigma=float(sigma), omega=float(omega))
+                          delay_penalty=float(delay_penalty), durations=tuple(durations), sigma=float(sigma),
+                          omega=float(omega))
     nll = loss_call(in_place_rows(logits), None if duration_logits is None else in_place_rows(duration_logits),
                     targets.contiguous(), logit_lengths, target_lengths, V, options, check_inputs)
     return reduce_losses(nll, reduction, zero_infinity)
@@ -95,18 +98,18 @@ class TDTLoss(torch.nn.Module):
         durations (list of int): as for :func:`tdt_loss`.
         blank (int, optional): the blank among the token columns; negative counts from the end. (Default: ``0``)
         **options: ``sigma``, ``omega``, ``reduction``, ``fastemit_lambda``, ``clamp``, ``zero_infinity``,
-            ``check_inputs``, as for :func:`tdt_loss`.
+            ``check_inputs``, ``delay_penalty``, as for :func:`tdt_loss`.
     """
 
     def __init__(self, durations, blank=0, sigma=0.0, omega=0.0, reduction="mean", fastemit_lambda=0.0,
-                 clamp=-1.0, zero_infinity=False, check_inputs=True):
+                 clamp=-1.0, zero_infinity=False, check_inputs=True, delay_penalty=0.0):
         super().__init__()
         self.durations = check_tdt_options(durations, sigma, omega)
         check_reduction(reduction)
-        check_options(clamp, fastemit_lambda, 0.0)
+        check_options(clamp, fastemit_lambda, delay_penalty)
         self.options = dict(blank=check_module_blank(blank), sigma=sigma, omega=omega, reduction=reduction,
                             fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity,
-                            check_inputs=check_inputs)
+                            check_inputs=check_inputs, delay_penalty=delay_penalty)
 
     def forward(self, logits, targets, logit_lengths, target_lengths, duration_logits=None):
         """The loss of ``logits`` (and ``duration_logits``, the duration head on its own) with the module's
