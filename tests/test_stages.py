@@ -1,7 +1,8 @@
-"""The stages (transducer.cpu and transducer.cuda: twins with one signature; the contract is transducer/layout.py):
+"""The stages (transducer.cpu and transducer.cuda: twins of one contract, transducer/backend.py's Stages):
 the RNN-T and RNA stages of CUDA against the CPU twin, bit for bit where they must be; the TDT stages of every
 device against the float64 reference; layout, pack and the tile arguments the fused loss uses, on both devices."""
 
+import inspect
 import itertools
 import math
 
@@ -10,9 +11,21 @@ import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
 from transducer import cpu, cuda, pack, tdt_loss_reference
-from transducer.backend import stages_for
+from transducer.backend import Stages, stages_for
 from transducer.layout import Lattice, Layout, LossOptions
 from transducer.library import make_layout
+
+
+def test_both_backends_implement_the_stage_contract():
+    """transducer.cpu and transducer.cuda each have every stage of backend.Stages, with its parameters, in its
+    order, with its defaults."""
+    stages = [name for name, f in vars(Stages).items() if inspect.isfunction(f) and not name.startswith("_")]
+    assert "tdt_gradient" in stages and "pack_backward_add" in stages
+    for name in stages:
+        want = [(p.name, p.default) for p in inspect.signature(getattr(Stages, name)).parameters.values()][1:]
+        for module in (cpu, cuda):
+            got = [(p.name, p.default) for p in inspect.signature(getattr(module, name)).parameters.values()]
+            assert got == want, f"{module.__name__}.{name}"
 
 DEV = "cuda"
 
