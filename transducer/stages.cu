@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
   const ReadOnly<I> targets{p.labels.targets};
   Acc* __restrict__ lp = p.lp;
   Acc* __restrict__ den = p.den;
-  const int V = p.logits.V, target_cols = p.labels.cols;
+  const int V = p.logits.V;
   RowPass<T, VEC, WPR, ALIGNED, kUnroll, true> pass;
   if (!pass.begin(p.logits.data, p.logits, p.grids, !p.grids.pad.padded() && !p.from_log_softmax)) return;
   const RowInfo& ri = pass.ri;
@@ -65,24 +65,15 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
   }
   // Reads stay in bounds whatever the lengths and labels hold: with check_inputs the host checks them
   // while this kernel runs (the label index is clamped; for checked inputs the clamps change nothing).
-  const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
-  Acc x_blank = Acc(0), x_label = NINF, x_big = Acc(0);
-  if (pass.lane == 0) {  // issued early, used after the reduction
-    x_blank = to_acc(logits[pass.row + p.labels.blank]);
-    if (has_label) {
-      const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
-      x_label = to_acc(logits[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
-    }
-  } else if (big < K) {
-    x_big = to_acc(logits[pass.row + p.labels.blank - 1 - big]);
-  }
+  BlankAndLabel<Acc> picks;
+  picks.load(logits, pass.row, ri, p.labels, targets, V, pass.lane);
+  Acc x_big = Acc(0);
+  if (big >= 0 && big < K) x_big = to_acc(logits[pass.row + p.labels.blank - 1 - big]);
   const Acc d = p.from_log_softmax ? Acc(0) : pass.logsumexp();
   const Acc sigma = Acc(p.sigma);
   if (pass.lane == 0) {
     den[r] = d;
-    lp[2ll * r] = x_blank - d - sigma;
-    const Acc penalty = Acc(p.delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
-    lp[2ll * r + 1] = has_label ? x_label - d - sigma + penalty : NINF;
+    picks.store(lp, r, ri, d, sigma, p.delay_penalty);
   } else if (big < K) {
     p.lp_arcs[(long long)r * K + big] = x_big - d - sigma;
   }
@@ -315,7 +306,6 @@ template <typename T, typename I, int VEC, int WPR, bool FROM_LOG_SOFTMAX, bool 
 __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   typedef RowGeometry<WPR> Geo;
   const Acc NINF = neg_inf<Acc>();
   const ReadOnly<I> targets{p.labels.targets};
@@ -343,38 +333,25 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
   }
   // per-row coefficients (every thread of the row computes them; the loads broadcast)
   const Acc lognorm = alpha[r] + l;
-  const int st = ri.st;
-  Acc after_blank;
-  if (ri.t + 1 < ri.T)
-    after_blank = beta[r + st];
-  else
-    after_blank = ri.u == ri.U ? Acc(0) : NINF;
-  const Acc occ_blank = exp_acc(lognorm + lp[2ll * r] + after_blank);
-  Acc occ_label = Acc(0);
-  int label = -1;
-  if (ri.u < ri.U) {
-    Acc after_label;
-    if (RNA)
-      after_label = ri.t + 1 < ri.T ? beta[r + st + 1] : NINF;
-    else
-      after_label = beta[r + 1];
-    occ_label = exp_acc(lognorm + lp[2ll * r + 1] + after_label);
-    label = (int)targets[(long long)ri.b * p.labels.cols + ri.u];
-  }
-  // log of the softmax term's factor, less den
-  Acc coef = Acc(0);
-  if (!FROM_LOG_SOFTMAX) {
-    coef = fastemit_lambda == Acc(0) ? lognorm + beta[r] : log_acc(exp_acc(lognorm + beta[r]) + fastemit_lambda * occ_label);
-    coef -= den[r];
-  }
-  const Acc sub_blank = occ_blank, sub_label = (Acc(1) + fastemit_lambda) * occ_label;
+  const RnntArcs<Acc> arcs = rnnt_arcs<Acc, RNA>(beta, r, ri, lognorm, lp[2ll * r], lp[2ll * r + 1]);
+  TokenGradient<Acc, !FROM_LOG_SOFTMAX, CLAMP> grad;
+  grad.coef = Acc(0);
+  if (!FROM_LOG_SOFTMAX)  // the log of the softmax term's factor, less den
+    grad.coef = (fastemit_lambda == Acc(0) ? arcs.log_gamma
+                                           : log_acc(exp_acc(arcs.log_gamma) + fastemit_lambda * arcs.label)) - den[r];
+  grad.sub_blank = arcs.blank;
+  grad.sub_label = (Acc(1) + fastemit_lambda) * arcs.label;
+  grad.clamp = clamp;
+  grad.scale = sc;
+  grad.blank = blank;
+  grad.label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
   __shared__ Acc sub_big[BIG_BLANKS ? Geo::RPB : 1][BIG_BLANKS ? kMaxDurations : 1];
   const int K = BIG_BLANKS ? p.big.n : 0;
   Acc* row_big = sub_big[BIG_BLANKS ? threadIdx.x >> Geo::LOG_G : 0];
   if (BIG_BLANKS) {
     if (pass.lane < K) {
       const int d = duration(p.big, pass.lane), s = ri.t + d;
-      const Acc after = s < ri.T ? beta[r + (long long)d * st] : (s == ri.T && ri.u == ri.U ? Acc(0) : NINF);
+      const Acc after = s < ri.T ? beta[r + (long long)d * ri.st] : (s == ri.T && ri.u == ri.U ? Acc(0) : NINF);
       row_big[pass.lane] = exp_acc(lognorm + ldg(p.lp_arcs + (long long)r * K + pass.lane) + after);
     }
     if (WPR == 1)
@@ -382,22 +359,9 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
     else
       __syncthreads();
   }
-  auto grad = [&](int v, T x) {
-    Acc g = FROM_LOG_SOFTMAX ? Acc(0) : exp_fast(to_acc(x) + coef);
-    if (v == blank) g -= sub_blank;
-    if (v == label) g -= sub_label;
-    if (BIG_BLANKS && (unsigned)(blank - 1 - v) < (unsigned)K) g -= row_big[blank - 1 - v];
-    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
-    return from_acc<T>(g * sc);
-  };
-  pass.for_each(!FROM_LOG_SOFTMAX, [&](int i, const VT& vt) {
-    VT o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
-    dst.put(i, o);
+  map_row(pass, dst, !FROM_LOG_SOFTMAX, [&](int v, T x) {
+    return grad(v, x, BIG_BLANKS && (unsigned)(blank - 1 - v) < (unsigned)K ? row_big[blank - 1 - v] : Acc(0));
   });
-  if (!ALIGNED && pass.col >= 0) dst.put_scalar(pass.col, grad(pass.col, pass.x));
-  dst.finish(pass.lane);
 }
 
 // ---------------------------------------------------------------------------

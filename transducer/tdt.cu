@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   Acc* __restrict__ lp_arcs = p.lp_arcs;
   Acc* __restrict__ den = p.den;
   Acc* __restrict__ den_arcs = p.den_arcs;
-  const int D = p.duration_scores.D, V = p.tokens.V, target_cols = p.labels.cols;
+  const int D = p.duration_scores.D, V = p.tokens.V;
   const Acc sigma = Acc(p.sigma);
   // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
   // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
@@ -135,15 +135,9 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
     if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = NINF;
     return;
   }
-  const bool has_label = ri.u >= 0 && ri.u < ri.U && ri.u < target_cols;
-  Acc x_blank = Acc(0), x_label = NINF, x_dur = NINF;
-  if (pass.lane == 0) {
-    x_blank = to_acc(tok[pass.row + p.labels.blank]);
-    if (has_label) {
-      const long long y = (long long)targets[(long long)ri.b * target_cols + ri.u];
-      x_label = to_acc(tok[pass.row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
-    }
-  }
+  BlankAndLabel<Acc> picks;
+  picks.load(tok, pass.row, ri, p.labels, targets, V, pass.lane);
+  Acc x_dur = NINF;
   if (pass.lane < D) x_dur = to_acc(dur[local * p.duration_scores.ld + pass.lane]);
   const Acc d_tok = pass.logsumexp();
   // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
@@ -159,9 +153,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   if (pass.lane == 0) {
     den[r] = d_tok + bad;
     den_arcs[r] = d_dur + bad;
-    lp[2ll * r] = x_blank - d_tok - sigma + bad;
-    const Acc penalty = Acc(p.delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
-    lp[2ll * r + 1] = has_label ? x_label - d_tok - sigma + penalty + bad : NINF;
+    picks.store(lp, r, ri, d_tok, sigma, p.delay_penalty, bad);
   }
   if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
 }
@@ -484,7 +476,6 @@ template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool
 __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGradientParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef typename RowPass<T, VEC, WPR, ALIGNED>::VT VT;
   const Acc NINF = neg_inf<Acc>();
   const T* dur = p.duration_scores.data;
   const ReadOnly<I> targets{p.labels.targets};
@@ -559,32 +550,20 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   const Acc lam = fastemit_lambda, keep = Acc(1) - omega;
   Acc factor = keep * (gamma + lam * sum_label), sub_blank = keep * sum_blank, sub_label = keep * sum_label;
   if (OMEGA) {  // the plain RNN-T loss of the token scores (log-probs lp + sigma)
-    const Acc lognorm_r = alpha_r[r] + l_r;
-    Acc after_blank = ri.t + 1 < ri.T ? beta_r[r + st] : (ri.u == ri.U ? Acc(0) : NINF);
-    const Acc blank_r = exp_acc(lognorm_r + lp_b + sigma + after_blank);
-    const Acc label_r = ri.u < ri.U ? exp_acc(lognorm_r + lp_l + sigma + beta_r[r + 1]) : Acc(0);
-    factor += omega * (exp_acc(lognorm_r + beta_r[r]) + lam * label_r);
-    sub_blank += omega * blank_r;
-    sub_label += omega * label_r;
+    const RnntArcs<Acc> rnnt = rnnt_arcs<Acc, false>(beta_r, r, ri, alpha_r[r] + l_r, lp_b + sigma, lp_l + sigma);
+    factor += omega * (exp_acc(rnnt.log_gamma) + lam * rnnt.label);
+    sub_blank += omega * rnnt.blank;
+    sub_label += omega * rnnt.label;
   }
-  sub_label *= Acc(1) + lam;
-  const Acc coef = log_acc(factor) - den[r];
-  const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
-  auto grad = [&](int v, T x) {
-    Acc g = exp_fast(to_acc(x) + coef);
-    if (v == blank) g -= sub_blank;
-    if (v == label) g -= sub_label;
-    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
-    return from_acc<T>(g * sc);
-  };
-  pass.for_each(true, [&](int i, const VT& vt) {
-    VT o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = grad(pass.column(i, j), vt.v[j]);
-    dst.put(i, o);
-  });
-  if (!ALIGNED && pass.col >= 0) dst.put_scalar(pass.col, grad(pass.col, pass.x));
-  dst.finish(lane);
+  TokenGradient<Acc, true, CLAMP> grad;
+  grad.coef = log_acc(factor) - den[r];
+  grad.sub_blank = sub_blank;
+  grad.sub_label = (Acc(1) + lam) * sub_label;
+  grad.clamp = clamp;
+  grad.scale = sc;
+  grad.blank = blank;
+  grad.label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
+  map_row(pass, dst, true, grad);
   if (lane < D) {
     const Acc x = to_acc(dur[local * p.duration_scores.ld + lane]);
     Acc g = keep * (exp_acc(x - den_arcs[r]) * gamma - own);
