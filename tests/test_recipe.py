@@ -337,3 +337,54 @@ def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
                     for b, n in enumerate(xl.tolist())]
     with pytest.raises(ValueError, match="delay_penalty: applies to loss='rnnt' and 'rna', not 'multiblank'"):
         Transducer(6, num_mel_bins=8, loss="multiblank", delay_penalty=0.1)
+
+
+def test_rnnt_and_rna_greedy_decoding_count_labels_per_frame():
+    """With the joiner's output fixed by its bias: RNN-T emits max_symbols labels a frame, RNA one, the blank
+    none."""
+    from asr_model import Transducer
+
+    x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
+    for loss, per_frame in (("rnnt", 4), ("rna", 1)):
+        torch.manual_seed(0)
+        model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
+                           joiner_dim=8, loss=loss, joiner="unfused").eval()
+        frames = model.encoder(x, xl)[1].tolist()
+        for column, expected in ((3, per_frame), (0, 0)):
+            with torch.no_grad():
+                model.out.weight.zero_()
+                model.out.bias.zero_()
+                model.out.bias[column] = 10.0
+            hyps = model.decode(x, xl, max_symbols=4)
+            assert [len(h) for h in hyps] == [expected * n for n in frames], (loss, column)
+            assert all(set(h) <= {column} for h in hyps)
+
+
+@pytest.mark.parametrize("loss_kind", ["rnnt", "rna", "tdt", "multiblank"])
+@pytest.mark.parametrize("predictor", ["lstm", "stateless"])
+def test_greedy_decoding_of_a_batch_is_each_utterance_alone(loss_kind, predictor):
+    """Rows that emit on different steps keep their own predictor state: a batch decodes as each utterance does
+    alone. Label 3 wins where w.h is above its mean over the first step's joiner states h, the blank elsewhere.
+    Lengths are multiples of 4, where the subsampling sees no padding."""
+    from asr_model import Transducer
+
+    torch.manual_seed(1)
+    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor=predictor,
+                       predictor_dim=8, joiner_dim=8, loss=loss_kind, durations=(0, 1, 2),
+                       big_blank_durations=(2, 3), joiner="unfused").eval()
+    xl = torch.tensor([60, 44, 24, 60, 12])
+    x = torch.randn(5, 60, 8) * (torch.arange(60) < xl[:, None])[..., None]  # padded with zeros, as collate does
+    with torch.no_grad():
+        enc, frames = model.encoder(x, xl)
+        h = torch.tanh(model.enc_proj(enc) + model.pred_proj(model.predictor.initial(5, "cpu")[0]))
+        w = torch.randn(8)
+        threshold = (h @ w).mean()
+        tokens = model.blank + 1 if loss_kind == "multiblank" else 6  # TDT's duration columns keep their weights
+        model.out.weight[:tokens] = 0
+        model.out.bias[:tokens] = 0
+        model.out.weight[3], model.out.bias[3] = 100 * w, -100 * threshold
+        model.out.weight[model.blank], model.out.bias[model.blank] = -100 * w, 100 * threshold
+    hyps = model.decode(x, xl, max_symbols=3)
+    most = (1 if loss_kind == "rna" else 3) * int(frames.sum())
+    assert 0 < sum(map(len, hyps)) < most and all(set(h) <= {3} for h in hyps)
+    assert hyps == [model.decode(x[b:b + 1, :n], xl[b:b + 1], max_symbols=3)[0] for b, n in enumerate(xl.tolist())]
