@@ -4,6 +4,7 @@
     python recipes/train_toy.py                    # eSpeak NG toy corpus, made on the first run
     python recipes/train_toy.py --quick            # a smoke test: tiny corpus, tiny model, seconds
     python recipes/train_toy.py --manifest train.jsonl --test-manifest test.jsonl   # your data
+    python recipes/train_toy.py --quick --write-manifests toy   # the toy corpus as such manifests
     torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
@@ -84,10 +85,14 @@ def build_parser():
                    "data/toy_corpus_quick with --quick)")
     d.add_argument("--corpus-size", type=positive(int), default=5000,
                    help="toy corpus: training utterances (default: %(default)s; --quick: 96, whatever is given)")
-    d.add_argument("--manifest", help="train on this JSONL/TSV manifest (audio path + transcript) instead of "
-                   "the toy corpus (default: none, the toy corpus)")
+    d.add_argument("--manifest", help="train on this manifest instead of the toy corpus: NeMo's JSON lines "
+                   "(audio_filepath, duration, text) or TSV (audio path, transcript) (default: none, the toy corpus)")
     d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
     d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
+    d.add_argument("--write-manifests", metavar="DIR",
+                   help="write the toy corpus (made first if need be, as --data-dir, --corpus-size, --seed and "
+                        "--quick say) as NeMo-style JSON-lines manifests DIR/{train,dev,test}.jsonl, the audio as "
+                        "WAV files in DIR/audio, and exit without training")
     d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
                    help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
     d.add_argument("--workers", type=int, default=0,
@@ -177,6 +182,10 @@ def parse_args(argv=None):
         p.error("--dev-manifest/--test-manifest need --manifest")
     if a.manifest and a.data_dir:
         p.error("--data-dir is the toy corpus cache; with --manifest it is not used")
+    if a.manifest and a.write_manifests:
+        p.error("--write-manifests writes the toy corpus; with --manifest there is none")
+    if a.write_manifests and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        p.error("--write-manifests runs in one process, not under torchrun")
     if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
@@ -287,6 +296,21 @@ class Dist:
 
 # ---------------------------------------------------------------------- data
 
+def toy_corpus_config(a):
+    import toy_corpus
+    return toy_corpus.corpus_config(seed=a.seed, **(QUICK if a.quick else dict(n_train=a.corpus_size)))
+
+
+def write_manifests(a):
+    """The toy corpus as NeMo-style manifests in --write-manifests (--help); their paths."""
+    import toy_corpus
+    toy_corpus.ensure_corpus(a.data_dir, toy_corpus_config(a))
+    paths = [str(m) for m in toy_corpus.write_manifests(a.data_dir, a.write_manifests)]
+    print(f"manifests: {', '.join(paths)}; to train on them:\n  python recipes/train_toy.py "
+          f"{'--quick ' if a.quick else ''}--manifest {paths[0]} --dev-manifest {paths[1]} --test-manifest {paths[2]}")
+    return paths
+
+
 def load_data(a, dist, log):
     """(train, dev, test) item lists [(id, waveform or path, text, ...)]."""
     if a.manifest:
@@ -300,9 +324,8 @@ def load_data(a, dist, log):
         dev = read(a.dev_manifest) if a.dev_manifest else test
         return train, dev, test
     import toy_corpus
-    cfg = toy_corpus.corpus_config(seed=a.seed, **(QUICK if a.quick else dict(n_train=a.corpus_size)))
     if dist.main:
-        toy_corpus.ensure_corpus(a.data_dir, cfg, log)
+        toy_corpus.ensure_corpus(a.data_dir, toy_corpus_config(a), log)
     dist.barrier()
     return tuple(toy_corpus.load_split(a.data_dir, s) for s in ("train", "dev", "test"))
 
@@ -414,6 +437,8 @@ def plot(history, path):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.write_manifests:
+        return dict(manifests=write_manifests(a))
     t_start = time.time()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(default_threads(a.threads, device))

@@ -246,11 +246,70 @@ def test_manifest_training_run(tmp_path, capsys):
         run(["--manifest", m, "--exp-dir", tmp_path / "exp2", "--bad-lines", "stop"])
 
 
+def test_nemo_manifest(tmp_path):
+    """NeMo's field names, a .json suffix, paths relative to the manifest's folder, NeMo's offset (a segment of
+    the file), and bad lines reported with the manifest's path and line number."""
+    (wav, text), = _write_wavs(tmp_path, 1)
+    folder = tmp_path / "nemo"
+    (folder / "wavs").mkdir(parents=True)
+    wav = wav.rename(folder / "wavs" / "a.wav")
+    seconds = sf.info(wav).duration
+    lines = [
+        {"audio_filepath": "wavs/a.wav", "duration": seconds, "text": text.upper()},
+        {"audio_filepath": "wavs/a.wav", "offset": 0.0625, "duration": 0.25, "text": "one"},
+        {"audio_filepath": "wavs/missing.wav", "duration": 1.0, "text": "two"},
+        {"audio_filepath": "wavs/a.wav", "offset": seconds + 1, "text": "three"},
+        {"audio_filepath": "wavs/a.wav", "offset": 0.25, "text": "four"},
+    ]
+    m = folder / "train_manifest.json"
+    m.write_text("".join(json.dumps(x) + "\n" for x in lines) + "audio.wav\tfive\n")
+    msgs = []
+    items = asr_data.read_manifest(m, "skip", log=msgs.append)
+    joined = "\n".join(msgs)
+    assert f"{m}:3: audio file not found: {folder / 'wavs' / 'missing.wav'}" in joined, joined
+    assert f"{m}:4: 'offset' {seconds + 1} s is past the end of {wav}" in joined, joined
+    assert f"{m}:6: not valid JSON" in joined, joined  # a .json manifest is JSON lines throughout
+    assert f"{m}: skipped 3 bad line(s), kept 3" in joined, joined
+    assert [(i[1], i[2], i[4]) for i in items] == [(str(wav), text, None), (str(wav), "one", 0.0625),
+                                                  (str(wav), "four", 0.25)]
+    assert items[0][3] == seconds and items[1][3] == 0.25 and items[2][3] == pytest.approx(seconds - 0.25)
+    whole = asr_data.load_audio(str(wav))
+    assert len(whole) > 5000
+    assert torch.equal(asr_data.load_audio(str(wav), offset=0.0625, seconds=0.25), whole[1000:5000])
+    assert torch.equal(asr_data.load_audio(str(wav), offset=0.25), whole[4000:])
+    data = asr_data.SpeechDataset(items, asr_data.CharTokenizer.from_texts(i[2] for i in items))
+    assert [data.num_frames(i) for i in range(3)] == [asr_data.num_frames(n) for n in (len(whole), 4000,
+                                                                                        len(whole) - 4000)]
+    assert [data[i][0].shape[0] for i in range(3)] == [data.num_frames(i) for i in range(3)]
+    with pytest.raises(asr_data.ManifestError, match=r"train_manifest\.json:3: audio file not found"):
+        asr_data.read_manifest(m, "stop")
+
+
+def test_toy_corpus_as_manifests_trains_as_the_corpus(corpus, tmp_path):
+    """--write-manifests gives NeMo-style manifests of the toy corpus; a --quick run from them takes the same
+    steps as one from the corpus itself (the same audio, the same batches)."""
+    manifests = run(["--data-dir", corpus, "--write-manifests", tmp_path / "manifests"])["manifests"]
+    assert manifests == [str(tmp_path / "manifests" / f"{s}.jsonl") for s in ("train", "dev", "test")]
+    lines = [json.loads(x) for x in open(manifests[0])]
+    corpus_lines = [json.loads(x) for x in open(corpus / "train.jsonl")]
+    assert len(lines) == len(corpus_lines) == train_toy.QUICK["n_train"]
+    assert lines[0] == {"audio_filepath": f"audio/{corpus_lines[0]['id']}.wav",
+                        "duration": corpus_lines[0]["samples"] / 16000, "text": corpus_lines[0]["text"]}
+    steps = ["--epochs", 1, "--max-steps", 3]
+    a = run(["--data-dir", corpus, "--exp-dir", tmp_path / "corpus_run", *steps])
+    b = run(["--manifest", manifests[0], "--dev-manifest", manifests[1], "--test-manifest", manifests[2],
+             "--exp-dir", tmp_path / "manifest_run", *steps])
+    assert len(b["step_losses"]) == 3 and b["step_losses"] == a["step_losses"]
+    assert (b["test_wer"], b["test_cer"]) == (a["test_wer"], a["test_cer"])
+    assert json.loads((tmp_path / "manifest_run" / "results.json").read_text())["history"] == b["history"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "must be > 0"),
     (["--lr", "fast"], "is not a float"),
     (["--encoder", "gru"], "invalid choice: 'gru'"),
     (["--test-manifest", "t.jsonl"], "need --manifest"),
+    (["--manifest", "m.jsonl", "--write-manifests", "d"], "--write-manifests writes the toy corpus; with --manifest"),
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
