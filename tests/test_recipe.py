@@ -109,6 +109,128 @@ def test_ddp_two_gloo_processes_agree(corpus, tmp_path):
     assert "parameters agree across 2 ranks" in p.stdout
 
 
+# ---------------------------------------------------------------------- run folders
+
+def run_in(folder, args):
+    """A run started in ``folder``: its default run folders are in folder/runs/toy_quick."""
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        return run(args)
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def two_runs(corpus, tmp_path_factory):
+    """In one place, each in its default run folder: an RNN-T run of 3 epochs, a multi-blank run of 2, and the
+    multi-blank run resumed for a third. Returns the folder of the run folders and the three results."""
+    base = tmp_path_factory.mktemp("two_runs")
+    short = ["--data-dir", corpus, "--max-steps", 1]
+    rnnt = run_in(base, [*short, "--epochs", 3])
+    multiblank = run_in(base, [*short, "--epochs", 2, "--loss", "multiblank"])
+    resumed = run_in(base, [*short, "--epochs", 3, "--loss", "multiblank", "--resume"])
+    return base / "runs" / "toy_quick", rnnt, multiblank, resumed
+
+
+QUICK_MODEL = dict(joiner="fused", encoder="conformer", encoder_dim=64, encoder_layers=1, predictor="lstm",
+                   predictor_dim=32, joiner_dim=32)
+
+
+def test_configurations_keep_their_own_run_folders(two_runs):
+    runs, rnnt, multiblank, resumed = two_runs
+    assert sorted(p.name for p in runs.iterdir()) == ["multiblank", "rnnt"]
+    configs = {"rnnt": dict(loss="rnnt", fastemit_lambda=0.0, delay_penalty=0.0, **QUICK_MODEL),
+               "multiblank": dict(loss="multiblank", big_blank_durations=[2, 4, 8], sigma=0.05, fastemit_lambda=0.0,
+                                  **QUICK_MODEL)}
+    for name, result, epochs in (("rnnt", rnnt, [2, 3]), ("multiblank", resumed, [2, 3])):
+        folder = runs / name
+        assert json.loads((folder / "config.json").read_text()) == configs[name] == result["config"]
+        # pruning kept two checkpoints of each run, whichever ran last
+        assert sorted(p.name for p in folder.glob("epoch-*.pt")) == [f"epoch-{n}.pt" for n in epochs]
+        for n in epochs:
+            saved = torch.load(folder / f"epoch-{n}.pt", map_location="cpu", weights_only=False)
+            assert saved["config"] == configs[name] and saved["epoch"] == n
+        results = json.loads((folder / "results.json").read_text())
+        assert results["loss"] == name and results["history"] == result["history"]
+        assert (folder / "train.png").stat().st_size > 0
+    # --resume without a checkpoint took the multi-blank run's latest, not the RNN-T run's
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
+    assert resumed["history"][:2] == multiblank["history"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(two_runs, corpus):
+    runs, *_ = two_runs
+    checkpoint = runs / "rnnt" / "epoch-3.pt"
+    for args, differences in [(["--loss", "multiblank"], "--loss rnnt there, multiblank here"),
+                              (["--predictor-dim", 48, "--joiner", "unfused"],
+                               "--joiner fused there, unfused here; --predictor-dim 32 there, 48 here")]:
+        with pytest.raises(train_toy.UsageError) as e:
+            run_in(runs.parent.parent, ["--data-dir", corpus, "--epochs", 4, "--resume", checkpoint, *args])
+        assert str(e.value) == (f"--resume: {checkpoint} is a checkpoint of another configuration ({differences}); "
+                                f"resume it with the flags it was trained with, or leave --resume out to start afresh")
+    assert sorted(p.name for p in runs.iterdir()) == ["multiblank", "rnnt"]  # the refused runs made no folder
+
+
+def test_a_folder_of_another_configuration_is_refused(two_runs, corpus, tmp_path):
+    runs, *_ = two_runs
+    folder = runs / "rnnt"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir())
+    with pytest.raises(train_toy.UsageError) as e:
+        run(["--data-dir", corpus, "--exp-dir", folder, "--loss", "tdt", "--durations", "0,1,2"])
+    assert str(e.value) == (
+        f"--exp-dir {folder} holds a run of another configuration (--loss rnnt there, tdt here); a run folder keeps "
+        f"the checkpoints and results of one configuration. Give --exp-dir another folder (without --exp-dir each "
+        f"configuration has its own in runs/toy_quick/), or delete {folder} to reuse it")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir()) == before
+    # a folder without config.json: its latest checkpoint says what it holds
+    (tmp_path / "epoch-3.pt").write_bytes((folder / "epoch-3.pt").read_bytes())
+    with pytest.raises(train_toy.UsageError, match=r"holds a run of another configuration \(--encoder-dim 64 there, "
+                                                   r"128 here\)"):
+        run(["--data-dir", corpus, "--exp-dir", tmp_path, "--encoder-dim", 128])
+    # a run that stops before its first checkpoint leaves no run behind
+    with pytest.raises(asr_data.ManifestError, match="manifest not found"):
+        run(["--manifest", tmp_path / "missing.jsonl", "--exp-dir", tmp_path / "stopped"])
+    assert not (tmp_path / "stopped").exists()
+
+
+def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, corpus, tmp_path, capsys):
+    """Without --resume, the folder's checkpoints and results.json are the earlier run's: they go once the new
+    run has saved its first checkpoint, so that pruning and --resume see this run's only."""
+    runs, *_ = two_runs
+    folder = tmp_path / "rnnt"
+    folder.mkdir()
+    for name in ("config.json", "epoch-2.pt", "epoch-3.pt", "results.json"):
+        (folder / name).write_bytes((runs / "rnnt" / name).read_bytes())
+    r = run(["--data-dir", corpus, "--exp-dir", folder, "--epochs", 1, "--max-steps", 1])
+    assert (f"{folder} holds checkpoints of an earlier run of this configuration (epoch-2.pt, epoch-3.pt): they and "
+            f"its results.json are removed once this run has saved its first checkpoint (--resume continues that "
+            f"run instead)") in capsys.readouterr().out
+    assert sorted(p.name for p in folder.glob("epoch-*.pt")) == ["epoch-1.pt"]
+    assert json.loads((folder / "results.json").read_text())["history"] == r["history"] and len(r["history"]) == 1
+
+
+@pytest.mark.parametrize("args, folder", [
+    ([], "runs/toy/rnnt"),
+    (["--epochs", "3", "--lr", "1e-3", "--seed", "4", "--max-frames", "2000", "--threads", "1", "--no-specaug"],
+     "runs/toy/rnnt"),
+    (["--rna", "--joiner", "unfused"], "runs/toy/rna_joiner=unfused"),
+    (["--loss", "tdt", "--durations", "0,1,2", "--omega", "0.1"], "runs/toy/tdt_durations=0,1,2_omega=0.1"),
+    (["--loss", "tdt", "--durations", "0,1,2,3,4", "--sigma", "0.05"], "runs/toy/tdt"),
+    (["--loss", "multiblank", "--big-blank-durations", "2,4", "--encoder", "lstm", "--encoder-dim", "256"],
+     "runs/toy/multiblank_big-blank-durations=2,4_encoder=lstm_encoder-dim=256"),
+    (["--fastemit-lambda", "0.001", "--predictor", "stateless"],
+     "runs/toy/rnnt_fastemit-lambda=0.001_predictor=stateless"),
+    (["--quick"], "runs/toy_quick/rnnt"),
+    (["--quick", "--encoder-dim", "144"], "runs/toy_quick/rnnt_encoder-dim=144"),
+    (["--exp-dir", "mine", "--loss", "tdt"], "mine"),
+])
+def test_run_folder_names(args, folder):
+    """The loss, then flag=value for each model or loss flag that differs from its default (--quick's with
+    --quick); training flags name no folder."""
+    assert train_toy.parse_args(args).exp_dir == str(Path(folder))
+
+
 # ---------------------------------------------------------------------- bad input
 
 def _write_wavs(tmp_path, n=6):
