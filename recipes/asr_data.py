@@ -14,6 +14,7 @@ FRAME_LENGTH = 400  # 25 ms at 16 kHz
 MIN_SECONDS = (FRAME_LENGTH + FRAME_SHIFT) / SAMPLE_RATE
 AUDIO_KEYS = ("audio", "audio_filepath", "path", "wav")
 TEXT_KEYS = ("text", "transcript", "sentence")
+JSON_SUFFIXES = (".jsonl", ".json")  # NeMo names its JSON-lines manifests .json
 
 
 class ManifestError(ValueError):
@@ -26,15 +27,20 @@ def normalise_text(text):
 
 # ---------------------------------------------------------------------- manifests
 
-def _parse_duration(value):
+def _parse_seconds(r, key):
+    """The field ``key`` of a JSON line in seconds, or None where it is absent."""
+    value = r.get(key)
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"'duration' must be a number of seconds >= 0, got {value!r}")
+        raise ValueError(f"'{key}' must be a number of seconds >= 0, got {value!r}")
     return float(value)
 
 
 def _parse_line(line, suffix):
-    """(audio, text, seconds or None) of one manifest line, or raise ValueError saying what is wrong."""
-    if suffix == ".jsonl" or (suffix != ".tsv" and line.lstrip().startswith("{")):
+    """(audio, text, seconds or None, offset or None) of one manifest line, or raise ValueError saying what is
+    wrong."""
+    if suffix in JSON_SUFFIXES or (suffix != ".tsv" and line.lstrip().startswith("{")):
         try:
             r = json.loads(line)
         except ValueError as e:
@@ -47,27 +53,28 @@ def _parse_line(line, suffix):
             raise ValueError(f"no audio path (one of the keys {', '.join(AUDIO_KEYS)})")
         if text is None:
             raise ValueError(f"no transcript (one of the keys {', '.join(TEXT_KEYS)})")
-        seconds = _parse_duration(r["duration"]) if r.get("duration") is not None else None
-        return str(audio), str(text), seconds
+        return str(audio), str(text), _parse_seconds(r, "duration"), _parse_seconds(r, "offset")
     parts = line.rstrip("\r\n").split("\t")
     if len(parts) < 2:
         raise ValueError("a TSV line must be: audio path <TAB> transcript")
-    return parts[0], "\t".join(parts[1:]), None
+    return parts[0], "\t".join(parts[1:]), None, None
 
 
 def read_manifest(path, on_error="skip", log=print):
-    """Utterances of a JSONL or TSV manifest: [(id, audio path, text, seconds)].
+    """Utterances of a JSON-lines or TSV manifest: [(id, audio path, text, seconds, offset or None)].
 
-    JSONL: one object per line with an audio path ("audio", "audio_filepath",
+    JSON lines (NeMo's manifests; .jsonl, .json, or any file whose lines start
+    with "{"): one object per line with an audio path ("audio", "audio_filepath",
     "path" or "wav") and a transcript ("text", "transcript" or "sentence").
     TSV: ``path<TAB>transcript``; a first line ``audio<TAB>text`` is a header.
-    Relative paths are relative to the manifest's folder. A JSONL line's
-    "duration" (seconds, as in NeMo manifests) is trusted when present, so the
-    file is not opened until training reads it; otherwise its header is read
-    here. A line whose file is missing or unreadable, whose clip is shorter than
-    two feature frames (``MIN_SECONDS``), or whose transcript is empty, is
-    reported with its line number and skipped (``on_error="skip"``) or stops the
-    run (``"stop"``).
+    Relative paths are relative to the manifest's folder. A JSON line's
+    "duration" (seconds) is trusted when present, so the file is not opened
+    until training reads it; otherwise its header is read here. NeMo's "offset"
+    (seconds) makes the utterance the part of the file from there: "duration"
+    seconds of it, or to its end. A line whose file is missing or unreadable,
+    whose clip is shorter than two feature frames (``MIN_SECONDS``), or whose
+    transcript is empty, is reported with its line number and skipped
+    (``on_error="skip"``) or stops the run (``"stop"``).
     """
     import soundfile as sf
 
@@ -82,8 +89,8 @@ def read_manifest(path, on_error="skip", log=print):
                 continue
             where = f"{path}:{lineno}"
             try:
-                audio, text, seconds = _parse_line(line, suffix)
-                if lineno == 1 and suffix != ".jsonl" and audio.lower() in AUDIO_KEYS:
+                audio, text, seconds, offset = _parse_line(line, suffix)
+                if lineno == 1 and suffix not in JSON_SUFFIXES and audio.lower() in AUDIO_KEYS:
                     continue  # TSV header
                 text = normalise_text(text)
                 if not text:
@@ -98,7 +105,10 @@ def read_manifest(path, on_error="skip", log=print):
                         info = sf.info(str(audio_path))
                     except Exception as e:  # soundfile raises its own error types
                         raise ValueError(f"unreadable audio {audio_path}: {e}") from None
-                    seconds = info.frames / info.samplerate
+                    seconds = info.frames / info.samplerate - (offset or 0.0)
+                    if seconds <= 0:
+                        raise ValueError(f"'offset' {offset} s is past the end of {audio_path} "
+                                         f"({info.frames / info.samplerate:.2f} s)")
                 if seconds < MIN_SECONDS:
                     raise ValueError(f"audio too short: {seconds * 1000:.0f} ms in {audio_path} (at least "
                                      f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)")
@@ -108,7 +118,7 @@ def read_manifest(path, on_error="skip", log=print):
                 log(f"warning: {where}: {e}; skipping this line")
                 skipped += 1
                 continue
-            items.append((f"{path.stem}-{lineno}", str(audio_path), text, seconds))
+            items.append((f"{path.stem}-{lineno}", str(audio_path), text, seconds, offset))
     if skipped:
         log(f"warning: {path}: skipped {skipped} bad line(s), kept {len(items)}")
     if not items:
@@ -116,11 +126,17 @@ def read_manifest(path, on_error="skip", log=print):
     return items
 
 
-def load_audio(path):
-    """Mono float32 waveform at 16 kHz."""
+def load_audio(path, offset=None, seconds=None):
+    """Mono float32 waveform at 16 kHz: the whole file, or with ``offset`` the ``seconds`` from there (to the
+    end where ``seconds`` is None)."""
     import soundfile as sf
 
-    x, sr = sf.read(path, dtype="float32", always_2d=True)
+    with sf.SoundFile(path) as f:
+        sr = f.samplerate
+        if offset is not None:
+            f.seek(round(offset * sr))
+        frames = round(seconds * sr) if offset is not None and seconds is not None else -1
+        x = f.read(frames, dtype="float32", always_2d=True)
     x = torch.from_numpy(x).mean(1)
     if sr != SAMPLE_RATE:
         import torchaudio.functional as AF
@@ -165,8 +181,14 @@ def fbank(waveform, num_mel_bins=80, dither=0.0):
     return (x - x.mean(0)) / (x.std(0) + 1e-5)
 
 
+def num_frames(samples):
+    """The fbank frames of a clip of ``samples`` samples at 16 kHz."""
+    return max(1, (samples - FRAME_LENGTH) // FRAME_SHIFT + 1)
+
+
 class SpeechDataset(torch.utils.data.Dataset):
-    """Utterances [(id, waveform tensor or audio path, text)] -> (features, token ids, text)."""
+    """Utterances -> (features, token ids, text). An utterance is (id, waveform tensor, text) or a manifest's
+    (id, audio path, text, seconds, offset)."""
 
     def __init__(self, items, tokenizer, num_mel_bins=80, precompute=False):
         self.items, self.tokenizer, self.num_mel_bins = items, tokenizer, num_mel_bins
@@ -176,12 +198,12 @@ class SpeechDataset(torch.utils.data.Dataset):
     def num_frames(self, i):
         audio = self.items[i][1]
         if isinstance(audio, torch.Tensor):
-            return max(1, (audio.numel() - FRAME_LENGTH) // FRAME_SHIFT + 1)
-        return max(1, int(self.items[i][3] * 100))  # manifest item: seconds
+            return num_frames(audio.numel())
+        return num_frames(round(self.items[i][3] * SAMPLE_RATE))  # manifest item: seconds
 
     def _features(self, i):
-        audio = self.items[i][1]
-        wav = audio if isinstance(audio, torch.Tensor) else load_audio(audio)
+        item = self.items[i]
+        wav = item[1] if isinstance(item[1], torch.Tensor) else load_audio(item[1], offset=item[4], seconds=item[3])
         return fbank(wav, self.num_mel_bins)
 
     def __len__(self):

@@ -201,17 +201,32 @@ class Transducer(nn.Module):
             return best, step_of[best] == 0, step_of[best]
         return self._greedy_decode_skipping(feats, feat_lens, max_symbols, choose)
 
+    def _greedy_start(self, feats, feat_lens):
+        """What every greedy search starts from: the encoder's output projected for the joiner (B, T, d) and its
+        lengths, the predictor's output for the start symbol projected for the joiner (B, d) and its state, and
+        an empty hypothesis per utterance."""
+        enc, enc_lens = self.encoder(feats, feat_lens)
+        enc = self.enc_proj(enc)
+        pred, state = self.predictor.initial(enc.size(0), enc.device)
+        return enc, enc_lens, self.pred_proj(pred[:, 0]), state, [[] for _ in range(enc.size(0))]
+
+    def _greedy_emit(self, hyps, token, emit, pred, state):
+        """Append ``token`` to the hypotheses of the rows where ``emit`` and feed it to the predictor there; the
+        other rows keep their predictor output and state. Returns the new (pred, state)."""
+        for b in emit.nonzero().flatten().tolist():
+            hyps[b].append(int(token[b]))
+        # rows that emit nothing feed the start symbol: a blank's column need not be a predictor input
+        new_pred, new_state = self.predictor(token.masked_fill(~emit, self.predictor.blank).unsqueeze(1), state)
+        keep = ~emit
+        return torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0])), select_state(state, keep, new_state)
+
     def _greedy_decode_skipping(self, feats, feat_lens, max_symbols, choose):
         """The batched greedy search of the outputs that skip frames (TDT, multi-blank). ``choose(scores)``
         gives each row's (token, emit, step): where emit, the token is emitted and the predictor advanced;
         the frame moves on by step, at least 1 where nothing is emitted or after ``max_symbols`` labels on
         one frame."""
-        enc, enc_lens = self.encoder(feats, feat_lens)
-        enc = self.enc_proj(enc)
+        enc, enc_lens, pred, state, hyps = self._greedy_start(feats, feat_lens)
         B, T, _ = enc.shape
-        pred, state = self.predictor.initial(B, enc.device)
-        pred = self.pred_proj(pred[:, 0])
-        hyps = [[] for _ in range(B)]
         t = torch.zeros(B, dtype=torch.long, device=enc.device)
         emitted = torch.zeros(B, dtype=torch.long, device=enc.device)  # labels emitted on the current frame
         rows = torch.arange(B, device=enc.device)
@@ -221,15 +236,8 @@ class Transducer(nn.Module):
                 break
             token, emit, step = choose(self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred)))
             emit = active & emit
-            for b in emit.nonzero().flatten().tolist():
-                hyps[b].append(int(token[b]))
             if bool(emit.any()):
-                # rows that emit nothing feed the start symbol: a blank's column need not be a predictor input
-                new_pred, new_state = self.predictor(token.masked_fill(~emit, self.predictor.blank).unsqueeze(1),
-                                                     state)
-                keep = ~emit
-                pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
-                state = select_state(state, keep, new_state)
+                pred, state = self._greedy_emit(hyps, token, emit, pred, state)
             emitted = torch.where(emit, emitted + 1, 0)
             step = torch.where(emit, step, step.clamp(min=1))  # a blank moves on
             step = torch.where(emitted >= max_symbols, step.clamp(min=1), step)
@@ -241,24 +249,14 @@ class Transducer(nn.Module):
     def greedy_decode(self, feats, feat_lens, max_symbols=5, one_sym_per_frame=False):
         """Batched greedy search: at most ``max_symbols`` labels per frame (1 with RNA,
         where a label also moves to the next frame). Returns a list of label-id lists."""
-        enc, enc_lens = self.encoder(feats, feat_lens)
-        enc = self.enc_proj(enc)
-        B, T, _ = enc.shape
-        pred, state = self.predictor.initial(B, enc.device)
-        pred = self.pred_proj(pred[:, 0])
-        hyps = [[] for _ in range(B)]
-        for t in range(T):
+        enc, enc_lens, pred, state, hyps = self._greedy_start(feats, feat_lens)
+        for t in range(enc.size(1)):
             active = enc_lens > t
             for _ in range(1 if one_sym_per_frame else max_symbols):
                 best = self.out(torch.tanh(enc[:, t] + pred)).argmax(-1)
                 emit = active & (best != self.blank)
                 if not bool(emit.any()):
                     break
-                for b in emit.nonzero().flatten().tolist():
-                    hyps[b].append(int(best[b]))
-                new_pred, new_state = self.predictor(best.unsqueeze(1), state)
-                keep = ~emit
-                pred = torch.where(keep[:, None], pred, self.pred_proj(new_pred[:, 0]))
-                state = select_state(state, keep, new_state)
+                pred, state = self._greedy_emit(hyps, best, emit, pred, state)
                 active = emit
         return hyps

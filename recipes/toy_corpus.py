@@ -264,6 +264,30 @@ def load_split(data_dir, split):
     return items
 
 
+def write_manifests(data_dir, out_dir):
+    """Write the corpus in ``data_dir`` as NeMo-style JSON-lines manifests, ``out_dir/{train,dev,test}.jsonl``:
+    one line per utterance, ``{"audio_filepath": "audio/<id>.wav", "duration": seconds, "text": ...}``, the path
+    relative to the manifest's folder, the audio as 16-bit WAV files in ``out_dir/audio``. Returns the
+    manifests' paths."""
+    import soundfile as sf
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    (out_dir / "audio").mkdir(parents=True, exist_ok=True)
+    manifests = []
+    for split in ("train", "dev", "test"):
+        audio = np.load(data_dir / f"{split}.npy", mmap_mode="r")
+        manifests.append(out_dir / f"{split}.jsonl")
+        with open(data_dir / f"{split}.jsonl") as src, open(manifests[-1], "w") as f:
+            for line in src:
+                r = json.loads(line)
+                wav = f"audio/{r['id']}.wav"
+                sf.write(out_dir / wav, np.asarray(audio[r["offset"]: r["offset"] + r["samples"]]), SAMPLE_RATE,
+                         subtype="PCM_16")
+                f.write(json.dumps(dict(audio_filepath=wav, duration=r["samples"] / SAMPLE_RATE, text=r["text"]))
+                        + "\n")
+    return manifests
+
+
 def ensure_corpus(data_dir, config, log=print):
     """Make the corpus unless ``data_dir`` already holds one with this config."""
     meta = Path(data_dir) / "meta.json"

@@ -4,6 +4,7 @@
     python recipes/train_toy.py                    # eSpeak NG toy corpus, made on the first run
     python recipes/train_toy.py --quick            # a smoke test: tiny corpus, tiny model, seconds
     python recipes/train_toy.py --manifest train.jsonl --test-manifest test.jsonl   # your data
+    python recipes/train_toy.py --quick --write-manifests toy   # the toy corpus as such manifests
     torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
@@ -18,8 +19,10 @@ joiner and the loss are fused (``transducer.fused_joiner_loss``: no logits in
 memory), and ``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits
 through ``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt|multiblank`` picks the loss
 and the matching greedy decoding. Tokens are characters.
-Each epoch writes a checkpoint and a plot of train loss and dev WER to
---exp-dir; the run ends with greedy-search WER/CER on the test set.
+Each epoch writes a checkpoint and a plot of train loss and dev WER to the
+run folder (--exp-dir; by default runs/toy/<configuration>, one folder for each
+configuration of the model and loss); the run ends with greedy-search WER/CER
+on the test set, written to results.json there.
 """
 
 import argparse
@@ -84,10 +87,14 @@ def build_parser():
                    "data/toy_corpus_quick with --quick)")
     d.add_argument("--corpus-size", type=positive(int), default=5000,
                    help="toy corpus: training utterances (default: %(default)s; --quick: 96, whatever is given)")
-    d.add_argument("--manifest", help="train on this JSONL/TSV manifest (audio path + transcript) instead of "
-                   "the toy corpus (default: none, the toy corpus)")
+    d.add_argument("--manifest", help="train on this manifest instead of the toy corpus: NeMo's JSON lines "
+                   "(audio_filepath, duration, text) or TSV (audio path, transcript) (default: none, the toy corpus)")
     d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
     d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
+    d.add_argument("--write-manifests", metavar="DIR",
+                   help="write the toy corpus (made first if need be, as --data-dir, --corpus-size, --seed and "
+                        "--quick say) as NeMo-style JSON-lines manifests DIR/{train,dev,test}.jsonl, the audio as "
+                        "WAV files in DIR/audio, and exit without training")
     d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
                    help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
     d.add_argument("--workers", type=int, default=0,
@@ -150,11 +157,16 @@ def build_parser():
                    help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
                         "among local ranks, at most 4 when training on a GPU)")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)")
-    t.add_argument("--exp-dir", default=None, help="checkpoints, plot and results.json (default: runs/toy; "
-                   "runs/toy_quick with --quick)")
+    t.add_argument("--exp-dir", default=None,
+                   help="the run folder: checkpoints, plot, results.json and the configuration (config.json: the "
+                        "model and loss flags); a folder that holds a run of another configuration is refused "
+                        "(default: the configuration's own folder in runs/toy, runs/toy_quick with --quick, named "
+                        "by the loss and each model or loss flag that differs from its default, e.g. "
+                        "runs/toy/tdt_durations=0,1,2_joiner=unfused)")
     t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
-                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir "
-                        "(default: start afresh)")
+                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir; a checkpoint "
+                        "of another configuration is refused (default: start afresh, replacing an earlier run of "
+                        "the configuration in --exp-dir)")
     t.add_argument("--keep-checkpoints", type=positive(int), default=2, help="epoch-N.pt files to keep")
     t.add_argument("--quick", action="store_true",
                    help="a smoke test: a tiny toy corpus (96 training utterances of up to 3 words) and model, "
@@ -165,6 +177,15 @@ def build_parser():
 
 
 def parse_args(argv=None):
+    a = parse_flags(argv)
+    if a.exp_dir is None:  # the configuration's own folder, named by the settings that differ from their defaults
+        defaults = parse_flags(["--loss", a.loss] + ["--quick"] * a.quick)
+        a.exp_dir = str(Path(runs_folder(a.quick)) / run_name(run_config(vars(a)), run_config(vars(defaults))))
+    return a
+
+
+def parse_flags(argv):
+    """The flags with their defaults filled in and checked; --exp-dir as given."""
     p = build_parser()
     a = p.parse_args(argv)
     if a.quick:
@@ -177,6 +198,10 @@ def parse_args(argv=None):
         p.error("--dev-manifest/--test-manifest need --manifest")
     if a.manifest and a.data_dir:
         p.error("--data-dir is the toy corpus cache; with --manifest it is not used")
+    if a.manifest and a.write_manifests:
+        p.error("--write-manifests writes the toy corpus; with --manifest there is none")
+    if a.write_manifests and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        p.error("--write-manifests runs in one process, not under torchrun")
     if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
@@ -218,8 +243,87 @@ def parse_args(argv=None):
     if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU is available")
     a.data_dir = a.data_dir or ("data/toy_corpus_quick" if a.quick else "data/toy_corpus")
-    a.exp_dir = a.exp_dir or ("runs/toy_quick" if a.quick else "runs/toy")
     return a
+
+
+# ---------------------------------------------------------------------- run folders
+
+# A run's configuration: the settings that change the model or the loss it is trained with. A run folder holds the
+# checkpoints and results of one configuration, written in its config.json; the other flags (the data, --epochs,
+# --lr, --seed, --threads, ...) may change from one run of a configuration to the next, and on --resume.
+CONFIG = ("loss", "durations", "big_blank_durations", "sigma", "omega", "fastemit_lambda", "delay_penalty", "joiner",
+          "encoder", "encoder_dim", "encoder_layers", "predictor", "predictor_dim", "joiner_dim")
+# the losses that read each loss setting; the others are read by every loss
+LOSSES_OF = dict(durations=("tdt",), omega=("tdt",), big_blank_durations=("multiblank",), sigma=("tdt", "multiblank"),
+                 delay_penalty=("rnnt", "rna"))
+
+
+def runs_folder(quick):
+    """The folder of the run folders."""
+    return "runs/toy_quick" if quick else "runs/toy"
+
+
+def run_config(flags):
+    """The configuration of the run that ``flags`` (a dict of parsed flags) describe: {setting: value}, without
+    the settings that its loss does not read."""
+    return {k: flags.get(k) for k in CONFIG if flags["loss"] in LOSSES_OF.get(k, (flags["loss"],))}
+
+
+def flag_value(value):
+    """A setting's value as its flag is written: 0,1,2 for a list."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def run_name(config, defaults):
+    """The folder name of a configuration: the loss, then flag=value for each setting that differs from its
+    default, in CONFIG's order; for example rnnt, tdt_durations=0,1,2 or rna_joiner=unfused_encoder=lstm."""
+    return "_".join([config["loss"]] + [f"{k.replace('_', '-')}={flag_value(v)}" for k, v in config.items()
+                                        if k != "loss" and v != defaults.get(k)])
+
+
+def config_differences(there, here):
+    """The settings in which configuration ``here`` differs from ``there``: "--loss rnnt there, tdt here; ..."."""
+    both = [k for k in CONFIG if k in there and k in here and there[k] != here[k]]
+    keys = both or [k for k in CONFIG if there.get(k) != here.get(k)]  # or a setting only one side has
+    return "; ".join(f"--{k.replace('_', '-')} {flag_value(there[k]) if k in there else 'not set'} there, "
+                     f"{flag_value(here[k]) if k in here else 'not set'} here" for k in keys)
+
+
+def checkpoint_config(ckpt):
+    """A checkpoint's configuration (from its flags where it predates the "config" entry)."""
+    return ckpt["config"] if "config" in ckpt else run_config(ckpt["args"])
+
+
+def folder_config(exp):
+    """The configuration of the run in folder ``exp``: its config.json, else its latest checkpoint's; None where
+    it holds no run."""
+    path = Path(exp) / "config.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            raise UsageError(f"{path} is not valid JSON: delete it if {exp} holds no run you want to keep") from None
+    latest = latest_checkpoint(exp)
+    return None if latest is None else checkpoint_config(torch.load(latest, map_location="cpu", weights_only=False))
+
+
+def check_run_folder(exp, config, quick):
+    """Refuse a folder that holds a run of another configuration: its checkpoints would mix with this run's."""
+    found = folder_config(exp)
+    if found is not None and found != config:
+        raise UsageError(f"--exp-dir {exp} holds a run of another configuration ({config_differences(found, config)}); "
+                         f"a run folder keeps the checkpoints and results of one configuration. Give --exp-dir "
+                         f"another folder (without --exp-dir each configuration has its own in {runs_folder(quick)}/), "
+                         f"or delete {exp} to reuse it")
+
+
+def earlier_checkpoints(exp, resumed_from):
+    """The checkpoints in ``exp`` that this run does not continue: all of them when it starts afresh or resumes
+    from a checkpoint elsewhere; those after the resumed epoch when it resumes from one in ``exp``."""
+    found = sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
+    if resumed_from is not None and resumed_from.resolve().parent == Path(exp).resolve():
+        return [c for c in found if checkpoint_epoch(c) > checkpoint_epoch(resumed_from)]
+    return found
 
 
 # ---------------------------------------------------------------------- distributed
@@ -287,6 +391,21 @@ class Dist:
 
 # ---------------------------------------------------------------------- data
 
+def toy_corpus_config(a):
+    import toy_corpus
+    return toy_corpus.corpus_config(seed=a.seed, **(QUICK if a.quick else dict(n_train=a.corpus_size)))
+
+
+def write_manifests(a):
+    """The toy corpus as NeMo-style manifests in --write-manifests (--help); their paths."""
+    import toy_corpus
+    toy_corpus.ensure_corpus(a.data_dir, toy_corpus_config(a))
+    paths = [str(m) for m in toy_corpus.write_manifests(a.data_dir, a.write_manifests)]
+    print(f"manifests: {', '.join(paths)}; to train on them:\n  python recipes/train_toy.py "
+          f"{'--quick ' if a.quick else ''}--manifest {paths[0]} --dev-manifest {paths[1]} --test-manifest {paths[2]}")
+    return paths
+
+
 def load_data(a, dist, log):
     """(train, dev, test) item lists [(id, waveform or path, text, ...)]."""
     if a.manifest:
@@ -300,9 +419,8 @@ def load_data(a, dist, log):
         dev = read(a.dev_manifest) if a.dev_manifest else test
         return train, dev, test
     import toy_corpus
-    cfg = toy_corpus.corpus_config(seed=a.seed, **(QUICK if a.quick else dict(n_train=a.corpus_size)))
     if dist.main:
-        toy_corpus.ensure_corpus(a.data_dir, cfg, log)
+        toy_corpus.ensure_corpus(a.data_dir, toy_corpus_config(a), log)
     dist.barrier()
     return tuple(toy_corpus.load_split(a.data_dir, s) for s in ("train", "dev", "test"))
 
@@ -414,6 +532,8 @@ def plot(history, path):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.write_manifests:
+        return dict(manifests=write_manifests(a))
     t_start = time.time()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(default_threads(a.threads, device))
@@ -434,16 +554,27 @@ def train(a, dist, t_start):
     torch.manual_seed(a.seed)
 
     exp = Path(a.exp_dir)
-    if dist.main:
-        exp.mkdir(parents=True, exist_ok=True)
-    train_items, dev_items, test_items = load_data(a, dist, log)
-    ckpt = None
+    config = run_config(vars(a))
+    check_run_folder(exp, config, a.quick)
+    ckpt = path = None
     if a.resume:
         path = latest_checkpoint(exp) if a.resume == "auto" else Path(a.resume)
         if path is None or not path.is_file():
             raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        log(f"resuming from {path} (epoch {ckpt['epoch']} done)")
+        if checkpoint_config(ckpt) != config:
+            raise UsageError(f"--resume: {path} is a checkpoint of another configuration "
+                             f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "
+                             f"was trained with, or leave --resume out to start afresh")
+    earlier = earlier_checkpoints(exp, path)
+    log(f"run folder: {exp}/" + (f", resuming from {path} (epoch {ckpt['epoch']} done)" if ckpt else ""))
+    if earlier:
+        log(f"{exp} holds checkpoints of an earlier run of this configuration ({', '.join(c.name for c in earlier)}): "
+            f"they and its results.json are removed once this run has saved its first checkpoint"
+            + ("" if a.resume else " (--resume continues that run instead)"))
+        earlier.append(exp / "results.json")
+    train_items, dev_items, test_items = load_data(a, dist, log)
+    if ckpt is not None:
         tokenizer = CharTokenizer(ckpt["chars"])
     else:
         tokenizer = CharTokenizer.from_texts(x[2] for x in train_items)
@@ -544,10 +675,18 @@ def train(a, dist, t_start):
         else:
             rngs = [rng_state()]
         if dist.main:
-            save_checkpoint(exp / f"epoch-{epoch + 1}.pt", model=model.state_dict(), optimizer=optimizer.state_dict(),
+            saved = exp / f"epoch-{epoch + 1}.pt"
+            exp.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(saved, model=model.state_dict(), optimizer=optimizer.state_dict(),
                             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch + 1,
-                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a))
+                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config)
+            # the folder holds a run of this configuration from its first checkpoint on
+            (exp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
             plot(history, exp / "train.png")
+            for old in earlier:  # the earlier run's files, now that this run has a checkpoint of its own
+                if old.name != saved.name:
+                    old.unlink(missing_ok=True)
+            earlier = []
             for old in sorted(exp.glob("epoch-*.pt"), key=checkpoint_epoch)[: -a.keep_checkpoints]:
                 old.unlink()
         dist.barrier()
@@ -567,10 +706,11 @@ def train(a, dist, t_start):
         log(f"  REF: {ref}\n  HYP: {hyp}{'' if ref == hyp else '   <- error'}")
     log(f"total {wall:.0f} s (data {t_data:.0f} s); checkpoint, plot and results in {exp}/")
     result = dict(test_wer=test_wer, test_cer=test_cer, decode_s=decode_s, loss=a.loss, joiner=a.joiner,
-                  history=history, wall_s=wall, data_s=t_data,
+                  config=config, history=history, wall_s=wall, data_s=t_data,
                   world=dist.world, device=str(device), param_digests=digests,
                   step_losses=step_losses)
     if dist.main:
+        exp.mkdir(parents=True, exist_ok=True)  # a run resumed from its last epoch saved no checkpoint here
         (exp / "results.json").write_text(json.dumps({k: v for k, v in result.items() if k != "step_losses"},
                                                      indent=1))
     result["model"] = model

@@ -109,6 +109,128 @@ def test_ddp_two_gloo_processes_agree(corpus, tmp_path):
     assert "parameters agree across 2 ranks" in p.stdout
 
 
+# ---------------------------------------------------------------------- run folders
+
+def run_in(folder, args):
+    """A run started in ``folder``: its default run folders are in folder/runs/toy_quick."""
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        return run(args)
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def two_runs(corpus, tmp_path_factory):
+    """In one place, each in its default run folder: an RNN-T run of 3 epochs, a multi-blank run of 2, and the
+    multi-blank run resumed for a third. Returns the folder of the run folders and the three results."""
+    base = tmp_path_factory.mktemp("two_runs")
+    short = ["--data-dir", corpus, "--max-steps", 1]
+    rnnt = run_in(base, [*short, "--epochs", 3])
+    multiblank = run_in(base, [*short, "--epochs", 2, "--loss", "multiblank"])
+    resumed = run_in(base, [*short, "--epochs", 3, "--loss", "multiblank", "--resume"])
+    return base / "runs" / "toy_quick", rnnt, multiblank, resumed
+
+
+QUICK_MODEL = dict(joiner="fused", encoder="conformer", encoder_dim=64, encoder_layers=1, predictor="lstm",
+                   predictor_dim=32, joiner_dim=32)
+
+
+def test_configurations_keep_their_own_run_folders(two_runs):
+    runs, rnnt, multiblank, resumed = two_runs
+    assert sorted(p.name for p in runs.iterdir()) == ["multiblank", "rnnt"]
+    configs = {"rnnt": dict(loss="rnnt", fastemit_lambda=0.0, delay_penalty=0.0, **QUICK_MODEL),
+               "multiblank": dict(loss="multiblank", big_blank_durations=[2, 4, 8], sigma=0.05, fastemit_lambda=0.0,
+                                  **QUICK_MODEL)}
+    for name, result, epochs in (("rnnt", rnnt, [2, 3]), ("multiblank", resumed, [2, 3])):
+        folder = runs / name
+        assert json.loads((folder / "config.json").read_text()) == configs[name] == result["config"]
+        # pruning kept two checkpoints of each run, whichever ran last
+        assert sorted(p.name for p in folder.glob("epoch-*.pt")) == [f"epoch-{n}.pt" for n in epochs]
+        for n in epochs:
+            saved = torch.load(folder / f"epoch-{n}.pt", map_location="cpu", weights_only=False)
+            assert saved["config"] == configs[name] and saved["epoch"] == n
+        results = json.loads((folder / "results.json").read_text())
+        assert results["loss"] == name and results["history"] == result["history"]
+        assert (folder / "train.png").stat().st_size > 0
+    # --resume without a checkpoint took the multi-blank run's latest, not the RNN-T run's
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
+    assert resumed["history"][:2] == multiblank["history"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(two_runs, corpus):
+    runs, *_ = two_runs
+    checkpoint = runs / "rnnt" / "epoch-3.pt"
+    for args, differences in [(["--loss", "multiblank"], "--loss rnnt there, multiblank here"),
+                              (["--predictor-dim", 48, "--joiner", "unfused"],
+                               "--joiner fused there, unfused here; --predictor-dim 32 there, 48 here")]:
+        with pytest.raises(train_toy.UsageError) as e:
+            run_in(runs.parent.parent, ["--data-dir", corpus, "--epochs", 4, "--resume", checkpoint, *args])
+        assert str(e.value) == (f"--resume: {checkpoint} is a checkpoint of another configuration ({differences}); "
+                                f"resume it with the flags it was trained with, or leave --resume out to start afresh")
+    assert sorted(p.name for p in runs.iterdir()) == ["multiblank", "rnnt"]  # the refused runs made no folder
+
+
+def test_a_folder_of_another_configuration_is_refused(two_runs, corpus, tmp_path):
+    runs, *_ = two_runs
+    folder = runs / "rnnt"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir())
+    with pytest.raises(train_toy.UsageError) as e:
+        run(["--data-dir", corpus, "--exp-dir", folder, "--loss", "tdt", "--durations", "0,1,2"])
+    assert str(e.value) == (
+        f"--exp-dir {folder} holds a run of another configuration (--loss rnnt there, tdt here); a run folder keeps "
+        f"the checkpoints and results of one configuration. Give --exp-dir another folder (without --exp-dir each "
+        f"configuration has its own in runs/toy_quick/), or delete {folder} to reuse it")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir()) == before
+    # a folder without config.json: its latest checkpoint says what it holds
+    (tmp_path / "epoch-3.pt").write_bytes((folder / "epoch-3.pt").read_bytes())
+    with pytest.raises(train_toy.UsageError, match=r"holds a run of another configuration \(--encoder-dim 64 there, "
+                                                   r"128 here\)"):
+        run(["--data-dir", corpus, "--exp-dir", tmp_path, "--encoder-dim", 128])
+    # a run that stops before its first checkpoint leaves no run behind
+    with pytest.raises(asr_data.ManifestError, match="manifest not found"):
+        run(["--manifest", tmp_path / "missing.jsonl", "--exp-dir", tmp_path / "stopped"])
+    assert not (tmp_path / "stopped").exists()
+
+
+def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, corpus, tmp_path, capsys):
+    """Without --resume, the folder's checkpoints and results.json are the earlier run's: they go once the new
+    run has saved its first checkpoint, so that pruning and --resume see this run's only."""
+    runs, *_ = two_runs
+    folder = tmp_path / "rnnt"
+    folder.mkdir()
+    for name in ("config.json", "epoch-2.pt", "epoch-3.pt", "results.json"):
+        (folder / name).write_bytes((runs / "rnnt" / name).read_bytes())
+    r = run(["--data-dir", corpus, "--exp-dir", folder, "--epochs", 1, "--max-steps", 1])
+    assert (f"{folder} holds checkpoints of an earlier run of this configuration (epoch-2.pt, epoch-3.pt): they and "
+            f"its results.json are removed once this run has saved its first checkpoint (--resume continues that "
+            f"run instead)") in capsys.readouterr().out
+    assert sorted(p.name for p in folder.glob("epoch-*.pt")) == ["epoch-1.pt"]
+    assert json.loads((folder / "results.json").read_text())["history"] == r["history"] and len(r["history"]) == 1
+
+
+@pytest.mark.parametrize("args, folder", [
+    ([], "runs/toy/rnnt"),
+    (["--epochs", "3", "--lr", "1e-3", "--seed", "4", "--max-frames", "2000", "--threads", "1", "--no-specaug"],
+     "runs/toy/rnnt"),
+    (["--rna", "--joiner", "unfused"], "runs/toy/rna_joiner=unfused"),
+    (["--loss", "tdt", "--durations", "0,1,2", "--omega", "0.1"], "runs/toy/tdt_durations=0,1,2_omega=0.1"),
+    (["--loss", "tdt", "--durations", "0,1,2,3,4", "--sigma", "0.05"], "runs/toy/tdt"),
+    (["--loss", "multiblank", "--big-blank-durations", "2,4", "--encoder", "lstm", "--encoder-dim", "256"],
+     "runs/toy/multiblank_big-blank-durations=2,4_encoder=lstm_encoder-dim=256"),
+    (["--fastemit-lambda", "0.001", "--predictor", "stateless"],
+     "runs/toy/rnnt_fastemit-lambda=0.001_predictor=stateless"),
+    (["--quick"], "runs/toy_quick/rnnt"),
+    (["--quick", "--encoder-dim", "144"], "runs/toy_quick/rnnt_encoder-dim=144"),
+    (["--exp-dir", "mine", "--loss", "tdt"], "mine"),
+])
+def test_run_folder_names(args, folder):
+    """The loss, then flag=value for each model or loss flag that differs from its default (--quick's with
+    --quick); training flags name no folder."""
+    assert train_toy.parse_args(args).exp_dir == str(Path(folder))
+
+
 # ---------------------------------------------------------------------- bad input
 
 def _write_wavs(tmp_path, n=6):
@@ -246,11 +368,70 @@ def test_manifest_training_run(tmp_path, capsys):
         run(["--manifest", m, "--exp-dir", tmp_path / "exp2", "--bad-lines", "stop"])
 
 
+def test_nemo_manifest(tmp_path):
+    """NeMo's field names, a .json suffix, paths relative to the manifest's folder, NeMo's offset (a segment of
+    the file), and bad lines reported with the manifest's path and line number."""
+    (wav, text), = _write_wavs(tmp_path, 1)
+    folder = tmp_path / "nemo"
+    (folder / "wavs").mkdir(parents=True)
+    wav = wav.rename(folder / "wavs" / "a.wav")
+    seconds = sf.info(wav).duration
+    lines = [
+        {"audio_filepath": "wavs/a.wav", "duration": seconds, "text": text.upper()},
+        {"audio_filepath": "wavs/a.wav", "offset": 0.0625, "duration": 0.25, "text": "one"},
+        {"audio_filepath": "wavs/missing.wav", "duration": 1.0, "text": "two"},
+        {"audio_filepath": "wavs/a.wav", "offset": seconds + 1, "text": "three"},
+        {"audio_filepath": "wavs/a.wav", "offset": 0.25, "text": "four"},
+    ]
+    m = folder / "train_manifest.json"
+    m.write_text("".join(json.dumps(x) + "\n" for x in lines) + "audio.wav\tfive\n")
+    msgs = []
+    items = asr_data.read_manifest(m, "skip", log=msgs.append)
+    joined = "\n".join(msgs)
+    assert f"{m}:3: audio file not found: {folder / 'wavs' / 'missing.wav'}" in joined, joined
+    assert f"{m}:4: 'offset' {seconds + 1} s is past the end of {wav}" in joined, joined
+    assert f"{m}:6: not valid JSON" in joined, joined  # a .json manifest is JSON lines throughout
+    assert f"{m}: skipped 3 bad line(s), kept 3" in joined, joined
+    assert [(i[1], i[2], i[4]) for i in items] == [(str(wav), text, None), (str(wav), "one", 0.0625),
+                                                  (str(wav), "four", 0.25)]
+    assert items[0][3] == seconds and items[1][3] == 0.25 and items[2][3] == pytest.approx(seconds - 0.25)
+    whole = asr_data.load_audio(str(wav))
+    assert len(whole) > 5000
+    assert torch.equal(asr_data.load_audio(str(wav), offset=0.0625, seconds=0.25), whole[1000:5000])
+    assert torch.equal(asr_data.load_audio(str(wav), offset=0.25), whole[4000:])
+    data = asr_data.SpeechDataset(items, asr_data.CharTokenizer.from_texts(i[2] for i in items))
+    assert [data.num_frames(i) for i in range(3)] == [asr_data.num_frames(n) for n in (len(whole), 4000,
+                                                                                        len(whole) - 4000)]
+    assert [data[i][0].shape[0] for i in range(3)] == [data.num_frames(i) for i in range(3)]
+    with pytest.raises(asr_data.ManifestError, match=r"train_manifest\.json:3: audio file not found"):
+        asr_data.read_manifest(m, "stop")
+
+
+def test_toy_corpus_as_manifests_trains_as_the_corpus(corpus, tmp_path):
+    """--write-manifests gives NeMo-style manifests of the toy corpus; a --quick run from them takes the same
+    steps as one from the corpus itself (the same audio, the same batches)."""
+    manifests = run(["--data-dir", corpus, "--write-manifests", tmp_path / "manifests"])["manifests"]
+    assert manifests == [str(tmp_path / "manifests" / f"{s}.jsonl") for s in ("train", "dev", "test")]
+    lines = [json.loads(x) for x in open(manifests[0])]
+    corpus_lines = [json.loads(x) for x in open(corpus / "train.jsonl")]
+    assert len(lines) == len(corpus_lines) == train_toy.QUICK["n_train"]
+    assert lines[0] == {"audio_filepath": f"audio/{corpus_lines[0]['id']}.wav",
+                        "duration": corpus_lines[0]["samples"] / 16000, "text": corpus_lines[0]["text"]}
+    steps = ["--epochs", 1, "--max-steps", 3]
+    a = run(["--data-dir", corpus, "--exp-dir", tmp_path / "corpus_run", *steps])
+    b = run(["--manifest", manifests[0], "--dev-manifest", manifests[1], "--test-manifest", manifests[2],
+             "--exp-dir", tmp_path / "manifest_run", *steps])
+    assert len(b["step_losses"]) == 3 and b["step_losses"] == a["step_losses"]
+    assert (b["test_wer"], b["test_cer"]) == (a["test_wer"], a["test_cer"])
+    assert json.loads((tmp_path / "manifest_run" / "results.json").read_text())["history"] == b["history"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "must be > 0"),
     (["--lr", "fast"], "is not a float"),
     (["--encoder", "gru"], "invalid choice: 'gru'"),
     (["--test-manifest", "t.jsonl"], "need --manifest"),
+    (["--manifest", "m.jsonl", "--write-manifests", "d"], "--write-manifests writes the toy corpus; with --manifest"),
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
@@ -337,3 +518,54 @@ def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
                     for b, n in enumerate(xl.tolist())]
     with pytest.raises(ValueError, match="delay_penalty: applies to loss='rnnt' and 'rna', not 'multiblank'"):
         Transducer(6, num_mel_bins=8, loss="multiblank", delay_penalty=0.1)
+
+
+def test_rnnt_and_rna_greedy_decoding_count_labels_per_frame():
+    """With the joiner's output fixed by its bias: RNN-T emits max_symbols labels a frame, RNA one, the blank
+    none."""
+    from asr_model import Transducer
+
+    x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
+    for loss, per_frame in (("rnnt", 4), ("rna", 1)):
+        torch.manual_seed(0)
+        model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
+                           joiner_dim=8, loss=loss, joiner="unfused").eval()
+        frames = model.encoder(x, xl)[1].tolist()
+        for column, expected in ((3, per_frame), (0, 0)):
+            with torch.no_grad():
+                model.out.weight.zero_()
+                model.out.bias.zero_()
+                model.out.bias[column] = 10.0
+            hyps = model.decode(x, xl, max_symbols=4)
+            assert [len(h) for h in hyps] == [expected * n for n in frames], (loss, column)
+            assert all(set(h) <= {column} for h in hyps)
+
+
+@pytest.mark.parametrize("loss_kind", ["rnnt", "rna", "tdt", "multiblank"])
+@pytest.mark.parametrize("predictor", ["lstm", "stateless"])
+def test_greedy_decoding_of_a_batch_is_each_utterance_alone(loss_kind, predictor):
+    """Rows that emit on different steps keep their own predictor state: a batch decodes as each utterance does
+    alone. Label 3 wins where w.h is above its mean over the first step's joiner states h, the blank elsewhere.
+    Lengths are multiples of 4, where the subsampling sees no padding."""
+    from asr_model import Transducer
+
+    torch.manual_seed(1)
+    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor=predictor,
+                       predictor_dim=8, joiner_dim=8, loss=loss_kind, durations=(0, 1, 2),
+                       big_blank_durations=(2, 3), joiner="unfused").eval()
+    xl = torch.tensor([60, 44, 24, 60, 12])
+    x = torch.randn(5, 60, 8) * (torch.arange(60) < xl[:, None])[..., None]  # padded with zeros, as collate does
+    with torch.no_grad():
+        enc, frames = model.encoder(x, xl)
+        h = torch.tanh(model.enc_proj(enc) + model.pred_proj(model.predictor.initial(5, "cpu")[0]))
+        w = torch.randn(8)
+        threshold = (h @ w).mean()
+        tokens = model.blank + 1 if loss_kind == "multiblank" else 6  # TDT's duration columns keep their weights
+        model.out.weight[:tokens] = 0
+        model.out.bias[:tokens] = 0
+        model.out.weight[3], model.out.bias[3] = 100 * w, -100 * threshold
+        model.out.weight[model.blank], model.out.bias[model.blank] = -100 * w, 100 * threshold
+    hyps = model.decode(x, xl, max_symbols=3)
+    most = (1 if loss_kind == "rna" else 3) * int(frames.sum())
+    assert 0 < sum(map(len, hyps)) < most and all(set(h) <= {3} for h in hyps)
+    assert hyps == [model.decode(x[b:b + 1, :n], xl[b:b + 1], max_symbols=3)[0] for b, n in enumerate(xl.tolist())]
