@@ -16,12 +16,12 @@
 
 from .cuda import cuda_include_dir
 from .dtypes import FLOAT_DTYPES, INDEX_DTYPES, accumulate_dtype, ctype, is_integer_dtype
-from .fast_divmod import FAST_DIVMOD_DTYPE, MAX_DIVISOR, MAX_NUMERATOR, FastDivmod
+from .fast_divmod import MAX_DIVISOR, MAX_NUMERATOR, FastDivmod
 from .gather import gather, sharded_gather
 from .reduce import REDUCE_OPS, reduce
 
 __all__ = [
-    "FastDivmod", "FAST_DIVMOD_DTYPE", "MAX_DIVISOR", "MAX_NUMERATOR",
+    "FastDivmod", "MAX_DIVISOR", "MAX_NUMERATOR",
     "gather", "sharded_gather", "reduce", "REDUCE_OPS",
     "accumulate_dtype", "is_integer_dtype", "ctype", "FLOAT_DTYPES", "INDEX_DTYPES",
     "cuda_include_dir",

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 __all__ = ["launch", "vector_width", "num_sms", "max_shared_mem", "DEFAULT_SHARED_MEM", "ceil_div", "i32", "i64",
-           "cuda_include_dir", "cupy", "host_reader", "HostReader"]
+           "cuda_include_dir", "cupy", "host_reader", "HostReader", "KernelArguments", "allow_shared_mem",
+           "shared_mem_allowed"]
 
 _INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,7 +114,7 @@ def _alignment(dtype) -> int:
     return max(_alignment(dtype.fields[f][0].base) for f in dtype.names)
 
 
-class _Arguments:
+class KernelArguments:
     """A kernel's arguments laid out as the C ABI lays out its parameters, for one tuple of argument types:
     cuLaunchKernel takes them as one buffer (its `extra` argument), so a launch packs them with one
     ``struct.pack_into`` instead of making an object per argument (benchmarks/RESULTS.md, what we learned:
@@ -198,17 +199,18 @@ DEFAULT_SHARED_MEM = 48 * 1024
 # cuFuncSetAttribute's attribute that raises a kernel's dynamic limit (cuda.h:
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-_shared_mem_allowed: dict = {}
+#: (file, kernel, device) -> the dynamic shared memory the kernel is opted in to (allow_shared_mem)
+shared_mem_allowed: dict = {}
 
 
-def _allow_shared_mem(key, fn, shared_mem):
+def allow_shared_mem(key, fn, shared_mem):
     """Opt kernel ``fn`` in to ``shared_mem`` bytes of dynamic shared memory (once per size it grows to)."""
-    if _shared_mem_allowed.get(key, DEFAULT_SHARED_MEM) >= shared_mem:  # without the lock a compile holds
+    if shared_mem_allowed.get(key, DEFAULT_SHARED_MEM) >= shared_mem:  # without the lock a compile holds
         return
     with _lock:
-        if _shared_mem_allowed.get(key, DEFAULT_SHARED_MEM) < shared_mem:
+        if shared_mem_allowed.get(key, DEFAULT_SHARED_MEM) < shared_mem:
             cupy().cuda.driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
-            _shared_mem_allowed[key] = shared_mem
+            shared_mem_allowed[key] = shared_mem
 
 
 _per_thread = threading.local()
@@ -236,19 +238,19 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     entry = launches.get(key)
     if entry is None:
         _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
-        entry = launches[key] = (fn, launch_kernel, _Arguments(args))
+        entry = launches[key] = (fn, launch_kernel, KernelArguments(args))
     fn, launch_kernel, packed = entry
     gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
     bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
     stream = _current_raw_stream(dev)
     if _current_device() == dev:
         if shared_mem > DEFAULT_SHARED_MEM:
-            _allow_shared_mem((path, name, dev), fn, shared_mem)
+            allow_shared_mem((path, name, dev), fn, shared_mem)
         launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
     else:  # the function belongs to dev's context
         with torch.cuda.device(dev):
             if shared_mem > DEFAULT_SHARED_MEM:
-                _allow_shared_mem((path, name, dev), fn, shared_mem)
+                allow_shared_mem((path, name, dev), fn, shared_mem)
             launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
 
 
@@ -271,13 +273,13 @@ class HostReader:
             self.stream = rt.streamCreateWithFlags(1)  # cudaStreamNonBlocking: no sync with the legacy stream
             self.marked, self.copied = rt.eventCreateWithFlags(2), rt.eventCreateWithFlags(2)  # DisableTiming
         self.nbytes = self.host.nbytes
-        self._rt = rt
+        self.runtime = rt  # CuPy's runtime API (a test may stand a spy in for it)
 
     def __del__(self):
         # A thread's readers go with its threading.local when it ends, and their stream and events with them (a
         # process that runs the loss from many short-lived threads would otherwise keep a set per thread). Work
         # still queued on them is not cut short: CUDA releases the handles once it completes.
-        rt = getattr(self, "_rt", None)
+        rt = getattr(self, "runtime", None)
         if rt is None:
             return
         try:
@@ -289,14 +291,14 @@ class HostReader:
             pass
 
     def mark(self) -> None:
-        self._rt.eventRecord(self.marked, _current_raw_stream(self.device))
+        self.runtime.eventRecord(self.marked, _current_raw_stream(self.device))
 
     def read(self, src: torch.Tensor) -> list:
         if (src.numel() != self.numel or src.dtype != self.dtype or src.get_device() != self.device
                 or not src.is_contiguous()):
             raise ValueError(f"HostReader.read: src must be a contiguous {self.dtype} tensor of {self.numel} "
                              f"elements on cuda:{self.device}, got {src.dtype} {tuple(src.shape)} on {src.device}")
-        rt = self._rt
+        rt = self.runtime
         rt.streamWaitEvent(self.stream, self.marked, 0)
         rt.memcpyAsync(self.host.data_ptr(), src.data_ptr(), self.nbytes, rt.memcpyDeviceToHost, self.stream)
         rt.eventRecord(self.copied, self.stream)

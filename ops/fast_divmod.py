@@ -33,10 +33,8 @@ import torch
 from .dtypes import is_integer_dtype
 from .params import FAST_DIVMOD
 
-__all__ = ["FastDivmod", "FAST_DIVMOD_DTYPE", "MAX_DIVISOR", "MAX_NUMERATOR"]
+__all__ = ["FastDivmod", "MAX_DIVISOR", "MAX_NUMERATOR"]
 
-#: numpy dtype matching ``struct FastDivmod { uint32_t d, m, l; }`` (12 bytes).
-FAST_DIVMOD_DTYPE = np.dtype([("d", "<u4"), ("m", "<u4"), ("l", "<u4")])
 MAX_DIVISOR = 1 << 31
 #: numerators must be < MAX_NUMERATOR
 MAX_NUMERATOR = 1 << 31
@@ -67,8 +65,8 @@ class FastDivmod:
     (e.g. per-row divisors of shape (R,) against numerators of shape (R,) or (K, R)).
 
     Attributes ``d``, ``m``, ``l`` are Python ints (scalar) or uint32 numpy arrays
-    (vectorised). ``as_struct()`` gives the constants as the numpy structured
-    scalar/array that a CuPy kernel takes for ``struct FastDivmod``;
+    (vectorised). ``params()`` gives a scalar divisor's constants as the field of a
+    kernel's parameter struct (ops.params.FAST_DIVMOD, ``struct FastDivmod``);
     ``as_tensor(device)`` gives an (..., 3) int64 tensor [d, m, l].
     """
 
@@ -118,18 +116,6 @@ class FastDivmod:
         if self._vector:
             return f"FastDivmod(d=array(len={len(self.d)}))"
         return f"FastDivmod(d={self.d}, m={self.m}, l={self.l})"
-
-    def as_struct(self) -> np.ndarray:
-        """Numpy structured scalar (scalar d) or 1-D array (vector d) of FAST_DIVMOD_DTYPE.
-
-        A structured scalar is what CuPy passes by value to a kernel parameter of type
-        ``FastDivmod``; an array's ``.tobytes()`` is the device array layout.
-        """
-        if self._vector:
-            out = np.empty(len(self.d), dtype=FAST_DIVMOD_DTYPE)
-            out["d"], out["m"], out["l"] = self.d, self.m, self.l
-            return out
-        return np.array((self.d, self.m, self.l), dtype=FAST_DIVMOD_DTYPE)[()]
 
     def params(self):
         """The constants of a scalar divisor as ops.params.FAST_DIVMOD, for a field of a kernel's parameter

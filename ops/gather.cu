@@ -45,45 +45,56 @@ struct Word<16> {
   typedef ops::Vec<unsigned long long, 2> type;
 };
 
+// The parameters of both kernels (ops/gather_cuda.py: GATHER_PARAMS): the output's (O, I, Kv) divisors for
+// gather_kernel, and the sizes for both.
 template <typename V, typename Idx>
-__device__ __forceinline__ void gather_one(const V* __restrict__ params, const Idx* __restrict__ indices,
-                                           V* __restrict__ out, long long b, long long o, long long i, long long k,
-                                           long long n, long long O, long long I, long long G, long long Kv,
-                                           long long wrap, long long offset) {
-  long long idx = (long long)indices[b * I + i];
-  if (idx < 0) idx += wrap;
-  idx -= offset;
-  out[n] = idx >= 0 && idx < G ? params[((b * O + o) * G + idx) * Kv + k] : V{};
+struct GatherParams {
+  const V* params;
+  const Idx* indices;
+  V* out;
+  FastDivmod div_oik;  // O * I * Kv
+  FastDivmod div_ik;   // I * Kv
+  FastDivmod div_k;    // Kv
+  long long O;
+  long long I;
+  long long G;
+  long long Kv;
+  long long total;
+  long long wrap;
+  long long offset;
+};
+
+template <typename V, typename Idx>
+__device__ __forceinline__ void gather_one(const GatherParams<V, Idx>& p, long long b, long long o, long long i,
+                                           long long k, long long n) {
+  long long idx = (long long)p.indices[b * p.I + i];
+  if (idx < 0) idx += p.wrap;
+  idx -= p.offset;
+  p.out[n] = idx >= 0 && idx < p.G ? p.params[((b * p.O + o) * p.G + idx) * p.Kv + k] : V{};
 }
 
 // total < 2^31 outputs (words).
 template <int W, typename Idx>
-__global__ void gather_kernel(const typename Word<W>::type* __restrict__ params, const Idx* __restrict__ indices,
-                              typename Word<W>::type* __restrict__ out, FastDivmod div_oik, FastDivmod div_ik,
-                              FastDivmod div_k, int O, int I, long long G, int total, long long wrap,
-                              long long offset) {
+__global__ void gather_kernel(const GatherParams<typename Word<W>::type, Idx> p) {
   const unsigned int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= (unsigned int)total) return;
+  if (n >= (unsigned int)p.total) return;
   unsigned int b, rest, o, i, k;
-  div_oik.divmod(n, b, rest);
-  div_ik.divmod(rest, o, rest);
-  div_k.divmod(rest, i, k);
-  gather_one(params, indices, out, b, o, i, k, n, O, I, G, (long long)div_k.d, wrap, offset);
+  p.div_oik.divmod(n, b, rest);
+  p.div_ik.divmod(rest, o, rest);
+  p.div_k.divmod(rest, i, k);
+  gather_one(p, b, o, i, k, n);
 }
 
 template <int W, typename Idx>
-__global__ void gather_big_kernel(const typename Word<W>::type* __restrict__ params,
-                                  const Idx* __restrict__ indices, typename Word<W>::type* __restrict__ out,
-                                  long long O, long long I, long long G, long long Kv, long long total,
-                                  long long wrap, long long offset) {
+__global__ void gather_big_kernel(const GatherParams<typename Word<W>::type, Idx> p) {
   const long long stride = (long long)gridDim.x * blockDim.x;
-  const long long ik = I * Kv;
-  for (long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x; n < total; n += stride) {
-    const long long b = n / (O * ik);
-    long long rest = n - b * (O * ik);
+  const long long ik = p.I * p.Kv;
+  for (long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x; n < p.total; n += stride) {
+    const long long b = n / (p.O * ik);
+    long long rest = n - b * (p.O * ik);
     const long long o = rest / ik;
     rest -= o * ik;
-    const long long i = rest / Kv;
-    gather_one(params, indices, out, b, o, i, rest - i * Kv, n, O, I, G, Kv, wrap, offset);
+    const long long i = rest / p.Kv;
+    gather_one(p, b, o, i, rest - i * p.Kv, n);
   }
 }

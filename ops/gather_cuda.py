@@ -6,12 +6,19 @@ import os
 
 import torch
 
-from .cuda import ceil_div, i32, i64, launch, num_sms, vector_width
+from .cuda import ceil_div, launch, num_sms, vector_width
 from .dtypes import ctype
 from .fast_divmod import MAX_NUMERATOR, FastDivmod
+from .params import FAST_DIVMOD, struct
 
 _CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gather.cu")
 _THREADS = 256
+# gather.cu's GatherParams (tests/test_kernel_params.py checks the two agree)
+GATHER_PARAMS = struct("GatherParams", [
+    ("params", "ptr"), ("indices", "ptr"), ("out", "ptr"), ("div_oik", FAST_DIVMOD), ("div_ik", FAST_DIVMOD),
+    ("div_k", FAST_DIVMOD), ("O", "long long"), ("I", "long long"), ("G", "long long"), ("Kv", "long long"),
+    ("total", "long long"), ("wrap", "long long"), ("offset", "long long")])
+_UNUSED = FAST_DIVMOD(0, 0, 0)
 
 
 def gather_cuda(params: torch.Tensor, indices: torch.Tensor, plan, offset: int, wrap, out):
@@ -38,12 +45,14 @@ def gather_cuda(params: torch.Tensor, indices: torch.Tensor, plan, offset: int, 
     Kv = row_bytes // w
     total = B * O * I * Kv
     kernel_args = f"{w}, {ctype(indices.dtype)}"
-    if total < MAX_NUMERATOR:
-        launch(_CU, f"gather_kernel<{kernel_args}>", params, (ceil_div(total, _THREADS),), (_THREADS,),
-               (params, indices, out, FastDivmod(O * I * Kv).as_struct(), FastDivmod(I * Kv).as_struct(),
-                FastDivmod(Kv).as_struct(), i32(O), i32(I), i64(G), i32(total), i64(wrap), i64(offset)))
+    small = total < MAX_NUMERATOR
+    divisors = (FastDivmod(O * I * Kv).params(), FastDivmod(I * Kv).params(), FastDivmod(Kv).params()) if small \
+        else (_UNUSED,) * 3
+    p = GATHER_PARAMS(params=params, indices=indices, out=out, div_oik=divisors[0], div_ik=divisors[1],
+                      div_k=divisors[2], O=O, I=I, G=G, Kv=Kv, total=total, wrap=wrap, offset=offset)
+    if small:
+        launch(_CU, f"gather_kernel<{kernel_args}>", params, (ceil_div(total, _THREADS),), (_THREADS,), (p,))
     else:
         grid = min(ceil_div(total, _THREADS), num_sms(params) * 32)
-        launch(_CU, f"gather_big_kernel<{kernel_args}>", params, (grid,), (_THREADS,),
-               (params, indices, out, i64(O), i64(I), i64(G), i64(Kv), i64(total), i64(wrap), i64(offset)))
+        launch(_CU, f"gather_big_kernel<{kernel_args}>", params, (grid,), (_THREADS,), (p,))
     return out

@@ -31,11 +31,37 @@ __device__ __forceinline__ void store_state(ops::ReduceState<A> st, A* out, A* w
   }
 }
 
+// The kernels' parameters (ops/reduce_cuda.py mirrors them): x, the output (or the partial states' m) and the
+// partial states' s; the sizes; the parts of R (splits, chunk elements each).
+template <typename T>
+struct ReduceParams {
+  const T* x;
+  typename ops::AccOf<T>::type* out;
+  typename ops::AccOf<T>::type* ws_s;
+  long long outer;  // reduce_rows: the rows
+  long long R;
+  long long inner;
+  int tpr;               // reduce_rows: threads per row
+  FastDivmod div_tiles;  // reduce_mid: blocks per (o, tile)
+  int splits;
+  long long chunk;
+};
+
+template <typename A>
+struct FinalizeParams {
+  const A* ws_m;
+  const A* ws_s;
+  A* out;
+  long long n;
+  int splits;
+};
+
 template <int OP, typename T>
-__global__ void reduce_rows(const T* __restrict__ x, typename ops::AccOf<T>::type* __restrict__ out,
-                            typename ops::AccOf<T>::type* __restrict__ ws_s, long long rows, long long R, int tpr,
-                            int splits, long long chunk) {
+__global__ void reduce_rows(const ReduceParams<T> p) {
   typedef typename ops::AccOf<T>::type A;
+  const T* __restrict__ x = p.x;
+  const long long rows = p.outer, R = p.R, chunk = p.chunk;
+  const int tpr = p.tpr, splits = p.splits;
   __shared__ ops::ReduceState<A> smem[32];
   const int rows_per_block = blockDim.x / tpr;
   const long long v = (long long)blockIdx.x * rows_per_block + threadIdx.x / tpr;
@@ -57,19 +83,19 @@ __global__ void reduce_rows(const T* __restrict__ x, typename ops::AccOf<T>::typ
     st = ops::warp_merge<OP, A>(st);
     if (lane != 0) return;
   }
-  if (active) store_state<OP, A>(st, out, ws_s, part * rows + row, splits);
+  if (active) store_state<OP, A>(st, p.out, p.ws_s, part * rows + row, splits);
 }
 
 // Dynamic shared memory: bx * by states.
 template <int OP, typename T>
-__global__ void reduce_mid(const T* __restrict__ x, typename ops::AccOf<T>::type* __restrict__ out,
-                           typename ops::AccOf<T>::type* __restrict__ ws_s, long long outer, long long R,
-                           long long inner, FastDivmod div_tiles, int splits, long long chunk) {
+__global__ void reduce_mid(const ReduceParams<T> p) {
   typedef typename ops::AccOf<T>::type A;
+  const T* __restrict__ x = p.x;
+  const long long outer = p.outer, R = p.R, inner = p.inner, chunk = p.chunk;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ops::ReduceState<A>* smem = reinterpret_cast<ops::ReduceState<A>*>(smem_raw);
   unsigned int o, tile;
-  div_tiles.divmod((unsigned int)blockIdx.x, o, tile);
+  p.div_tiles.divmod((unsigned int)blockIdx.x, o, tile);
   const int bx = blockDim.x, by = blockDim.y;
   const long long col = (long long)tile * bx + threadIdx.x;
   const int part = blockIdx.y;
@@ -91,14 +117,18 @@ __global__ void reduce_mid(const T* __restrict__ x, typename ops::AccOf<T>::type
   }
   if (threadIdx.y == 0 && col < inner) {
     const long long n_out = outer * inner;
-    store_state<OP, A>(st, out, ws_s, (long long)part * n_out + (long long)o * inner + col, splits);
+    store_state<OP, A>(st, p.out, p.ws_s, (long long)part * n_out + (long long)o * inner + col, p.splits);
   }
 }
 
 // A: float or double. ws_m, ws_s: (splits, n) partial states; out: (n,).
 template <int OP, typename A>
-__global__ void reduce_finalize(const A* __restrict__ ws_m, const A* __restrict__ ws_s, A* __restrict__ out,
-                                long long n, int splits) {
+__global__ void reduce_finalize(const FinalizeParams<A> p) {
+  const A* __restrict__ ws_m = p.ws_m;
+  const A* __restrict__ ws_s = p.ws_s;
+  A* __restrict__ out = p.out;
+  const long long n = p.n;
+  const int splits = p.splits;
   const long long stride = (long long)gridDim.x * blockDim.x;
   for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride) {
     ops::ReduceState<A> st = ops::identity<OP, A>();

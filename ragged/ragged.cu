@@ -20,36 +20,50 @@
 // nondecreasing); empty rows and num_elems == 0 need no special case.
 #include "ragged/row_ids.cuh"
 
+// The kernels' parameters (ragged/ragged_cuda.py mirrors them): the input and output arrays and their sizes.
 template <typename S, typename O>
-__global__ void row_splits_to_row_ids_binary_search(const S* __restrict__ row_splits, int num_rows,
-                                                    O* __restrict__ row_ids, long long num_elems) {
+struct RowIdsParams {
+  const S* row_splits;
+  long long num_rows;
+  O* row_ids;
+  long long num_elems;
+};
+
+template <typename S, typename O>
+struct RowSplitsParams {
+  const S* row_ids;
+  long long num_elems;
+  O* row_splits;
+  long long num_rows;
+};
+
+// num_rows < 2^31 (row_of indexes rows by int)
+template <typename S, typename O>
+__global__ void row_splits_to_row_ids_binary_search(const RowIdsParams<S, O> p) {
   const long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < num_elems; i += stride)
-    row_ids[i] = (O)ragged::row_of(row_splits, num_rows, i);
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.num_elems; i += stride)
+    p.row_ids[i] = (O)ragged::row_of(p.row_splits, (int)p.num_rows, i);
 }
 
 // Grid: one block per tile, ceil((num_elems + num_rows - 1) / kTile) blocks of kThreads threads.
 template <typename S, typename O>
-__global__ void __launch_bounds__(ragged::kThreads)
-    row_splits_to_row_ids_merge_path(const S* __restrict__ row_splits, long long num_rows, O* __restrict__ row_ids,
-                                     long long num_elems) {
+__global__ void __launch_bounds__(ragged::kThreads) row_splits_to_row_ids_merge_path(const RowIdsParams<S, O> p) {
   __shared__ long long starts[ragged::kTile + 1];
-  ragged::load_balance_tile(row_splits, num_rows, row_ids, num_elems, (long long)blockIdx.x, starts);
+  ragged::load_balance_tile(p.row_splits, p.num_rows, p.row_ids, p.num_elems, (long long)blockIdx.x, starts);
 }
 
 template <typename S, typename O>
-__global__ void row_ids_to_row_splits(const S* __restrict__ row_ids, long long num_elems, O* __restrict__ row_splits,
-                                      long long num_rows) {
+__global__ void row_ids_to_row_splits(const RowSplitsParams<S, O> p) {
   const long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r <= num_rows; r += stride) {
-    long long lo = 0, hi = num_elems;  // the first i with row_ids[i] >= r
+  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r <= p.num_rows; r += stride) {
+    long long lo = 0, hi = p.num_elems;  // the first i with row_ids[i] >= r
     while (lo < hi) {
       const long long mid = (lo + hi) >> 1;
-      if ((long long)row_ids[mid] < r)
+      if ((long long)p.row_ids[mid] < r)
         lo = mid + 1;
       else
         hi = mid;
     }
-    row_splits[r] = (O)lo;
+    p.row_splits[r] = (O)lo;
   }
 }

@@ -12,12 +12,18 @@ import os
 import torch
 
 from ops import ctype
-from ops.cuda import ceil_div, i32, i64, launch, num_sms
+from ops.cuda import ceil_div, launch, num_sms
+from ops.params import struct
 
 _CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ragged.cu")
 _THREADS = 256
 _TILE_THREADS, _TILE = 128, 1024  # ragged/row_ids.cuh: kThreads, kTile = kThreads * kVT
 _MAX_INT = (1 << 31) - 1
+# ragged.cu's parameter structs (tests/test_kernel_params.py checks both sides agree)
+ROW_IDS_PARAMS = struct("RowIdsParams", [("row_splits", "ptr"), ("num_rows", "long long"), ("row_ids", "ptr"),
+                                         ("num_elems", "long long")])
+ROW_SPLITS_PARAMS = struct("RowSplitsParams", [("row_ids", "ptr"), ("num_elems", "long long"), ("row_splits", "ptr"),
+                                               ("num_rows", "long long")])
 
 #: The row_splits_to_row_ids kernel taken when ``method`` is None: "binary_search" or "merge_path" (the
 #: faster of the two at every size benchmarks/ragged_search.py measures; figures in benchmarks/RESULTS.md).
@@ -45,13 +51,14 @@ def row_splits_to_row_ids_cuda(row_splits: torch.Tensor, num_elems: int, dtype: 
             raise ValueError(f"num_elems={num_elems} but row_splits has no rows")
         rs = _index(row_splits)
         method = DEFAULT_METHOD if method is None else method
+        p = ROW_IDS_PARAMS(row_splits=rs, num_rows=num_rows, row_ids=row_ids, num_elems=num_elems)
         if method == "binary_search" and num_rows <= _MAX_INT:
             launch(_CU, f"row_splits_to_row_ids_binary_search<{ctype(rs.dtype)}, {ctype(kdtype)}>", rs,
-                   (_grid(num_elems, rs),), (_THREADS,), (rs, i32(num_rows), row_ids, i64(num_elems)))
+                   (_grid(num_elems, rs),), (_THREADS,), (p,))
         else:
             tiles = ceil_div(num_elems + num_rows - 1, _TILE)
             launch(_CU, f"row_splits_to_row_ids_merge_path<{ctype(rs.dtype)}, {ctype(kdtype)}>", rs,
-                   (tiles,), (_TILE_THREADS,), (rs, i64(num_rows), row_ids, i64(num_elems)))
+                   (tiles,), (_TILE_THREADS,), (p,))
     return row_ids if kdtype == dtype else row_ids.to(dtype)
 
 
@@ -59,6 +66,7 @@ def row_ids_to_row_splits_cuda(row_ids: torch.Tensor, num_rows: int, dtype: torc
     kdtype = dtype if dtype in (torch.int32, torch.int64) else torch.int64
     row_splits = torch.empty(num_rows + 1, dtype=kdtype, device=row_ids.device)
     ri = _index(row_ids)
+    p = ROW_SPLITS_PARAMS(row_ids=ri, num_elems=ri.shape[0], row_splits=row_splits, num_rows=num_rows)
     launch(_CU, f"row_ids_to_row_splits<{ctype(ri.dtype)}, {ctype(kdtype)}>", ri, (_grid(num_rows + 1, ri),),
-           (_THREADS,), (ri, i64(ri.shape[0]), row_splits, i64(num_rows)))
+           (_THREADS,), (p,))
     return row_splits if kdtype == dtype else row_splits.to(dtype)

@@ -118,8 +118,6 @@ class Transducer(nn.Module):
             raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
         if loss not in ("rnnt", "rna", "tdt", "multiblank"):
             raise ValueError(f"loss: expected 'rnnt', 'rna', 'tdt' or 'multiblank', got {loss!r}")
-        if loss in ("tdt", "multiblank") and delay_penalty:
-            raise ValueError(f"delay_penalty: applies to loss='rnnt' and 'rna', not {loss!r}")
         self.joiner = joiner
         self.loss = loss
         self.durations = list(durations) if loss == "tdt" else []
@@ -133,10 +131,11 @@ class Transducer(nn.Module):
         extra = len(self.durations) + (len(self.big_blank_durations) + 1 if loss == "multiblank" else 0)
         self.out = nn.Linear(joiner_dim, vocab_size + extra)
         if loss == "tdt":
-            self.loss_options = dict(blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda)
+            self.loss_options = dict(blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda,
+                                     delay_penalty=delay_penalty)
             self.criterion = TDTLoss(self.durations, **self.loss_options)
         elif loss == "multiblank":
-            self.loss_options = dict(blank=-1, sigma=sigma, fastemit_lambda=fastemit_lambda)
+            self.loss_options = dict(blank=-1, sigma=sigma, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
             self.criterion = MultiblankLoss(self.big_blank_durations, **self.loss_options)
         else:
             # RNA utterances with more labels than frames have no alignment: they are left out of the loss

@@ -133,7 +133,7 @@ def build_parser():
     m.add_argument("--fastemit-lambda", type=float, default=0.0,
                    help="FastEmit regularisation, >= 0 (default: %(default)s, off)")
     m.add_argument("--delay-penalty", type=float, default=0.0,
-                   help="k2's delay penalty, --loss rnnt and rna (default: %(default)s, off)")
+                   help="k2's delay penalty on the label log-probs (default: %(default)s, off)")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=positive(int), default=12,
                    help="training epochs (default: %(default)s; --quick: 2)")
@@ -236,8 +236,6 @@ def parse_flags(argv):
         p.error(f"--{e}")  # "--durations must be ..."
     if not 0 <= a.omega < 1 or a.fastemit_lambda < 0:
         p.error("--omega must be in [0, 1) and --fastemit-lambda >= 0")
-    if a.delay_penalty and a.loss in ("tdt", "multiblank"):
-        p.error("--delay-penalty applies to --loss rnnt and rna")
     if a.device and a.device.split(":")[0] not in ("cpu", "cuda"):
         p.error(f"--device must be cpu or cuda, got {a.device!r}")
     if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -254,8 +252,7 @@ def parse_flags(argv):
 CONFIG = ("loss", "durations", "big_blank_durations", "sigma", "omega", "fastemit_lambda", "delay_penalty", "joiner",
           "encoder", "encoder_dim", "encoder_layers", "predictor", "predictor_dim", "joiner_dim")
 # the losses that read each loss setting; the others are read by every loss
-LOSSES_OF = dict(durations=("tdt",), omega=("tdt",), big_blank_durations=("multiblank",), sigma=("tdt", "multiblank"),
-                 delay_penalty=("rnnt", "rna"))
+LOSSES_OF = dict(durations=("tdt",), omega=("tdt",), big_blank_durations=("multiblank",), sigma=("tdt", "multiblank"))
 
 
 def runs_folder(quick):

@@ -71,9 +71,9 @@ def _good():
     (lambda a: a[:3] + (torch.tensor([-1, 0]),), ValueError, "target_lengths: every U_b must be >= 0"),
     (lambda a: a[:3] + (torch.tensor([3, 0]),), ValueError, "target_lengths: U_b = 3 exceeds targets.size"),
     (lambda a: (a[0][:-1],) + a[1:], ValueError, "logits: compact logits must have sum_b"),
-    (lambda a: (a[0], torch.tensor([[1, 5], [3, 4]])) + a[2:], ValueError, r"targets: 1 entries .* outside"),
+    (lambda a: (a[0], torch.tensor([[1, 5], [3, 4]])) + a[2:], ValueError, r"targets: 1 entry .* outside"),
     (lambda a: (a[0], torch.tensor([[1, 0], [3, 4]])) + a[2:], ValueError, "equal to blank"),
-    (lambda a: (a[0], torch.tensor([[1, -2], [3, 4]])) + a[2:], ValueError, "targets: 1 entries"),
+    (lambda a: (a[0], torch.tensor([[1, -2], [3, 4]])) + a[2:], ValueError, "targets: 1 entry within"),
     (lambda a: (a[0][:0].view(0, 5),) + (a[1][:0], a[2][:0], a[3][:0]), ValueError, "empty batch"),
 ])
 def test_bad_input(mutate, error, match):
@@ -106,10 +106,44 @@ def test_rnnt_loss_bad_blank():
     logits, targets, T, U = random_batch(torch.Generator().manual_seed(73), 5, 7, 4, 9, 0, scale=2.0, edges=True)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=9)
-    with pytest.raises(ValueError, match="blank: expected an int .*, got 1.5"):
+    with pytest.raises(TypeError, match="blank: expected an int .*, got float 1.5"):
         RNNTLoss(blank=1.5)
     with pytest.raises(ValueError, match=r"blank: expected an int in \[-9, 9\)"):
         rnnt_loss(logits, targets, T, U, blank=-10)
+    for blank in (1.0, "0"):  # the wrong type: TypeError, with the type named
+        with pytest.raises(TypeError, match=f"blank: expected an int .*, got {type(blank).__name__}"):
+            rnnt_loss(logits, targets, T, U, blank=blank)
+        with pytest.raises(TypeError, match="blank: expected an int"):
+            tdt_loss(torch.cat([logits, logits[..., :2]], -1), targets, T, U, [0, 1], blank=blank)
+
+
+def test_errors_name_what_is_wrong():
+    """Messages in the singular where one thing is wrong, naming the argument another is compared with, the first
+    bad label by its utterance, and what TDT took for the duration columns."""
+    logits, targets, T, U = random_batch(torch.Generator().manual_seed(74), 3, 6, 3, 9, 0, edges=True)
+    with pytest.raises(ValueError, match=r"logit_lengths: expected 1 dimension, got shape \(3, 1\)"):
+        transducer_loss(logits, targets, T[:, None], U)
+    enc, pred = torch.randn(1, 6, 4), torch.randn(1, 4, 4)
+    w = torch.randn(9, 4)
+    with pytest.raises(ValueError, match=r"targets: expected 1 entry along dim 0"):
+        fused_joiner_loss(enc, pred, w, None, targets, T[:1], U[:1])
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"targets: expected a tensor on cpu \(encoder_out's device\)"):
+            fused_joiner_loss(enc, pred, w, None, targets[:1].cuda(), T[:1], U[:1])
+    bad = targets.clone()
+    bad[2, 1] = 11  # within U_2 (utterance 2 has U = 0 with edges: utterance 0 then)
+    bad[0, 2] = 13
+    with pytest.raises(ValueError, match=r"targets: 1 entry within target_lengths is outside \[0, 9\) or equal to "
+                                         r"blank = 0; the first is targets\[0, 2\] = 13 \(utterance 0\)"):
+        transducer_loss(logits, bad, T, U)
+    # TDT on logits without the duration columns: the last 5 columns were taken as durations
+    with pytest.raises(ValueError, match="the last 5 of the logits' 9 columns are the 5 durations' scores, leaving 4 "
+                                         "token columns"):
+        tdt_loss(logits, (targets % 8) + 1, T, U, [0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match="the last 3 of weight's 9 rows are the 3 durations' scores, leaving 6 token "
+                                         "rows"):
+        fused_joiner_loss(torch.randn(3, 6, 4), torch.randn(3, 4, 4), w, None, (targets % 8) + 1, T, U,
+                          durations=[0, 1, 2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -164,7 +198,7 @@ def test_inplace_grad_misuse_raises_and_blank_accepts_integers(device):
     a = transducer_loss(logits, targets, T, U, blank=np.int64(0))
     b = transducer_loss(logits, targets, T, U, blank=torch.tensor(0))
     torch.testing.assert_close(a, b)
-    with pytest.raises(ValueError, match="blank: expected an int"):
+    with pytest.raises(TypeError, match="blank: expected an int"):
         TransducerLoss(blank=1.5)
 
 
@@ -198,7 +232,7 @@ def test_bad_values_raise_on_cuda():
     logits = torch.randn(2 * 3 + 4, 5, device=DEV)
     targets = torch.tensor([[1, 2], [3, 4]], device=DEV)
     T, U = torch.tensor([2, 4], device=DEV), torch.tensor([2, 0], device=DEV)
-    with pytest.raises(ValueError, match="targets: 1 entries"):
+    with pytest.raises(ValueError, match="targets: 1 entry within"):
         transducer_loss(logits, torch.tensor([[1, 0], [3, 4]], device=DEV), T, U)
     with pytest.raises(ValueError, match="logits: compact logits must have sum_b"):
         transducer_loss(logits[:-1], targets, T, U)

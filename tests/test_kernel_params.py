@@ -8,16 +8,19 @@ import re
 import pytest
 
 import ops
+from ops import gather_cuda, reduce_cuda
 from ops.params import struct
+from ragged import ragged_cuda
 from transducer import cuda, layout
 from transducer.joiner import ACTIVATIONS
 
 ROOT = ops.cuda_include_dir()
 SOURCES = ["ops/fast_divmod.cuh", "transducer/common.cuh", "transducer/stages.cu", "transducer/tdt.cu",
-           "transducer/pack.cu"]
+           "transducer/pack.cu", "ops/gather.cu", "ops/reduce.cu", "ragged/ragged.cu"]
 PARAMS = [cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
           cuda.TDT_LOG_PROBS_PARAMS, cuda.TDT_WALK_PARAMS, cuda.TDT_GRADIENT_PARAMS, cuda.PACK_FORWARD_PARAMS,
-          cuda.PACK_GRAD_PARAMS]
+          cuda.PACK_GRAD_PARAMS, gather_cuda.GATHER_PARAMS, reduce_cuda.REDUCE_PARAMS, reduce_cuda.FINALIZE_PARAMS,
+          ragged_cuda.ROW_IDS_PARAMS, ragged_cuda.ROW_SPLITS_PARAMS]
 _SCALARS = {"int": "int", "long long": "long long", "bool": "bool", "double": "double", "float": "float",
             "uint32_t": "unsigned int", "unsigned int": "unsigned int"}
 

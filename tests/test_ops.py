@@ -48,9 +48,7 @@ def test_constants_match_definition():
         assert f.l == l
         assert f.m == (1 << 32) * ((1 << l) - d) // d + 1
         assert 1 <= f.m < (1 << 32)
-        s = f.as_struct()
-        assert s.dtype == ops.FAST_DIVMOD_DTYPE and s.dtype.itemsize == 12
-        assert (int(s["d"]), int(s["m"]), int(s["l"])) == (d, f.m, f.l)
+        assert tuple(f.params()) == (d, f.m, f.l) and ops.params.FAST_DIVMOD.c_size == 12
 
 
 def test_every_divisor_edge_numerators_vectorised():
@@ -115,8 +113,7 @@ def test_broadcast_per_row_divisors():
     q, r = FastDivmod(d).divmod(n)
     np.testing.assert_array_equal(q, n // d)
     np.testing.assert_array_equal(r, n % d)
-    s = FastDivmod(torch.tensor(d)).as_struct()
-    assert s.shape == (4,) and list(s["d"]) == list(d)
+    assert FastDivmod(torch.tensor(d)).as_tensor()[:, 0].tolist() == list(d)
 
 
 @pytest.mark.parametrize("bad", [0, -1, (1 << 31) + 1, 1 << 32])
@@ -697,12 +694,17 @@ def test_launch_opts_a_kernel_in_to_more_shared_memory_once_per_size(monkeypatch
     calls = []
     driver = types.SimpleNamespace(funcSetAttribute=lambda fn, attribute, value: calls.append((fn, attribute, value)))
     monkeypatch.setattr(oc, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(driver=driver)))
-    monkeypatch.setattr(oc, "_shared_mem_allowed", {})
+    monkeypatch.setattr(oc, "shared_mem_allowed", {})
     key, other = ("a.cu", "k<float>", 0), ("a.cu", "k<double>", 0)
     for size in (48 * 1024, 64 * 1024, 60 * 1024, 64 * 1024, 100 * 1024):
-        oc._allow_shared_mem(key, 1234, size)
-    oc._allow_shared_mem(other, 5678, 50 * 1024)
+        oc.allow_shared_mem(key, 1234, size)
+    oc.allow_shared_mem(other, 5678, 50 * 1024)
     assert calls == [(1234, 8, 64 * 1024), (1234, 8, 100 * 1024), (5678, 8, 50 * 1024)]
+
+
+def _divmod_scalar(f):
+    """FastDivmod's constants as a numpy structured scalar: a C struct by value, as the launch path packs it."""
+    return np.array(tuple(f.params()), dtype=[("d", "<u4"), ("m", "<u4"), ("l", "<u4")])[()]
 
 
 def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
@@ -711,7 +713,7 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     # before a struct, and structs of 4-byte fields at odd offsets
     import ctypes
 
-    from ops.cuda import _Arguments, i32, i64
+    from ops.cuda import KernelArguments, i32, i64
 
     class Durations(ctypes.Structure):
         _fields_ = [("n", ctypes.c_int32), ("d", ctypes.c_int32 * 16)]
@@ -731,14 +733,14 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     rng = np.random.default_rng(5)
     x, y = torch.empty(3), torch.empty(5, dtype=torch.int64)
     durations = np.array((3, list(rng.integers(0, 9, 16))), dtype=[("n", "<i4"), ("d", "<i4", (16,))])[()]
-    div = FastDivmod(int(rng.integers(2, 1000))).as_struct()
+    div = _divmod_scalar(FastDivmod(int(rng.integers(2, 1000))))
     a, b, c = int(rng.integers(-9, 9)), int(rng.integers(-9, 9)), int(rng.integers(1 << 40, 1 << 50))
     pair = np.zeros((), dtype=np.dtype([("v", "<i8"), ("w", "<i4")], align=True))  # zero padding bytes
     pair["v"], pair["w"] = c + 1, -a
     pair = pair[()]
     args = (x, i32(a), y, i32(b), div, i64(c), np.float32(0.25), durations, np.float64(-1.5), 0, i32(7), pair,
             i32(b + 3))
-    packed = _Arguments(args)
+    packed = KernelArguments(args)
     packed.pack(args)
     want = Params(x.data_ptr(), a, y.data_ptr(), b, Divmod(*(int(div[k]) for k in ("d", "m", "l"))), c, 0.25,
                   Durations(3, (ctypes.c_int32 * 16)(*(int(v) for v in durations["d"]))), -1.5, 0, 7, Pair(c + 1, -a),
@@ -751,14 +753,14 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     # struct of another dtype than the kernel took, a struct dtype without its trailing padding
     for bad in ("3", 1.5, np.int16(2)):
         with pytest.raises(TypeError, match="argument 1 has type"):
-            _Arguments((x, bad))
+            KernelArguments((x, bad))
     with pytest.raises(TypeError, match="only 0 \\(a NULL pointer\\)"):
         packed.pack(args[:9] + (5,) + args[10:])
     with pytest.raises(TypeError, match="this kernel took"):
         packed.pack(args[:4] + (durations,) + args[5:])
     unpadded = np.zeros((), dtype=[("v", "<i8"), ("w", "<i4")])[()]
     with pytest.raises(TypeError, match="trailing padding"):
-        _Arguments((x, unpadded))
+        KernelArguments((x, unpadded))
 
 
 def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
@@ -767,7 +769,7 @@ def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
     # field, an array, trailing padding); fields by name, a missing or unknown one is an error
     import ctypes
 
-    from ops.cuda import _Arguments
+    from ops.cuda import KernelArguments
     from ops.params import FAST_DIVMOD, struct
 
     Inner = struct("Inner", [("p", "ptr"), ("k", "int")])
@@ -788,7 +790,7 @@ def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
     div = FastDivmod(37)
     value = Params(flag=True, n=-5, inner=Inner(p=x, k=9), div=div.params(), d=(1, 2, 3), x=0.25, tail=True)
     assert Params.c_size == ctypes.sizeof(CParams) and Params.c_align == ctypes.alignment(CParams)
-    packed = _Arguments((value,))
+    packed = KernelArguments((value,))
     packed.pack((value,))
     want = CParams(True, -5, CInner(x.data_ptr(), 9), CDivmod(div.d, div.m, div.l), (ctypes.c_int32 * 3)(1, 2, 3),
                    0.25, True)
@@ -833,7 +835,7 @@ def test_launch_passes_each_argument_where_the_kernel_reads_it(tmp_path):
     p = torch.empty(3, device=DEV)
     out = torch.full((12,), -7, dtype=torch.int64, device=DEV)
     a, c, k = int(rng.integers(-100, 100)), int(rng.integers(1 << 40, 1 << 50)), int(rng.integers(-100, 100))
-    div = ops.FastDivmod(int(rng.integers(2, 1000))).as_struct()
+    div = _divmod_scalar(ops.FastDivmod(int(rng.integers(2, 1000))))
     pair = np.zeros((), dtype=np.dtype([("v", "<i8"), ("w", "<i4")], align=True))
     pair["v"], pair["w"] = c - 5, -a
     f, g = np.float32(rng.standard_normal()), np.float64(rng.standard_normal())
@@ -895,7 +897,7 @@ def test_host_reader_goes_with_its_thread():
 
     def work():
         reader = host_reader(torch.device(DEV), 6, torch.int64)
-        real = reader._rt
+        real = reader.runtime
 
         class Spy:  # the runtime, noting what is destroyed
             def __getattr__(self, name):
@@ -908,7 +910,7 @@ def test_host_reader_goes_with_its_thread():
             def eventDestroy(self, event):
                 destroyed.append(("event", event))
                 real.eventDestroy(event)
-        reader._rt = Spy()
+        reader.runtime = Spy()
         src = want.to(DEV)
         reader.mark()
         got.append(reader.read(src))

@@ -12,7 +12,7 @@ import torch
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
 from transducer import cpu, cuda, pack, tdt_loss_reference
 from transducer.backend import Stages, stages_for
-from transducer.layout import Lattice, Layout, LossOptions
+from transducer.layout import Lattice, Layout, LossOptions, Stats
 from transducer.library import make_layout
 
 
@@ -276,8 +276,8 @@ def test_gradient_into_rows_of_another_stride(V):
     alpha, beta, loss = cuda.alpha_beta(lp, layout, o)
     same, staged = outs()
     # which path the launcher takes: staged through shared memory (private helpers of transducer.cuda)
-    wpr = cuda._warps_per_row(N, V * 2, x.device)
-    assert cuda._row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
+    wpr = cuda.warps_per_row(N, V * 2, x.device)
+    assert cuda.row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
     for out in (same[:, :V], staged):
         cuda.gradient(rows, targets, Lattice(layout, lp, den, alpha, beta, loss), scale, o, out)
     assert_no_nan(staged)
@@ -372,7 +372,7 @@ def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0,
         layout = stages.layout(T, U, max_u1, padded_t=max_t, targets=targets, vocab_size=V, blank=blank)
     else:
         layout = stages.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
-    assert int(layout.stats[-1]) == 0
+    assert Stats(*layout.stats.tolist()).bad_labels == 0
     options = LossOptions(blank=blank, durations=tuple(durations), sigma=sigma, omega=omega, fastemit_lambda=lam)
     lp, den, lp_arcs, den_arcs = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, options)
     alpha, beta, loss = stages.tdt_alpha_beta(lp, lp_arcs, layout, options)

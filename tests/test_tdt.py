@@ -259,7 +259,7 @@ def test_bad_input(change, error, match):
     (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
     (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
     (dict(omega="x"), TypeError, "omega: expected a number"),
-    (dict(blank=1.5), ValueError, "blank: expected an int"),
+    (dict(blank=1.5), TypeError, "blank: expected an int"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
 ])

@@ -12,22 +12,31 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_module_blank", "check_loss_values",
+           "bad_labels_error", "plural",
            "check_pack_values", "check_durations", "check_big_blank_durations", "check_sigma", "check_rows",
            "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
 
 
-def check_tensor(name, x, dtypes, ndim, device):
-    """A tensor of one of ``dtypes``, with a number of dimensions in ``ndim``, on ``device`` (if given)."""
+def plural(n, word, words=None):
+    """``n word``, or for n != 1 ``n words`` (default: the word and an s)."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
+
+
+def check_tensor(name, x, dtypes, ndim, device, of="logits"):
+    """A tensor of one of ``dtypes``, with a number of dimensions in ``ndim``, on ``device`` (if given: the device
+    of the argument ``of``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
     if x.dim() not in ndim:
-        raise ValueError(f"{name}: expected {' or '.join(map(str, ndim))} dimensions, got shape {tuple(x.shape)}")
+        dims = plural(ndim[0], "dimension") if len(ndim) == 1 else f"{' or '.join(map(str, ndim))} dimensions"
+        raise ValueError(f"{name}: expected {dims}, got shape {tuple(x.shape)}")
     if device is not None and x.device != device:
-        raise ValueError(f"{name}: expected a tensor on {device} (the logits' device), got {x.device}")
+        owner = f"{of}'" if of.endswith("s") else f"{of}'s"
+        raise ValueError(f"{name}: expected a tensor on {device} ({owner} device), got {x.device}")
 
 
 def check_batch(logits, targets, logit_lengths, target_lengths):
@@ -61,25 +70,41 @@ def is_index(x):
 
 def check_blank(blank, num_columns, columns="the vocabulary size is logits.size(-1)"):
     """The blank's column in [0, num_columns): ``blank`` in [-num_columns, num_columns), negative values
-    counting from the end (torchaudio's convention: -1 is the last column)."""
-    if not is_index(blank) or not -num_columns <= operator.index(blank) < num_columns:
+    counting from the end (torchaudio's convention: -1 is the last column); TypeError for a non-int."""
+    check_module_blank(blank)
+    if not -num_columns <= operator.index(blank) < num_columns:
         raise ValueError(f"blank: expected an int in [{-num_columns}, {num_columns}) ({columns}; negative values "
                          f"count from the end), got {blank!r}")
     return operator.index(blank) % num_columns
 
 
 def check_module_blank(blank):
-    """A module's blank, checked against the vocabulary when it is called: an int (negative: from the end)."""
+    """A module's blank, checked against the vocabulary when it is called: an int (negative: from the end);
+    TypeError for another type."""
     if not is_index(blank):
-        raise ValueError(f"blank: expected an int (negative values count from the end), got {blank!r}")
+        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(blank).__name__} "
+                        f"{blank!r}")
     return operator.index(blank)
+
+
+def bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra=""):
+    """The ValueError for the bad labels a Layout's stats count: how many, and the first, by utterance and
+    position, with its value (read from ``targets``: a transfer on this error path alone); ``extra``: what may
+    explain them."""
+    stats = Stats(*stats)
+    b, u = divmod(stats.first_bad_label, targets.size(1))
+    blanks = f"a blank ({blank - big_blanks} ... {blank})" if big_blanks else f"blank = {blank}"
+    count = "1 entry within target_lengths is" if stats.bad_labels == 1 else \
+        f"{stats.bad_labels} entries within target_lengths are"
+    return ValueError(f"targets: {count} outside [0, {vocab_size}) or equal to {blanks}; the first is targets[{b}, "
+                      f"{u}] = {int(targets[b, u])} (utterance {b}){extra}")
 
 
 def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks=0):
     """Lengths and target range against the tensors, from a Layout's stats (a list); labels in
     [0, vocab_size) (default: logits.size(-1)) and not a blank, [blank - big_blanks, blank]."""
     V, S = logits.size(-1) if vocab_size is None else vocab_size, targets.size(1)
-    t_min, t_max, u_min, u_max, cells, bad = Stats(*stats)
+    t_min, t_max, u_min, u_max, cells, bad, _ = Stats(*stats)
     if t_min < 1:
         raise ValueError(f"logit_lengths: every T_b must be >= 1, got min {t_min}")
     if u_min < 0:
@@ -98,14 +123,18 @@ def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks
         raise ValueError(f"logits: compact logits must have sum_b T_b*(U_b+1) = {cells} rows, "
                          f"got shape {tuple(logits.shape)}")
     if bad:
-        blanks = f"a blank ({blank - big_blanks} ... {blank})" if big_blanks else f"blank = {blank}"
-        raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {V}) or equal to {blanks}")
+        extra = ""
+        if V < logits.size(-1):  # TDT's duration scores after the tokens
+            D = logits.size(-1) - V
+            extra = (f"; the last {D} of the logits' {logits.size(-1)} columns are the {D} durations' scores, "
+                     f"leaving {V} token columns")
+        raise bad_labels_error(targets, stats, V, blank, big_blanks, extra)
 
 
 def check_pack_values(encoder_out, predictor_out, stats):
     """pack's lengths against its inputs, from a Layout's stats (a list); returns the number of rows."""
     max_t, max_u1 = encoder_out.size(1), predictor_out.size(1)
-    t_min, t_max, u_min, u_max, num_rows, _ = Stats(*stats)
+    t_min, t_max, u_min, u_max, num_rows, _, _ = Stats(*stats)
     if t_min < 1 or t_max > max_t:
         raise ValueError(f"logit_lengths: expected values in [1, {max_t}] (encoder_out.size(1)), "
                          f"got [{t_min}, {t_max}]")

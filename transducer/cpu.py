@@ -33,17 +33,20 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
         cells = T * strides
     row_splits = torch.zeros(B + 1, dtype=torch.int64)
     torch.cumsum(cells, 0, out=row_splits[1:])
-    bad = 0
+    bad, first_bad = 0, _INT64_MAX
     if targets is not None and targets.size(1) > 0:
         in_label = torch.arange(targets.size(1))[None, :] < U[:, None]
         is_blank = (targets >= blank - big_blanks) & (targets <= blank)
-        bad = int((in_label & ((targets < 0) | (targets >= vocab_size) | is_blank)).sum())
+        wrong = (in_label & ((targets < 0) | (targets >= vocab_size) | is_blank)).flatten()
+        bad = int(wrong.sum())
+        if bad:
+            first_bad = int(wrong.nonzero()[0, 0])
     # min and max of no utterances: the identities, as the CUDA kernel's reductions give them
     extremes = [T.min(), T.max(), U.min(), U.max()] if B else [_INT64_MAX, -_INT64_MAX - 1] * 2
     # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap)
     cells_exact = T.double() * (U.double() + 1)
     cells = CELLS_CAP if bool((cells_exact >= CELLS_CAP).any()) else min(int((T * (U + 1)).sum()), CELLS_CAP)
-    stats = torch.tensor([int(x) for x in extremes] + [cells, bad])
+    stats = torch.tensor([int(x) for x in extremes] + [cells, bad, first_bad])
     return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1), max(int(padded_t), 0))
 
 

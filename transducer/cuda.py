@@ -94,7 +94,7 @@ def _name(kernel, *params):
     return f"{kernel}<{', '.join(c)}>"
 
 
-def _warps_per_row(num_rows, row_bytes, device):
+def warps_per_row(num_rows, row_bytes, device):
     """1 (a warp per row, 8 rows per block) or 8 (a 256-thread block per row).
 
     A warp per row keeps 64 rows in flight per SM with four 16-byte loads per
@@ -119,7 +119,7 @@ def _row_major(name, x):
         raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
 
 
-def _row_access(itemsize, V, rows, outs=(), stage_rows=0):
+def row_access(itemsize, V, rows, outs=(), stage_rows=0):
     """(vec, aligned, staged) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and
     ``outs`` (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte
     boundary; else, when every output row sits at its input row's offset from one (same base offset and row
@@ -235,8 +235,8 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
         return out
     _row_major("logits2d", logits2d)
     itemsize = logits2d.element_size()
-    vec, aligned, _ = _row_access(itemsize, V, logits2d)
-    wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
+    vec, aligned, _ = row_access(itemsize, V, logits2d)
+    wpr = warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = THREADS // (32 * wpr)
     params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows_struct(logits2d, row_start, vec, aligned),
                               labels=_labels_struct(targets, options.blank), from_log_softmax=options.from_log_softmax,
@@ -293,9 +293,9 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     # The gradient w.r.t. log-probs does not read them: with from_log_softmax the row pass is laid on
     # `out` alone, so the logits' alignment does not narrow its vectors.
     rows = out if options.from_log_softmax else logits2d
-    wpr = _warps_per_row(num_rows, V * itemsize, logits2d.device)
+    wpr = warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = THREADS // (32 * wpr)
-    vec, aligned, staged = _row_access(itemsize, V, rows, [out], rows_per_block)
+    vec, aligned, staged = row_access(itemsize, V, rows, [out], rows_per_block)
     clamp = max(options.clamp, 0.0)
     big = options.big_blank_durations
     params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows_struct(rows, row_start, vec, aligned),
@@ -469,8 +469,8 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
     if num_rows == 0:
         return out
     itemsize = tokens2d.element_size()
-    vec, aligned, _ = _row_access(itemsize, V, tokens2d)
-    wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
+    vec, aligned, _ = row_access(itemsize, V, tokens2d)
+    wpr = warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = THREADS // (32 * wpr)
     # vectors in flight (RESULTS.md, what we learned: eight vectors in flight where a row is loaded before its
     # cell test)
@@ -536,9 +536,9 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
     rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
     scale = scale.to(lattice.lp.dtype)
     itemsize = tokens2d.element_size()
-    wpr = _warps_per_row(num_rows, V * itemsize, tokens2d.device)
+    wpr = warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = THREADS // (32 * wpr)
-    vec, aligned, staged = _row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
+    vec, aligned, staged = row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
     clamp = max(options.clamp, 0.0)
     params = TDT_GRADIENT_PARAMS(
         grids=_grids(lattice.layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),

@@ -40,8 +40,8 @@ from ops import accumulate_dtype
 
 from .joiner import ACTIVATIONS, Dropout, check_activation, check_dropout
 from .backend import stages_for
-from .checks import (FLOAT_DTYPES, INDEX_DTYPES, check_big_blank_durations, check_blank, check_options,
-                     check_reduction, check_sigma, check_tdt_options, check_tensor, is_index)
+from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_big_blank_durations, check_blank,
+                     check_options, check_reduction, check_sigma, check_tdt_options, check_tensor, is_index, plural)
 from .kinds import check_supported, kind_of
 from .layout import MAX_ROWS, NUM_STATS, Layout, LossOptions
 from .library import Op, fake_outputs, lattice_of, lattice_outputs
@@ -80,7 +80,7 @@ def _utterances(row_splits, start, end):
 
 
 def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_columns, stats, blank, big_blanks):
-    t_min, t_max, u_min, u_max, cells, bad = stats
+    t_min, t_max, u_min, u_max, cells, bad, _ = stats
     if t_min < 1 or t_max > encoder_out.size(1):
         raise ValueError(f"logit_lengths: expected values in [1, {encoder_out.size(1)}] (encoder_out.size(1)), "
                          f"got [{t_min}, {t_max}]")
@@ -91,9 +91,12 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_c
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
                          f"supported")
     if bad:
-        blanks = f"a blank ({blank - big_blanks} ... {blank})" if big_blanks else f"blank = {blank}"
-        raise ValueError(f"targets: {bad} entries within target_lengths are outside [0, {vocab_size}) or equal to "
-                         f"{blanks}")
+        extra = ""
+        if extra_columns:
+            D = extra_columns
+            extra = (f"; the last {D} of weight's {vocab_size + D} rows are the {D} durations' scores, leaving "
+                     f"{vocab_size} token rows")
+        raise bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra)
 
 
 def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -348,13 +351,13 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     """
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     device = encoder_out.device
-    check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device)
-    check_tensor("weight", weight, FLOAT_DTYPES, (2,), device)
+    check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device, "encoder_out")
+    check_tensor("weight", weight, FLOAT_DTYPES, (2,), device, "encoder_out")
     if bias is not None:
-        check_tensor("bias", bias, FLOAT_DTYPES, (1,), device)
-    check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
-    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
-    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
+        check_tensor("bias", bias, FLOAT_DTYPES, (1,), device, "encoder_out")
+    check_tensor("targets", targets, INDEX_DTYPES, (2,), device, "encoder_out")
+    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device, "encoder_out")
+    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device, "encoder_out")
     B, _, J = encoder_out.shape
     rows = weight.size(0)  # the token columns and, with durations, the duration columns
     loss = dict(one_sym_per_frame=one_sym_per_frame, clamp=clamp, fastemit_lambda=fastemit_lambda,
@@ -377,8 +380,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         raise ValueError(f"bias: expected shape ({rows},) (weight.size(0)), got {tuple(bias.shape)}")
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
         if x.size(0) != B:
-            raise ValueError(f"{name}: expected {B} entries along dim 0 (one per utterance), got shape "
-                             f"{tuple(x.shape)}")
+            raise ValueError(f"{name}: expected {plural(B, 'entry', 'entries')} along dim 0 (one per utterance), "
+                             f"got shape {tuple(x.shape)}")
     blank = check_blank(blank, rows - D, "the token rows of weight")
     if options.big_blank_durations:  # the big blanks fit before the blank
         check_big_blank_durations(options.big_blank_durations, blank)

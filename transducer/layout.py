@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 #: Entries of Layout.stats (stages.cu: enum Stat).
-NUM_STATS = 6
+NUM_STATS = 7
 #: The cell count in ``Layout.stats`` saturates here: lengths whose products or sum overflow 64 bits
 #: read as this value instead of wrapping into a plausible count (stages.cu: kCellsCap).
 CELLS_CAP = 1 << 61
@@ -49,6 +49,7 @@ class Stats(NamedTuple):
     max_u: int
     cells: int       # sum_b T_b*(U_b+1), saturating at CELLS_CAP
     bad_labels: int  # targets[b, u] with u < U_b outside [0, V) or a blank (0 without label checks)
+    first_bad_label: int  # the first of them, b * targets.size(1) + u (the int64 maximum when none)
 
 
 class Layout(NamedTuple):

@@ -27,9 +27,9 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
         torch.Size([26, 8])
     """
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
-    check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), encoder_out.device)
-    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), encoder_out.device)
-    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), encoder_out.device)
+    check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), encoder_out.device, "encoder_out")
+    check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), encoder_out.device, "encoder_out")
+    check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), encoder_out.device, "encoder_out")
     B, max_t, D = encoder_out.shape
     if predictor_out.size(0) != B or predictor_out.size(2) != D:
         raise ValueError(f"predictor_out: expected shape ({B}, maxU+1, {D}) to match encoder_out "

@@ -372,8 +372,9 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
 // thread owns a contiguous run of utterances, so row_splits is one block-wide exclusive sum.
 namespace td {
 // The entries of the table's stats (transducer/layout.py's Stats): min and max T_b and U_b, the cell count
-// sum_b T_b*(U_b+1), and the labels (u < U_b) outside [0, V) or equal to a blank.
-enum Stat : int { kMinT, kMaxT, kMinU, kMaxU, kCells, kBadLabels, kNumStats };
+// sum_b T_b*(U_b+1), the labels (u < U_b) outside [0, V) or equal to a blank, and the first of them
+// (b * targets' columns + u; the int64 maximum when none).
+enum Stat : int { kMinT, kMaxT, kMinU, kMaxU, kCells, kBadLabels, kFirstBadLabel, kNumStats };
 // The cell count saturates at 2^61 (transducer/layout.py's CELLS_CAP), so lengths whose products or sums
 // overflow 64 bits are reported instead of wrapping into a plausible count.
 constexpr long long kCellsCap = 1ll << 61;
@@ -386,7 +387,7 @@ __device__ __forceinline__ long long cells_add(long long a, long long b) {
 }
 // how two partial values of stat k merge
 __device__ __forceinline__ long long merge_stat(int k, long long a, long long b) {
-  if (k == kMinT || k == kMinU) return a < b ? a : b;
+  if (k == kMinT || k == kMinU || k == kFirstBadLabel) return a < b ? a : b;
   if (k == kMaxT || k == kMaxU) return a > b ? a : b;
   if (k == kCells) return cells_add(a, b);
   return a + b;
@@ -424,7 +425,7 @@ __global__ void __launch_bounds__(1024) layout_kernel(const LayoutParams<IT, IU,
   long long* splits = table + 3 * B;
   const int per = (B + blockDim.x - 1) / blockDim.x;
   const int b0 = min(tid * per, B), b1 = min(b0 + per, B);
-  long long v[kNumStats] = {kMax, kMin, kMax, kMin, 0, 0};  // the identities of merge_stat
+  long long v[kNumStats] = {kMax, kMin, kMax, kMin, 0, 0, kMax};  // the identities of merge_stat
   long long cells = 0;
   for (int b = b0; b < b1; ++b) {
     const long long T = (long long)logit_lengths[b], U = (long long)target_lengths[b];
@@ -460,7 +461,10 @@ __global__ void __launch_bounds__(1024) layout_kernel(const LayoutParams<IT, IU,
       const int b = (int)(i / target_cols), u = (int)(i - (long long)b * target_cols);
       if (u < (long long)target_lengths[b]) {
         const long long y = (long long)targets[i];
-        v[kBadLabels] += (y < 0 || y >= p.V || (y >= p.labels.blank - p.big_blanks && y <= p.labels.blank));
+        if (y < 0 || y >= p.V || (y >= p.labels.blank - p.big_blanks && y <= p.labels.blank)) {
+          v[kBadLabels] += 1;
+          v[kFirstBadLabel] = i < v[kFirstBadLabel] ? i : v[kFirstBadLabel];
+        }
       }
     }
   }
