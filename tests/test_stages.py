@@ -12,7 +12,7 @@ import torch
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
 from transducer import cpu, cuda, pack, tdt_loss_reference
 from transducer.backend import Stages, stages_for
-from transducer.layout import Lattice, Layout, LossOptions, Stats
+from transducer.layout import NUM_STATS, Lattice, Layout, LossOptions, Stats
 from transducer.library import make_layout
 
 
@@ -311,7 +311,7 @@ def test_layout_matches_cpu(itype):
                 want = cpu.layout(T, U, S + 3, padded_t, targets, V, 3, stats)
                 got = cuda.layout(T.to(DEV), U.to(DEV), S + 3, padded_t, targets.to(DEV), V, 3, stats)
                 assert (got.padded, got.max_u1, got.batch_size) == (want.padded, want.max_u1, B)
-                n = got.table.numel() - (0 if stats else 6)
+                n = got.table.numel() - (0 if stats else NUM_STATS)
                 assert got.table.cpu()[:n].tolist() == want.table[:n].tolist()
     empty = cuda.layout(torch.zeros(0, dtype=itype, device=DEV), torch.zeros(0, dtype=itype, device=DEV), 1)
     assert empty.table.tolist() == cpu.layout(torch.zeros(0, dtype=itype), torch.zeros(0, dtype=itype), 1).table.tolist()

@@ -117,29 +117,35 @@ class LossOptions(NamedTuple):
     def flat(self):
         """(ints, floats): bools and ints as ints, a tuple as its length then its ints, floats as floats."""
         ints, floats = [], []
-        for name, kind in self.__annotations__.items():
+        for name, kind in _OPTION_KINDS:
             value = getattr(self, name)
-            if kind is float:
+            if kind == "float":
                 floats.append(float(value))
-            elif kind in (int, bool):
-                ints.append(int(value))
-            else:
+            elif kind == "tuple":
                 ints += [len(value), *map(int, value)]
+            else:
+                ints.append(int(value))
         return ints, floats
 
     @classmethod
     def from_flat(cls, ints, floats):
         """The options that ``flat()`` gave (ints, floats)."""
         ints, floats, values = list(ints), list(floats), {}
-        for name, kind in cls.__annotations__.items():
-            if kind is float:
+        for name, kind in _OPTION_KINDS:
+            if kind == "float":
                 values[name] = floats.pop(0)
-            elif kind in (int, bool):
-                values[name] = kind(ints.pop(0))
-            else:
+            elif kind == "tuple":
                 n = ints.pop(0)
                 values[name], ints = tuple(ints[:n]), ints[n:]
+            else:
+                values[name] = bool(ints.pop(0)) if kind == "bool" else ints.pop(0)
         return cls(**values)
+
+
+# LossOptions' fields and their kinds as plain strings, which torch.compile traces (it does not trace
+# typing's Tuple[int, ...])
+_OPTION_KINDS = tuple((name, {float: "float", int: "int", bool: "bool"}.get(kind, "tuple"))
+                      for name, kind in LossOptions.__annotations__.items())
 
 
 class Walks(NamedTuple):

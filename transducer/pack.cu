@@ -100,8 +100,10 @@ __device__ __forceinline__ A round_to(A x) {
 // activate).
 //
 // Two inputs of one 16-bit type (P is that type) go two elements at a time (sm_90 for bf16, sm_80 for half): a
-// packed fma(e, 1, p) (the sum rounded to P once, as the float sum rounded to P is), then the packed
-// tanh.approx or max with 0; a quarter of the instructions, which bound the pack passes otherwise.
+// packed fma(e, 1, p) (the sum rounded to P once, as the float sum rounded to P is), then the packed max with
+// 0; fewer instructions, which bound the pack passes otherwise. tanh is taken in fp32 (tanh.approx.f32, then
+// rounded to P): the packed tanh.approx.bf16x2 / f16x2 are less accurate than P's rounding, and shifted the
+// loss of a bf16 step by 8x the unfused step's error.
 template <typename A, typename B>
 struct SameType {
   static constexpr bool value = false;
@@ -123,7 +125,6 @@ struct Packed<ops::bf16_t> {
   static __device__ __forceinline__ unsigned int act(unsigned int e, unsigned int q) {
     unsigned int a;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a) : "r"(e), "r"(0x3f803f80u), "r"(q));
-    if (ACT == kTanh) asm("tanh.approx.bf16x2 %0, %1;" : "=r"(a) : "r"(a));
     if (ACT == kRelu) asm("max.bf16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(0u));
     return a;
   }
@@ -137,7 +138,6 @@ struct Packed<ops::half_t> {
   static __device__ __forceinline__ unsigned int act(unsigned int e, unsigned int q) {
     unsigned int a;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a) : "r"(e), "r"(0x3c003c00u), "r"(q));
-    if (ACT == kTanh) asm("tanh.approx.f16x2 %0, %1;" : "=r"(a) : "r"(a));
     if (ACT == kRelu) asm("max.f16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(0u));
     return a;
   }
@@ -162,6 +162,10 @@ __device__ __forceinline__ void joiner_input(const ops::Vec<TE, VEC>& e, const o
       hi.bits = (unsigned short)(a >> 16);
       h[2 * j] = (A)ops::to_acc(lo);
       h[2 * j + 1] = (A)ops::to_acc(hi);
+      if (ACT == kTanh) {
+        h[2 * j] = round_to<P>(activate<kTanh, true>(h[2 * j]));
+        h[2 * j + 1] = round_to<P>(activate<kTanh, true>(h[2 * j + 1]));
+      }
     }
   } else {
 #pragma unroll
