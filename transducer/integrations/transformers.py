@@ -15,6 +15,7 @@ import types
 
 from .. import fused_joiner_loss, tdt_loss, transducer_loss
 from ..joiner import ACTIVATIONS as JOINER_ACTIVATIONS
+from .reductions import reduce
 
 __all__ = ["ParakeetForRNNTLoss", "ParakeetForTDTLoss", "apply"]
 
@@ -25,24 +26,10 @@ REDUCTIONS = ("mean_volume", "mean_batch", "mean", "sum", "none")
 ACTIVATIONS = dict({name: name for name in JOINER_ACTIVATIONS}, linear="identity", swish="silu")
 
 
-def _check_reduction(reduction):
+def _check_reduction(reduction):  # transformers' message
     if reduction not in REDUCTIONS:
         raise ValueError(f'Invalid reduction mode "{reduction}". Expected one of '
                          f'{", ".join(repr(r) for r in REDUCTIONS)}.')
-
-
-def _reduce(losses, label_lengths, reduction):
-    """transformers' reductions (NeMo's names and formulas) of the per-utterance losses."""
-    lengths = label_lengths.to(losses.device).float()
-    if reduction == "mean_volume":
-        return losses.sum() / lengths.sum()
-    if reduction == "mean_batch":
-        return losses.mean()
-    if reduction == "mean":
-        return (losses / lengths).mean()
-    if reduction == "sum":
-        return losses.sum()
-    return losses
 
 
 def ParakeetForRNNTLoss(logits, labels, logit_lengths, label_lengths, blank_token_id, reduction="mean_volume",
@@ -73,7 +60,7 @@ def ParakeetForRNNTLoss(logits, labels, logit_lengths, label_lengths, blank_toke
     label_lengths = label_lengths.to(device)
     losses = transducer_loss(logits, labels.to(device), logit_lengths.to(device), label_lengths,
                              blank=blank_token_id, reduction="none")
-    return _reduce(losses, label_lengths, reduction)
+    return reduce(losses, label_lengths, reduction)
 
 
 def ParakeetForTDTLoss(token_logits, duration_logits, labels, logit_lengths, label_lengths, blank_token_id, durations,
@@ -109,7 +96,7 @@ def ParakeetForTDTLoss(token_logits, duration_logits, labels, logit_lengths, lab
     losses = tdt_loss(token_logits, labels.to(device), logit_lengths.to(device), label_lengths,
                       durations=[int(d) for d in durations], blank=blank_token_id,
                       sigma=sigma, reduction="none", duration_logits=duration_logits)
-    return _reduce(losses, label_lengths, reduction)
+    return reduce(losses, label_lengths, reduction)
 
 
 def _parakeet_classes():
@@ -232,7 +219,7 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
         activation=ACTIVATIONS[config.hidden_act], blank=config.blank_token_id,
         reduction="none", durations=durations, sigma=sigma)
     output = ParakeetRNNTOutput(
-        loss=_reduce(losses, label_lengths, reduction),
+        loss=reduce(losses, label_lengths, reduction),
         logits=None,
         last_hidden_state=encoder_outputs.last_hidden_state,
         pooler_output=encoder_hidden_states,
