@@ -26,12 +26,16 @@ CASES = [  # durations, blank, options
 
 
 def reference(logits, targets, T, U, durations, blank, w, clamp=-1.0, **options):
-    """The reference losses and the gradient of sum_b w_b * loss_b (clamped per utterance before weighting)."""
+    """The reference losses and the gradient of sum_b w_b * loss_b (its token scores' part clamped per utterance
+    before weighting)."""
     x = logits.double().clone().requires_grad_()
     losses = tdt_loss_reference(x, targets, T, U, durations, blank, **options)
     live = torch.isfinite(losses)
-    if clamp > 0:  # the unit gradient of each utterance, clamped, then weighted
-        grad = torch.autograd.grad(losses[live].sum(), x)[0].clamp(-clamp, clamp) * w[:, None, None, None]
+    if clamp > 0:  # the unit gradient of each utterance, its token columns clamped (NeMo's), then weighted
+        grad = torch.autograd.grad(losses[live].sum(), x)[0]
+        tokens = grad.size(-1) - len(durations)
+        grad[..., :tokens] = grad[..., :tokens].clamp(-clamp, clamp)
+        grad = grad * w[:, None, None, None]
     else:
         grad = torch.autograd.grad((losses[live] * w[live]).sum(), x)[0]
     return losses.detach(), grad

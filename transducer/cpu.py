@@ -653,9 +653,7 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
             if clamp > 0:
                 g_tok.clamp_(-clamp, clamp)
             g_tok.mul_(row_scale[:, None])
-        if clamp > 0:
-            g_dur.clamp_(-clamp, clamp)
-        g_dur.mul_(row_scale[:, None])
+        g_dur.mul_(row_scale[:, None])  # not clamped: clamp bounds the token scores' gradient (NeMo's)
         dead = ~live
         if dead.any():  # padding rows and dead utterances' rows may hold anything, even NaN
             for g in (g_tok, g_dur):

@@ -446,10 +446,10 @@ __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const Tdt
 
 // ---------------------------------------------------------------------------
 // The gradient of sum_b scale[b] * ((1 - omega) tdt_b + omega rnnt_b) w.r.t. the token and duration scores
-// (cpu.tdt_gradient's formula), clamped for a unit incoming gradient when CLAMP. Zeros on padding rows
-// and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or whose scale is 0. The token
-// gradient's rows lie at the token rows' offsets from a 16-byte boundary, or, STAGED, start on one
-// (common.cuh's RowOut; the launcher checked which).
+// (cpu.tdt_gradient's formula), its token part clamped for a unit incoming gradient when CLAMP (NeMo's TDT
+// clamp). Zeros on padding rows and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or
+// whose scale is 0. The token gradient's rows lie at the token rows' offsets from a 16-byte boundary, or,
+// STAGED, start on one (common.cuh's RowOut; the launcher checked which).
 template <typename T, typename I>
 struct TdtGradientParams {
   td::Grids grids;
@@ -566,8 +566,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   map_row(pass, dst, true, grad);
   if (lane < D) {
     const Acc x = to_acc(dur[local * p.duration_scores.ld + lane]);
-    Acc g = keep * (exp_acc(x - den_arcs[r]) * gamma - own);
-    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
+    const Acc g = keep * (exp_acc(x - den_arcs[r]) * gamma - own);  // not clamped (NeMo's TDT clamp)
     qd[lane] = from_acc<T>(g * sc);
   }
 }

@@ -41,8 +41,9 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank=0,
             (Default: ``"mean"``)
         fastemit_lambda (float, optional): the gradient w.r.t. every label token log-prob times
             ``1 + fastemit_lambda`` (FastEmit; the value is unchanged). (Default: ``0.0``)
-        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
-            ``[-clamp, clamp]``. (Default: ``-1``)
+        clamp (float, optional): if > 0, each element of the token scores' gradient for a unit incoming
+            gradient is clamped to ``[-clamp, clamp]`` (the duration scores' gradient is not: NeMo's TDT clamp).
+            (Default: ``-1``)
         zero_infinity (bool, optional): infinite losses become 0; NaN losses stay NaN. (Default: ``False``)
         check_inputs (bool, optional): check lengths and labels against the tensors (one small
             device-to-host read on CUDA). (Default: ``True``)
