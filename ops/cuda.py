@@ -117,13 +117,12 @@ def _alignment(dtype) -> int:
 class KernelArguments:
     """A kernel's arguments laid out as the C ABI lays out its parameters, for one tuple of argument types:
     cuLaunchKernel takes them as one buffer (its `extra` argument), so a launch packs them with one
-    ``struct.pack_into`` instead of making an object per argument (benchmarks/RESULTS.md, what we learned:
-    one buffer of launch arguments). Tensors are pointers, numpy scalars their C types, structured
-    numpy scalars their bytes at their widest field's alignment, parameter structs (ops.params) their fields
-    in the C layout, and the Python int 0 a NULL pointer. The driver cannot check the buffer against the
-    kernel's parameters: a wrong type shifts every later argument, so anything else is refused (a kernel
-    that takes one named struct, filled by field name, avoids the question). One per thread (the buffer is
-    written right before each launch)."""
+    ``struct.pack_into`` instead of making an object per argument (DESIGN.md: One buffer of launch arguments).
+    Tensors are pointers, numpy scalars their C types, structured numpy scalars their bytes at their widest
+    field's alignment, parameter structs (ops.params) their fields in the C layout, and the Python int 0 a
+    NULL pointer. The driver cannot check the buffer against the kernel's parameters: a wrong type shifts
+    every later argument, so anything else is refused (a kernel that takes one named struct, filled by field
+    name, avoids the question). One per thread (the buffer is written right before each launch)."""
 
     def __init__(self, args):
         fmt, kinds, self.structs, self.nulls, self.params = "@", [], [], [], []

@@ -5,7 +5,7 @@ wheels): once per contiguous run, so once per row of a strided view (a (N, V) co
 (N, V + D) TDT joint: 24800 calls a chunk), and MKL threads even a few hundred elements, whose fork and join
 cost more than the work on a many-core host (a TDT walk step's (B, 2D + 1, U + 1) terms). ``exp2`` is
 torch's own vectorised loop (Sleef): one loop over any layout, threaded only past torch's grain size
-(benchmarks/RESULTS.md, what we learned: exp2, not MKL's exp, on the CPU).
+(DESIGN.md: exp2, not MKL's exp, on the CPU).
 
 - ``exp_(x)``: x = exp(x) in place, as exp2(x * log2(e)).
 - ``logsumexp(x, dim, out=None)``: torch.logsumexp's values and conventions (the max is taken as 0 where

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from _batches import DEVICES, random_targets
 from transducer import FusedJoinerLoss, fused_joiner_loss, multiblank_loss, pack, tdt_loss, transducer_loss
+from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
 from transducer.layout import LossOptions
 
 
@@ -116,6 +117,90 @@ def test_bf16_autocast_within_the_unfused_bound(device):
         assert fu.dtype == ref.dtype
         bound = 2 * (un - ref).abs().max() + 1e-3 * ref.abs().max()
         assert (fu - ref).abs().max() <= bound
+
+
+def composed(enc, pred, weight, bias, targets, T, U, activation, dropout, seed, **options):
+    """transducer_loss(F.linear(dropout(act(pack(...))), weight, bias)) with the fused loss's mask for ``seed``."""
+    h = ACTIVATIONS[activation].forward(pack(enc, pred, T, U))
+    if dropout:
+        h = h * dropout_mask(Dropout(dropout, seed), h.size(0), h.size(1), dtype=h.dtype, device=h.device)
+    return transducer_loss(F.linear(h, weight, bias), targets, T, U, **options)
+
+
+def seeded(seed):
+    """(a generator for fused_joiner_loss, the dropout seed it will draw from it)."""
+    drawn = int(torch.randint((1 << 63) - 1, (), generator=torch.Generator().manual_seed(seed)))
+    return torch.Generator().manual_seed(seed), drawn
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_activations_and_dropout_equal_the_composition(device, activation, dropout):
+    """Every activation of the table, with and without dropout, in float64: the loss and the four gradients of
+    the unfused composition with the same mask, tiles of 7 rows splitting utterances (the mask follows the row)."""
+    enc, pred, weight, bias, targets, T, U, w = joiner_batch(590, device=device)
+    params = (enc, pred, weight, bias)
+    generator, seed = seeded(5)
+    results = []
+    for fn in (lambda: fused_joiner_loss(enc, pred, weight, bias, targets, T, U, activation=activation,
+                                         dropout=dropout, generator=generator, max_rows=7, reduction="none"),
+               lambda: composed(enc, pred, weight, bias, targets, T, U, activation, dropout, seed,
+                                reduction="none")):
+        loss = fn()
+        results.append((loss.detach(), torch.autograd.grad((loss * w).sum(), params)))
+    (got, got_grads), (want, want_grads) = results
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for g, wg in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, wg, rtol=1e-9, atol=1e-10)
+    if dropout:  # another seed, another mask
+        other = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, activation=activation, dropout=dropout,
+                                  generator=torch.Generator().manual_seed(6), reduction="none")
+        assert (other - want).abs().max() > 1e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_activations_and_dropout_16bit_within_the_unfused_bound(activation, dropout, dtype):
+    """The pack kernels' 16-bit paths (16-bit inputs, or fp32 inputs under autocast) for every activation, with and
+    without dropout: within twice the unfused autocast composition's error of the float64 composition."""
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(595, B=6, max_t=20, max_u=8, J=64, V=100,
+                                                             device="cuda", dtype=torch.float32)
+    enc, pred = (x.detach().to(dtype).requires_grad_() for x in (enc, pred))
+    params = (enc, pred, weight, bias)
+    generator, seed = seeded(9)
+    half = torch.float16 if dtype == torch.float16 else torch.bfloat16
+
+    def run(fn, inputs, autocast):
+        with torch.autocast("cuda", dtype=half, enabled=autocast):
+            loss = fn(*inputs)
+        return loss.detach().double(), [g.double() for g in torch.autograd.grad(loss, inputs)]
+
+    exact = [x.detach().double().requires_grad_() for x in params]
+    ref_loss, ref_grads = run(lambda *x: composed(*x, targets, T, U, activation, dropout, seed), exact, False)
+    un_loss, un_grads = run(lambda *x: composed(*x, targets, T, U, activation, dropout, seed), params, True)
+    fu_loss, fu_grads = run(lambda *x: fused_joiner_loss(*x, targets, T, U, activation=activation, dropout=dropout,
+                                                         generator=generator, max_rows=50), params, True)
+    assert abs(fu_loss - ref_loss) <= 2 * abs(un_loss - ref_loss) + 1e-3 * abs(ref_loss)
+    for fu, un, ref in zip(fu_grads, un_grads, ref_grads):
+        assert (fu - ref).abs().max() <= 2 * (un - ref).abs().max() + 1e-3 * ref.abs().max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_dropout_in_training_only(device):
+    m = FusedJoinerLoss(12, 17, dropout=0.4, max_rows=8).to(device).double()
+    enc, pred, _, _, targets, T, U, _ = joiner_batch(597, device=device)
+    torch.manual_seed(3)
+    first = m(enc, pred, targets, T, U)
+    torch.manual_seed(3)
+    assert torch.equal(m(enc, pred, targets, T, U), first)
+    m.eval()
+    plain = FusedJoinerLoss(12, 17, max_rows=8).to(device).double()
+    plain.load_state_dict(m.state_dict())
+    assert torch.equal(m(enc, pred, targets, T, U), plain(enc, pred, targets, T, U))
+    assert (first - plain(enc, pred, targets, T, U)).abs() > 1e-3
 
 
 @pytest.mark.parametrize("device", DEVICES)

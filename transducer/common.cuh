@@ -204,8 +204,8 @@ struct RowPass {
   typedef RowGeometry<WPR> Geo;
   typedef Vec<T, VEC> VT;
   // Vectors in flight per thread: DEEP, but 2 for 16-byte vectors of 8 halves: they hold 4 registers each,
-  // and 4 of them beside the gradient kernels' state spill (benchmarks/RESULTS.md, what we learned: two
-  // vectors in flight for 16-byte vectors of halves).
+  // and 4 of them beside the gradient kernels' state spill (DESIGN.md: Two vectors in flight for 16-byte
+  // vectors of halves).
   static constexpr int UNROLL = VEC >= 8 ? 2 : DEEP;
   int lane, r, nvec;  // r: the row of the layout (row_start + the row of `logits`)
   int head = 0;       // columns before the first vector (0 when ALIGNED)
@@ -297,18 +297,17 @@ struct RowPass {
   }
 };
 
-// Where a gradient kernel writes the row its RowPass reads: `n` columns from `row`. STAGED false: the
-// output row lies at the input row's offset from a 16-byte boundary (the logits themselves, or a tensor
-// of their layout), so each vector of the pass is stored as it is, and the head and tail scalars
-// likewise. STAGED true: the output rows start on 16-byte boundaries and the input rows do not (the loss
-// returns the gradient of a 505-wide joint output in 512-wide rows, which cuBLAS's GEMMs read with wide
-// loads: benchmarks/RESULTS.md, what we learned: 16-byte rows for cuBLAS). The values are then stored into
-// the row's copy in shared memory (RPB rows of `n` rounded up to VEC elements a block, 16-byte aligned),
-// which the row's threads write out in whole vectors once every value is in (finish). A vector lands at the
-// same offset from a 16-byte boundary for the whole row: it is stored in the widest pieces that offset
-// allows (one 16-byte store, two of 8 or four of 4 bytes; 2-byte elements at an odd position: 2 + 4 + 4 +
-// 4 + 2), not element by element, whose 2-byte stores conflict on the banks (what we learned: stage a row
-// in the widest stores its offset allows).
+// Where a gradient kernel writes the row its RowPass reads: `n` columns from `row`. STAGED false: the output
+// row lies at the input row's offset from a 16-byte boundary (the logits themselves, or a tensor of their
+// layout), so each vector of the pass is stored as it is, and the head and tail scalars likewise. STAGED
+// true: the output rows start on 16-byte boundaries and the input rows do not (the loss returns the gradient
+// of a 505-wide joint output in 512-wide rows, which cuBLAS's GEMMs read with wide loads; DESIGN.md: 16-byte
+// rows for cuBLAS). The values are then stored into the row's copy in shared memory (RPB rows of `n` rounded
+// up to VEC elements a block, 16-byte aligned), which the row's threads write out in whole vectors once
+// every value is in (finish). A vector lands at the same offset from a 16-byte boundary for the whole row:
+// it is stored in the widest pieces that offset allows (one 16-byte store, two of 8 or four of 4 bytes;
+// 2-byte elements at an odd position: 2 + 4 + 4 + 4 + 2), not element by element, whose 2-byte stores
+// conflict on the banks (DESIGN.md: Stage a row in the widest stores its offset allows).
 template <typename T, int VEC, int WPR, bool STAGED>
 struct RowOut {
   typedef RowGeometry<WPR> Geo;

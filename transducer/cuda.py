@@ -32,7 +32,8 @@ THREADS = 256  # block size of the per-row kernels (common.cuh: kThreads)
 PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
-_WALK_AHEAD = 2  # steps of log-probs tdt_walk_kernel reads ahead (RESULTS.md, what we learned: the TDT walk)
+# steps of log-probs tdt_walk_kernel reads ahead (DESIGN.md: The TDT walk is bound by its instructions, not its loads)
+_WALK_AHEAD = 2
 # RowOut<..., true>'s rows a block: room left within DEFAULT_SHARED_MEM for the kernels' static shared memory
 _STAGE_LIMIT = 32 * 1024
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
@@ -49,7 +50,7 @@ SCALE = struct("Scale", [("values", "ptr"), ("stride", "long long")])
 DURATIONS = struct("Durations", [("n", "int"), ("d", ("int", MAX_DURATIONS))])
 DURATION_ROWS = struct("DurationRows", [("data", "ptr"), ("ld", "long long"), ("D", "int")])
 DROPOUT = struct("Dropout", [("seed_lo", "unsigned int"), ("seed_hi", "unsigned int"), ("threshold", "unsigned int"),
-                             ("scale", "float")])
+                             ("scale", "double")])
 
 LAYOUT_PARAMS = struct("LayoutParams", [
     ("logit_lengths", "ptr"), ("target_lengths", "ptr"), ("labels", LABELS), ("B", "int"), ("padded_t", "int"),
@@ -151,10 +152,10 @@ def _stage_bytes(stage_rows, V, itemsize):
 def gradient_row_width(V, itemsize):
     """The row width (elements) of a new gradient of V-wide logits that an op made (library.gradient_buffer):
     16-bit rows that are not a multiple of 16 bytes, up to 4 KiB, are padded to one. cuBLAS reads such a
-    gradient with 16-byte loads in the joint Linear's backward (benchmarks/RESULTS.md, what we learned:
-    16-byte rows for cuBLAS), and the gradient kernels still write whole vectors: 8-byte ones when they fit
-    both row widths, else through shared memory (RowOut<..., true>, 8 rows a block within _STAGE_LIMIT). V
-    otherwise: fp32 steps gained nothing measurable, and longer rows would fall back to narrow accesses."""
+    gradient with 16-byte loads in the joint Linear's backward (DESIGN.md: 16-byte rows for cuBLAS), and the
+    gradient kernels still write whole vectors: 8-byte ones when they fit both row widths, else through shared
+    memory (RowOut<..., true>, 8 rows a block within _STAGE_LIMIT). V otherwise: fp32 steps gained nothing
+    measurable, and longer rows would fall back to narrow accesses."""
     row = V * itemsize
     if itemsize != 2 or row % 16 == 0 or row > _WIDE_ROW_BYTES:
         return V
@@ -472,8 +473,7 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
     vec, aligned, _ = row_access(itemsize, V, tokens2d)
     wpr = warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = THREADS // (32 * wpr)
-    # vectors in flight (RESULTS.md, what we learned: eight vectors in flight where a row is loaded before its
-    # cell test)
+    # vectors in flight (DESIGN.md: Eight vectors in flight where a row is loaded before its cell test)
     deep = 4 if layout.padded else 8
     params = TDT_LOG_PROBS_PARAMS(
         grids=_grids(layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),

@@ -51,7 +51,8 @@ __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
 
 # Tile buffers (two of the tile's hidden, logits and dh) of about this many bytes when max_rows is not
 # given: on CUDA smaller tiles cost launches, host time and GEMM efficiency, on the CPU a few thousand rows
-# already keep the GEMMs efficient (the peaks and times: benchmarks/RESULTS.md).
+# already keep the GEMMs efficient (the peaks and times: DESIGN.md, Few large tiles on CUDA, small ones on
+# the CPU).
 _TILE_BYTES = {"cuda": 256 << 20, "cpu": 16 << 20}
 
 
@@ -150,12 +151,12 @@ def _projection(weight, bias, compute_dtype):
     """(Wx, W): the output projection in the compute dtype, and with a bias Wx = [W | b | 0] (the bias as
     column J, zero columns up to a multiple of 8) against hidden rows [h | 1 ... 1] (_hidden): the bias is
     added by the GEMM, and its gradient, the logits' gradient's column sums, comes out of the weight
-    gradient's GEMM as column J (benchmarks/RESULTS.md, what we learned: the bias gradient from the weight
-    gradient's GEMM). Without a bias, Wx = W. W = Wx[:, :J].
+    gradient's GEMM as column J (DESIGN.md: The bias gradient from the weight gradient's GEMM). Without a
+    bias, Wx = W. W = Wx[:, :J].
 
     The rows are padded with zero rows to a multiple of 128 where that adds at most 3% to the GEMMs, else
     of 8: the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast kernels on them
-    (what we learned: the fused projection padded to a multiple of 128 rows) and the log-probs and gradient
+    (DESIGN.md: The fused projection padded to a multiple of 128 rows) and the log-probs and gradient
     stages read them in vectors. The stages read the V (+ D) real columns; the padding columns get no
     gradient."""
     rows, J = weight.shape
@@ -423,6 +424,9 @@ class FusedJoinerLoss(torch.nn.Module):
             ``clamp``, ``fastemit_lambda``, ``delay_penalty``, ``durations``, ``sigma``, ``omega``,
             ``big_blank_durations``, as for :func:`fused_joiner_loss`; ``device``, ``dtype`` for the
             projection.
+        dropout (float, optional): the rate of dropout on the joiner's hidden in training mode, as for
+            :func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in eval mode.
+            (Default: ``0.0``)
 
     Example::
 
@@ -436,8 +440,10 @@ class FusedJoinerLoss(torch.nn.Module):
     def __init__(self, joiner_dim, vocab_size, activation="tanh", bias=True, blank=0, reduction="mean",
                  one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
                  fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0, big_blank_durations=None,
-                 device=None, dtype=None):
+                 dropout=0.0, device=None, dtype=None):
         super().__init__()
+        check_dropout(dropout)
+        self.dropout = dropout
         blank = check_blank(blank, vocab_size, "vocab_size")
         _loss_options(activation, reduction, max_rows, blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
                       fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=durations, sigma=sigma,
@@ -461,11 +467,12 @@ class FusedJoinerLoss(torch.nn.Module):
         """The loss of the joiner over ``encoder_out`` (B, maxT, J) and ``predictor_out`` (B, maxU+1, J) with the
         module's projection and options (see :func:`fused_joiner_loss`)."""
         return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,
-                                 logit_lengths, target_lengths, **self.options)
+                                 logit_lengths, target_lengths, dropout=self.dropout if self.training else 0.0,
+                                 **self.options)
 
     def logits(self, encoder_out, predictor_out):
         """``output(act(encoder_out + predictor_out))`` with broadcasting, for decoding."""
         return self.output(ACTIVATIONS[self.options["activation"]].forward(encoder_out + predictor_out))
 
     def extra_repr(self):
-        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return ", ".join(f"{k}={v!r}" for k, v in dict(self.options, dropout=self.dropout).items())

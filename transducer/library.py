@@ -22,7 +22,7 @@ or with rows readable in place (the public functions make them so, where autogra
 ``loss`` and ``pack`` below (``Op``s) are what the rest of the package calls: the registered ops while
 torch.compile or torch.export traces, and in eager mode autograd Functions around the same implementations,
 the same setup and the same backward, without the registered op's Python layers (their host time:
-benchmarks/RESULTS.md, what we learned: small steps are host-bound).
+DESIGN.md: Small steps are host-bound).
 """
 
 import inspect

@@ -71,7 +71,7 @@ struct Dropout {
   unsigned int seed_lo;
   unsigned int seed_hi;
   unsigned int threshold;
-  float scale;
+  double scale;  // 1 / (1 - p), in double for float64 hiddens
 };
 
 __device__ __forceinline__ unsigned int fmix32(unsigned int h) {
@@ -185,8 +185,7 @@ __device__ __forceinline__ T convert(A x) {
 
 // kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
 // and steps to the next rows (a search again only where a row starts another utterance), and has the
-// rows' loads in flight together (benchmarks/RESULTS.md, what we learned: several rows per thread group in
-// pack_forward).
+// rows' loads in flight together (DESIGN.md: Several rows per thread group in pack_forward).
 namespace td {
 constexpr int kPackRows = 4;  // transducer/cuda.py: PACK_ROWS
 }  // namespace td

@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   const Acc sigma = Acc(p.sigma);
   // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
   // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
-  // a row once it knows the row is a cell (benchmarks/RESULTS.md, what we learned: eight vectors in flight
-  // where a row is loaded before its cell test).
+  // a row once it knows the row is a cell (DESIGN.md: Eight vectors in flight where a row is loaded before
+  // its cell test).
   RowPass<T, VEC, WPR, ALIGNED, DEEP, true> pass;
   if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParam
 // The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <=
 // kWalkMaxThreads), D <= kWalkMaxDurations (a template parameter: the loops over durations unroll) and the
 // launcher could allot the shared rings. The walk is bound by its instructions, so a step has no branches
-// (benchmarks/RESULTS.md, what we learned: the TDT walk is bound by its instructions, not its loads):
+// (DESIGN.md: The TDT walk is bound by its instructions, not its loads):
 // - Rings of `ring` steps (a power of two > max duration + 1: step s in slot s & (ring - 1)), `cap` columns,
 //   cell u in column u + 1. Every thread writes its column every step, -inf when its cell is off the grid,
 //   and columns 0 and cap - 1 stay -inf; so an arc from (alpha) or to (beta) a cell off the grid reads
