@@ -4,6 +4,8 @@ multiblank_rnnt_pytorch; TDT, which NeMo runs on CUDA only, against the float64 
 and sigmoid joints) trained a step with and without apply, fused and not: the loss, every parameter's gradient
 and the WER; validation and decoding unchanged; joint dropout reproducible; refused models and losses."""
 
+import importlib.metadata
+
 import pytest
 import torch
 
@@ -13,6 +15,10 @@ from transducer import multiblank_loss_reference, tdt_loss_reference, transducer
 from transducer.integrations import nemo as integration
 from transducer.integrations.nemo import RNNTLoss, apply
 
+try:  # the nemo-toolkit distribution, not an extract of its numba losses (test_nemo_cuda.py's peer)
+    importlib.metadata.version("nemo-toolkit")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip("nemo-toolkit is not installed: pip install -e '.[nemo]'", allow_module_level=True)
 require("nemo.collections.asr", "nemo")
 import _nemo_models as tiny  # noqa: E402
 from nemo.collections.asr.losses.rnnt import RNNTLoss as NemoRNNTLoss  # noqa: E402
