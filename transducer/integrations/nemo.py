@@ -21,7 +21,7 @@ from .reductions import check_reduction, reduce
 
 __all__ = ["RNNTLoss", "apply", "LOSS_NAMES", "MIN_NEMO"]
 
-MIN_NEMO = (3, 0, 0)  # the oldest NeMo tested
+MIN_NEMO = (2, 0, 0)  # the oldest NeMo tested (2.0.0, 2.2.1, 2.7.3 and 3.0.0 are)
 
 # NeMo's loss names (its RNNT_LOSS_RESOLVER) -> this library's loss and the options NeMo's resolver gives that
 # loss from ``{loss_name}_kwargs``, each with NeMo's default; NeMo warns of and ignores the others
@@ -170,11 +170,12 @@ class FusedJointMixin:
             # the joint itself, as an unfused joint gives it (apply may have turned fusion on)
             return self.joint(encoder_outputs.transpose(1, 2), decoder_outputs.transpose(1, 2))
         if not self.fuse_loss_wer or not isinstance(self.loss, RNNTLoss) or self.is_adapter_available():
-            # NeMo's own forward: fusion turned off (or by export), another loss set, or adapters on the joint
+            # NeMo's own forward: fusion turned off (or by export), another loss set, or adapters on the joint;
+            # keep_hypotheses only where asked for (NeMo's forward takes it from 3.0)
+            extra = {"keep_hypotheses": True} if keep_hypotheses else {}
             return super().forward(encoder_outputs=encoder_outputs, decoder_outputs=decoder_outputs,
                                    encoder_lengths=encoder_lengths, transcripts=transcripts,
-                                   transcript_lengths=transcript_lengths, compute_wer=compute_wer,
-                                   keep_hypotheses=keep_hypotheses)
+                                   transcript_lengths=transcript_lengths, compute_wer=compute_wer, **extra)
         loss = None
         if decoder_outputs is not None:
             f = self.project_encoder(encoder_outputs.transpose(1, 2))   # (B, T, H)
