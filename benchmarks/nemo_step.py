@@ -60,7 +60,7 @@ class NemoJoint(torch.nn.Module):
     def forward(self, encoder_outputs, decoder_outputs, encoder_lengths=None, transcripts=None,
                 transcript_lengths=None, compute_wer=False, keep_hypotheses=False):
         enc, dec = encoder_outputs.transpose(1, 2), decoder_outputs.transpose(1, 2)
-        losses, lengths = [], []
+        losses = []
         for begin in range(0, enc.size(0), self.fused_batch_size):
             end = min(begin + self.fused_batch_size, enc.size(0))
             t_max, u_max = int(encoder_lengths[begin:end].max()), int(transcript_lengths[begin:end].max())
@@ -68,7 +68,6 @@ class NemoJoint(torch.nn.Module):
             losses.append(self.loss(log_probs=sub_joint, targets=transcripts[begin:end, :u_max],
                                     input_lengths=encoder_lengths[begin:end],
                                     target_lengths=transcript_lengths[begin:end]))
-            lengths.append(transcript_lengths[begin:end])
         return torch.cat(losses).mean(), None, None, None
 
 

@@ -43,9 +43,9 @@ def tokenizer_dir():
 
 
 def config(kind="char", loss="default", activation="tanh", dropout=0.0, fuse_loss_wer=False, fused_batch_size=2,
-           reduction="mean_batch", loss_kwargs=None):
-    """cfg.model of a tiny model; ``loss_kwargs`` (NeMo's ``{loss}_kwargs``) default to the loss's durations or
-    big blanks with sigma 0.05."""
+           reduction="mean_batch"):
+    """cfg.model of a tiny model; TDT and multi-blank losses with durations 0-4 or big blanks 2 and 4, sigma
+    0.05."""
     cfg = {
         "sample_rate": 16000, "log_prediction": False, "compute_eval_loss": True, "rnnt_reduction": reduction,
         "model_defaults": {"enc_hidden": WIDTH, "pred_hidden": WIDTH, "joint_hidden": WIDTH},
@@ -65,17 +65,14 @@ def config(kind="char", loss="default", activation="tanh", dropout=0.0, fuse_los
         "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}},
         "loss": {"loss_name": loss},
     }
-    if loss in ("tdt", "tdt_pytorch"):
+    if loss == "tdt":
         cfg["joint"]["num_extra_outputs"] = len(DURATIONS)
         cfg["decoding"].update(model_type="tdt", durations=DURATIONS)
-        cfg["loss"][f"{loss}_kwargs"] = dict(durations=DURATIONS, sigma=0.05, **(loss_kwargs or {}))
+        cfg["loss"]["tdt_kwargs"] = dict(durations=DURATIONS, sigma=0.05)
     elif loss.startswith("multiblank"):
         cfg["joint"]["num_extra_outputs"] = len(BIG_BLANK_DURATIONS)
         cfg["decoding"].update(model_type="multiblank", big_blank_durations=BIG_BLANK_DURATIONS)
-        cfg["loss"][f"{loss}_kwargs"] = dict(big_blank_durations=BIG_BLANK_DURATIONS, sigma=0.05,
-                                             **(loss_kwargs or {}))
-    elif loss_kwargs:
-        cfg["loss"]["warprnnt_numba_kwargs" if loss == "default" else f"{loss}_kwargs"] = loss_kwargs
+        cfg["loss"][f"{loss}_kwargs"] = dict(big_blank_durations=BIG_BLANK_DURATIONS, sigma=0.05)
     if kind.endswith("char"):
         cfg["labels"] = LABELS
     else:

@@ -120,7 +120,11 @@ def test_loss_refuses_what_nemo_would_not_run():
     with pytest.raises(ValueError, match="the tdt loss needs durations"):
         RNNTLoss(5, loss_name="tdt")
     with pytest.raises(ValueError, match="reduction: expected one of"):
-        RNNTLoss(5, reduction="avg")
+        RNNTLoss(5, reduction="none")  # transformers' name, not NeMo's
+    with pytest.raises(ValueError, match="num_classes: expected an int >= 0"):
+        RNNTLoss(-1)
+    with pytest.raises(TypeError, match="num_classes: expected an int"):
+        RNNTLoss(5.0)
     with pytest.warns(UserWarning, match="loss_kwargs: durations ignored: the pytorch loss does not take them"):
         RNNTLoss(5, loss_name="pytorch", loss_kwargs={"durations": [1]})
 
@@ -257,7 +261,7 @@ def test_joint_dropout_reproducible_under_a_seed():
         torch.testing.assert_close(got, model.validation_pass(data, 0)["val_loss"], rtol=0, atol=0)
 
 
-def test_joint_dropout_is_the_fused_losss():
+def test_joint_dropout_is_the_fused_loss():
     """The fused step with dropout equals the unfused composition with the same mask (joiner.dropout_mask)."""
     from transducer import fused_joiner_loss, pack, transducer_loss
     from transducer.joiner import Dropout, dropout_mask
@@ -284,11 +288,26 @@ def test_joint_dropout_is_the_fused_losss():
     torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_change_vocabulary_applies_again():
-    model = apply(tiny.build("bpe", "multiblank_rnnt_pytorch"))
-    model.change_vocabulary(new_tokenizer_dir=tiny.tokenizer_dir(), new_tokenizer_type="bpe")
+@pytest.mark.parametrize("kind,loss", [("bpe", "multiblank_rnnt_pytorch"), ("char", "default")])
+def test_change_vocabulary_applies_again(kind, loss):
+    """NeMo's change_vocabulary replaces the joint and the loss (the BPE models' with the default RNN-T loss): the
+    applied model's applies again, with the config's loss, and trains as NeMo's model of the new vocabulary."""
+    model = apply(tiny.build(kind, loss))
+    want = tiny.build(kind, loss)
+    for m in (model, want):
+        if kind == "bpe":
+            m.change_vocabulary(new_tokenizer_dir=tiny.tokenizer_dir(), new_tokenizer_type="bpe")
+        else:
+            m.change_vocabulary(tiny.LABELS + ["-"])
     assert isinstance(model.joint, integration.FusedJointMixin) and isinstance(model.loss, RNNTLoss)
-    assert model.loss.loss_name == "multiblank_rnnt_pytorch" and model.joint.loss is model.loss
+    # NeMo's char model writes its resolved loss name back ("default" -> "warprnnt_numba"): the same loss
+    assert integration.LOSS_NAMES[model.loss.loss_name] == integration.LOSS_NAMES[loss]
+    assert model.joint.loss is model.loss and model.joint.wer is model.wer
+    assert model.loss.blank == model.joint.num_classes_with_blank - 1
+    if kind == "char":  # NeMo's char model keeps its loss: the same step on the same weights
+        want.load_state_dict(model.state_dict())
+        data = tiny.batch(model)
+        assert_steps_equal(tiny.training_step(model, data), tiny.training_step(want, data))
 
 
 def test_apply_refuses():
@@ -303,7 +322,7 @@ def test_apply_refuses():
     model = tiny.build("char", "tdt")
     with open_dict(model.cfg):
         model.cfg.loss.tdt_kwargs.durations = [0, 1]
-    with pytest.raises(ValueError, match="durations has 2 entries, the joint 5 extra outputs"):
+    with pytest.raises(ValueError, match="durations has 2 entries, the joint has 5 extra outputs"):
         apply(model)
     model = tiny.build()
     model.joint.joint_net[0] = torch.nn.ELU()
@@ -311,6 +330,19 @@ def test_apply_refuses():
         apply(model)
     apply(model, fused=False)  # NeMo's joint, this library's loss
     assert isinstance(model.loss, RNNTLoss) and not isinstance(model.joint, integration.FusedJointMixin)
+    model = tiny.build()
+    model.joint.joint_net = torch.nn.Linear(tiny.WIDTH, len(tiny.LABELS) + 1)
+    with pytest.raises(ValueError, match=r"joint_net is not Sequential\(activation, \[Dropout\], Linear\)"):
+        apply(model)
+    model = tiny.build()
+    model.joint.__class__ = type("ScaledJoint", (type(model.joint),), {"joint": lambda self, f, g: 2 * f + g})
+    with pytest.raises(ValueError, match=r"ScaledJoint has its own ScaledJoint.joint, which the fused loss"):
+        apply(model)
+    from nemo.collections.asr.modules import HATJoint
+    model = tiny.build()
+    model.joint.__class__ = HATJoint
+    with pytest.raises(ValueError, match=r"HATJoint has its own HATJoint.joint_after_projection"):
+        apply(model)
 
 
 def test_apply_refuses_an_old_nemo(monkeypatch):
@@ -319,6 +351,26 @@ def test_apply_refuses_an_old_nemo(monkeypatch):
     monkeypatch.setattr(nemo, "__version__", "1.23.0")
     with pytest.raises(ImportError, match=r"needs nemo-toolkit\[asr\] >= 2.0.0; found nemo-toolkit 1.23.0"):
         apply(tiny.build())
+
+
+def test_hainan_masking_drawn_as_nemo_draws_it():
+    """A joint with masking_prob > 0 (HAINAN) masks the decoder side in training: the same mask, the same step."""
+    data = tiny.batch(tiny.build())
+    want_model, model = tiny.build(), apply(tiny.build())
+    for m in (want_model, model):
+        m.joint.masking_prob = 0.5
+    want, got = tiny.training_step(want_model, data, seed=4), tiny.training_step(model, data, seed=4)
+    assert_steps_equal(got, want)
+    unmasked = tiny.training_step(apply(tiny.build()), data, seed=4)
+    assert abs(float(unmasked[0]) - float(got[0])) > 1e-3
+
+
+def test_calls_without_transcripts_are_nemos():
+    model = apply(tiny.build())
+    encoded = torch.randn(2, tiny.WIDTH, 7)
+    # NeMo's own forward answers, as for a model built with fuse_loss_wer (which apply turns on)
+    with pytest.raises(ValueError, match="lengths must be provided"):
+        model.joint(encoder_outputs=encoded, decoder_outputs=None)
 
 
 def test_nemos_own_forward_after_another_loss_is_set():
@@ -338,5 +390,6 @@ def test_apply_twice_and_undo():
     assert type(model.joint).__mro__[1] is integration.FusedJointMixin and model.joint.fuse_loss_wer
     apply(model, fused=False)
     assert not isinstance(model.joint, integration.FusedJointMixin) and not model.joint.fuse_loss_wer
+    assert model.joint.fused_batch_size == 2  # the config's, as before
     data = tiny.batch(model)
     assert_steps_equal(tiny.training_step(model, data), witness_step("char", "default", data))

@@ -12,15 +12,18 @@ Example::
 (``MIN_NEMO`` or newer) when called.
 """
 
+import re
+import types
 import warnings
 
 import torch
 
 from .. import fused_joiner_loss, multiblank_loss, tdt_loss, transducer_loss
-from .reductions import check_reduction, reduce
+from .reductions import reduce
 
-__all__ = ["RNNTLoss", "apply", "LOSS_NAMES", "MIN_NEMO"]
+__all__ = ["RNNTLoss", "apply", "LOSS_NAMES", "MIN_NEMO", "REDUCTIONS"]
 
+REDUCTIONS = ("mean_batch", "mean", "sum", "mean_volume", None)  # NeMo's RNNTLoss's
 MIN_NEMO = (2, 0, 0)  # the oldest NeMo tested (2.0.0, 2.2.1, 2.7.3 and 3.0.0 are)
 
 # NeMo's loss names (its RNNT_LOSS_RESOLVER) -> this library's loss and the options NeMo's resolver gives that
@@ -82,9 +85,12 @@ class RNNTLoss(torch.nn.Module):
             raise ValueError(f"loss_name: {loss_name!r} has no counterpart in transducer; expected one of "
                              f"{', '.join(map(repr, LOSS_NAMES))} (graph_rnnt and graph_w_transducer are k2's "
                              f"graph losses, which NeMo runs itself)")
-        check_reduction(reduction)
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
-            raise TypeError(f"num_classes: expected an int >= 0 (the blank's column), got {num_classes!r}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (NeMo's), got {reduction!r}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int):
+            raise TypeError(f"num_classes: expected an int (the blank's column), got {type(num_classes).__name__}")
+        if num_classes < 0:
+            raise ValueError(f"num_classes: expected an int >= 0 (the blank's column), got {num_classes}")
         self.kind, defaults = LOSS_NAMES[loss_name]
         kwargs = dict(loss_kwargs or {})
         unused = sorted(set(kwargs) - set(defaults))
@@ -137,7 +143,8 @@ class RNNTLoss(torch.nn.Module):
         return reduce(losses, target_lengths, self.reduction)
 
 
-# NeMo's joint activations (and transformers' two more) -> the fused joiner's
+# activation modules a joint_net may start with -> the fused joiner's activation (NeMo builds ReLU, Tanh and
+# Sigmoid; GELU with approximate="none" is handled apart)
 _ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid", torch.nn.SiLU: "silu",
                 torch.nn.Identity: "identity"}
 
@@ -155,7 +162,8 @@ def _joint_net_parts(joint_net):
     else:
         name = _ACTIVATIONS.get(type(act))
     if name is None:
-        return f"the joint's activation {act} has no fused counterpart (ReLU, Tanh, Sigmoid, GELU, SiLU, Identity)"
+        return (f"the joint's activation {act} has no fused counterpart (ReLU, Tanh, Sigmoid, GELU(approximate='none'), "
+                f"SiLU, Identity)")
     return name, layers[1].p if len(layers) == 3 else 0.0, layers[-1]
 
 
@@ -169,7 +177,8 @@ class FusedJointMixin:
         if self.fuse_loss_wer and not loss_wer and decoder_outputs is not None:
             # the joint itself, as an unfused joint gives it (apply may have turned fusion on)
             return self.joint(encoder_outputs.transpose(1, 2), decoder_outputs.transpose(1, 2))
-        if not self.fuse_loss_wer or not isinstance(self.loss, RNNTLoss) or self.is_adapter_available():
+        if not loss_wer or not self.fuse_loss_wer or not isinstance(self.loss, RNNTLoss) or \
+                self.is_adapter_available():
             # NeMo's own forward: fusion turned off (or by export), another loss set, or adapters on the joint;
             # keep_hypotheses only where asked for (NeMo's forward takes it from 3.0)
             extra = {"keep_hypotheses": True} if keep_hypotheses else {}
@@ -182,8 +191,8 @@ class FusedJointMixin:
             g = self.project_prednet(decoder_outputs.transpose(1, 2))   # (B, U+1, H)
             masking_prob = getattr(self, "masking_prob", -1.0)
             if self.training and masking_prob > 0:
-                # joint_after_projection's mask of the decoder side, drawn alike
-                g = g * (torch.rand([g.size(0), 1, g.size(1), 1], device=g.device) > masking_prob)[:, 0]
+                # joint_after_projection's mask of the decoder side, drawn as it draws it (on the CPU)
+                g = g * torch.gt(torch.rand([g.size(0), 1, g.size(1), 1]).to(g.device), masking_prob)[:, 0]
             activation, dropout, output = _joint_net_parts(self.joint_net)
             losses = self.loss.joint_loss(f, g, output.weight, output.bias, transcripts, encoder_lengths,
                                           transcript_lengths, activation, dropout if self.training else 0.0)
@@ -235,14 +244,16 @@ def _nemo():
         from nemo.collections.asr.modules.rnnt import RNNTJoint, SampledRNNTJoint
     except ImportError as e:
         raise ImportError(f"{need}: pip install 'transducer-loss[nemo]' ({e})") from e
-    version = tuple(int(x) for x in nemo.__version__.split("+")[0].split(".")[:3] if x.isdigit())
+    # the release's leading numbers ("2.0.0rc1" is 2.0.0)
+    version = tuple(int(re.match(r"\d*", x).group() or 0) for x in nemo.__version__.split(".")[:3])
     if version < MIN_NEMO:
         raise ImportError(f"{need}; found nemo-toolkit {nemo.__version__}")
     return EncDecRNNTModel, RNNTJoint, SampledRNNTJoint
 
 
 def _loss_of(model, joint):
-    """The model's loss (cfg.loss, cfg.rnnt_reduction) as :class:`RNNTLoss`, with the blank NeMo's models give."""
+    """The model's loss (cfg.loss, cfg.rnnt_reduction) as :class:`RNNTLoss`. The blank: the last column but the
+    extra outputs (RNN-T, TDT) or the last (multi-blank); NeMo's models give tdt_pytorch V + D, out of range."""
     loss_name, loss_kwargs = model.extract_rnnt_loss_cfg(model.cfg.get("loss", None))
     if loss_name not in LOSS_NAMES:
         raise ValueError(f"model: cfg.loss.loss_name {loss_name!r} has no counterpart in transducer; expected one "
@@ -256,7 +267,7 @@ def _loss_of(model, joint):
     want = {"tdt": "durations", "multiblank": "big_blank_durations"}.get(kind)
     if want is not None and len(loss_kwargs.get(want) or ()) != extra:
         raise ValueError(f"model: cfg.loss.{loss_name}_kwargs.{want} has {len(loss_kwargs.get(want) or ())} "
-                         f"entries, the joint {extra} extra outputs (cfg.joint.num_extra_outputs)")
+                         f"entries, the joint has {extra} extra outputs (cfg.joint.num_extra_outputs)")
     # the blank: the last column but the extra outputs (TDT's durations), or the last (multi-blank)
     num_classes = joint.num_classes_with_blank - 1 - (extra if kind == "tdt" else 0)
     return RNNTLoss(num_classes, reduction=model.cfg.get("rnnt_reduction", "mean_batch"), loss_name=loss_name,
@@ -267,25 +278,31 @@ def apply(model, fused=True):
     r"""Train a NeMo transducer model on this library's losses; the model is changed in place and returned.
 
     ``model.loss`` becomes :class:`RNNTLoss` with the model's own loss (``cfg.loss.loss_name`` and its
-    ``{loss_name}_kwargs``, resolved as NeMo resolves them, and ``cfg.rnnt_reduction``): the same values and
-    gradients as NeMo's loss, on every device and dtype, 16-bit joints read as they are. With ``fused`` the joint's
+    ``{loss_name}_kwargs``, resolved as NeMo resolves them, and ``cfg.rnnt_reduction``): the values and gradients
+    of NeMo's loss on every device and dtype, but for TDT's ``omega`` and the CPU's ``clamp`` (see
+    :class:`RNNTLoss`), 16-bit joints read as they are (NeMo copies them to float32). With ``fused`` the joint's
     fused path (``fuse_loss_wer``, turned on if the model was built without it) computes the loss by
     :func:`transducer.fused_joiner_loss` from the projected encoder and decoder outputs and ``joint_net``'s
     activation, dropout (in training) and last ``Linear``, over the whole batch: no ``(B, T, U+1, C)`` joint in
     forward or backward and no loop over ``fused_batch_size`` sub-batches. ``training_step`` and validation run
     unchanged: ``model.joint(..., transcripts=..., compute_wer=...)`` returns NeMo's ``(loss, wer, wer_num,
-    wer_denom)``, the WER that of the whole batch (NeMo's is the mean of its sub-batches' WERs). A joint call
-    without transcripts returns the joint as an unfused model's does; decoding, ``transcribe`` and export never
-    call the joint's forward and are unchanged. ``fused=False`` keeps NeMo's joint (and its fused path, if the
-    model has it) and replaces the loss alone.
+    wer_denom)``, the WER that of the whole batch (NeMo's is the mean of its sub-batches' WERs: a batch's
+    ``val_wer`` changes where ``fused_batch_size`` is smaller than the batch; the epoch's, from the sums, does
+    not). A joint call without transcripts returns the joint as an unfused model's does; decoding and
+    ``transcribe`` never call the joint's forward and are unchanged. The fused loss reads raw scores: a joint
+    ``temperature`` other than 1, which NeMo's CPU joint applies before its log-softmax, does not reach it.
+    NeMo's export turns the fused path off for good (training then goes through NeMo's joint with this loss).
+    ``fused=False`` keeps NeMo's joint (and its fused path, if the model has it) and replaces the loss alone;
+    after ``apply(model)`` it also undoes what that changed.
 
     Joint dropout draws its mask from a seed taken from torch's default CPU generator and the element's (row,
     column) (see :func:`transducer.fused_joiner_loss`), so ``torch.manual_seed`` reproduces a step; the mask is not
     the one ``torch.nn.Dropout`` would draw. TDT's ``omega``: see :class:`RNNTLoss`.
 
-    ``change_vocabulary`` replaces the joint and the loss (the BPE models' reset the loss to the default RNN-T):
-    the model's ``change_vocabulary`` applies this again afterwards. A model restored from a ``.nemo`` file, or
-    built anew, needs ``apply`` again.
+    ``change_vocabulary`` replaces the joint and the loss (the BPE models' reset the loss to the default RNN-T,
+    the char models' drop ``cfg.rnnt_reduction``): the model's ``change_vocabulary`` applies this again
+    afterwards, so the loss is again the config's. A model restored from a ``.nemo`` file, or built anew, needs
+    ``apply`` again.
 
     Args:
         model (EncDecRNNTModel): a NeMo ``EncDecRNNTModel``, ``EncDecRNNTBPEModel``, ``EncDecHybridRNNTCTCModel``,
@@ -313,29 +330,35 @@ def apply(model, fused=True):
         raise ValueError("model.joint: a SampledRNNTJoint trains on its own sampled-vocabulary loss")
     unfused = "or apply(model, fused=False)"
     if fused:
-        if not issubclass(base, joint_class) or any(
-                name in cls.__dict__ for cls in base.__mro__[:base.__mro__.index(joint_class)]
-                for name in ("forward", "joint", "joint_after_projection")):
-            raise ValueError(f"model.joint: {base.__name__} is not NeMo's RNNTJoint (project, add, joint_net); "
-                             f"{unfused}")
+        if not issubclass(base, joint_class):
+            raise ValueError(f"model.joint: {base.__name__} is not a NeMo RNNTJoint; {unfused}")
+        own = [f"{cls.__name__}.{name}" for cls in base.__mro__[:base.__mro__.index(joint_class)]
+               for name in ("forward", "joint", "joint_after_projection") if name in cls.__dict__]
+        if own:
+            raise ValueError(f"model.joint: {base.__name__} has its own {', '.join(own)}, which the fused loss would "
+                             f"skip (RNNTJoint's: project, add, joint_net); {unfused}")
         parts = _joint_net_parts(joint.joint_net)
         if isinstance(parts, str):
             raise ValueError(f"model.joint: {parts}; {unfused}")
     loss = _loss_of(model, joint)
     model.loss = loss
-    fusion_by_apply = getattr(joint, "_fusion_by_apply", False)
+    # what apply changed of NeMo's fused-path settings, to undo: (fuse_loss_wer, fused_batch_size) before
+    before = getattr(joint, "_before_apply", None)
     if fused:
         joint.__class__ = _fused_class(base)
+        if before is None:
+            joint._before_apply = (joint.fuse_loss_wer, joint.fused_batch_size)
         if not joint.fuse_loss_wer:
             joint.set_fuse_loss_wer(True, loss, model.wer)
-            joint._fusion_by_apply = True
         if joint.fused_batch_size is None:  # NeMo's own fused forward (adapters, another loss) needs one
             joint.set_fused_batch_size(1 << 31)  # the whole batch
     else:
         joint.__class__ = base
-        if fusion_by_apply:
-            joint.set_fuse_loss_wer(False)
-            joint._fusion_by_apply = False
+        if before is not None:
+            if not before[0]:
+                joint.set_fuse_loss_wer(False)
+            joint.set_fused_batch_size(before[1])
+            del joint._before_apply
     if joint.fuse_loss_wer:
         joint.set_loss(loss)
         joint.set_wer(model.wer)
@@ -344,14 +367,13 @@ def apply(model, fused=True):
 
 
 def _reapply_after_change_vocabulary(model, fused):
-    """model.change_vocabulary, then apply(model, fused) again (it replaces the joint and the loss)."""
-    original = getattr(model.change_vocabulary, "without_apply", model.change_vocabulary)
+    """Make model.change_vocabulary apply(model, fused) again afterwards (it replaces the joint and the loss)."""
+    model._transducer_fused = fused
+    model.change_vocabulary = types.MethodType(_change_vocabulary_and_apply, model)
 
-    def change_vocabulary(*args, **kwargs):
-        result = original(*args, **kwargs)
-        apply(model, fused)
-        return result
 
-    change_vocabulary.without_apply = original
-    change_vocabulary.__doc__ = original.__doc__
-    model.change_vocabulary = change_vocabulary
+def _change_vocabulary_and_apply(model, *args, **kwargs):
+    """The model's change_vocabulary, then :func:`apply` again with the same ``fused``."""
+    result = type(model).change_vocabulary(model, *args, **kwargs)
+    apply(model, model._transducer_fused)
+    return result

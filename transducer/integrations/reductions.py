@@ -10,14 +10,6 @@
 - ``None`` or ``"none"``: the losses as they are.
 """
 
-REDUCTIONS = ("mean_batch", "mean", "mean_volume", "sum", "none", None)
-
-
-def check_reduction(reduction):
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
-
-
 def reduce(losses, target_lengths, reduction):
     """``losses`` reduced as NeMo's ``RNNTLoss.reduce`` does (see the module's docstring)."""
     if reduction == "mean_batch":
