@@ -313,6 +313,37 @@ def test_compile_fullgraph(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_eager_backward_reads_nothing_back(device, monkeypatch):
+    """The eager backward sizes its tiles with forward's host copy of row_splits: no device-to-host read (on CUDA
+    nothing synchronises; on the CPU no tolist), and the gradients of a backward that reads them (the traced
+    path's) are the same."""
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(565, device=device)
+    loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum")
+    want = torch.autograd.grad(fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7,
+                                                 reduction="sum"), (enc, pred, weight, bias))
+    if device == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+    else:
+        def refuse(self):
+            raise AssertionError("tolist in the eager backward")
+        monkeypatch.setattr(torch.Tensor, "tolist", refuse)
+    try:
+        got = torch.autograd.grad(loss, (enc, pred, weight, bias))
+    finally:
+        torch.cuda.set_sync_debug_mode("default") if device == "cuda" else monkeypatch.undo()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the registered op's backward, as torch.compile calls it, reads row_splits itself
+    seed = torch.zeros((), dtype=torch.int64)
+    out = torch.ops.transducer.fused_joiner_loss.default(
+        enc, pred, weight, bias, targets, T, U, *LossOptions(clamp=-1.0).flat(), "tanh", 0.0, seed, True,
+        torch.float64, 7, False)
+    traced = torch.autograd.grad(out[0].sum(), (enc, pred, weight, bias))
+    for a, b in zip(traced, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("static_shapes", [True, False])
 def test_opcheck(device, static_shapes):
     # static_shapes: per-row outputs sized by the shapes' bound (as torch.compile calls the op), else by the

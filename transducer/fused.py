@@ -24,7 +24,7 @@ The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_jo
 registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers), with the
 loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``kinds.Kind``.
 Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
-forward and one in backward.
+forward; the eager backward takes forward's host copy, a traced one reads it again.
 """
 
 import bisect
@@ -116,7 +116,10 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     big = len(options.big_blank_durations)
     layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, options.blank,
                            check_inputs, big)
+    Wx, _ = _projection(weight, bias, compute_dtype)  # launched before the wait below
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
+    B = layout.batch_size
+    layout.table.host_row_splits = table[3 * B:4 * B + 1]  # for the eager backward (_setup_context)
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
     num_rows = table[4 * layout.batch_size]
@@ -130,7 +133,6 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     capacity = bound if static_shapes else num_rows
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
     arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
-    Wx, _ = _projection(weight, bias, compute_dtype)
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     for start, end in _tiles(num_rows, max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
@@ -191,10 +193,11 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
                     bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, den: Tensor, lp_arcs: Tensor,
                     den_arcs: Tensor, alpha: Tensor, beta: Tensor, nll: Tensor, alpha_r: Tensor, beta_r: Tensor,
                     rnnt_nll: Tensor, option_ints: List[int], option_floats: List[float], activation: str,
-                    dropout: float, seed: Tensor, compute_dtype: torch.dtype, max_rows: int
-                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                    dropout: float, seed: Tensor, compute_dtype: torch.dtype, max_rows: int,
+                    row_splits: Optional[List[int]]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * loss[b], each in
-    its input's dtype; the last is zeros when there is no bias."""
+    its input's dtype; the last is zeros when there is no bias. ``row_splits``: the layout's, on the host (the
+    eager path has forward's), or None to read them from ``table``."""
     options = LossOptions.from_flat(option_ints, option_floats)
     kind = kind_of(options)
     stages = stages_for(encoder_out.device)
@@ -203,13 +206,14 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     V = weight.size(0) - D
     layout = Layout(table, False, targets.size(1) + 1)
     lattice = lattice_of(layout, (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
-    row_splits = layout.row_splits.tolist()
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
     Wx, W = _projection(weight, bias, compute_dtype)
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
+    if row_splits is None:
+        row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     for start, end in _tiles(row_splits[-1], max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
@@ -241,13 +245,16 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice, seed)
     ctx.options = LossOptions.from_flat(option_ints, option_floats)
     ctx.joiner = (activation, dropout, compute_dtype, max_rows)
+    # the eager path's backward sizes its tiles with forward's host copy of row_splits (no transfer); a traced
+    # backward must not bake one batch's row_splits into its graph
+    ctx.row_splits = getattr(lattice[0], "host_row_splits", None) if getattr(ctx, "eager", False) else None
 
 
 def _gradient(ctx, grad_nll, backward):
     *tensors, seed = ctx.saved_tensors
     activation, dropout, compute_dtype, max_rows = ctx.joiner
     grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *tensors, *ctx.options.flat(), activation, dropout, seed,
-                                                   compute_dtype, max_rows)
+                                                   compute_dtype, max_rows, ctx.row_splits)
     bias = tensors[3]
     return {"encoder_out": grad_enc, "predictor_out": grad_pred, "weight": grad_w,
             "bias": None if bias is None else grad_b}
