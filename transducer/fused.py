@@ -243,7 +243,7 @@ def _setup_context(ctx, inputs, output):
     nll, *lattice = output
     ctx.mark_non_differentiable(*lattice)
     ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice, seed)
-    ctx.options = LossOptions.from_flat(option_ints, option_floats)
+    ctx.option_flat = (option_ints, option_floats)
     ctx.joiner = (activation, dropout, compute_dtype, max_rows)
     # the eager path's backward sizes its tiles with forward's host copy of row_splits (no transfer); a traced
     # backward must not bake one batch's row_splits into its graph
@@ -253,7 +253,7 @@ def _setup_context(ctx, inputs, output):
 def _gradient(ctx, grad_nll, backward):
     *tensors, seed = ctx.saved_tensors
     activation, dropout, compute_dtype, max_rows = ctx.joiner
-    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *tensors, *ctx.options.flat(), activation, dropout, seed,
+    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *tensors, *ctx.option_flat, activation, dropout, seed,
                                                    compute_dtype, max_rows, ctx.row_splits)
     bias = tensors[3]
     return {"encoder_out": grad_enc, "predictor_out": grad_pred, "weight": grad_w,

@@ -129,7 +129,16 @@ class LossOptions(NamedTuple):
 
     @classmethod
     def from_flat(cls, ints, floats):
-        """The options that ``flat()`` gave (ints, floats)."""
+        """The options that ``flat()`` gave (ints, floats); each distinct one is built once (an op's forward
+        and backward rebuild them every call)."""
+        key = (tuple(ints), tuple(floats))
+        options = _FROM_FLAT.get(key)
+        if options is None:
+            options = _FROM_FLAT.setdefault(key, cls._build(ints, floats))
+        return options
+
+    @classmethod
+    def _build(cls, ints, floats):
         ints, floats, values = list(ints), list(floats), {}
         for name, kind in _OPTION_KINDS:
             if kind == "float":
@@ -141,6 +150,8 @@ class LossOptions(NamedTuple):
                 values[name] = bool(ints.pop(0)) if kind == "bool" else ints.pop(0)
         return cls(**values)
 
+
+_FROM_FLAT = {}  # (ints, floats) -> LossOptions: a training run meets a handful
 
 # LossOptions' fields and their kinds as plain strings, which torch.compile traces (it does not trace
 # typing's Tuple[int, ...])

@@ -257,7 +257,7 @@ def _loss_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(*lattice)
     ctx.save_for_backward(logits, extra_scores, targets, *lattice)
     ctx.vocab_size = vocab_size
-    ctx.options = LossOptions.from_flat(option_ints, option_floats)
+    ctx.option_flat = (option_ints, option_floats)
     ctx.inplace_grad = inplace_grad
     ctx.wide_rows = wide_gradient_rows(ctx, logits)
 
@@ -266,7 +266,7 @@ def _loss_gradient(ctx, grad_nll, backward):
     logits, extra_scores, targets, *lattice = ctx.saved_tensors
     out = logits if ctx.inplace_grad else gradient_buffer(logits, ctx.wide_rows)
     out_extra = torch.empty_like(extra_scores) if extra_scores is not None else logits.new_empty(0)
-    backward(grad_nll, logits, extra_scores, targets, *lattice, ctx.vocab_size, *ctx.options.flat(), out, out_extra)
+    backward(grad_nll, logits, extra_scores, targets, *lattice, ctx.vocab_size, *ctx.option_flat, out, out_extra)
     return {"logits": out, "extra_scores": out_extra if extra_scores is not None else None}
 
 
