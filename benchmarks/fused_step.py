@@ -104,7 +104,7 @@ class NemoLikeJoint(torch.nn.Module):
 
 
 def flash_loss():
-    """NeMo's Flash RNN-T (benchmarks/README.md: from ../shared/peers), or None."""
+    """NeMo's Flash RNN-T (benchmarks/README.md, Peers), or None."""
     try:
         from nemo.collections.asr.losses.flash_rnnt import FlashRNNTLoss
         return FlashRNNTLoss

@@ -6,7 +6,7 @@ fused with the loss over the whole batch).
 NeMo is not needed: its ``RNNTJoint`` is stood in for by ``NemoJoint`` below, the same modules (the encoder and
 decoder projections, ``joint_net = [ReLU, Dropout, Linear]``) and the fused forward's loop as NeMo 3.0's
 ``RNNTJoint.forward`` runs it with ``compute_wer=False``; the loss is NeMo 3.0's ``TDTLossNumba`` where
-importable (the peers' setup, benchmarks/README.md). ``apply``'s joint is ``FusedJointMixin`` over the same
+importable (benchmarks/README.md, Peers). ``apply``'s joint is ``FusedJointMixin`` over the same
 class, so the fused path measured is the integration's own code.
 
 The step: the joint's forward from encoder outputs (B, 1024, T) and decoder outputs (B, 640, U+1) in bf16, under
@@ -16,7 +16,7 @@ config), V 1024 and 8192; B 16, T_b in [225, 375] and U_b in [60, 100] (the long
 each batch. Time: the minimum over batches of CUDA-event time per step after a warm-up step on the batch; memory:
 the peak above what the inputs and parameters hold.
 
-    . .peers/setup.sh && python benchmarks/nemo_step.py --json nemo_step.json
+    python benchmarks/nemo_step.py --json nemo_step.json   # NeMo's loss where importable
     python benchmarks/nemo_step.py --fused-batch-sizes --omega 0 --dropout 0     # ours alone, other options
 """
 

@@ -1,7 +1,7 @@
 """transducer.integrations.nemo's RNNTLoss on CUDA against NeMo's numba CUDA losses (RNNTLossNumba, TDTLossNumba,
 MultiblankRNNTLossNumba: NeMo's TDT and multi-blank losses run on CUDA only), with their options, in float32 and
 bf16; and the fused joint loss against NeMo's loss of the joint it stands for. Needs NeMo's numba losses (the
-nemo-toolkit package, or the extract of them that benchmarks/README.md describes)."""
+nemo-toolkit package, or a copy of them on PYTHONPATH: benchmarks/README.md, Peers)."""
 
 import importlib
 

@@ -336,7 +336,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda, delay_penalty:
             as for :func:`transducer.transducer_loss` (a negative blank counts from the end of the token
             rows), except that sizing the tiles reads the layout on the host whatever check_inputs (one
-            transfer in forward, one in backward).
+            transfer in forward; the eager backward reuses it, a traced one reads it again).
         durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
             loss TDT's (not with one_sym_per_frame).
         big_blank_durations (list of int, optional): as for :func:`transducer.multiblank_loss` (with

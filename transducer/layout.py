@@ -32,7 +32,7 @@ NUM_STATS = 7
 CELLS_CAP = 1 << 61
 #: Kernels index rows in 32 bits: the (N, V) logits may have at most this many rows.
 MAX_ROWS = (1 << 31) - 1
-#: Durations a TDT loss may have on CUDA (tdt.cu: kMaxDurations; struct Durations holds them by value).
+#: Durations a TDT loss may have on CUDA (common.cuh: kMaxDurations; struct Durations holds them by value).
 MAX_DURATIONS = 16
 
 

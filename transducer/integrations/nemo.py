@@ -315,7 +315,7 @@ def apply(model, fused=True):
     Raises:
         TypeError: ``model`` is not a NeMo transducer model.
         ValueError: the model's loss has no counterpart here (``graph_rnnt``, ``graph_w_transducer``), its
-            durations do not match the joint's extra outputs, its joint is a ``SampledRNNTJoint``, or ``fused``
+            durations or big blanks do not match the joint's extra outputs, its joint is a ``SampledRNNTJoint``, or ``fused``
             and the joint is not NeMo's ``RNNTJoint`` (``HATJoint``, another forward) or its ``joint_net`` is not
             ``Sequential(activation, [Dropout], Linear)`` with a fusable activation.
         ImportError: NeMo older than ``MIN_NEMO``, or missing.
