@@ -102,3 +102,13 @@ def test_flat_and_back(options):
     ints, floats = options.flat()
     assert all(type(i) is int for i in ints) and all(type(f) is float for f in floats)
     assert LossOptions.from_flat(ints, floats) == options
+
+
+
+def test_flat_and_back_for_options_that_change_every_step():
+    """from_flat keeps the options it built, a bounded number of them: options that change every step (a
+    schedule) come back right before and after the oldest are dropped."""
+    for step in range(1000):
+        options = LossOptions(delay_penalty=step / 1000, durations=(0, 1, step % 5 + 2))
+        assert LossOptions.from_flat(*options.flat()) == options
+    assert LossOptions.from_flat(*LossOptions(delay_penalty=0.5).flat()) == LossOptions(delay_penalty=0.5)

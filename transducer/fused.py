@@ -122,7 +122,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     layout.table.host_row_splits = table[3 * B:4 * B + 1]  # for the eager backward (_setup_context)
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
-    num_rows = table[4 * layout.batch_size]
+    num_rows = table[4 * B]
     bound = _capacity(encoder_out, predictor_out)
     if num_rows > bound:
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds "

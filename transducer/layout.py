@@ -134,6 +134,8 @@ class LossOptions(NamedTuple):
         key = (tuple(ints), tuple(floats))
         options = _FROM_FLAT.get(key)
         if options is None:
+            if len(_FROM_FLAT) >= _FROM_FLAT_SIZE:  # options that change every step (a schedule) stay bounded
+                _FROM_FLAT.clear()
             options = _FROM_FLAT.setdefault(key, cls._build(ints, floats))
         return options
 
@@ -152,6 +154,7 @@ class LossOptions(NamedTuple):
 
 
 _FROM_FLAT = {}  # (ints, floats) -> LossOptions: a training run meets a handful
+_FROM_FLAT_SIZE = 256
 
 # LossOptions' fields and their kinds as plain strings, which torch.compile traces (it does not trace
 # typing's Tuple[int, ...])
