@@ -1,9 +1,10 @@
-"""What the per-loss benchmarks (tdt.py, multiblank.py, fused_vocab.py) share: CUDA-event timing with the
-peak extra memory, NeMo's numba losses when importable, the copy-bandwidth floor, Protocol A's batches and
+"""What the benchmarks (tdt.py, multiblank.py, fused_vocab.py, fused_step.py, nemo_step.py) share: CUDA-event
+timing with the peak extra memory, the GPU's clock, NeMo's numba losses when importable, the copy-bandwidth floor, Protocol A's batches and
 timed steps, CPU losses timed in alternating pairs, and the printed table."""
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,23 +16,35 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
+def cuda_call(fn):
+    """(ms, peak MB beyond what was allocated before) of one call of fn on the current stream (CUDA events)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    fn()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1), max(0, torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def cuda_ms(fn, warmup=3, reps=10):
     """Median ms of fn (CUDA events) and the peak memory over what was allocated before, MB."""
     for _ in range(warmup):
         fn()
-    times, extra = [], 0
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-        extra = max(extra, torch.cuda.max_memory_allocated() - base)
-    return statistics.median(times), extra / 2**20
+    runs = [cuda_call(fn) for _ in range(reps)]
+    return statistics.median(ms for ms, _ in runs), max(mb for _, mb in runs)
+
+
+def gpu_clock():
+    """The SM clock and temperature nvidia-smi reads now, as text ("SM 1980 MHz, 54 C"), or "?"."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return f"SM {out} C" if out else "?"
+    except Exception:  # noqa: BLE001
+        return "?"
 
 
 def nemo_class(name):

@@ -25,42 +25,16 @@ Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: 
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common import cuda_call, gpu_clock  # first: common puts the repository root on sys.path
+from transducer import fused_joiner_loss
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from transducer import fused_joiner_loss  # noqa: E402
-
 ROUNDS = 5
-
-
-def gpu_clock():
-    """The SM clock (MHz) and temperature (C) nvidia-smi reads now, as text."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        return f"SM {out.replace(', ', ', ')} C" if out else "?"
-    except Exception:  # noqa: BLE001
-        return "?"
-
-
-def timed(fn):
-    """(ms, peak MB beyond what was allocated before) of one call of fn on the current stream."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    fn()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1), (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def padded_rows(rows):
@@ -175,7 +149,7 @@ def run_case(case, prec, count, profile, flash):
         best = {name: (float("inf"), 0.0) for name in steps}
         for _ in range(ROUNDS):
             for name, fn in steps.items():
-                ms, mb = timed(fn)
+                ms, mb = cuda_call(fn)
                 best[name] = (min(best[name][0], ms), max(best[name][1], mb))
         for name, (ms, mb) in best.items():
             r = results.setdefault(name, [0.0, 0.0, 0])

@@ -22,7 +22,6 @@ the peak above what the inputs and parameters hold.
 
 import argparse
 import json
-import subprocess
 import time
 
 import torch
@@ -88,12 +87,6 @@ class NemoTDTLoss(torch.nn.Module):
                          label_lens=target_lengths.long())
 
 
-def gpu_clock():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return out.replace(", ", " MHz, ", 1).replace(" MHz MHz", " MHz")
-
-
 def batches(count, V, B=16, T=375, U=100, seed=0):
     gen = torch.Generator().manual_seed(seed)
     for _ in range(count):
@@ -120,20 +113,13 @@ def measure(joint, V, count):
             loss.backward()
         try:
             step()  # warm-up on the batch's shapes
-            torch.cuda.synchronize()
             enc.grad = dec.grad = None
             joint.zero_grad(set_to_none=True)
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            step()
-            end.record()
-            end.synchronize()
+            ms, mb = common.cuda_call(step)
         except torch.cuda.OutOfMemoryError:
             return None, "out of memory"
-        times.append(begin.elapsed_time(end))
-        peak = max(peak, (torch.cuda.max_memory_allocated() - base) / 2**20)
+        times.append(ms)
+        peak = max(peak, mb)
         del enc, dec
     return min(times), peak
 
@@ -148,7 +134,7 @@ def main():
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     TDT_KWARGS["omega"] = args.omega
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {gpu_clock()}; dropout {args.dropout}, "
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; dropout {args.dropout}, "
           f"omega {args.omega}")
     results = []
     for V in args.vocab:
@@ -165,10 +151,10 @@ def main():
                 joint.loss = NemoTDTLoss(V)
             start = time.perf_counter()
             ms, peak = measure(joint, V, args.batches)
-            results.append(dict(vocab=V, contender=name, ms=ms, peak_mib=peak, clock=gpu_clock(),
+            results.append(dict(vocab=V, contender=name, ms=ms, peak_mib=peak, clock=common.gpu_clock(),
                                 dropout=args.dropout, omega=args.omega))
             shown = f"{ms:8.2f} ms  {peak:8.0f} MiB" if ms is not None else f"  {peak}"
-            print(f"V {V:5d} + 1 + 5  {name:28s}{shown}   ({time.perf_counter() - start:.0f} s, {gpu_clock()})",
+            print(f"V {V:5d} + 1 + 5  {name:28s}{shown}   ({time.perf_counter() - start:.0f} s, {common.gpu_clock()})",
                   flush=True)
             del joint
             torch.cuda.empty_cache()
