@@ -392,6 +392,8 @@ def _bad(**change):
     (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
     (dict(activation="softplus"), ValueError, "activation: expected one of"),
     (dict(dropout=1.0), ValueError, r"dropout: expected a number in \[0, 1\)"),
+    (dict(dropout="0.1"), TypeError, r"dropout: expected a number in \[0, 1\), got str"),
+    (dict(dropout=0.1, generator=1), TypeError, "generator: expected a CPU torch.Generator"),
     (dict(blank=17), ValueError, r"blank: expected an int in \[-17, 17\)"),
     (dict(blank=-18), ValueError, r"blank: expected an int in \[-17, 17\)"),
     (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),

@@ -373,6 +373,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
                 big_blank_durations=big_blank_durations)
     options = _loss_options(activation, reduction, max_rows, None, device, **loss)
     check_dropout(dropout)
+    if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
+        raise TypeError(f"generator: expected a CPU torch.Generator (dropout's seed), got {generator!r}")
     D = len(options.durations)
     if rows - D < 2:
         before = f" before the {D} duration rows" if D else ""

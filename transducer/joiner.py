@@ -76,8 +76,10 @@ class Dropout(NamedTuple):
 
 
 def check_dropout(p):
-    """ValueError unless the rate ``p`` is a number in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+    """The rate ``p``: TypeError unless a number, ValueError unless in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"dropout: expected a number in [0, 1), got {type(p).__name__} {p!r}")
+    if not 0 <= p < 1:
         raise ValueError(f"dropout: expected a number in [0, 1), got {p!r}")
 
 
