@@ -1,6 +1,6 @@
 """What the benchmarks (tdt.py, multiblank.py, fused_vocab.py, fused_step.py, nemo_step.py) share: CUDA-event
-timing with the peak extra memory, the GPU's clock, NeMo's numba losses when importable, the copy-bandwidth floor, Protocol A's batches and
-timed steps, CPU losses timed in alternating pairs, and the printed table."""
+timing with the peak extra memory, the GPU's clock, NeMo's numba losses when importable, the copy-bandwidth
+floor, Protocol A's batches and timed steps, CPU losses timed in alternating pairs, and the printed table."""
 
 import argparse
 import statistics

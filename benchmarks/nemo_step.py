@@ -134,8 +134,8 @@ def main():
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     TDT_KWARGS["omega"] = args.omega
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; dropout {args.dropout}, "
-          f"omega {args.omega}")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; "
+          f"dropout {args.dropout}, omega {args.omega}")
     results = []
     for V in args.vocab:
         contenders = [(f"NeMo, fused_batch_size {n}", n) for n in args.fused_batch_sizes] + [("apply(model)", None)]

@@ -86,7 +86,8 @@ class RNNTLoss(torch.nn.Module):
                              f"{', '.join(map(repr, LOSS_NAMES))} (graph_rnnt and graph_w_transducer are k2's "
                              f"graph losses, which NeMo runs itself)")
         if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (NeMo's), got {reduction!r}")
+            raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (NeMo's), "
+                             f"got {reduction!r}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int):
             raise TypeError(f"num_classes: expected an int (the blank's column), got {type(num_classes).__name__}")
         if num_classes < 0:
@@ -162,8 +163,8 @@ def _joint_net_parts(joint_net):
     else:
         name = _ACTIVATIONS.get(type(act))
     if name is None:
-        return (f"the joint's activation {act} has no fused counterpart (ReLU, Tanh, Sigmoid, GELU(approximate='none'), "
-                f"SiLU, Identity)")
+        return (f"the joint's activation {act} has no fused counterpart (ReLU, Tanh, Sigmoid, "
+                f"GELU(approximate='none'), SiLU, Identity)")
     return name, layers[1].p if len(layers) == 3 else 0.0, layers[-1]
 
 
@@ -315,9 +316,9 @@ def apply(model, fused=True):
     Raises:
         TypeError: ``model`` is not a NeMo transducer model.
         ValueError: the model's loss has no counterpart here (``graph_rnnt``, ``graph_w_transducer``), its
-            durations or big blanks do not match the joint's extra outputs, its joint is a ``SampledRNNTJoint``, or ``fused``
-            and the joint is not NeMo's ``RNNTJoint`` (``HATJoint``, another forward) or its ``joint_net`` is not
-            ``Sequential(activation, [Dropout], Linear)`` with a fusable activation.
+            durations or big blanks do not match the joint's extra outputs, its joint is a ``SampledRNNTJoint``,
+            or ``fused`` and the joint is not NeMo's ``RNNTJoint`` (``HATJoint``, another forward) or its
+            ``joint_net`` is not ``Sequential(activation, [Dropout], Linear)`` with a fusable activation.
         ImportError: NeMo older than ``MIN_NEMO``, or missing.
     """
     model_class, joint_class, sampled_class = _nemo()

@@ -10,6 +10,7 @@
 - ``None`` or ``"none"``: the losses as they are.
 """
 
+
 def reduce(losses, target_lengths, reduction):
     """``losses`` reduced as NeMo's ``RNNTLoss.reduce`` does (see the module's docstring)."""
     if reduction == "mean_batch":
