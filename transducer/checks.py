@@ -12,7 +12,7 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_module_blank", "check_loss_values",
-           "bad_labels_error", "plural",
+           "bad_labels_error", "duration_scores_note", "plural",
            "check_pack_values", "check_durations", "check_big_blank_durations", "check_sigma", "check_rows",
            "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
@@ -87,6 +87,13 @@ def check_module_blank(blank):
     return operator.index(blank)
 
 
+def duration_scores_note(D, total, whose, unit):
+    """What may explain bad labels where the last D of ``total`` score columns (or weight rows) were taken as
+    TDT's duration scores: "; the last D of whose total unit are the D durations' scores, leaving ..."."""
+    return (f"; the last {D} of {whose} {total} {unit} are the {D} durations' scores, leaving {total - D} token "
+            f"{unit}")
+
+
 def bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra=""):
     """The ValueError for the bad labels a Layout's stats count: how many, and the first, by utterance and
     position, with its value (read from ``targets``: a transfer on this error path alone); ``extra``: what may
@@ -123,11 +130,9 @@ def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks
         raise ValueError(f"logits: compact logits must have sum_b T_b*(U_b+1) = {cells} rows, "
                          f"got shape {tuple(logits.shape)}")
     if bad:
-        extra = ""
-        if V < logits.size(-1):  # TDT's duration scores after the tokens
-            D = logits.size(-1) - V
-            extra = (f"; the last {D} of the logits' {logits.size(-1)} columns are the {D} durations' scores, "
-                     f"leaving {V} token columns")
+        # TDT's duration scores after the tokens
+        extra = duration_scores_note(logits.size(-1) - V, logits.size(-1), "the logits'", "columns") \
+            if V < logits.size(-1) else ""
         raise bad_labels_error(targets, stats, V, blank, big_blanks, extra)
 
 

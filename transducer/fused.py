@@ -41,7 +41,8 @@ from ops import accumulate_dtype
 from .joiner import ACTIVATIONS, Dropout, check_activation, check_dropout
 from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_big_blank_durations, check_blank,
-                     check_options, check_reduction, check_sigma, check_tdt_options, check_tensor, is_index, plural)
+                     check_options, check_reduction, check_sigma, check_tdt_options, check_tensor,
+                     duration_scores_note, is_index, plural)
 from .kinds import check_supported, kind_of
 from .layout import MAX_ROWS, NUM_STATS, Layout, LossOptions
 from .library import Op, fake_outputs, lattice_of, lattice_outputs
@@ -92,11 +93,8 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_c
         raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
                          f"supported")
     if bad:
-        extra = ""
-        if extra_columns:
-            D = extra_columns
-            extra = (f"; the last {D} of weight's {vocab_size + D} rows are the {D} durations' scores, leaving "
-                     f"{vocab_size} token rows")
+        extra = duration_scores_note(extra_columns, vocab_size + extra_columns, "weight's", "rows") \
+            if extra_columns else ""
         raise bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra)
 
 
