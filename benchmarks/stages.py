@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transducer import cuda, transducer_loss  # noqa: E402
-from transducer.layout import Lattice, LossOptions  # noqa: E402
-from transducer.library import make_layout  # noqa: E402
+from transducer import cuda_stages as cuda, transducer_loss  # noqa: E402
+from transducer.lattices import Lattice  # noqa: E402
+from transducer.options import LossOptions  # noqa: E402
+from transducer.custom_ops import make_layout  # noqa: E402
 
 SIZES = [(32, 150, 40, 500), (16, 400, 100, 1024), (8, 800, 100, 4096)]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from _batches import DEVICES, random_targets
 from transducer import FusedJoinerLoss, fused_joiner_loss, multiblank_loss, pack, tdt_loss, transducer_loss
 from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
-from transducer.layout import LossOptions
+from transducer.options import LossOptions
 
 
 def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dtype=torch.float64, device="cpu"):

@@ -376,7 +376,7 @@ JOINT_WIDTHS = [(torch.float32, 37), (torch.bfloat16, 37), (torch.bfloat16, 500)
 def test_joint_output_rows_off_16_bytes(device, loss, dtype, width, layout):
     """Logits made by an op (a joint Linear) with rows that are not a multiple of 16 bytes (TDT's 500 + 5
     columns): on CUDA the gradient of 16-bit rows up to 4 KiB goes on to that op in rows padded to 16 bytes
-    (library.gradient_buffer; the kernels write them through shared memory when no 8-byte vector fits both
+    (custom_ops.gradient_buffer; the kernels write them through shared memory when no 8-byte vector fits both
     row widths), other rows as the logits'; its values are those that a leaf copy of the same logits gets in
     a contiguous .grad, and equal the float64 reference's."""
     gen = torch.Generator().manual_seed(width + 2 * (dtype == torch.bfloat16) + 4 * (loss == "tdt") + 8 * len(layout))
@@ -429,7 +429,7 @@ def test_joint_output_rows_off_16_bytes(device, loss, dtype, width, layout):
 def test_logits_off_a_16_byte_boundary(from_log_softmax, dtype):
     # contiguous logits one element past an aligned address: the gradient (a new, aligned tensor) lies
     # at another offset from a 16-byte boundary than the logits; with from_log_softmax the gradient
-    # kernel reads no logits and lays its row pass on the gradient alone (transducer.cuda.gradient)
+    # kernel reads no logits and lays its row pass on the gradient alone (transducer.cuda_stages.gradient)
     gen = torch.Generator().manual_seed(71 + from_log_softmax)
     logits, targets, T, U = random_batch(gen, 4, 12, 5, 500, blank=3, dtype=torch.float32, scale=3.0, edges=True)
     if from_log_softmax:

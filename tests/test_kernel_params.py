@@ -1,5 +1,5 @@
 """The kernels' parameter structs and constants, defined once in the CUDA sources and mirrored in Python
-(transducer/cuda.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
+(transducer/cuda_stages.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
 types, and the same values. Read from the sources: no GPU or compiler needed."""
 
 import os
@@ -11,7 +11,7 @@ import ops
 from ops import gather_cuda, reduce_cuda
 from ops.params import struct
 from ragged import ragged_cuda
-from transducer import cuda, layout
+from transducer import cuda_stages as cuda, layout
 from transducer.joiner import ACTIVATIONS
 
 ROOT = ops.cuda_include_dir()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from _batches import DEVICES, compact, random_batch
 from transducer import (FusedJoinerLoss, MultiblankLoss, fused_joiner_loss, multiblank_loss,
                         multiblank_loss_reference, pack)
-from transducer.layout import LossOptions
+from transducer.options import LossOptions
 
 V, BLANK, BIG = 9, 8, [2, 4]  # NeMo's layout: the blank last, big blanks 7 (duration 2) and 6 (duration 4)
 
@@ -262,12 +262,12 @@ def test_bad_module_and_fused_options():
 def test_cuda_walks_match_the_cpu(walk, big, monkeypatch):
     # the multi-blank lattice on both CUDA walks (tdt_walk_kernel: D = K + 2 <= 8; tdt_alpha_beta_kernel
     # otherwise, or when forced), against the CPU twin
-    import transducer.cuda
+    import transducer.cuda_stages
     if walk == "general":
-        monkeypatch.setattr(transducer.cuda, "WALK_MAX_THREADS", 0)
+        monkeypatch.setattr(transducer.cuda_stages, "WALK_MAX_THREADS", 0)
     calls = []
-    launch = transducer.cuda.launch
-    monkeypatch.setattr(transducer.cuda, "launch", lambda *a, **k: calls.append(a[1]) or launch(*a, **k))
+    launch = transducer.cuda_stages.launch
+    monkeypatch.setattr(transducer.cuda_stages, "launch", lambda *a, **k: calls.append(a[1]) or launch(*a, **k))
     V = 12
     logits, targets, T, U = batch(50 + len(big), B=6, max_t=20, max_u=6, V=V, blank=V - 1, big=big)
     want = multiblank_loss(logits, targets, T, U, big, -1, sigma=0.05, reduction="none")

@@ -1,4 +1,4 @@
-"""Every loss option on every backend, walked from the one table (transducer/kinds.py: SUPPORTED): an option a
+"""Every loss option on every backend, walked from the one table (transducer/lattices.py: SUPPORTED): an option a
 lattice's stages take is honoured (the loss and its gradient equal the float64 reference's with that option),
 one they do not take is refused with a ValueError naming the option and the loss, before any kernel runs.
 LossOptions travels flat through the ops: flat and from_flat are inverses."""
@@ -8,9 +8,9 @@ import torch
 
 from _batches import random_batch
 from transducer import multiblank_loss_reference, tdt_loss_reference, transducer_loss_reference
-from transducer.kinds import KINDS, MULTIBLANK, RNNT, SUPPORTED, TDT, check_supported, kind_of
-from transducer.layout import LossOptions
-from transducer.library import loss_call
+from transducer.lattices import KINDS, MULTIBLANK, RNNT, SUPPORTED, TDT, check_supported, kind_of
+from transducer.options import LossOptions
+from transducer.custom_ops import loss_call
 
 V = 7  # token columns
 # a value other than the default for each option
@@ -91,7 +91,7 @@ def test_check_supported_names_the_backend():
     table[TDT.name]["delay_penalty"] = ("cpu",)  # as if the CUDA stage did not read it
     options = LossOptions(durations=(0, 1), delay_penalty=0.5)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr("transducer.kinds.SUPPORTED", table)
+        m.setattr("transducer.lattices.SUPPORTED", table)
         check_supported(options, TDT, "cpu")
         with pytest.raises(ValueError, match="delay_penalty: the TDT loss does not take this option on cuda"):
             check_supported(options, TDT, "cuda")

@@ -1,4 +1,4 @@
-"""The stages (transducer.cpu and transducer.cuda: twins of one contract, transducer/backend.py's Stages):
+"""The stages (transducer.cpu_stages and transducer.cuda_stages: twins of one contract, transducer/backend.py's Stages):
 the RNN-T and RNA stages of CUDA against the CPU twin, bit for bit where they must be; the TDT stages of every
 device against the float64 reference; layout, pack and the tile arguments the fused loss uses, on both devices."""
 
@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
-from transducer import cpu, cuda, pack, tdt_loss_reference
+from transducer import cpu_stages as cpu, cuda_stages as cuda, pack, tdt_loss_reference
 from transducer.backend import Stages, stages_for
-from transducer.layout import NUM_STATS, Lattice, Layout, LossOptions, Stats
-from transducer.library import make_layout
+from transducer.layout import NUM_STATS, Layout, Stats
+from transducer.lattices import Lattice
+from transducer.options import LossOptions
+from transducer.custom_ops import make_layout
 
 
 def test_both_backends_implement_the_stage_contract():
-    """transducer.cpu and transducer.cuda each have every stage of backend.Stages, with its parameters, in its
+    """transducer.cpu_stages and transducer.cuda_stages each have every stage of backend.Stages, with its parameters, in its
     order, with its defaults."""
     stages = [name for name, f in vars(Stages).items() if inspect.isfunction(f) and not name.startswith("_")]
     assert "tdt_gradient" in stages and "pack_backward_add" in stages
@@ -275,7 +277,7 @@ def test_gradient_into_rows_of_another_stride(V):
     lp, den = cuda.log_probs(rows, targets, layout, o)
     alpha, beta, loss = cuda.alpha_beta(lp, layout, o)
     same, staged = outs()
-    # which path the launcher takes: staged through shared memory (private helpers of transducer.cuda)
+    # which path the launcher takes: staged through shared memory (private helpers of transducer.cuda_stages)
     wpr = cuda.warps_per_row(N, V * 2, x.device)
     assert cuda.row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
     for out in (same[:, :V], staged):
@@ -358,7 +360,7 @@ def test_pack_matches_cpu(dtype, D):
 def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, lam=0.0, scale=None,
                padded=True, alias=False, device="cpu"):
     """The loss (B,) and the gradient of sum_b scale[b] * loss[b] (padded like logits, zeros on padding) from
-    the stages of ``device`` (transducer.cpu or transducer.cuda, twins): tdt_log_probs, tdt_alpha_beta,
+    the stages of ``device`` (transducer.cpu_stages or transducer.cuda_stages, twins): tdt_log_probs, tdt_alpha_beta,
     (alpha_beta for omega), tdt_gradient; returned on the CPU."""
     stages = stages_for(torch.device(device))
     B, max_t, max_u1, W = logits.shape
@@ -699,7 +701,7 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
 
 
 def test_cuda_gradient_names_a_bad_out():
-    # transducer.cuda.gradient writes into `out` of the logits' shape and dtype, at any row stride (the
+    # transducer.cuda_stages.gradient writes into `out` of the logits' shape and dtype, at any row stride (the
     # loss's padded gradient rows) but unit column stride; anything else is a ValueError naming `out`, raised
     # before any launch (so it is checked here on CPU tensors, without a GPU)
     logits = torch.randn(6, 5)

@@ -11,9 +11,9 @@ import torch._dynamo
 
 import transducer.tdt
 from _batches import DEVICES, cell_mask, compact, random_batch
-from transducer import TDTLoss, cpu, tdt_loss, tdt_loss_reference
+from transducer import TDTLoss, cpu_stages as cpu, tdt_loss, tdt_loss_reference
 from transducer.checks import check_durations
-from transducer.layout import LossOptions
+from transducer.options import LossOptions
 
 
 CASES = [  # durations, blank, options

@@ -8,7 +8,7 @@ import torch._dynamo
 
 from _batches import DEVICES, compact, random_batch, random_targets, to_device
 from transducer import TransducerLoss, pack, transducer_loss
-from transducer.layout import LossOptions
+from transducer.options import LossOptions
 
 DEV = "cuda"
 

@@ -1,4 +1,4 @@
-"""The stage contract that ``transducer.cpu`` and ``transducer.cuda`` both implement, as a ``typing.Protocol``
+"""The stage contract that ``transducer.cpu_stages`` and ``transducer.cuda_stages`` both implement, as a ``typing.Protocol``
 (the same names, arguments and results; tests/test_stages.py checks both signatures against it), and the
 backend of a device (``stages_for``). The structures the stages take (Layout, LossOptions, Walks, Lattice)
 and the layouts of the logits: transducer/layout.py. Per-row float arrays are float32, or float64 for
@@ -31,7 +31,9 @@ import torch
 from torch import Tensor
 
 from .joiner import Dropout
-from .layout import Lattice, Layout, LossOptions, Walks
+from .layout import Layout
+from .lattices import Lattice, Walks
+from .options import LossOptions
 
 __all__ = ["Stages", "stages_for", "BACKENDS"]
 
@@ -40,7 +42,7 @@ BACKENDS = ("cpu", "cuda")
 
 
 class Stages(Protocol):
-    """The stages of one backend (a module: ``transducer.cpu`` or ``transducer.cuda``)."""
+    """The stages of one backend (a module: ``transducer.cpu_stages`` or ``transducer.cuda_stages``)."""
 
     def layout(self, logit_lengths: Tensor, target_lengths: Tensor, max_u1: int, padded_t: int = 0,
                targets: Optional[Tensor] = None, vocab_size: int = 0, blank: int = 0, with_stats: bool = True,
@@ -146,14 +148,14 @@ _stages: dict = {}
 
 
 def stages_for(device: torch.device) -> Stages:
-    """The stages (``transducer.cpu`` or ``transducer.cuda``) for tensors on ``device``."""
+    """The stages (``transducer.cpu_stages`` or ``transducer.cuda_stages``) for tensors on ``device``."""
     stages = _stages.get(device.type)
     if stages is not None:
         return stages
     if device.type == "cuda":
-        from . import cuda as stages
+        from . import cuda_stages as stages
     elif device.type == "cpu":
-        from . import cpu as stages
+        from . import cpu_stages as stages
     else:
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got device {device}")
     return _stages.setdefault(device.type, stages)

@@ -14,7 +14,7 @@ namespace td {
 
 using namespace ops;
 
-// The padded layout's grid, made by the host (transducer/cuda.py): rows per utterance (maxT * (maxU + 1))
+// The padded layout's grid, made by the host (transducer/cuda_stages.py): rows per utterance (maxT * (maxU + 1))
 // and per frame (maxU + 1). A row's (b, t, u) is then two divisions by host-made constants, no search and no
 // load, so a row kernel, which loads a padded row only once it knows the row is a cell, starts its loads
 // sooner. utt.d == 0: Grids searches row_splits (the compact layout, or a padded one given without its maxT,
@@ -50,11 +50,11 @@ struct Grids {
   }
 };
 
-constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda.py: THREADS)
+constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda_stages.py: THREADS)
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
 
 // The parts of the kernels' parameter structs (CUTLASS's Params pattern: a kernel takes one struct, which
-// transducer/cuda.py fills by field name; tests/test_kernel_params.py checks both sides list the same fields).
+// transducer/cuda_stages.py fills by field name; tests/test_kernel_params.py checks both sides list the same fields).
 
 // The rows a row kernel reads: rows [row_start, row_start + num_rows) of the layout, `ld` elements apart
 // from `data`, V columns; `n`: the row's VEC-wide vectors when every row starts on a vector boundary (the

@@ -21,8 +21,8 @@ promoted one) and the loss arithmetic in fp32, as in the unfused path; the pack 
 in their own dtypes and write (read) the tiles in the GEMMs' dtype.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
-registered like ``transducer::loss`` (a ``library.Op``: an eager path skips the op's Python layers), with the
-loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``kinds.Kind``.
+registered like ``transducer::loss`` (a ``custom_ops.Op``: an eager path skips the op's Python layers), with the
+loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``lattices.Kind``.
 Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
 forward; the eager backward takes forward's host copy, a traced one reads it again.
 """
@@ -43,9 +43,10 @@ from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_big_blank_durations, check_blank,
                      check_options, check_reduction, check_sigma, check_tdt_options, check_tensor,
                      duration_scores_note, is_index, plural)
-from .kinds import check_supported, kind_of
-from .layout import MAX_ROWS, NUM_STATS, Layout, LossOptions
-from .library import Op, fake_outputs, lattice_of, lattice_outputs
+from .lattices import check_supported, kind_of
+from .layout import MAX_ROWS, NUM_STATS, Layout
+from .options import LossOptions
+from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs
 from .loss import reduce_losses
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
@@ -104,7 +105,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
                    compute_dtype: torch.dtype, max_rows: int, static_shapes: bool
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                               Tensor]:
-    """(nll, *library.lattice_outputs)."""
+    """(nll, *custom_ops.lattice_outputs)."""
     options = LossOptions.from_flat(option_ints, option_floats)
     kind = kind_of(options)
     check_supported(options, kind, encoder_out.device.type)
@@ -279,7 +280,7 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
 def _loss_options(activation, reduction, max_rows, blank, device=None, *, one_sym_per_frame, clamp, fastemit_lambda,
                   delay_penalty, durations, sigma, omega, big_blank_durations):
     """The LossOptions of fused_joiner_loss's and FusedJoinerLoss's arguments, every one checked: a loss's
-    options that its lattice does not take are refused by the option table (kinds.check_supported);
+    options that its lattice does not take are refused by the option table (lattices.check_supported);
     ``blank``: the blank's column, or None when it is not known yet (the module, before a call)."""
     check_activation(activation)
     check_reduction(reduction)

@@ -1,5 +1,5 @@
-"""Where cell (b, t, u) of each utterance's (T_b, U_b + 1) grid lives in the logits, and the named structures
-the stages pass around (the stages themselves: transducer/backend.py).
+"""Where cell (b, t, u) of each utterance's (T_b, U_b + 1) grid lives in the logits: ``Layout`` (the stages that
+take it: transducer/backend.py).
 
 Both logits layouts are seen as a 2-D tensor ``logits2d`` of shape (N, V):
 
@@ -15,13 +15,12 @@ common.cuh's PaddedGrid), so no per-row index array exists. One set of stages se
 per-row arrays (log-probs, den, alpha, beta) are indexed like the rows of ``logits2d``; on padding rows they
 hold unspecified values that no stage reads.
 
-The structures: ``Layout`` (the batch's grids, one int64 table), ``LossOptions`` (what a loss computes besides
-its tensors), ``Walks`` (alpha, beta and the loss of one walk) and ``Lattice`` (what forward keeps for
-backward). Every stage takes them whole and reads the fields it needs, so an option is one new field, not
-a new argument of every stage. Per-row float arrays are float32, or float64 for float64 logits.
+``Layout`` holds the batch's grids in one int64 table. The other structures the stages take whole:
+``LossOptions`` (transducer/options.py), ``Walks`` and ``Lattice`` (transducer/lattices.py). Per-row float
+arrays are float32, or float64 for float64 logits.
 """
 
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 
@@ -96,88 +95,3 @@ class Layout(NamedTuple):
     def stats(self):
         """The stats entries of the table (a tensor; ``Stats(*layout.stats.tolist())`` names them)."""
         return self.table[-NUM_STATS:]
-
-
-class LossOptions(NamedTuple):
-    """What a loss computes besides its tensors (the public functions check them; transducer/checks.py).
-
-    A registered op takes them flat (torch.library's types): ``flat()`` gives (ints, floats) in field order,
-    ``from_flat`` the options back; a new field needs nothing more here than its line."""
-    blank: int = 0                   # the blank's column, in [0, V) (TDT: among the token columns)
-    one_sym_per_frame: bool = False  # RNA: a label consumes a frame too, (t, u) -> (t+1, u+1)
-    from_log_softmax: bool = False   # the logits are already log-probabilities
-    clamp: float = 0.0               # > 0: each gradient element, for a unit incoming gradient, in [-clamp, clamp]
-    fastemit_lambda: float = 0.0     # FastEmit: the label log-probs' gradient times 1 + fastemit_lambda
-    delay_penalty: float = 0.0       # k2's delay penalty on the label log-probs
-    durations: Tuple[int, ...] = ()  # TDT: the durations (empty: RNN-T or RNA)
-    sigma: float = 0.0               # TDT, multi-blank: logit under-normalisation, subtracted from the log-probs
-    omega: float = 0.0               # TDT: weight of the plain RNN-T loss of the token scores
-    big_blank_durations: Tuple[int, ...] = ()  # multi-blank: big blank i, in column blank - 1 - i, spans d_i frames
-
-    def flat(self):
-        """(ints, floats): bools and ints as ints, a tuple as its length then its ints, floats as floats."""
-        ints, floats = [], []
-        for name, kind in _OPTION_KINDS:
-            value = getattr(self, name)
-            if kind == "float":
-                floats.append(float(value))
-            elif kind == "tuple":
-                ints += [len(value), *map(int, value)]
-            else:
-                ints.append(int(value))
-        return ints, floats
-
-    @classmethod
-    def from_flat(cls, ints, floats):
-        """The options that ``flat()`` gave (ints, floats); each distinct one is built once (an op's forward
-        and backward rebuild them every call)."""
-        key = (tuple(ints), tuple(floats))
-        options = _FROM_FLAT.get(key)
-        if options is None:
-            if len(_FROM_FLAT) >= _FROM_FLAT_SIZE:  # options that change every step (a schedule) stay bounded
-                _FROM_FLAT.clear()
-            options = _FROM_FLAT.setdefault(key, cls._build(ints, floats))
-        return options
-
-    @classmethod
-    def _build(cls, ints, floats):
-        ints, floats, values = list(ints), list(floats), {}
-        for name, kind in _OPTION_KINDS:
-            if kind == "float":
-                values[name] = floats.pop(0)
-            elif kind == "tuple":
-                n = ints.pop(0)
-                values[name], ints = tuple(ints[:n]), ints[n:]
-            else:
-                values[name] = bool(ints.pop(0)) if kind == "bool" else ints.pop(0)
-        return cls(**values)
-
-
-_FROM_FLAT = {}  # (ints, floats) -> LossOptions: a training run meets a handful
-_FROM_FLAT_SIZE = 256
-
-# LossOptions' fields and their kinds as plain strings, which torch.compile traces (it does not trace
-# typing's Tuple[int, ...])
-_OPTION_KINDS = tuple((name, {float: "float", int: "int", bool: "bool"}.get(kind, "tuple"))
-                      for name, kind in LossOptions.__annotations__.items())
-
-
-class Walks(NamedTuple):
-    """alpha and beta over the rows (N,), and the per-utterance negative log-likelihood nll (B,)."""
-    alpha: torch.Tensor
-    beta: torch.Tensor
-    nll: torch.Tensor
-
-
-class Lattice(NamedTuple):
-    """What forward keeps for backward: the per-row log-probs and the walks over them."""
-    layout: Layout
-    lp: torch.Tensor                        # (N, 2): blank and label log-probs (TDT: token log-probs, sigma in)
-    den: torch.Tensor                       # (N,) logsumexp of each row's (token) scores
-    alpha: torch.Tensor                     # (N,)
-    beta: torch.Tensor                      # (N,)
-    nll: torch.Tensor                       # (B,)
-    lp_arcs: Optional[torch.Tensor] = None  # the log-probs of the arcs of several frames: TDT's (N, D) duration
-    #                                         log-probs, multi-blank's (N, K) big blanks' log-probs
-    den_arcs: Optional[torch.Tensor] = None  # TDT: (N,) logsumexp of each row's duration scores
-    rnnt: Optional[Walks] = None            # TDT with omega > 0: the walks of the plain RNN-T loss

@@ -1,6 +1,6 @@
 """The transducer loss: the functional form, the module, and torchaudio's spelling of both.
 
-The work happens in the op ``transducer::loss`` (transducer/library.py), which every loss shares; this
+The work happens in the op ``transducer::loss`` (transducer/custom_ops.py), which every loss shares; this
 module checks the arguments (types, shapes, options: everything that needs no look at tensor values),
 makes logits and targets contiguous where autograd sees the copy, and reduces the per-utterance
 losses with plain torch ops, so that torch.compile traces all of it.
@@ -8,8 +8,8 @@ losses with plain torch ops, so that torch.compile traces all of it.
 
 import torch
 
-from . import library
-from .layout import LossOptions
+from . import custom_ops
+from .options import LossOptions
 from .checks import (FLOAT_DTYPES, check_batch, check_blank, check_module_blank, check_options, check_reduction,
                      check_tensor)
 
@@ -92,7 +92,7 @@ def transducer_loss(logits, targets, logit_lengths, target_lengths, blank=0, red
     options = LossOptions(blank=blank, one_sym_per_frame=bool(one_sym_per_frame),
                           from_log_softmax=bool(from_log_softmax), clamp=float(clamp),
                           fastemit_lambda=float(fastemit_lambda), delay_penalty=float(delay_penalty))
-    nll = library.loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths,
+    nll = custom_ops.loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths,
                             logits.size(-1), options, check_inputs, inplace_grad)
     return reduce_losses(nll, reduction, zero_infinity)
 

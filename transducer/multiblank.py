@@ -1,6 +1,6 @@
 """The multi-blank RNN-T loss (Xu et al., "Multi-blank Transducers for Speech Recognition", ICASSP 2023, arXiv
 2211.03541; NeMo's semantics): the functional form and the module, on the op ``transducer::loss``
-(transducer/library.py). The math and the stage contract: transducer/backend.py. The stages are RNN-T's
+(transducer/custom_ops.py). The math and the stage contract: transducer/backend.py. The stages are RNN-T's
 log-probs and gradient with the big blanks' columns, and TDT's walk with the big blanks as blank arcs of
 several frames.
 """
@@ -9,8 +9,8 @@ import torch
 
 from .checks import (FLOAT_DTYPES, check_batch, check_big_blank_durations, check_blank, check_module_blank,
                      check_options, check_reduction, check_sigma, check_tensor)
-from .layout import LossOptions
-from .library import loss_call
+from .options import LossOptions
+from .custom_ops import loss_call
 from .loss import reduce_losses
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]

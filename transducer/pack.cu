@@ -1,5 +1,5 @@
 // Packing the joiner input straight into the compact layout, and its backward (launched by
-// transducer/cuda.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
+// transducer/cuda_stages.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
 // of the layout, so that the fused joiner loss (transducer/fused.py) can go tile by tile:
 //
 //   pack_forward_kernel            out[r - row_start] = dropout(act(a)), a = enc[b, t] + pred[b, u], for
@@ -187,7 +187,7 @@ __device__ __forceinline__ T convert(A x) {
 // and steps to the next rows (a search again only where a row starts another utterance), and has the
 // rows' loads in flight together (DESIGN.md: Several rows per thread group in pack_forward).
 namespace td {
-constexpr int kPackRows = 4;  // transducer/cuda.py: PACK_ROWS
+constexpr int kPackRows = 4;  // transducer/cuda_stages.py: PACK_ROWS
 }  // namespace td
 
 template <typename TE, typename TP, typename TO>

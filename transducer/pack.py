@@ -1,6 +1,6 @@
 """pack: the compact joiner input enc[b, t] + pred[b, u], built without a loop over the batch."""
 
-from . import library
+from . import custom_ops
 from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 
 
@@ -37,4 +37,4 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     if logit_lengths.shape != (B,) or target_lengths.shape != (B,):
         raise ValueError(f"logit_lengths, target_lengths: expected shape ({B},), got "
                          f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
-    return library.pack(encoder_out.contiguous(), predictor_out.contiguous(), logit_lengths, target_lengths)[0]
+    return custom_ops.pack(encoder_out.contiguous(), predictor_out.contiguous(), logit_lengths, target_lengths)[0]

@@ -1,6 +1,6 @@
-// CUDA twin of the transducer stages (contract: transducer/layout.py), launched by transducer/cuda.py
+// CUDA twin of the transducer stages (contract: transducer/layout.py), launched by transducer/cuda_stages.py
 // on torch's current stream, one template instantiation per name expression. Each kernel takes one
-// parameter struct, filled on the host by field name (transducer/cuda.py mirrors them):
+// parameter struct, filled on the host by field name (transducer/cuda_stages.py mirrors them):
 //
 //   layout_kernel      one block: the Layout table (lengths, strides, row_splits) and the
 //                      value-check stats (LayoutParams)

@@ -1,5 +1,5 @@
 // CUDA twin of the TDT stages (transducer/layout.py says the math and the contract), launched by
-// transducer/cuda.py on torch's current stream, each kernel with one parameter struct:
+// transducer/cuda_stages.py on torch's current stream, each kernel with one parameter struct:
 //
 //   tdt_log_probs_kernel   one warp (or a 256-thread block) per row: the token logsumexp in one online
 //                          pass over 16-byte vectors, the D duration scores by the first lanes
@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParam
 //   token + duration_i the step adds (-inf off the grid).
 namespace td {
 
-constexpr int kWalkMaxThreads = 512;   // transducer/cuda.py: WALK_MAX_THREADS
-constexpr int kWalkMaxDurations = 8;   // transducer/cuda.py: WALK_MAX_DURATIONS
+constexpr int kWalkMaxThreads = 512;   // transducer/cuda_stages.py: WALK_MAX_THREADS
+constexpr int kWalkMaxDurations = 8;   // transducer/cuda_stages.py: WALK_MAX_DURATIONS
 
 // The partial logsumexp of x as (max M, sum of exp(x - M)) by pairwise trees (depth log2 N, not a chain of
 // N); all terms -inf: (-inf, 0); a NaN term makes the sum NaN (fmax skips it, its exp does not).

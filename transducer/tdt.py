@@ -1,14 +1,14 @@
 """The Token-and-Duration Transducer (TDT) loss (Xu et al., ICML 2023, arXiv 2304.06795; NeMo's semantics):
-the functional form and the module, on the op ``transducer::loss`` (transducer/library.py). The math and the
-stage contract: transducer/backend.py; the stages: transducer/cpu.py and transducer/tdt.cu.
+the functional form and the module, on the op ``transducer::loss`` (transducer/custom_ops.py). The math and the
+stage contract: transducer/backend.py; the stages: transducer/cpu_stages.py and transducer/tdt.cu.
 """
 
 import torch
 
 from .checks import (FLOAT_DTYPES, check_batch, check_blank, check_module_blank, check_options, check_reduction,
                      check_tdt_options, check_tensor)
-from .layout import LossOptions
-from .library import in_place_rows, loss_call
+from .options import LossOptions
+from .custom_ops import in_place_rows, loss_call
 from .loss import reduce_losses
 
 __all__ = ["tdt_loss", "TDTLoss"]

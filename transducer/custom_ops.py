@@ -11,7 +11,7 @@ tracing into the kernel launches.
     transducer::pack_backward(grad_rows, table, max_t, max_u1) -> (grad_encoder_out, grad_predictor_out)
 
 One op serves every loss (RNN-T, RNA, TDT, multi-blank): its ``LossOptions`` travel flat (``option_ints``,
-``option_floats``: ``LossOptions.flat``, torch.library's types) and pick the lattice (transducer/kinds.py);
+``option_floats``: ``LossOptions.flat``, torch.library's types) and pick the lattice (transducer/lattices.py);
 inside, the options are one ``LossOptions`` again and what forward keeps one ``Lattice``
 (transducer/layout.py), which the stages take whole. ``logits`` holds the token scores, and TDT's duration
 scores after them unless ``extra_scores`` holds them (a second head); ``vocab_size`` is the token columns.
@@ -36,8 +36,10 @@ from ops.cuda import host_reader
 
 from .backend import stages_for
 from .checks import check_loss_values, check_pack_values, check_rows
-from .kinds import check_supported, kind_of
-from .layout import NUM_STATS, Lattice, Layout, LossOptions, Walks, table_size
+from .lattices import check_supported, kind_of
+from .layout import NUM_STATS, Layout, table_size
+from .lattices import Lattice, Walks
+from .options import LossOptions
 
 __all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs", "lattice_of",
            "fake_outputs", "score_views", "in_place_rows"]

@@ -1,6 +1,6 @@
 """The CUDA stages of the transducer losses (the contract: transducer/layout.py), and the packing op.
 
-Same functions, arguments and results as ``transducer.cpu``. The kernels (``stages.cu``, ``tdt.cu``,
+Same functions, arguments and results as ``transducer.cpu_stages``. The kernels (``stages.cu``, ``tdt.cu``,
 ``pack.cu``, listed at the top of each) take one parameter struct each, filled here by field name: the
 ``*_PARAMS`` structs below mirror the C definitions field for field (tests/test_kernel_params.py checks
 them). They are launched through ``ops.cuda.launch``: torch's current stream, torch-allocated outputs, no
@@ -21,7 +21,8 @@ from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, max_shared_mem, num_s
 from ops.params import FAST_DIVMOD, struct
 
 from .joiner import ACTIVATIONS
-from .layout import MAX_DURATIONS, Layout, Walks, table_size
+from .layout import MAX_DURATIONS, Layout, table_size
+from .lattices import Walks
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STAGES = os.path.join(_HERE, "stages.cu")
@@ -112,12 +113,12 @@ def warps_per_row(num_rows, row_bytes, device):
 def _check_cuda(*tensors):
     for t in tensors:
         if not t.is_cuda:
-            raise ValueError("transducer.cuda: every tensor must be on a CUDA device")
+            raise ValueError("transducer.cuda_stages: every tensor must be on a CUDA device")
 
 
 def _row_major(name, x):
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
-        raise ValueError(f"transducer.cuda: {name} must be 2-D with unit column stride, got strides {x.stride()}")
+        raise ValueError(f"transducer.cuda_stages: {name} must be 2-D with unit column stride, got strides {x.stride()}")
 
 
 def row_access(itemsize, V, rows, outs=(), stage_rows=0):
@@ -150,7 +151,7 @@ def _stage_bytes(stage_rows, V, itemsize):
 
 
 def gradient_row_width(V, itemsize):
-    """The row width (elements) of a new gradient of V-wide logits that an op made (library.gradient_buffer):
+    """The row width (elements) of a new gradient of V-wide logits that an op made (custom_ops.gradient_buffer):
     16-bit rows that are not a multiple of 16 bytes, up to 4 KiB, are padded to one. cuBLAS reads such a
     gradient with 16-byte loads in the joint Linear's backward (DESIGN.md: 16-byte rows for cuBLAS), and the
     gradient kernels still write whole vectors: 8-byte ones when they fit both row widths, else through shared
@@ -287,7 +288,7 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
         return out
     _row_major("logits2d", logits2d)
     if out.shape != logits2d.shape or out.dtype != logits2d.dtype:
-        raise ValueError("transducer.cuda.gradient: out must have the logits' shape and dtype")
+        raise ValueError("transducer.cuda_stages.gradient: out must have the logits' shape and dtype")
     _row_major("out", out)
     scale = scale.to(lattice.lp.dtype)
     itemsize = logits2d.element_size()
@@ -532,7 +533,7 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
         return
     omega = options.omega
     if omega and lattice.rnnt is None:
-        raise ValueError("transducer.cuda.tdt_gradient: omega > 0 needs the RNN-T walks (lattice.rnnt)")
+        raise ValueError("transducer.cuda_stages.tdt_gradient: omega > 0 needs the RNN-T walks (lattice.rnnt)")
     rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
     scale = scale.to(lattice.lp.dtype)
     itemsize = tokens2d.element_size()

@@ -13,7 +13,29 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .layout import Lattice, LossOptions
+from .layout import Layout
+from .options import LossOptions
+
+class Walks(NamedTuple):
+    """alpha and beta over the rows (N,), and the per-utterance negative log-likelihood nll (B,)."""
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    nll: torch.Tensor
+
+
+class Lattice(NamedTuple):
+    """What forward keeps for backward: the per-row log-probs and the walks over them."""
+    layout: Layout
+    lp: torch.Tensor                        # (N, 2): blank and label log-probs (TDT: token log-probs, sigma in)
+    den: torch.Tensor                       # (N,) logsumexp of each row's (token) scores
+    alpha: torch.Tensor                     # (N,)
+    beta: torch.Tensor                      # (N,)
+    nll: torch.Tensor                       # (B,)
+    lp_arcs: Optional[torch.Tensor] = None  # the log-probs of the arcs of several frames: TDT's (N, D) duration
+    #                                         log-probs, multi-blank's (N, K) big blanks' log-probs
+    den_arcs: Optional[torch.Tensor] = None  # TDT: (N,) logsumexp of each row's duration scores
+    rnnt: Optional[Walks] = None            # TDT with omega > 0: the walks of the plain RNN-T loss
+
 
 __all__ = ["Kind", "RNNT", "TDT", "MULTIBLANK", "KINDS", "kind_of", "SUPPORTED", "check_supported", "ARRAYS"]
 
@@ -46,7 +68,7 @@ def check_supported(options, kind, backend=None):
         raise ValueError(f"{name}: the {kind.name} loss does not take this option {where} (got {value!r})")
 
 
-#: The per-row arrays a lattice keeps, in the order the ops return them (library.lattice_outputs).
+#: The per-row arrays a lattice keeps, in the order the ops return them (custom_ops.lattice_outputs).
 ARRAYS = ("lp", "den", "lp_arcs", "den_arcs")
 
 
