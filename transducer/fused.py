@@ -38,16 +38,15 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from .joiner import ACTIVATIONS, Dropout, check_activation, check_dropout
 from .backend import stages_for
-from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_big_blank_durations, check_blank,
-                     check_options, check_reduction, check_sigma, check_tdt_options, check_tensor,
-                     duration_scores_note, is_index, plural)
-from .lattices import check_supported, kind_of
-from .layout import MAX_ROWS, NUM_STATS, Layout
-from .options import LossOptions
+from .checks import FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note, plural
 from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs
+from .joiner import ACTIVATIONS, Dropout
+from .lattices import check_supported, kind_of
+from .layout import MAX_DURATIONS, MAX_ROWS, NUM_STATS, Layout
 from .loss import reduce_losses
+from .options import BY_NAME, LATTICES, REQUIRED, LossOptions, joint_checks
+from .signatures import Entry, LossModule, Param, check_options, public_function
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
 
@@ -277,34 +276,53 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
             weight.new_empty(weight.size(0)))
 
 
-def _loss_options(activation, reduction, max_rows, blank, device=None, *, one_sym_per_frame, clamp, fastemit_lambda,
-                  delay_penalty, durations, sigma, omega, big_blank_durations):
-    """The LossOptions of fused_joiner_loss's and FusedJoinerLoss's arguments, every one checked: a loss's
-    options that its lattice does not take are refused by the option table (lattices.check_supported);
-    ``blank``: the blank's column, or None when it is not known yet (the module, before a call)."""
-    check_activation(activation)
-    check_reduction(reduction)
-    check_options(clamp, fastemit_lambda, delay_penalty)
-    if max_rows is not None and (not is_index(max_rows) or operator.index(max_rows) < 1):
-        raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
-    check_sigma(sigma)
-    if durations is not None:
-        durations = check_tdt_options(durations, sigma, omega, device)
-    if big_blank_durations is not None:
-        big_blank_durations = check_big_blank_durations(big_blank_durations, blank, device)
-    options = LossOptions(blank=0 if blank is None else blank, one_sym_per_frame=bool(one_sym_per_frame),
-                          clamp=float(clamp), fastemit_lambda=float(fastemit_lambda),
-                          delay_penalty=float(delay_penalty), durations=tuple(durations or ()), sigma=float(sigma),
-                          omega=float(omega), big_blank_durations=tuple(big_blank_durations or ()))
-    check_supported(options, kind_of(options), device.type if device is not None else None)
-    return options
+_TENSORS = (
+    Param("encoder_out", "Tensor", "``(B, maxT, J)``, float16 / bfloat16 / float32 / float64."),
+    Param("predictor_out", "Tensor", "``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same "
+          "device."),
+    Param("weight", "Tensor", "``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``, "
+          "``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout)."),
+    Param("bias", "Tensor", "``(weight.size(0),)``, or None.", REQUIRED),
+    Param("targets", "Tensor", "``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank."),
+    Param("logit_lengths", "Tensor", "``(B,)`` int32 / int64, ``1 <= T_b <= maxT``."),
+    Param("target_lengths", "Tensor", "``(B,)`` int32 / int64, ``0 <= U_b <= maxU``."),
+)
+_DOCS = {
+    "blank": "the blank's column among the token rows of ``weight``, in ``[-V, V)``; negative counts from the end.",
+    "check_inputs": "check lengths and labels against the tensors; sizing the tiles reads the layout on the host "
+                    "whatever check_inputs (one transfer in forward; the eager backward reuses it, a traced one "
+                    "reads it again).",
+    "durations": "TDT's durations, as for :func:`transducer.tdt_loss`: the loss is TDT's, over ``weight``'s last "
+                 "D = len(durations) rows (not with one_sym_per_frame).",
+    "big_blank_durations": "as for :func:`transducer.multiblank_loss` (with ``sigma``): the multi-blank loss.",
+}
+FUSED_JOINER_LOSS = Entry("fused_joiner_loss", LATTICES, _TENSORS, exclude=("from_log_softmax",), docs=_DOCS)
 
 
-def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, *,
-                      activation="tanh", dropout=0.0, generator=None, blank=0, reduction="mean",
-                      one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
-                      fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0,
-                      big_blank_durations=None):
+def _checked(options, device, blank_columns, columns):
+    """The loss's checked options and the joiner's: (LossOptions, call options); ``blank_columns``: the token
+    columns the blank is checked against (None: only its type, a module before a call)."""
+    o = check_options(options)
+    call = {name: o.pop(name) for name in _JOINER_OPTIONS if name in o}
+    if blank_columns is not None:
+        o["blank"] = check_blank(o["blank"], blank_columns, columns)
+    loss_options = LossOptions(**o)
+    kind = kind_of(loss_options)
+    check_supported(loss_options, kind, device.type if device is not None else None)
+    D, K = len(loss_options.durations), len(loss_options.big_blank_durations)
+    if device is not None and device.type == "cuda" and (D > MAX_DURATIONS or K > MAX_DURATIONS - 2):
+        name, most = ("durations", MAX_DURATIONS) if D > MAX_DURATIONS else ("big_blank_durations", MAX_DURATIONS - 2)
+        raise ValueError(f"{name}: at most {most} on CUDA, got {max(D, K)}")
+    if blank_columns is not None:
+        joint_checks(loss_options)
+    return loss_options, call
+
+
+# the options of the call, not of the lattice
+_JOINER_OPTIONS = ("reduction", "zero_infinity", "check_inputs", "activation", "dropout", "generator", "max_rows")
+
+
+def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, options):
     r"""The joiner ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])), weight, bias)`` and the
     transducer loss over its logits, without the logits or the joiner's hidden in memory.
 
@@ -315,31 +333,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     Gradients flow to ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``, each in its own dtype.
 
     Args:
-        encoder_out (Tensor): ``(B, maxT, J)``, float16 / bfloat16 / float32 / float64.
-        predictor_out (Tensor): ``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same device.
-        weight (Tensor): ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``,
-            ``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout).
-        bias (Tensor or None): ``(weight.size(0),)``.
-        targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank.
-        logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
-        target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
-        activation (str, optional): ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"gelu"``, ``"silu"`` or
-            ``"identity"`` (transducer/joiner.py). (Default: ``"tanh"``)
-        dropout (float, optional): the rate of dropout on the joiner's hidden, as NeMo's joint applies it
-            after the activation; its mask is a hash of a seed drawn from ``generator`` and of each element's
-            (row, column), the same in backward's recompute (``transducer.joiner.dropout_mask`` gives it). 0
-            draws nothing. (Default: ``0.0``)
-        generator (torch.Generator, optional): a CPU generator for dropout's seed. (Default: torch's default one)
-        max_rows (int, optional): rows per tile. (Default: tile buffers of about 256 MiB on CUDA, 16 MiB on the
-            CPU)
-        blank, reduction, one_sym_per_frame, zero_infinity, check_inputs, clamp, fastemit_lambda, delay_penalty:
-            as for :func:`transducer.transducer_loss` (a negative blank counts from the end of the token
-            rows), except that sizing the tiles reads the layout on the host whatever check_inputs (one
-            transfer in forward; the eager backward reuses it, a traced one reads it again).
-        durations, sigma, omega: as for :func:`transducer.tdt_loss`; ``durations`` (default None) makes the
-            loss TDT's (not with one_sym_per_frame).
-        big_blank_durations (list of int, optional): as for :func:`transducer.multiblank_loss` (with
-            ``sigma``): the multi-blank loss. (Default: ``None``)
+        {args}
 
     Returns:
         Tensor: float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Memory: a few
@@ -367,17 +361,12 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device, "encoder_out")
     B, _, J = encoder_out.shape
     rows = weight.size(0)  # the token columns and, with durations, the duration columns
-    loss = dict(one_sym_per_frame=one_sym_per_frame, clamp=clamp, fastemit_lambda=fastemit_lambda,
-                delay_penalty=delay_penalty, durations=durations, sigma=sigma, omega=omega,
-                big_blank_durations=big_blank_durations)
-    options = _loss_options(activation, reduction, max_rows, None, device, **loss)
-    check_dropout(dropout)
-    if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
-        raise TypeError(f"generator: expected a CPU torch.Generator (dropout's seed), got {generator!r}")
-    D = len(options.durations)
+    durations = options.get("durations")
+    D = len(BY_NAME["durations"].check(durations))
     if rows - D < 2:
         before = f" before the {D} duration rows" if D else ""
         raise ValueError(f"weight: expected at least 2 token rows{before}, got shape {tuple(weight.shape)}")
+    options, call = _checked(options, device, rows - D, "the token rows of weight")
     if B == 0:
         raise ValueError("encoder_out: expected at least one utterance, got an empty batch")
     if predictor_out.size(0) != B or predictor_out.size(2) != J:
@@ -391,10 +380,7 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         if x.size(0) != B:
             raise ValueError(f"{name}: expected {plural(B, 'entry', 'entries')} along dim 0 (one per utterance), "
                              f"got shape {tuple(x.shape)}")
-    blank = check_blank(blank, rows - D, "the token rows of weight")
-    if options.big_blank_durations:  # the big blanks fit before the blank
-        check_big_blank_durations(options.big_blank_durations, blank)
-    options = options._replace(blank=blank)
+    dropout, max_rows = call["dropout"], call["max_rows"]
     # the GEMMs' dtype: the autocast dtype, as F.linear under autocast takes it, else the inputs' promoted one
     compute_dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
     if torch.is_autocast_enabled(device.type) and compute_dtype != torch.float64:
@@ -402,16 +388,35 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
     if max_rows is None:
         max_rows = default_max_rows(J, rows, torch.finfo(compute_dtype).bits // 8, device.type)
     # dropout's seed: 63 bits from a CPU generator, a CPU tensor (no device work, and torch.compile traces it)
-    seed = torch.randint((1 << 63) - 1, (), generator=generator) if dropout else torch.zeros((), dtype=torch.int64)
+    seed = torch.randint((1 << 63) - 1, (), generator=call["generator"]) if dropout else \
+        torch.zeros((), dtype=torch.int64)
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
-              target_lengths, *options.flat(), activation, float(dropout), seed, bool(check_inputs), compute_dtype,
-              operator.index(max_rows), torch.compiler.is_compiling())
+              target_lengths, *options.flat(), call["activation"], dropout, seed, call["check_inputs"], compute_dtype,
+              max_rows, torch.compiler.is_compiling())
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
         nll = fused(*inputs)[0]
-    return reduce_losses(nll, reduction, zero_infinity)
+    return reduce_losses(nll, call["reduction"], call["zero_infinity"])
 
 
-class FusedJoinerLoss(torch.nn.Module):
+fused_joiner_loss = public_function(FUSED_JOINER_LOSS, _fused_joiner_loss)
+
+
+_MODULE_PARAMS = (
+    Param("joiner_dim", "int", "J, the width of ``enc + pred``."),
+    Param("vocab_size", "int", "V, the token columns (blank included)."),
+    "activation",
+    Param("bias", "bool", "the projection has a bias.", True),
+)
+_MODULE_DOCS = dict(_DOCS, blank="the blank's column; negative counts from the end.",
+                    dropout="the rate of dropout on the joiner's hidden in training mode, as for "
+                            ":func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in "
+                            "eval mode.")
+_MODULE = Entry("FusedJoinerLoss", LATTICES, _MODULE_PARAMS, exclude=("from_log_softmax",), docs=_MODULE_DOCS,
+               tail=(Param("device", "torch.device", "the projection's device.", None),
+                     Param("dtype", "torch.dtype", "the projection's dtype.", None)))
+
+
+class FusedJoinerLoss(LossModule, entry=_MODULE, function=fused_joiner_loss):
     """A joiner ``output(act(enc + pred))`` and the transducer loss over it, fused (:func:`fused_joiner_loss`).
 
     ``loss = m(encoder_out, predictor_out, targets, T, U)`` trains; ``m.logits(enc, pred)`` gives the joiner's
@@ -423,18 +428,7 @@ class FusedJoinerLoss(torch.nn.Module):
     ``vocab_size`` columns, before the blank.
 
     Args:
-        joiner_dim (int): J, the width of ``enc + pred``.
-        vocab_size (int): V, the token columns (blank included).
-        activation (str, optional): as for :func:`fused_joiner_loss`. (Default: ``"tanh"``)
-        bias (bool, optional): the projection has a bias. (Default: ``True``)
-        blank (int, optional): the blank's column; negative counts from the end. (Default: ``0``)
-        **options: ``reduction``, ``one_sym_per_frame``, ``zero_infinity``, ``check_inputs``, ``max_rows``,
-            ``clamp``, ``fastemit_lambda``, ``delay_penalty``, ``durations``, ``sigma``, ``omega``,
-            ``big_blank_durations``, as for :func:`fused_joiner_loss`; ``device``, ``dtype`` for the
-            projection.
-        dropout (float, optional): the rate of dropout on the joiner's hidden in training mode, as for
-            :func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in eval mode.
-            (Default: ``0.0``)
+        {args}
 
     Example::
 
@@ -445,42 +439,21 @@ class FusedJoinerLoss(torch.nn.Module):
         torch.Size([2, 5, 4, 6])
     """
 
-    def __init__(self, joiner_dim, vocab_size, activation="tanh", bias=True, blank=0, reduction="mean",
-                 one_sym_per_frame=False, zero_infinity=False, check_inputs=True, max_rows=None, clamp=-1.0,
-                 fastemit_lambda=0.0, delay_penalty=0.0, durations=None, sigma=0.0, omega=0.0, big_blank_durations=None,
-                 dropout=0.0, device=None, dtype=None):
-        super().__init__()
-        check_dropout(dropout)
-        self.dropout = dropout
-        blank = check_blank(blank, vocab_size, "vocab_size")
-        _loss_options(activation, reduction, max_rows, blank, one_sym_per_frame=one_sym_per_frame, clamp=clamp,
-                      fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=durations, sigma=sigma,
-                      omega=omega, big_blank_durations=big_blank_durations)
-        if durations is not None:
-            durations = check_tdt_options(durations, sigma, omega)
-        if big_blank_durations is not None:
-            big_blank_durations = list(check_big_blank_durations(big_blank_durations, blank))
-        self.output = torch.nn.Linear(joiner_dim, vocab_size + len(durations or []), bias=bias, device=device,
-                                      dtype=dtype)
-        self.options = dict(activation=activation, blank=blank, reduction=reduction,
-                            one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
-                            check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
-                            fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
-        if durations is not None:
-            self.options.update(durations=durations, sigma=sigma, omega=omega)
-        if big_blank_durations is not None:
-            self.options.update(big_blank_durations=big_blank_durations, sigma=sigma)
+    def build(self, joiner_dim, vocab_size, bias, device=None, dtype=None):
+        """The projection, ``Linear(joiner_dim, vocab_size + len(durations))``; the blank checked against
+        ``vocab_size``, the options against one another."""
+        loss_options, _ = _checked(self.options, None, vocab_size, "vocab_size")
+        self.options["blank"] = loss_options.blank
+        self.output = torch.nn.Linear(joiner_dim, vocab_size + len(loss_options.durations), bias=bias,
+                                      device=device, dtype=dtype)
 
     def forward(self, encoder_out, predictor_out, targets, logit_lengths, target_lengths):
         """The loss of the joiner over ``encoder_out`` (B, maxT, J) and ``predictor_out`` (B, maxU+1, J) with the
         module's projection and options (see :func:`fused_joiner_loss`)."""
+        options = dict(self.options, dropout=self.options["dropout"] if self.training else 0.0)
         return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,
-                                 logit_lengths, target_lengths, dropout=self.dropout if self.training else 0.0,
-                                 **self.options)
+                                 logit_lengths, target_lengths, **options)
 
     def logits(self, encoder_out, predictor_out):
         """``output(act(encoder_out + predictor_out))`` with broadcasting, for decoding."""
         return self.output(ACTIVATIONS[self.options["activation"]].forward(encoder_out + predictor_out))
-
-    def extra_repr(self):
-        return ", ".join(f"{k}={v!r}" for k, v in dict(self.options, dropout=self.dropout).items())

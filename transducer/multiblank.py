@@ -7,45 +7,32 @@ several frames.
 
 import torch
 
-from .checks import (FLOAT_DTYPES, check_batch, check_big_blank_durations, check_blank, check_module_blank,
-                     check_options, check_reduction, check_sigma, check_tensor)
-from .options import LossOptions
+from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
 from .custom_ops import loss_call
-from .loss import reduce_losses
+from .layout import MAX_DURATIONS
+from .loss import LOGITS_TENSORS, reduce_losses
+from .options import MULTIBLANK, REQUIRED, LossOptions, joint_checks
+from .signatures import Entry, LossModule, check_options, public_function
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]
 
+_ORDER = ("big_blank_durations", "blank", "sigma", "reduction", "fastemit_lambda", "clamp", "zero_infinity",
+          "check_inputs", "delay_penalty")
+_DOCS = {"blank": "the standard blank's column (duration 1), in ``[-V, V)``; negative counts from the end (NeMo's "
+                  "models put it last: ``-1``).",
+         "sigma": "logit under-normalisation: every log-prob is ``log_softmax - sigma``.",
+         "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s '
+                      "``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first)."}
+MULTIBLANK_LOSS = Entry("multiblank_loss", (MULTIBLANK,), LOGITS_TENSORS + _ORDER,
+                        defaults={"big_blank_durations": REQUIRED, "blank": REQUIRED}, docs=_DOCS)
 
-def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_durations, blank, sigma=0.0,
-                    reduction="mean", fastemit_lambda=0.0, clamp=-1.0, zero_infinity=False, check_inputs=True,
-                    delay_penalty=0.0):
+
+def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     r"""Multi-blank RNN-T loss (NeMo's semantics), over compact or padded logits: RNN-T with K big blanks that
     consume several frames at once.
 
     Args:
-        logits (Tensor): compact ``(sum_b T_b*(U_b+1), V)`` or padded ``(B, maxT, maxU+1, V)`` scores, float16 /
-            bfloat16 / float32 / float64; the blank and the big blanks among the V columns.
-        targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``; labels in ``[0, V)``, none a blank.
-        logit_lengths (Tensor): ``(B,)`` int32 / int64, ``T_b >= 1``.
-        target_lengths (Tensor): ``(B,)`` int32 / int64, ``U_b >= 0``.
-        big_blank_durations (list of int): the K big blanks' durations, distinct ints >= 2 (at most 14 on
-            CUDA); big blank i is the column ``blank - 1 - i``.
-        blank (int): the standard blank's column (duration 1), in ``[-V, V)``; negative counts from the end
-            (NeMo's models put it last: ``-1``). No default.
-        sigma (float, optional): logit under-normalisation: every log-prob is ``log_softmax - sigma``.
-            (Default: ``0.0``)
-        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as
-            NeMo's ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length
-            first). (Default: ``"mean"``)
-        fastemit_lambda (float, optional): the gradient w.r.t. every label log-prob times ``1 + fastemit_lambda``
-            (FastEmit; the loss value is unchanged). (Default: ``0.0``)
-        clamp (float, optional): if > 0, each gradient element (for a unit incoming gradient) is clamped to
-            ``[-clamp, clamp]``. (Default: ``-1``)
-        zero_infinity (bool, optional): infinite losses become 0; NaN losses stay NaN. (Default: ``False``)
-        check_inputs (bool, optional): check lengths and labels against the tensors (on CUDA one small
-            device-to-host read). (Default: ``True``)
-        delay_penalty (float, optional): k2's delay penalty on every label log-prob, as for
-            :func:`transducer.transducer_loss`. (Default: ``0.0``)
+        {args}
 
     Returns:
         Tensor: float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. From (t, u)
@@ -61,44 +48,32 @@ def multiblank_loss(logits, targets, logit_lengths, target_lengths, big_blank_du
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     check_batch(logits, targets, logit_lengths, target_lengths)
-    blank = check_blank(blank, logits.size(-1))
-    big = check_big_blank_durations(big_blank_durations, blank, logits.device)
-    check_sigma(sigma)
-    check_reduction(reduction)
-    check_options(clamp, fastemit_lambda, delay_penalty)
-    options = LossOptions(blank=blank, clamp=float(clamp), fastemit_lambda=float(fastemit_lambda),
-                          delay_penalty=float(delay_penalty), sigma=float(sigma), big_blank_durations=tuple(big))
+    o = check_options(options)
+    if not o["big_blank_durations"]:
+        raise ValueError(f"big_blank_durations: expected the big blanks' durations, got {options['big_blank_durations']!r}")
+    if logits.device.type == "cuda" and len(o["big_blank_durations"]) > MAX_DURATIONS - 2:
+        raise ValueError(f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA, got "
+                         f"{len(o['big_blank_durations'])}")
+    blank = check_blank(o.pop("blank"), logits.size(-1))
+    reduction, zero_infinity, check_inputs = o.pop("reduction"), o.pop("zero_infinity"), o.pop("check_inputs")
+    loss_options = LossOptions(blank=blank, **o)
+    joint_checks(loss_options)
     nll = loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
-                    options, check_inputs)
+                    loss_options, check_inputs)
     return reduce_losses(nll, reduction, zero_infinity)
 
 
-class MultiblankLoss(torch.nn.Module):
+multiblank_loss = public_function(MULTIBLANK_LOSS, _multiblank_loss)
+
+
+class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER),
+                     function=multiblank_loss):
     """Module form of :func:`multiblank_loss`: ``MultiblankLoss([2, 4, 8], blank=-1)(logits, targets, T, U)``.
 
     Args:
-        big_blank_durations (list of int): as for :func:`multiblank_loss`.
-        blank (int): the standard blank's column; negative counts from the end.
-        **options: ``sigma``, ``reduction``, ``fastemit_lambda``, ``clamp``, ``zero_infinity``,
-            ``check_inputs``, ``delay_penalty``, as for :func:`multiblank_loss`.
+        {args}
     """
-
-    def __init__(self, big_blank_durations, blank, sigma=0.0, reduction="mean", fastemit_lambda=0.0, clamp=-1.0,
-                 zero_infinity=False, check_inputs=True, delay_penalty=0.0):
-        super().__init__()
-        self.big_blank_durations = list(check_big_blank_durations(big_blank_durations, None))
-        self.blank = check_module_blank(blank)
-        check_sigma(sigma)
-        check_reduction(reduction)
-        check_options(clamp, fastemit_lambda, delay_penalty)
-        self.options = dict(sigma=sigma, reduction=reduction, fastemit_lambda=fastemit_lambda, clamp=clamp,
-                            zero_infinity=zero_infinity, check_inputs=check_inputs, delay_penalty=delay_penalty)
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of ``logits`` (compact or padded), as :func:`multiblank_loss` computes it."""
-        return multiblank_loss(logits, targets, logit_lengths, target_lengths, self.big_blank_durations, self.blank,
-                               **self.options)
-
-    def extra_repr(self):
-        return (f"big_blank_durations={self.big_blank_durations}, blank={self.blank}, "
-                + ", ".join(f"{k}={v!r}" for k, v in self.options.items()))
+        return multiblank_loss(logits, targets, logit_lengths, target_lengths, **self.options)
