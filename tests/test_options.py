@@ -1,4 +1,4 @@
-"""Every loss option on every backend, walked from the one table (transducer/lattices.py: SUPPORTED): an option a
+"""Every loss option on every backend, walked from the declarations (transducer/options.py: SUPPORTED): an option a
 lattice's stages take is honoured (the loss and its gradient equal the float64 reference's with that option),
 one they do not take is refused with a ValueError naming the option and the loss, before any kernel runs.
 LossOptions travels flat through the ops: flat and from_flat are inverses."""
@@ -8,8 +8,8 @@ import torch
 
 from _batches import random_batch
 from transducer import multiblank_loss_reference, tdt_loss_reference, transducer_loss_reference
-from transducer.lattices import KINDS, MULTIBLANK, RNNT, SUPPORTED, TDT, check_supported, kind_of
-from transducer.options import LossOptions
+from transducer.lattices import KINDS, MULTIBLANK, RNNT, TDT, check_supported, kind_of
+from transducer.options import SUPPORTED, LossOptions
 from transducer.custom_ops import loss_call
 
 V = 7  # token columns
@@ -76,6 +76,12 @@ def test_every_option_on_every_backend(kind_name, name, device):
         want_grad[..., :tokens] = want_grad[..., :tokens].clamp(-options.clamp, options.clamp)
     torch.testing.assert_close(loss.cpu(), want.detach(), rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(grad.cpu(), want_grad, rtol=1e-8, atol=1e-10)
+    # the option changes the loss or its gradient (an option no stage reads would pass the comparison above with a
+    # reference that ignores it too)
+    if name != "blank":  # its labels exclude the blank it gives
+        default = loss_call(x, None, *args, V, options._replace(**{name: getattr(BASE[kind_name], name)}), True)
+        default_grad, = torch.autograd.grad(default.sum(), x)
+        assert not (torch.allclose(loss, default) and torch.allclose(grad, default_grad))
 
 
 def test_the_table_names_real_options_and_lattices():
@@ -91,7 +97,7 @@ def test_check_supported_names_the_backend():
     table[TDT.name]["delay_penalty"] = ("cpu",)  # as if the CUDA stage did not read it
     options = LossOptions(durations=(0, 1), delay_penalty=0.5)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr("transducer.lattices.SUPPORTED", table)
+        m.setattr("transducer.options.SUPPORTED", table)
         check_supported(options, TDT, "cpu")
         with pytest.raises(ValueError, match="delay_penalty: the TDT loss does not take this option on cuda"):
             check_supported(options, TDT, "cuda")
@@ -112,3 +118,147 @@ def test_flat_and_back_for_options_that_change_every_step():
         options = LossOptions(delay_penalty=step / 1000, durations=(0, 1, step % 5 + 2))
         assert LossOptions.from_flat(*options.flat()) == options
     assert LossOptions.from_flat(*LossOptions(delay_penalty=0.5).flat()) == LossOptions(delay_penalty=0.5)
+
+
+# ------------------------------------------------------------------- every public entry against the declarations
+
+# every public function and module that takes the losses' options, by name
+ENTRIES = ("transducer_loss", "TransducerLoss", "rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_loss",
+           "MultiblankLoss", "fused_joiner_loss", "FusedJoinerLoss")
+# a value other than the default for each option of the call (the loss's options: VALUES above)
+CALL_VALUES = dict(reduction="sum", zero_infinity=True, check_inputs=False, inplace_grad=True, fused_log_softmax=False,
+                   activation="relu", dropout=0.25, max_rows=5)
+
+
+def _takes(entry, option):
+    """Whether a public entry takes ``option``, by the rule the declarations state (transducer/options.py)."""
+    if option.name in entry.exclude:
+        return False
+    if option.entries is not None:
+        return entry.name in option.entries
+    return option.reads is None or any(lattice in option.reads for lattice in entry.lattices)
+
+
+def test_every_public_entry_is_declared():
+    import transducer
+    declared = {name for name in transducer.__all__ if getattr(getattr(transducer, name), "entry", None)}
+    assert declared == set(ENTRIES)
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_signature_and_docstring_agree_with_the_declarations(name):
+    """Every option an entry takes by the declarations is a typed argument of its signature with the declared
+    default (or the entry's own), and its docstring has one line for it with that type and default; no argument
+    is left undocumented."""
+    import inspect
+    import re
+    import transducer
+    from transducer.options import BY_NAME, OPTIONS, REQUIRED
+    public = getattr(transducer, name)
+    entry = public.entry
+    params = inspect.signature(public).parameters
+    taken = [o for o in OPTIONS if _takes(entry, o)]
+    assert {o.name for o in taken} <= set(params)
+    doc = " ".join(public.__doc__.split())
+    for name_, p in params.items():
+        assert p.annotation is not inspect.Parameter.empty, name_
+        line = re.search(rf"\b{name_} \(([^)]*?)(, optional)?\): ", doc)
+        assert line, f"{name_} is not documented"
+        if name_ in BY_NAME:
+            option = BY_NAME[name_]
+            default = entry.defaults.get(name_, option.default)
+            assert line.group(1) == option.annotation
+            assert " ".join(entry.docs.get(name_, option.doc).split()) in doc
+            if default is REQUIRED:
+                assert p.default is inspect.Parameter.empty and not line.group(2)
+            else:
+                assert p.default == default and line.group(2)
+                assert f"(Default: ``{default!r}``)" in doc
+
+
+def _entry_call(name, options, gen, lattice):
+    """Calls the public entry ``name`` on a small batch of ``lattice`` with ``options`` (a module's go to the
+    module)."""
+    import transducer
+    public = getattr(transducer, name)
+    base = {}
+    if lattice == TDT.name:
+        base["durations"] = (0, 1, 3)
+    if lattice == MULTIBLANK.name:
+        base.update(big_blank_durations=(2, 3), blank=V - 1)
+    options = {**base, **options}
+    blank = options.get("blank", -1 if "rnnt" in name.lower() else 0) % V
+    blanks = list(range(blank - len(options.get("big_blank_durations") or ()), blank + 1))
+    D = len(options.get("durations") or ())
+    logits, targets, T, U = random_batch(gen, 3, 5, 2, V, blanks, rna=True, extra=D)
+    if name.startswith(("fused", "Fused")):
+        J = 4
+        enc, pred = torch.randn(3, 5, J, dtype=torch.float64), torch.randn(3, int(U.max()) + 1, J, dtype=torch.float64)
+        if name == "FusedJoinerLoss":
+            module = public(J, V, **options).double()
+            return module(enc, pred, targets, T, U)
+        weight = torch.randn(V + D, J, dtype=torch.float64)
+        return public(enc, pred, weight, None, targets, T, U, **options)
+    logits = logits * 1  # not a leaf: inplace_grad takes it
+    if name[0].isupper():
+        kind_args = [options.pop(k) for k in ("durations", "big_blank_durations") if k in base]
+        if "blank" in base:
+            kind_args.append(options.pop("blank"))
+        return public(*kind_args, **options)(logits, targets, T, U)
+    return public(logits, targets, T, U, **options)
+
+
+def _walk_cases():
+    import transducer
+    from transducer.options import OPTIONS
+    cases = []
+    for name in ENTRIES:
+        entry = getattr(transducer, name).entry
+        cases += [(name, o.name) for o in OPTIONS if _takes(entry, o) and o.name != "generator"]
+    return cases
+
+
+@pytest.mark.parametrize("name, option", _walk_cases(), ids=[f"{n}-{o}" for n, o in _walk_cases()])
+def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
+    """Each option given to a public function or module (other than its default) reaches the op as given: a
+    LossOptions field in the options the op gets, a call option in the op's arguments or the result's reduction."""
+    from transducer import custom_ops, fused, loss as loss_module, multiblank, tdt
+    seen, reductions = [], []
+    for module, attribute in ((custom_ops, "loss"), (fused, "fused")):
+        op = getattr(module, attribute)
+        monkeypatch.setattr(module, attribute, lambda *a, _op=op, _name=attribute: seen.append((_name, a)) or _op(*a))
+    for module in (loss_module, tdt, multiblank, fused):
+        monkeypatch.setattr(module, "reduce_losses", lambda nll, *a: reductions.append(a) or nll)
+    value = CALL_VALUES.get(option, VALUES.get(option))
+    if option == "blank":
+        value = V - 2 if "ultiblank" in name else 2
+    import transducer
+    from transducer.options import BY_NAME
+    reads = BY_NAME[option].reads or {}
+    lattice = next((lattice for lattice in getattr(transducer, name).entry.lattices if lattice in reads),
+                   getattr(transducer, name).entry.lattices[0])
+    loss = _entry_call(name, {option: value}, torch.Generator().manual_seed(7), lattice)
+    (op_name, args), = seen
+    fused_op = op_name == "fused"
+    ints, floats = args[7:9] if fused_op else args[6:8]
+    options = LossOptions.from_flat(ints, floats)
+    if option == "fused_log_softmax":
+        assert options.from_log_softmax
+    elif option in LossOptions._fields:
+        assert getattr(options, option) == (tuple(value) if isinstance(value, tuple) else value)
+    elif option == "reduction":
+        assert reductions == [("sum", False)]
+    elif option == "zero_infinity":
+        assert reductions == [("mean", True)]
+    elif option == "check_inputs":
+        assert args[12 if fused_op else 8] is False
+    elif option == "inplace_grad":
+        assert args[9] is True
+    elif option == "activation":
+        assert args[9] == "relu"
+    elif option == "dropout":
+        assert args[10] == 0.25 and int(args[11]) != 0
+    elif option == "max_rows":
+        assert args[14] == 5
+    else:
+        raise AssertionError(f"{option}: no check here; give it one")

@@ -1,6 +1,7 @@
 """The losses' lattices, one object each (RNN-T and RNA, TDT, multi-blank RNN-T): its log-probs, walks and
 gradient stages, so that a loss's forward and backward, and the fused joiner loss's tiles, are written once
-for all of them; and the one table of the options each lattice's stages take on each backend.
+for all of them; ``check_supported`` refuses the options a lattice's stages do not read (the table of what each
+reads: transducer/options.py, SUPPORTED).
 
 A loss's scores are seen as two row-major views of the layout's rows: ``tokens`` (N, V) and ``extra`` (N, D),
 TDT's D duration scores (two views of NeMo's (N, V + D) joint, or two heads), None for the others. The per-row
@@ -14,6 +15,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .layout import Layout
+from . import options as _options
 from .options import LossOptions
 
 class Walks(NamedTuple):
@@ -37,22 +39,7 @@ class Lattice(NamedTuple):
     rnnt: Optional[Walks] = None            # TDT with omega > 0: the walks of the plain RNN-T loss
 
 
-__all__ = ["Kind", "RNNT", "TDT", "MULTIBLANK", "KINDS", "kind_of", "SUPPORTED", "check_supported", "ARRAYS"]
-
-_ALL = ("cpu", "cuda")
-
-#: The LossOptions fields each lattice's stages take, and the backends that take each: the one table. A field
-#: set to other than its default for a lattice or backend not listed here is refused (check_supported); the
-#: tests walk every field and backend from it (tests/test_options.py). Adding an option: its field in
-#: LossOptions, its line here, its check (checks.py), the public functions' argument, the stages that read it.
-SUPPORTED = {
-    "RNN-T": {"blank": _ALL, "one_sym_per_frame": _ALL, "from_log_softmax": _ALL, "clamp": _ALL,
-              "fastemit_lambda": _ALL, "delay_penalty": _ALL},
-    "TDT": {"blank": _ALL, "clamp": _ALL, "fastemit_lambda": _ALL, "delay_penalty": _ALL, "durations": _ALL,
-            "sigma": _ALL, "omega": _ALL},
-    "multi-blank RNN-T": {"blank": _ALL, "clamp": _ALL, "fastemit_lambda": _ALL, "delay_penalty": _ALL,
-                          "sigma": _ALL, "big_blank_durations": _ALL},
-}
+__all__ = ["Kind", "RNNT", "TDT", "MULTIBLANK", "KINDS", "kind_of", "check_supported", "ARRAYS"]
 
 _DEFAULTS = LossOptions()
 
@@ -60,7 +47,7 @@ _DEFAULTS = LossOptions()
 def check_supported(options, kind, backend=None):
     """ValueError for a field of ``options`` (a LossOptions) set to other than its default that the lattice
     ``kind`` does not take on ``backend`` ("cpu" or "cuda"; None: on any backend)."""
-    table = SUPPORTED[kind.name]
+    table = _options.SUPPORTED[kind.name]
     for name, value in options._asdict().items():
         if value == getattr(_DEFAULTS, name) or (name in table and (backend is None or backend in table[name])):
             continue
