@@ -221,7 +221,7 @@ def _walk_cases():
 @pytest.mark.parametrize("name, option", _walk_cases(), ids=[f"{n}-{o}" for n, o in _walk_cases()])
 def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
     """Each option given to a public function or module (other than its default) reaches the op as given: a
-    LossOptions field in the options the op gets, a call option in the op's arguments or the result's reduction."""
+    LossOptions field in the options the op gets, a call option in the op's arguments or in the reduction's."""
     from transducer import custom_ops, fused, loss as loss_module, multiblank, tdt
     seen, reductions = [], []
     for module, attribute in ((custom_ops, "loss"), (fused, "fused")):
@@ -237,7 +237,7 @@ def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
     reads = BY_NAME[option].reads or {}
     lattice = next((lattice for lattice in getattr(transducer, name).entry.lattices if lattice in reads),
                    getattr(transducer, name).entry.lattices[0])
-    loss = _entry_call(name, {option: value}, torch.Generator().manual_seed(7), lattice)
+    _entry_call(name, {option: value}, torch.Generator().manual_seed(7), lattice)
     (op_name, args), = seen
     fused_op = op_name == "fused"
     ints, floats = args[7:9] if fused_op else args[6:8]

@@ -1,4 +1,5 @@
-"""The stage contract that ``transducer.cpu_stages`` and ``transducer.cuda_stages`` both implement, as a ``typing.Protocol``
+"""The stage contract that ``transducer.cpu_stages`` and ``transducer.cuda_stages`` both implement, as a
+``typing.Protocol``
 (the same names, arguments and results; tests/test_stages.py checks both signatures against it), and the
 backend of a device (``stages_for``). The structures the stages take (Layout, LossOptions, Walks, Lattice)
 and the layouts of the logits: transducer/layout.py. Per-row float arrays are float32, or float64 for

@@ -1,8 +1,6 @@
 """Argument checks shared by the losses, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
-import functools
-import math
 import operator
 
 import torch
@@ -11,10 +9,9 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 
 from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
 
-__all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_module_blank", "check_loss_values",
-           "bad_labels_error", "duration_scores_note", "plural",
-           "check_pack_values", "check_durations", "check_big_blank_durations", "check_sigma", "check_rows",
-           "check_reduction", "check_options", "check_tdt_options", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
+__all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "bad_labels_error",
+           "duration_scores_note", "plural", "check_pack_values", "check_durations", "check_big_blank_durations",
+           "check_rows", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -71,20 +68,13 @@ def is_index(x):
 def check_blank(blank, num_columns, columns="the vocabulary size is logits.size(-1)"):
     """The blank's column in [0, num_columns): ``blank`` in [-num_columns, num_columns), negative values
     counting from the end (torchaudio's convention: -1 is the last column); TypeError for a non-int."""
-    check_module_blank(blank)
+    if not is_index(blank):
+        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(blank).__name__} "
+                        f"{blank!r}")
     if not -num_columns <= operator.index(blank) < num_columns:
         raise ValueError(f"blank: expected an int in [{-num_columns}, {num_columns}) ({columns}; negative values "
                          f"count from the end), got {blank!r}")
     return operator.index(blank) % num_columns
-
-
-def check_module_blank(blank):
-    """A module's blank, checked against the vocabulary when it is called: an int (negative: from the end);
-    TypeError for another type."""
-    if not is_index(blank):
-        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(blank).__name__} "
-                        f"{blank!r}")
-    return operator.index(blank)
 
 
 def duration_scores_note(D, total, whose, unit):
@@ -190,17 +180,6 @@ def check_big_blank_durations(big_blank_durations, blank, device=None):
     return ds
 
 
-def check_sigma(sigma):
-    _number("sigma", sigma)
-    if not math.isfinite(sigma):
-        raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
-
-
-@functools.lru_cache(maxsize=64)
-def _checked_ints(durations):
-    return check_durations(durations)
-
-
 def check_rows(logits):
     """At most MAX_ROWS rows (cells, padding included) in compact or padded logits: rows are int32 in the
     kernels."""
@@ -208,45 +187,3 @@ def check_rows(logits):
     if rows > MAX_ROWS:
         raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
                          f"{tuple(logits.shape)} with {rows} rows")
-
-
-def check_reduction(reduction):
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
-
-
-def _number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a number, got {value!r}")
-    if math.isnan(value):
-        raise ValueError(f"{name}: expected a number, not NaN")
-
-
-def check_options(clamp, fastemit_lambda, delay_penalty):
-    """The gradient options of every loss: clamp a number (<= 0: off, inf allowed), fastemit_lambda a finite
-    number >= 0, delay_penalty a finite number."""
-    for name, value in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda), ("delay_penalty", delay_penalty)):
-        _number(name, value)
-    if not 0 <= fastemit_lambda < math.inf:
-        raise ValueError(f"fastemit_lambda: expected a number >= 0, and finite, got {fastemit_lambda!r}")
-    if not math.isfinite(delay_penalty):
-        raise ValueError(f"delay_penalty: expected a finite number, got {delay_penalty!r}")
-
-
-def check_tdt_options(durations, sigma, omega, device=None):
-    """TDT's options: the durations as a list (see check_durations; at most MAX_DURATIONS on CUDA), sigma a
-    finite number, omega a number in [0, 1)."""
-    if (type(durations) in (list, tuple) and all(type(d) is int for d in durations)
-            and not torch.compiler.is_compiling()):  # eager steps' usual case, checked once (dynamo: no caches)
-        durations = list(_checked_ints(tuple(durations)))
-    else:
-        durations = list(check_durations(durations))
-    if device is not None and device.type == "cuda" and len(durations) > MAX_DURATIONS:
-        raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(durations)}")
-    for name, value in (("sigma", sigma), ("omega", omega)):
-        _number(name, value)
-    if not math.isfinite(sigma):
-        raise ValueError(f"sigma: expected a finite number, got {sigma!r}")
-    if not 0 <= omega < 1:
-        raise ValueError(f"omega: expected a number in [0, 1), got {omega!r}")
-    return durations

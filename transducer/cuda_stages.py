@@ -118,7 +118,8 @@ def _check_cuda(*tensors):
 
 def _row_major(name, x):
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
-        raise ValueError(f"transducer.cuda_stages: {name} must be 2-D with unit column stride, got strides {x.stride()}")
+        raise ValueError(f"transducer.cuda_stages: {name} must be 2-D with unit column stride, got strides "
+                         f"{x.stride()}")
 
 
 def row_access(itemsize, V, rows, outs=(), stage_rows=0):

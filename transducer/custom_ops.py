@@ -41,8 +41,8 @@ from .layout import NUM_STATS, Layout, table_size
 from .lattices import Lattice, Walks
 from .options import LossOptions
 
-__all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs", "lattice_of",
-           "fake_outputs", "score_views", "in_place_rows"]
+__all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs",
+           "lattice_of", "fake_outputs", "score_views", "in_place_rows"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None,

@@ -29,7 +29,6 @@ forward; the eager backward takes forward's host copy, a traced one reads it aga
 
 import bisect
 import functools
-import operator
 from typing import List, Optional, Tuple
 
 import torch
@@ -39,7 +38,8 @@ from torch import Tensor
 from ops import accumulate_dtype
 
 from .backend import stages_for
-from .checks import FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note, plural
+from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
+                     plural)
 from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs
 from .joiner import ACTIVATIONS, Dropout
 from .lattices import check_supported, kind_of

@@ -5,8 +5,6 @@ log-probs and gradient with the big blanks' columns, and TDT's walk with the big
 several frames.
 """
 
-import torch
-
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
 from .custom_ops import loss_call
 from .layout import MAX_DURATIONS
@@ -50,7 +48,8 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     check_batch(logits, targets, logit_lengths, target_lengths)
     o = check_options(options)
     if not o["big_blank_durations"]:
-        raise ValueError(f"big_blank_durations: expected the big blanks' durations, got {options['big_blank_durations']!r}")
+        raise ValueError(f"big_blank_durations: expected the big blanks' durations, got "
+                         f"{options['big_blank_durations']!r}")
     if logits.device.type == "cuda" and len(o["big_blank_durations"]) > MAX_DURATIONS - 2:
         raise ValueError(f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA, got "
                          f"{len(o['big_blank_durations'])}")

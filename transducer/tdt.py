@@ -3,8 +3,6 @@ the functional form and the module, on the op ``transducer::loss`` (transducer/c
 stage contract: transducer/backend.py; the stages: transducer/cpu_stages.py and transducer/tdt.cu.
 """
 
-import torch
-
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
 from .custom_ops import in_place_rows, loss_call
 from .layout import MAX_DURATIONS
@@ -19,8 +17,8 @@ _DURATION_LOGITS = Param("duration_logits", "Tensor", "``(sum_TU, D)`` or ``(B, 
                          "tensor of the step); None: the last D columns of ``logits``.", None)
 _ORDER = ("durations", "blank", "sigma", "omega", "reduction", "fastemit_lambda", "clamp", "zero_infinity",
           "check_inputs", _DURATION_LOGITS, "delay_penalty")
-_TDT_LOGITS = Param("logits", "Tensor", "compact ``(sum_b T_b*(U_b+1), V + D)`` or padded ``(B, maxT, maxU+1, V + D)``, "
-                    "float16 / bfloat16 / float32 / float64: V token scores (blank among them) then D = len(durations) "
+_TDT_LOGITS = Param("logits", "Tensor", "compact ``(sum_b T_b*(U_b+1), V + D)`` or padded "
+                    "``(B, maxT, maxU+1, V + D)``, float16 / bfloat16 / float32 / float64: V token scores (blank among them) then D = len(durations) "
                     "duration scores per row (NeMo's joint); with ``duration_logits``, the V token scores alone. Rows "
                     "with a unit last stride are read in place (a column slice of a wider tensor), other layouts "
                     "copied once.")
@@ -82,8 +80,10 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
 tdt_loss = public_function(TDT_LOSS, _tdt_loss)
 
 
-class TDTLoss(LossModule, entry=TDT_LOSS._replace(name="TDTLoss", params=tuple(p for p in _ORDER if isinstance(p, str))),
-              function=tdt_loss):
+_MODULE = TDT_LOSS._replace(name="TDTLoss", params=tuple(p for p in _ORDER if p != _DURATION_LOGITS))
+
+
+class TDTLoss(LossModule, entry=_MODULE, function=tdt_loss):
     """Module form of :func:`tdt_loss`: ``TDTLoss(durations=[0, 1, 2, 3, 4], blank=0)(logits, targets, T, U)``.
 
     Args:
