@@ -5,7 +5,8 @@ bf16 logits, the floor, and (b) today's forward tile, that GEMM then the log-pro
 
     python benchmarks/hopper_gemm.py                         # every case, the default kernel
     python benchmarks/hopper_gemm.py --cases protocol-a      # some of them (protocol-a, flash, parakeet-tdt)
-    python benchmarks/hopper_gemm.py --configs 256,2,1,1 128,2,1,2   # kernels of other shapes (hopper.Config)
+    python benchmarks/hopper_gemm.py --configs default 256,2,1,1 128,2,1,2   # and kernels of other shapes
+                                                             # (tile_n,warpgroups,cluster_m,occupancy: hopper.Config)
 
 Cases (bf16, uniform lengths giving the row counts of fused_step.py's cases):
     protocol-a     B 30, T 400, U 59: 720,000 rows, 512 -> 500 (GEMMs at 512)
@@ -50,8 +51,10 @@ def timed(fn):
     return e0.elapsed_time(e1) / REPS
 
 
-def run_case(name, configs):
+def run_case(name, config_names):
     B, T, U, J, V, Vp = CASES[name]
+    configs = [hopper.default_config(V) if c == "default" else hopper.Config(*map(int, c.split(",")))
+               for c in config_names]
     N = B * T * (U + 1)
     g = torch.Generator(device="cuda").manual_seed(0)
     H = torch.randn(N, J, device="cuda", generator=g).to(torch.bfloat16)
@@ -102,13 +105,12 @@ def run_case(name, configs):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    p.add_argument("--configs", nargs="*", default=[",".join(map(str, hopper.DEFAULT))],
-                   help="kernel shapes tile_n,warpgroups,cluster_m,occupancy (hopper.Config)")
+    p.add_argument("--configs", nargs="*", default=["default"],
+                   help="kernel shapes: default (hopper.default_config) or tile_n,warpgroups,cluster_m,occupancy")
     a = p.parse_args()
-    configs = [hopper.Config(*map(int, c.split(","))) for c in a.configs]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, available: {hopper.available()}")
     for name in a.cases:
-        run_case(name, configs)
+        run_case(name, a.configs)
 
 
 if __name__ == "__main__":

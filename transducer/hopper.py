@@ -32,9 +32,15 @@ class Config(NamedTuple):
     occupancy: int = 1
 
 
-# tiles of 128 x 256, one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper GEMM)
-DEFAULT = Config()
 DTYPES = (torch.bfloat16, torch.float16)
+
+
+def default_config(V):
+    """The kernel's shape for V columns: up to 1024, tiles of 128 x 128 and two CTAs per SM, so that one CTA's
+    epilogue overlaps the other's MMAs; wider, tiles of 128 x 256 and one CTA per SM with the deepest ring of loads
+    that fits (CUTLASS's cooperative Hopper GEMM), where the epilogue weighs less against the longer main loop
+    (DESIGN.md: The logits statistics on Hopper)."""
+    return Config(128, 2, 1, 2) if V <= 1024 else Config(256, 2, 1, 1)
 
 
 def available(device=None) -> bool:
@@ -86,7 +92,7 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
         raise ValueError(f"labels: expected an int32 ({N},) tensor on {H.device}, got {_describe(labels)}")
     if not 0 <= blank < V:
         raise ValueError(f"blank: expected a column in [0, {V}), got {blank}")
-    return _logits_statistics(H, W, bias, labels, blank, DEFAULT)
+    return _logits_statistics(H, W, bias, labels, blank, default_config(V))
 
 
 def _logits_statistics(H, W, bias, labels, blank, config):
