@@ -208,7 +208,9 @@ class LogitsStatistics:
                 self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
                 produced.advance()
 
-            # the epilogue of this vocabulary tile: bias (and -inf past V), then the running statistics and picks
+            # the epilogue of this vocabulary tile: bias (and -inf past V), then the running statistics and picks;
+            # loops over the accumulators unrolled at trace time, so that every register index is a constant (a
+            # run-time index would move the accumulators to local memory)
             first_col = n_tile * self.tile_n
             for c in cutlass.range_constexpr(cols):
                 b = col_bias[first_col + coords_rc[0, c][1]]
@@ -223,7 +225,8 @@ class LogitsStatistics:
                 tile_sum = cutlass.Float32(0.0)
                 for c in cutlass.range_constexpr(cols):
                     tile_sum += cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_max, approx=True, ftz=True)
-                row_sum[r] = row_sum[r] * cute.math.exp2(row_max[r] * LOG2E - scaled_max, approx=True, ftz=True) + tile_sum
+                rescale = cute.math.exp2(row_max[r] * LOG2E - scaled_max, approx=True, ftz=True)
+                row_sum[r] = row_sum[r] * rescale + tile_sum
                 row_max[r] = new_max
                 label_at = label[r] - first_col
                 blank_at = blank - first_col
