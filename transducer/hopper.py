@@ -7,8 +7,8 @@ without Z in memory: the GEMM's epilogue keeps a running max and sum per row ove
 attention does over its key tiles) and picks the two entries as their tile passes.
 
 The kernel needs ``nvidia-cutlass-dsl``, imported only when a kernel is first compiled: importing this module, or
-``transducer``, never needs it. Kernels are compiled once per (J, vocabulary tiles, dtype) and kept for the process;
-the row count, V, the bias and the blank are run-time arguments.
+``transducer``, never needs it. Kernels are compiled once per (J, vocabulary tiles, dtype, kernel shape) and kept for
+the process; the row count, V, the bias and the blank are run-time arguments.
 """
 
 import functools
@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 
 __all__ = ["available", "logits_statistics"]
-
 
 
 class Config(NamedTuple):
@@ -78,7 +77,7 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
         raise ValueError(f"H: expected a contiguous CUDA tensor with J a positive multiple of 8 (16-byte rows), got "
                          f"{_describe(H)}")
     if not isinstance(W, Tensor) or W.dim() != 2 or W.size(1) != J or W.dtype != H.dtype:
-        raise ValueError(f"W: expected a ({'V'}, {J}) tensor of H's dtype {H.dtype}, got {_describe(W)}")
+        raise ValueError(f"W: expected a (V, {J}) tensor of H's dtype {H.dtype}, got {_describe(W)}")
     if W.device != H.device or not W.is_contiguous():
         raise ValueError(f"W: expected a contiguous tensor on {H.device}, got {_describe(W)}")
     V = W.size(0)
