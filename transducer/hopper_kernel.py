@@ -1,0 +1,282 @@
+"""The logits statistics kernel for Hopper (sm_90a), written in CuTe DSL: the GEMM Z = H W^T whose epilogue keeps,
+for each row r, a running max and sum of exp over the vocabulary tiles and picks Z[r, blank] and Z[r, labels[r]], so
+that no tile of Z leaves the chip. Imported by transducer.hopper only, when ``nvidia-cutlass-dsl`` is importable.
+
+One CTA owns ``tile_m`` rows and walks every vocabulary tile of ``tile_n`` columns, as flash attention walks its key
+tiles: the running statistics stay in registers and each row's results are written once. The main loop follows
+CUTLASS's CuTe DSL Hopper GEMM (examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm.py): TMA loads of
+H and W tiles into a ring of shared-memory stages (``PipelineTmaAsync``), issued by warp 0, a cluster along the rows
+multicasting each W tile to its CTAs, WGMMA with the accumulators in registers, one MMA group in flight. The load
+ring runs across the vocabulary tiles, so the next tile's loads overlap the epilogue of this one.
+
+The epilogue reads each accumulator with its (row, column) in the tile (an identity tensor partitioned like the
+accumulators, the accumulators viewed as (rows, columns) as quack's ``layout_utils.make_acc_tensor_mn_view`` does);
+each thread keeps its own max and sum over the columns it holds, and the four threads holding a row merge theirs
+once at the end. Columns at and past V get -inf from the column bias (``col_bias``: the bias, 0 without one, then
+-inf up to the padded width), so they add nothing to the sum and the GEMM needs no padded W (TMA fills the rows of W
+past V with zeros).
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+LOG2E = math.log2(math.e)
+# The running max starts here rather than at -inf: (max_old - max_new) * log2(e) stays finite (no inf - inf) while a
+# thread has seen only masked columns, and no real logit is this small.
+NO_MAX = -1.0e30
+THREADS_PER_WARPGROUP = 128
+
+
+class LogitsStatistics:
+    """The kernel for one configuration: ``warpgroups`` consumer warpgroups of 64 rows each (tile_m = 64 *
+    warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m`` CTAs along the
+    rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages."""
+
+    def __init__(self, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1, occupancy: int = 1):
+        if tile_n not in (64, 128, 256):
+            raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
+        if warpgroups not in (1, 2):
+            raise ValueError(f"warpgroups: expected 1 or 2, got {warpgroups}")
+        if cluster_m not in (1, 2):
+            raise ValueError(f"cluster_m: expected 1 or 2, got {cluster_m}")
+        self.n_tiles = n_tiles
+        self.tile_n = tile_n
+        self.warpgroups = warpgroups
+        self.tile_m = 64 * warpgroups
+        self.cluster_m = cluster_m
+        self.occupancy = occupancy
+        self.threads = THREADS_PER_WARPGROUP * warpgroups
+        self.acc_dtype = cutlass.Float32
+
+    def _setup(self, h: cute.Tensor, w: cute.Tensor):
+        self.ab_dtype = h.element_type
+        self.h_layout = utils.LayoutEnum.from_tensor(h)
+        self.w_layout = utils.LayoutEnum.from_tensor(w)
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
+            self.acc_dtype, (self.warpgroups, 1, 1), tiler_mn=(64, self.tile_n))
+        tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
+        self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
+        stage_bytes = (self.tile_m + self.tile_n) * tile_k * self.ab_dtype.width // 8
+        capacity = utils.get_smem_capacity_in_bytes("sm_90") // self.occupancy - 1024  # 1024: the barriers
+        self.stages = min(8, capacity // stage_bytes)
+        self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype, self.stages)
+        self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
+
+    @cute.jit
+    def __call__(self, h: cute.Tensor, w: cute.Tensor, col_bias: cute.Tensor, labels: cute.Tensor,
+                 den: cute.Tensor, z_blank: cute.Tensor, z_label: cute.Tensor, blank: cutlass.Int32,
+                 stream: cuda.CUstream):
+        """h (N, J), w (V, J), both K-major; col_bias (n_tiles * tile_n,) fp32; labels (N,) int32; den, z_blank,
+        z_label (N,) fp32, written."""
+        self._setup(h, w)
+        tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
+            (self.tile_m, self.tile_mnk[2]))
+        w_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1
+                else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
+        tma_w, tma_w_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            w_op, w, cute.slice_(self.w_smem_layout, (None, None, 0)), (self.tile_n, self.tile_mnk[2]),
+            num_multicast=self.cluster_m)
+
+        @cute.struct
+        class SharedStorage:
+            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
+            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
+        clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
+        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, den, z_blank, z_label, blank,
+                    self.tiled_mma, self.h_smem_layout, self.w_smem_layout).launch(
+            grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
+               col_bias: cute.Tensor, labels: cute.Tensor, den: cute.Tensor, z_blank: cute.Tensor,
+               z_label: cute.Tensor, blank: cutlass.Int32, tiled_mma: cute.TiledMma,
+               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+        n_rows = mH.shape[0]
+        m_block = bidx
+        rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
+        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
+        stage_bytes = (cute.size_in_bytes(self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0)))
+                       + cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0))))
+        # a stage is free once every warp of every CTA that W's multicast writes into has released it
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * self.threads // 32)
+        loads = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread), consumer_group=consumers,
+            tx_count=stage_bytes, cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)), defer_sync=True)
+        pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
+
+        # (tile_m, tile_k, k_tiles) of H; (tile_n, tile_k, n_tiles, k_tiles) of W
+        gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (m_block, None))
+        gW = cute.local_tile(mW, (self.tile_n, self.tile_mnk[2]), (None, None))
+        tHsH, tHgH = cute.nvgpu.cpasync.tma_partition(
+            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2))
+        tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
+            tma_w, rank_in_cluster, cute.make_layout(self.cluster_m), cute.group_modes(sW, 0, 2),
+            cute.group_modes(gW, 0, 2))
+        w_mcast_mask = 0
+        if cutlass.const_expr(self.cluster_m > 1):
+            w_mcast_mask = cutlass.Int16((1 << self.cluster_m) - 1)  # every CTA of the cluster
+
+        # the MMA's operands are sliced per warpgroup, its accumulators per thread
+        warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        wg_mma = tiled_mma.get_slice(warpgroup * THREADS_PER_WARPGROUP)
+        tCrH = tiled_mma.make_fragment_A(wg_mma.partition_A(sH))
+        tCrW = tiled_mma.make_fragment_B(wg_mma.partition_B(sW))
+        # the accumulators and each one's (row, column) in the tile, viewed as (rows, columns) of this thread
+        tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tCcC = tiled_mma.get_slice(tidx).partition_C(tile_coords)
+        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
+        coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
+        rows = cute.size(acc_rc, mode=[0])
+        cols = cute.size(acc_rc, mode=[1])
+
+        row_max = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        row_sum = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        pick_blank = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        pick_label = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        label = cute.make_rmem_tensor((rows,), cutlass.Int32)
+        for r in cutlass.range_constexpr(rows):
+            row_max[r] = NO_MAX
+            row_sum[r] = 0.0
+            pick_blank[r] = 0.0
+            pick_label[r] = 0.0
+            label[r] = -1
+            row = m_block * self.tile_m + coords_rc[r, 0][0]
+            if row < n_rows:
+                label[r] = labels[row]
+
+        k_tiles = cute.size(gH, mode=[2])
+        total = self.n_tiles * k_tiles
+        produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))
+
+        if warp_idx == 0:
+            for _ in cutlass.range(cutlass.min(self.stages, total), unroll=1):
+                self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                produced.advance()
+
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        k_blocks = cute.size(tCrH, mode=[2])
+        for n_tile in cutlass.range(self.n_tiles, unroll=1):
+            acc.fill(0.0)
+            for k_tile in cutlass.range(k_tiles, unroll=1):
+                loads.consumer_wait(read)
+                cute.nvgpu.warpgroup.fence()
+                for k_block in cutlass.range_constexpr(k_blocks):
+                    coord = (None, None, k_block, read.index)
+                    cute.gemm(tiled_mma, acc, tCrH[coord], tCrW[coord], acc)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
+                if k_tile > 0:
+                    loads.consumer_release(release)
+                    release.advance()
+                    if warp_idx == 0 and produced.count < total:
+                        self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                        produced.advance()
+                read.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            loads.consumer_release(release)
+            release.advance()
+            if warp_idx == 0 and produced.count < total:
+                self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                produced.advance()
+
+            # the epilogue of this vocabulary tile: bias (and -inf past V), then the running statistics and picks;
+            # loops over the accumulators unrolled at trace time, so that every register index is a constant (a
+            # run-time index would move the accumulators to local memory)
+            first_col = n_tile * self.tile_n
+            for c in cutlass.range_constexpr(cols):
+                b = col_bias[first_col + coords_rc[0, c][1]]
+                for r in cutlass.range_constexpr(rows):
+                    acc_rc[r, c] = acc_rc[r, c] + b
+            for r in cutlass.range_constexpr(rows):
+                tile_max = acc_rc[r, 0]
+                for c in cutlass.range_constexpr(1, cols):
+                    tile_max = cute.arch.fmax(tile_max, acc_rc[r, c])
+                new_max = cute.arch.fmax(row_max[r], tile_max)
+                scaled_max = new_max * LOG2E
+                tile_sum = cutlass.Float32(0.0)
+                for c in cutlass.range_constexpr(cols):
+                    tile_sum += cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_max, approx=True, ftz=True)
+                rescale = cute.math.exp2(row_max[r] * LOG2E - scaled_max, approx=True, ftz=True)
+                row_sum[r] = row_sum[r] * rescale + tile_sum
+                row_max[r] = new_max
+                label_at = label[r] - first_col
+                blank_at = blank - first_col
+                for c in cutlass.range_constexpr(cols):
+                    col = coords_rc[r, c][1]
+                    pick_label[r] = acc_rc[r, c] if col == label_at else pick_label[r]
+                    pick_blank[r] = acc_rc[r, c] if col == blank_at else pick_blank[r]
+
+        # the four threads of a quad hold a row's columns between them: merge their statistics and picks
+        lane = cute.arch.lane_idx()
+        for r in cutlass.range_constexpr(rows):
+            quad_max = row_max[r]
+            for offset in cutlass.range_constexpr(2):
+                quad_max = cute.arch.fmax(quad_max, cute.arch.shuffle_sync_bfly(quad_max, offset=1 << offset))
+            total_sum = row_sum[r] * cute.math.exp2((row_max[r] - quad_max) * LOG2E, approx=True, ftz=True)
+            z_b = pick_blank[r]
+            z_l = pick_label[r]
+            for offset in cutlass.range_constexpr(2):
+                total_sum += cute.arch.shuffle_sync_bfly(total_sum, offset=1 << offset)
+                z_b += cute.arch.shuffle_sync_bfly(z_b, offset=1 << offset)
+                z_l += cute.arch.shuffle_sync_bfly(z_l, offset=1 << offset)
+            row = m_block * self.tile_m + coords_rc[r, 0][0]
+            if lane % 4 == 0:
+                if row < n_rows:
+                    den[row] = quad_max + cute.math.log(total_sum)
+                    z_blank[row] = z_b
+                    z_label[row] = z_l
+
+        # a CTA of a cluster leaves only once its peers no longer multicast into its shared memory
+        if cutlass.const_expr(self.cluster_m > 1):
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
+        """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
+        k_tiles) into stage ``state.index``."""
+        loads.producer_acquire(state)
+        n_tile = state.count // k_tiles
+        k_tile = state.count % k_tiles
+        barrier = loads.producer_get_barrier(state)
+        cute.copy(tma_h, tHgH[(None, k_tile)], tHsH[(None, state.index)], tma_bar_ptr=barrier)
+        cute.copy(tma_w, tWgW[(None, n_tile, k_tile)], tWsW[(None, state.index)], tma_bar_ptr=barrier,
+                  mcast_mask=w_mcast_mask)
+        loads.producer_commit(state)
+
+
+def _rows_by_columns(acc_layout):
+    """The WGMMA accumulators' layout ((2, 2, V), MMA_M, MMA_N) viewed as ((2, MMA_M), (2, V, MMA_N)): rows by
+    columns of one thread's part of the tile (quack's layout_utils.convert_layout_acc_mn)."""
+    plain = cute.make_layout(acc_layout.shape)
+    shape = ((plain.shape[0][1], plain.shape[1]), (plain.shape[0][0], *plain.shape[0][2:], plain.shape[2]))
+    stride = ((plain.stride[0][1], plain.stride[1]), (plain.stride[0][0], *plain.stride[0][2:], plain.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
