@@ -71,36 +71,33 @@ def struct(name: str, fields):
 
 
 def _flattener(cls):
-    """The function that appends a value's fields, as the struct module packs them, to a list."""
-    steps = []
-    for i, (field, ctype) in enumerate(cls.c_fields):
-        if ctype == "ptr":
-            steps.append((i, 0, None))
-        elif isinstance(ctype, type):
-            steps.append((i, 1, ctype))
-        elif isinstance(ctype, tuple):
-            steps.append((i, 3, ctype[1]))
-        else:
-            steps.append((i, 2, None))
+    """The function ``flatten(value, out)`` that appends a value's fields, as the struct module packs them, to the
+    list ``out``: made from the fields as source (nested structs inlined), as dataclasses makes ``__init__``, since
+    a launch packs one per call and a loop over the fields costs several times more host time."""
+    checks, values, scope = [], [], {}
 
-    def flatten(value, out):
-        if type(value) is not cls:
-            raise TypeError(f"expected a {cls.__name__} (ops.params.struct), got {type(value).__name__}")
-        for i, kind, extra in steps:
-            x = value[i]
-            if kind == 0:
-                out.append(0 if x is None else x.data_ptr())
-            elif kind == 1:
-                extra.c_flatten(x, out)
-            elif kind == 2:
-                out.append(x)
+    def visit(struct_cls, path):
+        name = f"_{len(scope)}"
+        scope[name] = struct_cls
+        checks.append(f"if type({path}) is not {name}: raise TypeError('expected a {struct_cls.__name__} "
+                      f"(ops.params.struct), got ' + type({path}).__name__)")
+        for i, (field, ctype) in enumerate(struct_cls.c_fields):
+            x = f"{path}[{i}]"
+            if ctype == "ptr":
+                values.append(f"(0 if {x} is None else {x}.data_ptr())")
+            elif isinstance(ctype, type):
+                visit(ctype, x)
+            elif isinstance(ctype, tuple):
+                checks.append(f"if len({x}) != {ctype[1]}: raise ValueError('{struct_cls.__name__}.{field}: expected "
+                              f"{ctype[1]} values, got ' + str(len({x})))")
+                values.append(f"*{x}")
             else:
-                if len(x) != extra:
-                    raise ValueError(f"{cls.__name__}.{cls._fields[i]}: expected {extra} values, got {len(x)}")
-                out.extend(x)
-        return out
+                values.append(x)
 
-    return flatten
+    visit(cls, "value")
+    body = "\n    ".join(checks + [f"out.extend(({', '.join(values)},))", "return out"])
+    exec(f"def flatten(value, out):\n    {body}\n", scope)
+    return scope["flatten"]
 
 
 #: ops/fast_divmod.cuh's ``struct FastDivmod`` (``FastDivmod(d).params()`` fills it).

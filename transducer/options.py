@@ -12,6 +12,8 @@ import math
 import operator
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
+import torch
+
 from .checks import REDUCTIONS, check_big_blank_durations, check_durations, is_index
 from .joiner import ACTIVATIONS, check_dropout
 
@@ -126,7 +128,6 @@ def _dropout(value):
 
 
 def _generator(value):
-    import torch
     if value is not None and (not isinstance(value, torch.Generator) or value.device.type != "cpu"):
         raise TypeError(f"generator: expected a CPU torch.Generator (dropout's seed), got {value!r}")
     return value
@@ -207,7 +208,19 @@ def check_option(name, value):
 
 
 def _flat(self):
-    """(ints, floats): bools and ints as ints, a tuple as its length then its ints, floats as floats."""
+    """(ints, floats): bools and ints as ints, a tuple as its length then its ints, floats as floats (new lists,
+    each distinct options' made once)."""
+    if torch.compiler.is_compiling():
+        return _make_flat(self)
+    flat = _FLAT.get(self)
+    if flat is None:
+        if len(_FLAT) >= _FROM_FLAT_SIZE:
+            _FLAT.clear()
+        flat = _FLAT.setdefault(self, _make_flat(self))
+    return list(flat[0]), list(flat[1])
+
+
+def _make_flat(self):
     ints, floats = [], []
     for name, kind in _FLAT_KINDS:
         value = getattr(self, name)
@@ -257,6 +270,7 @@ LossOptions.flat = _flat
 LossOptions.from_flat = classmethod(_from_flat)
 
 _FROM_FLAT = {}  # (ints, floats) -> LossOptions: a training run meets a handful
+_FLAT = {}  # LossOptions -> (ints, floats)
 _FROM_FLAT_SIZE = 256
 # the fields and their kinds as plain strings, which torch.compile traces
 _FLAT_KINDS = tuple((option.name, option.field_type) for option in _FIELDS)

@@ -147,8 +147,37 @@ def public_function(entry, implementation):
 
 
 def check_options(values):
-    """Each option of ``values`` (a dict of given values) checked, in the form the loss uses."""
-    return {name: BY_NAME[name].check(value) for name, value in values.items()}
+    """Each option of ``values`` (a dict of given values) checked, in the form the loss uses: a new dict. The
+    checked options of plain values (numbers, strings, None, sequences of ints) are kept, a bounded number, so
+    that the steps of a training run check theirs once."""
+    key = _cache_key(values)
+    checked = _CHECKED.get(key) if key is not None else None
+    if checked is None:
+        checked = {name: BY_NAME[name].check(value) for name, value in values.items()}
+        if key is not None and not torch.compiler.is_compiling():
+            if len(_CHECKED) >= _CHECKED_SIZE:  # options that change every step (a schedule) stay bounded
+                _CHECKED.clear()
+            _CHECKED[key] = checked
+    return dict(checked)
+
+
+_CHECKED = {}  # the given options as a key -> the checked ones
+_CHECKED_SIZE = 256
+_PLAIN = frozenset((bool, int, float, str, type(None), tuple, list))
+
+
+def _cache_key(values):
+    """A key of the given options (their names, values and types: True and 1 differ), or None where one is not a
+    plain value (a tensor, a generator, a sequence of other than ints)."""
+    given = tuple(values.values())
+    types = tuple(map(type, given))
+    if not _PLAIN.issuperset(types):
+        return None
+    if tuple in types or list in types:
+        if not all(type(d) is int for v in given if type(v) in (tuple, list) for d in v):
+            return None
+        given = tuple(tuple(v) if type(v) is list else v for v in given)
+    return tuple(values), given, types
 
 
 class LossModule(torch.nn.Module):
