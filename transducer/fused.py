@@ -406,14 +406,16 @@ _MODULE_PARAMS = (
     Param("vocab_size", "int", "V, the token columns (blank included)."),
     "activation",
     Param("bias", "bool", "the projection has a bias.", True),
+    "blank", "reduction", "one_sym_per_frame", "zero_infinity", "check_inputs", "max_rows", "clamp", "fastemit_lambda",
+    "delay_penalty", "durations", "sigma", "omega", "big_blank_durations", "dropout",
+    Param("device", "torch.device", "the projection's device.", None),
+    Param("dtype", "torch.dtype", "the projection's dtype.", None),
 )
 _MODULE_DOCS = dict(_DOCS, blank="the blank's column; negative counts from the end.",
                     dropout="the rate of dropout on the joiner's hidden in training mode, as for "
                             ":func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in "
                             "eval mode.")
-_MODULE = Entry("FusedJoinerLoss", LATTICES, _MODULE_PARAMS, exclude=("from_log_softmax",), docs=_MODULE_DOCS,
-               tail=(Param("device", "torch.device", "the projection's device.", None),
-                     Param("dtype", "torch.dtype", "the projection's dtype.", None)))
+_MODULE = Entry("FusedJoinerLoss", LATTICES, _MODULE_PARAMS, exclude=("from_log_softmax",), docs=_MODULE_DOCS)
 
 
 class FusedJoinerLoss(LossModule, entry=_MODULE, function=fused_joiner_loss):

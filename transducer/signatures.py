@@ -6,7 +6,6 @@ option of those lattices follows as a keyword-only argument. The signatures are 
 ``Args`` sections, one typed line per argument.
 """
 
-import inspect
 import re
 import textwrap
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
@@ -15,7 +14,7 @@ import torch
 
 from .options import BY_NAME, OPTIONS, REQUIRED
 
-__all__ = ["Param", "Entry", "public_function", "LossModule", "entry_options"]
+__all__ = ["Param", "Entry", "public_function", "check_options", "LossModule"]
 
 _WIDTH = 116
 
@@ -37,7 +36,6 @@ class Entry(NamedTuple):
     exclude: Tuple[str, ...] = ()    # options of its lattices it does not take
     defaults: dict = {}              # option name -> its default here
     docs: dict = {}                  # option name -> its documentation here
-    tail: Tuple[Param, ...] = ()     # keyword-only Params after the options (a module's device, dtype)
 
     def options(self):
         """The options this entry takes, in signature order: those named in ``params``, then the others of its
@@ -76,7 +74,7 @@ def _arg_line(name, annotation, doc, default):
     return text.replace("\u00a0", " ")
 
 
-def _arguments(entry, skip=()):
+def _arguments(entry):
     """[(name, annotation, doc, default, is_option, keyword_only)] of ``entry``, in signature order."""
     named, rest = entry.options()
     out = []
@@ -86,19 +84,12 @@ def _arguments(entry, skip=()):
         else:
             out.append(_option_argument(entry, p, False))
     out += [_option_argument(entry, name, True) for name in rest]
-    out += [(p.name, p.annotation, p.doc, p.default, False, True) for p in entry.tail]
-    return [a for a in out if a[0] not in skip]
+    return out
 
 
 def _option_argument(entry, name, keyword_only):
     o = BY_NAME[name]
     return (name, o.annotation, entry.docs.get(name, o.doc), entry.defaults.get(name, o.default), True, keyword_only)
-
-
-def entry_options(entry):
-    """The names of the options ``entry`` takes, in signature order."""
-    named, rest = entry.options()
-    return named + rest
 
 
 def _define(name, arguments, body, namespace):
@@ -215,14 +206,3 @@ class LossModule(torch.nn.Module):
 
     def extra_repr(self):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-
-
-def signature_of(entry):
-    """The inspect.Signature the declarations give ``entry`` (what its function or module shows)."""
-    arguments = _arguments(entry)
-    kinds = [inspect.Parameter.KEYWORD_ONLY if keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
-             for *_, keyword_only in arguments]
-    return inspect.Signature([
-        inspect.Parameter(n, kind, default=inspect.Parameter.empty if d is REQUIRED else d,
-                          annotation=_annotation(a, d))
-        for (n, a, _, d, _, _), kind in zip(arguments, kinds)])
