@@ -76,7 +76,7 @@ def _arg_line(name, annotation, doc, default):
 
 def _arguments(entry):
     """[(name, annotation, doc, default, is_option, keyword_only)] of ``entry``, in signature order."""
-    named, rest = entry.options()
+    _, rest = entry.options()
     out = []
     for p in entry.params:
         if isinstance(p, Param):
