@@ -15,8 +15,9 @@ from transducer import cuda_stages as cuda, layout
 from transducer.joiner import ACTIVATIONS
 
 ROOT = ops.cuda_include_dir()
-SOURCES = ["ops/fast_divmod.cuh", "transducer/common.cuh", "transducer/stages.cu", "transducer/tdt.cu",
-           "transducer/pack.cu", "ops/gather.cu", "ops/reduce.cu", "ragged/ragged.cu"]
+SOURCES = ["ops/fast_divmod.cuh", "transducer/layout.cuh", "transducer/params.cuh", "transducer/row_pass.cuh",
+           "transducer/arcs.cuh", "transducer/stages.cu", "transducer/tdt.cu", "transducer/pack.cu", "ops/gather.cu",
+           "ops/reduce.cu", "ragged/ragged.cu"]
 PARAMS = [cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
           cuda.TDT_LOG_PROBS_PARAMS, cuda.TDT_WALK_PARAMS, cuda.TDT_GRADIENT_PARAMS, cuda.PACK_FORWARD_PARAMS,
           cuda.PACK_GRAD_PARAMS, gather_cuda.GATHER_PARAMS, reduce_cuda.REDUCE_PARAMS, reduce_cuda.FINALIZE_PARAMS,
