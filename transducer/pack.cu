@@ -22,15 +22,15 @@
 // ACCUMULATE the sums are added to the output (of the accumulation type), else they overwrite it.
 
 #include "transducer/layout.cuh"
-#include "transducer/row_pass.cuh"
+#include "transducer/row_pass.cuh"  // kThreads: the pack kernels' block too
 
 namespace td {
 // transducer/joiner.py: ACTIVATIONS (each one's code)
 enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5 };
 
-// activate and activation_slope take each code of enum Activation in a branch of their own; the last branch,
-// reached by a code without one, does not compile (tests/test_kernels_compile.py instantiates the pack kernels
-// for every activation of joiner.py's table).
+// activate and activation_slope take each code of enum Activation in a branch of its own; a code without one
+// reaches the last branch, whose static_assert of this false constant stops the compilation
+// (tests/test_kernels_compile.py instantiates the pack kernels for every activation of joiner.py's table).
 template <int ACT>
 constexpr bool kActivationWithoutCase = false;
 
