@@ -4,7 +4,8 @@ At run time the kernels are compiled by NVRTC on first launch (ops.cuda.launch),
 does not compile fails only on a GPU. Here nvcc compiles each .cu file for the oldest and newest
 targets the project supports, with the launch's options (-std=c++17, -I<the folder holding the
 packages>), and instantiates the template kernels of the table below, as ops.cuda.launch names
-them: a wrapper includes the file and takes the address of each instantiation.
+them (the pack kernels for every activation of transducer/joiner.py's table): a wrapper includes the
+file and takes the address of each instantiation.
 
 Skipped without nvcc on PATH.
 """
@@ -16,6 +17,7 @@ import subprocess
 import pytest
 
 import ops
+from transducer.joiner import ACTIVATIONS
 
 # Kernel files and the instantiations compiled for each: edit this table with the kernels.
 KERNELS = {
@@ -50,21 +52,15 @@ KERNELS = {
         "gradient_kernel<double, int, 2, 8, true, false, false, true, false, false>",
         "gradient_kernel<ops::bf16_t, int, 8, 8, false, false, false, true, false, true>",
     ],
-    "transducer/pack.cu": [
+    "transducer/pack.cu": [  # and every activation: PACK_ACTIVATIONS
         "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 8, 0, false>",
-        "pack_forward_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8, 1, true>",
         "pack_forward_kernel<float, float, float, float, 1, 2, false>",
-        "pack_forward_kernel<double, double, double, double, 2, 4, true>",
         "pack_forward_kernel<float, ops::bf16_t, float, ops::bf16_t, 8, 3, false>",
-        "pack_forward_kernel<float, float, float, ops::half_t, 4, 5, true>",
         "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8, true, false, 0, false>",
-        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 2, false, true, 1, true>",
         "pack_grad_kernel<float, float, float, float, float, 4, false, false, 2, false>",
-        "pack_grad_kernel<double, double, double, double, double, 1, true, true, 4, true>",
         "pack_grad_kernel<ops::bf16_t, float, ops::bf16_t, float, float, 8, true, true, 3, false>",
-        "pack_grad_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, float, 8, false, true, 5, true>",
-        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, true, true, 0, true>",
         "pack_grad_kernel<ops::bf16_t, float, float, float, float, 8, false, true, 1, false>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, true, true, 0, true>",
         "pack_grad_kernel<ops::half_t, float, float, float, float, 4, false, true, 2, true>",
     ],
     "transducer/tdt.cu": [
@@ -80,6 +76,23 @@ KERNELS = {
         "tdt_gradient_kernel<double, int, 1, 8, false, true, true, false>",
     ],
 }
+
+# The pack kernels for each activation of transducer/joiner.py's table, by its code (pack.cu's enum Activation, which
+# tests/test_kernel_params.py checks against the table): a code without its case in activate or activation_slope
+# does not compile. The types cover the packed 16-bit path (sm_80 and later), the fp32 path with tanh.approx
+# (16-bit outputs), float64, and dropout.
+PACK_ACTIVATIONS = [
+    f"{kernel}<{types}, {code}, {dropout}>"
+    for code in sorted(a.code for a in ACTIVATIONS.values())
+    for kernel, types, dropout in (
+        ("pack_forward_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8", "true"),
+        ("pack_forward_kernel", "float, float, float, ops::half_t, 4", "true"),
+        ("pack_forward_kernel", "double, double, double, double, 2", "true"),
+        ("pack_grad_kernel", "ops::half_t, ops::half_t, ops::half_t, ops::half_t, float, 8, false, true", "true"),
+        ("pack_grad_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 2, false, true", "true"),
+        ("pack_grad_kernel", "double, double, double, double, double, 1, true, true", "true"))
+]
+KERNELS["transducer/pack.cu"] += PACK_ACTIVATIONS
 
 # Files whose instantiations above write bfloat16 (ops::from_acc<ops::bf16_t>, ops/numeric.cuh): from
 # compute_80 on it rounds with cvt.rn.bf16.f32; before, in integer arithmetic. No PTX for an

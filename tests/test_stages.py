@@ -139,7 +139,7 @@ def test_stages_match_cpu(V, padded, rna, dtype):
 @pytest.mark.parametrize("V", [7, 500])
 def test_padded_rows_by_division_match_the_search(V):
     """In the padded layout the row kernels find a row's (b, t, u) by dividing by maxT * (maxU + 1) and maxU + 1
-    (common.cuh's PaddedGrid, from the host's maxT): a tile of rows from row_start > 0, and a Layout without
+    (layout.cuh's PaddedGrid, from the host's maxT): a tile of rows from row_start > 0, and a Layout without
     maxT (which the kernels search), give bit for bit what the whole call gives; RNN-T and TDT log-probs, the
     RNN-T gradient."""
     gen = torch.Generator().manual_seed(31 + V)
@@ -255,7 +255,7 @@ def test_alpha_beta_long_targets_use_global_memory_path():
 @pytest.mark.parametrize("V", [37, 8197, 16381])
 def test_gradient_into_rows_of_another_stride(V):
     """The RNN-T and TDT gradient stages writing bf16 rows 16 bytes aligned from logits rows at every 2-byte
-    offset: staged through shared memory (common.cuh's RowOut; a warp a row at V = 37, a block a row at
+    offset: staged through shared memory (row_pass.cuh's RowOut; a warp a row at V = 37, a block a row at
     8197, at the launcher's staging limit at 16381), the same values bit for bit as into rows laid out as
     the logits'."""
     gen = torch.Generator().manual_seed(V)

@@ -1,9 +1,8 @@
 """The stage contract that ``transducer.cpu_stages`` and ``transducer.cuda_stages`` both implement, as a
-``typing.Protocol``
-(the same names, arguments and results; tests/test_stages.py checks both signatures against it), and the
-backend of a device (``stages_for``). The structures the stages take (Layout, LossOptions, Walks, Lattice)
-and the layouts of the logits: transducer/layout.py. Per-row float arrays are float32, or float64 for
-float64 logits.
+``typing.Protocol`` (the same names, arguments and results; tests/test_stages.py checks both signatures against it),
+and the backend of a device (``stages_for``). The structures the stages take: Layout and the layouts of the logits in
+transducer/layout.py, LossOptions in transducer/options.py, Walks and Lattice in transducer/lattices.py. Per-row
+float arrays are float32, or float64 for float64 logits.
 
 TDT (the Token-and-Duration Transducer, Xu et al. 2023, NeMo's semantics). Row r of ``tokens2d`` (N, V) holds
 the V token scores of row r of the layout (blank among them), row r of ``duration_scores`` (N, D) its D
@@ -65,8 +64,8 @@ class Stages(Protocol):
     def multiblank_log_probs(self, logits2d: Tensor, targets: Tensor, layout: Layout, options: LossOptions,
                              row_start: int = 0, out: Optional[Tuple[Tensor, Tensor, Tensor]] = None
                              ) -> Tuple[Tensor, Tensor, Tensor]:
-        """(lp, den, lp_arcs): as log_probs (without the delay penalty), sigma subtracted, and lp_arcs (N, K) =
-        the big blanks' log-probs (-inf on padding rows)."""
+        """(lp, den, lp_arcs): as log_probs (the delay penalty on the label's entry too), sigma subtracted, and
+        lp_arcs (N, K) = the big blanks' log-probs (-inf on padding rows)."""
 
     def tdt_log_probs(self, tokens2d: Tensor, duration_scores: Tensor, targets: Tensor, layout: Layout,
                       options: LossOptions, row_start: int = 0,

@@ -1,4 +1,4 @@
-"""The CPU stages of the transducer losses, vectorised with torch (the contract: transducer/layout.py).
+"""The CPU stages of the transducer losses, vectorised with torch (the contract: transducer/backend.py).
 
 Passes over the (N, V) logits go in row chunks of about 4M elements, so the only full-size buffer is the
 gradient itself. alpha and beta walk a grid with a -inf border, one anti-diagonal (RNN-T, TDT) or one frame
@@ -381,7 +381,7 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
     return grad_enc, grad_pred
 
 
-# ---------------------------------------------------------------------------- TDT (the math: layout.py)
+# ---------------------------------------------------------------------------- TDT (the math: backend.py)
 
 
 def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start=0, out=None):

@@ -1,4 +1,4 @@
-"""The CUDA stages of the transducer losses (the contract: transducer/layout.py), and the packing op.
+"""The CUDA stages of the transducer losses (the contract: transducer/backend.py), and the packing op.
 
 Same functions, arguments and results as ``transducer.cpu_stages``. The kernels (``stages.cu``, ``tdt.cu``,
 ``pack.cu``, listed at the top of each) take one parameter struct each, filled here by field name: the
@@ -29,7 +29,10 @@ _STAGES = os.path.join(_HERE, "stages.cu")
 _TDT = os.path.join(_HERE, "tdt.cu")
 _PACK = os.path.join(_HERE, "pack.cu")
 
-THREADS = 256  # block size of the per-row kernels (common.cuh: kThreads)
+THREADS = 256  # block size of the per-row kernels and the pack kernels (row_pass.cuh: kThreads)
+# CUDA's limit of threads per block: the walks' blocks (a thread per u) and layout_kernel's (layout.cuh:
+# kMaxBlockThreads)
+MAX_BLOCK_THREADS = 1024
 PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
@@ -39,7 +42,7 @@ _WALK_AHEAD = 2
 _STAGE_LIMIT = 32 * 1024
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
 
-# The kernels' parameter structs and their parts (common.cuh, stages.cu, tdt.cu, pack.cu).
+# The kernels' parameter structs and their parts (params.cuh, layout.cuh, stages.cu, tdt.cu, pack.cu).
 PADDED_GRID = struct("PaddedGrid", [("utt", FAST_DIVMOD), ("frame", FAST_DIVMOD)])
 GRIDS = struct("Grids", [("table", "ptr"), ("B", "int"), ("pad", PADDED_GRID)])
 ROWS = struct("Rows", [("data", "ptr"), ("ld", "long long"), ("row_start", "int"), ("num_rows", "int"), ("V", "int"),
@@ -63,8 +66,8 @@ ALPHA_BETA_PARAMS = struct("AlphaBetaParams", [
     ("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)])
 GRADIENT_PARAMS = struct("GradientParams", [
     ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE),
-    ("fastemit_lambda", "double"), ("clamp", "double"), ("lp_arcs", "ptr"), ("big", DURATIONS), ("out", "ptr"),
-    ("ld_out", "long long")])
+    ("fastemit_lambda", "double"), ("clamp", "double"), ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS),
+    ("out", "ptr"), ("ld_out", "long long")])
 TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
     ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
     ("delay_penalty", "double"), ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
@@ -126,12 +129,12 @@ def row_access(itemsize, V, rows, outs=(), stage_rows=0):
     """(vec, aligned, staged) of a row pass over the V columns of the row-major 2-D ``rows`` (read) and
     ``outs`` (written at the same columns): whole 16-byte vectors when every row starts on a 16-byte
     boundary; else, when every output row sits at its input row's offset from one (same base offset and row
-    strides modulo 16 bytes), 16-byte vectors between a scalar head and tail per row (common.cuh's
+    strides modulo 16 bytes), 16-byte vectors between a scalar head and tail per row (row_pass.cuh's
     RowPass<..., false>: NeMo's 1029-wide TDT rows, the 500 token columns of the fused joiner's 512-wide
     tiles); else the widest width that every row allows, or, for a gradient kernel (``stage_rows``: its rows
     a block) writing one output whose rows start on 16-byte boundaries, when that width is under 8 bytes and
     the block's rows fit in shared memory, the unaligned pass with the output assembled there (staged:
-    common.cuh's RowOut; a 505-wide joint's gradient in 512-wide rows)."""
+    row_pass.cuh's RowOut; a 505-wide joint's gradient in 512-wide rows)."""
     tensors = [rows, *outs]
     full = 16 // itemsize
     vec = vector_width(itemsize, math.gcd(V, *(t.stride(0) for t in tensors)), tensors)
@@ -169,7 +172,7 @@ _COMPACT_GRID = PADDED_GRID(FAST_DIVMOD(0, 0, 0), FAST_DIVMOD(0, 0, 0))
 
 def _grids(layout, padded_grid=True):
     """The kernels' Grids of the layout: its table, B and, with ``padded_grid`` and a padded layout whose maxT
-    is known, the PaddedGrid (common.cuh): rows per utterance (maxT * (maxU + 1)) and per frame (maxU + 1),
+    is known, the PaddedGrid (layout.cuh): rows per utterance (maxT * (maxU + 1)) and per frame (maxU + 1),
     which divide any row of the layout (tiles too). Zeros otherwise: the search over row_splits, right for
     both layouts."""
     pad = _COMPACT_GRID
@@ -189,7 +192,7 @@ def _labels_struct(targets, blank):
 
 def _rows_struct(x, row_start, vec, aligned):
     """The ROWS of the 2-D ``x`` (rows [row_start, row_start + len(x)) of the layout): ``n`` is the row's
-    vectors when aligned, else its columns (common.cuh's RowPass)."""
+    vectors when aligned, else its columns (row_pass.cuh's RowPass)."""
     V = x.size(1)
     return ROWS(data=x, ld=x.stride(0), row_start=row_start, num_rows=x.size(0), V=V, n=V // vec if aligned else V)
 
@@ -211,7 +214,7 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
                            labels=labels, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, big_blanks=big_blanks,
                            table=table)
     name = _name("layout_kernel", logit_lengths.dtype, target_lengths.dtype, itype, bool(with_stats))
-    launch(_STAGES, name, table, (1,), (1024,), (params,))
+    launch(_STAGES, name, table, (1,), (MAX_BLOCK_THREADS,), (params,))
     return Layout(table, padded_t > 0, int(max_u1), max(int(padded_t), 0))
 
 
@@ -259,7 +262,8 @@ def _walk(lp, layout):
     """The Walks outputs, and the block size (a thread per u) of a walk over anti-diagonals."""
     new = lambda n: torch.empty(n, dtype=lp.dtype, device=lp.device)  # noqa: E731
     max_u1 = max(int(layout.max_u1), 1)
-    return Walks(new(lp.size(0)), new(lp.size(0)), new(layout.batch_size)), min(1024, ceil_div(max_u1, 32) * 32)
+    return (Walks(new(lp.size(0)), new(lp.size(0)), new(layout.batch_size)),
+            min(MAX_BLOCK_THREADS, ceil_div(max_u1, 32) * 32))
 
 
 def _walks_struct(walks):
@@ -305,8 +309,8 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
                              labels=_labels_struct(targets, options.blank), lattice=_lattice_struct(lattice),
                              scale=SCALE(values=scale, stride=scale.stride(0)),
                              fastemit_lambda=options.fastemit_lambda, clamp=clamp,
-                             lp_arcs=lattice.lp_arcs if big else None, big=_durations(tuple(big)), out=out,
-                             ld_out=out.stride(0))
+                             lp_arcs=lattice.lp_arcs if big else None, big_blank_durations=_durations(tuple(big)),
+                             out=out, ld_out=out.stride(0))
     name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(options.from_log_softmax),
                  bool(options.one_sym_per_frame), clamp > 0, aligned, staged, bool(big))
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
@@ -318,9 +322,9 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
 
 
 def _threads_per_item(nvec):
-    """Power of two in [32, 256] covering a row's nvec vectors (fewer loop trips, whole warps)."""
+    """Power of two in [32, THREADS] covering a row's nvec vectors (fewer loop trips, whole warps)."""
     tpr = 32
-    while tpr < nvec and tpr < 256:
+    while tpr < nvec and tpr < THREADS:
         tpr *= 2
     return tpr
 

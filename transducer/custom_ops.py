@@ -13,7 +13,7 @@ tracing into the kernel launches.
 One op serves every loss (RNN-T, RNA, TDT, multi-blank): its ``LossOptions`` travel flat (``option_ints``,
 ``option_floats``: ``LossOptions.flat``, torch.library's types) and pick the lattice (transducer/lattices.py);
 inside, the options are one ``LossOptions`` again and what forward keeps one ``Lattice``
-(transducer/layout.py), which the stages take whole. ``logits`` holds the token scores, and TDT's duration
+(transducer/lattices.py), which the stages take whole. ``logits`` holds the token scores, and TDT's duration
 scores after them unless ``extra_scores`` holds them (a second head); ``vocab_size`` is the token columns.
 ``nll`` is the (B,) loss (float32, or float64 for float64 logits); the lattice's tensors follow it
 (``lattice_outputs``), empty where a lattice has no such array. Logits and targets reach ``loss`` contiguous

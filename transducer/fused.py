@@ -66,8 +66,8 @@ def default_max_rows(J, V, itemsize, device_type="cuda"):
 def _tiles(num_rows, max_rows):
     """[start, end) of the fewest tiles of at most max_rows rows, of about equal sizes: a small last tile would
     cost a tile's launches and slow, thin GEMMs for little work. Tiles of 64 rows and more start on multiples
-    of 8 rows: a GEMM over a tile whose row count is odd (K of the weight gradient's) runs cuBLAS's kernels for
-    unaligned operands (fp32: 1.1-1.4x slower)."""
+    of 8 rows: a GEMM over a tile whose row count is odd (K of the weight gradient's) runs cuBLAS's slower kernels
+    for unaligned operands."""
     align = 8 if max_rows >= 64 else 1
     count = -(-num_rows // (max_rows - align + 1))
     bounds = [min(num_rows, -(-(i * num_rows // count) // align) * align) for i in range(count)] + [num_rows]

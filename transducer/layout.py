@@ -11,7 +11,7 @@ In both, cell (b, t, u) is row ``row_splits[b] + t * row_strides[b] + u`` (compa
 cumsum of T_b*(U_b+1), strides = U_b + 1; padded: row_splits[b] = b*maxT*(maxU+1), strides = maxU + 1), and
 the rows of utterance b are ``row_splits[b] <= r < row_splits[b+1]`` (k2's row_splits convention,
 ragged/shape.py). Kernels find b by a binary search (compact) or one division by maxT*(maxU+1) (padded;
-common.cuh's PaddedGrid), so no per-row index array exists. One set of stages serves both layouts, and the
+layout.cuh's PaddedGrid), so no per-row index array exists. One set of stages serves both layouts, and the
 per-row arrays (log-probs, den, alpha, beta) are indexed like the rows of ``logits2d``; on padding rows they
 hold unspecified values that no stage reads.
 
@@ -31,7 +31,7 @@ NUM_STATS = 7
 CELLS_CAP = 1 << 61
 #: Kernels index rows in 32 bits: the (N, V) logits may have at most this many rows.
 MAX_ROWS = (1 << 31) - 1
-#: Durations a TDT loss may have on CUDA (common.cuh: kMaxDurations; struct Durations holds them by value).
+#: Durations a TDT loss may have on CUDA (params.cuh: kMaxDurations; struct Durations holds them by value).
 MAX_DURATIONS = 16
 
 

@@ -21,17 +21,26 @@
 // two), each thread one VEC-wide slice of D at a time: no atomics, sums in P's accumulation type. With
 // ACCUMULATE the sums are added to the output (of the accumulation type), else they overwrite it.
 
-#include "transducer/common.cuh"
+#include "transducer/layout.cuh"
+#include "transducer/row_pass.cuh"  // kThreads: the pack kernels' block too
 
 namespace td {
 // transducer/joiner.py: ACTIVATIONS (each one's code)
 enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5 };
 
-// FAST: the result is rounded to a 16-bit type, whose half ulp (2^-9 at least) exceeds tanh.approx's
+// activate and activation_slope take each code of enum Activation in a branch of its own; a code without one
+// reaches the last branch, whose static_assert of this false constant stops the compilation
+// (tests/test_kernels_compile.py instantiates the pack kernels for every activation of joiner.py's table).
+template <int ACT>
+constexpr bool kActivationWithoutCase = false;
+
+// act(a). FAST: the result is rounded to a 16-bit type, whose half ulp (2^-9 at least) exceeds tanh.approx's
 // error (2^-10.99, PTX ISA), so the one-instruction approximation (sm_75 and later) is as good there.
 template <int ACT, bool FAST, typename A>
 __device__ __forceinline__ A activate(A a) {
-  if (ACT == kTanh) {
+  if constexpr (ACT == kIdentity) {
+    return a;
+  } else if constexpr (ACT == kTanh) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     if constexpr (FAST && sizeof(A) == 4) {
       float r;
@@ -40,28 +49,39 @@ __device__ __forceinline__ A activate(A a) {
     }
 #endif
     return tanh(a);
+  } else if constexpr (ACT == kRelu) {
+    return a > A(0) ? a : A(0);
+  } else if constexpr (ACT == kSigmoid) {
+    return A(1) / (A(1) + exp(-a));
+  } else if constexpr (ACT == kGelu) {
+    return A(0.5) * a * (A(1) + erf(a * A(0.70710678118654752440)));
+  } else if constexpr (ACT == kSilu) {
+    return a / (A(1) + exp(-a));
+  } else {
+    static_assert(kActivationWithoutCase<ACT>, "activate: a code of enum Activation without its case");
   }
-  if (ACT == kRelu) return a > A(0) ? a : A(0);
-  if (ACT == kSigmoid) return A(1) / (A(1) + exp(-a));
-  if (ACT == kGelu) return A(0.5) * a * (A(1) + erf(a * A(0.70710678118654752440)));
-  if (ACT == kSilu) return a / (A(1) + exp(-a));
-  return a;
 }
 
 // act'(a), given a and h = act(a): from h where it gives it (tanh: 1 - h^2, relu: [h > 0], sigmoid:
 // h (1 - h)), else from a (gelu: Phi(a) + a phi(a); silu: s + h (1 - s), s = sigmoid(a))
 template <int ACT, typename A>
 __device__ __forceinline__ A activation_slope(A a, A h) {
-  if (ACT == kTanh) return A(1) - h * h;
-  if (ACT == kRelu) return h > A(0) ? A(1) : A(0);
-  if (ACT == kSigmoid) return h * (A(1) - h);
-  if (ACT == kGelu)
+  if constexpr (ACT == kIdentity) {
+    return A(1);
+  } else if constexpr (ACT == kTanh) {
+    return A(1) - h * h;
+  } else if constexpr (ACT == kRelu) {
+    return h > A(0) ? A(1) : A(0);
+  } else if constexpr (ACT == kSigmoid) {
+    return h * (A(1) - h);
+  } else if constexpr (ACT == kGelu) {
     return A(0.5) * (A(1) + erf(a * A(0.70710678118654752440))) + a * exp(A(-0.5) * a * a) * A(0.39894228040143267794);
-  if (ACT == kSilu) {
+  } else if constexpr (ACT == kSilu) {
     const A sg = A(1) / (A(1) + exp(-a));
     return sg + h * (A(1) - sg);
+  } else {
+    static_assert(kActivationWithoutCase<ACT>, "activation_slope: a code of enum Activation without its case");
   }
-  return A(1);
 }
 
 // The joiner's dropout (transducer/joiner.py: dropout_keep, the same arithmetic): element (row, col) is kept
@@ -181,12 +201,10 @@ template <typename T, typename A>
 __device__ __forceinline__ T convert(A x) {
   return ops::from_acc<T>((typename ops::AccOf<T>::type)x);
 }
-}  // namespace td
 
 // kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
 // and steps to the next rows (a search again only where a row starts another utterance), and has the
 // rows' loads in flight together (DESIGN.md: Several rows per thread group in pack_forward).
-namespace td {
 constexpr int kPackRows = 4;  // transducer/cuda_stages.py: PACK_ROWS
 }  // namespace td
 
@@ -208,7 +226,7 @@ struct PackForwardParams {
 
 // P: the promoted type of TE and TP
 template <typename TE, typename TP, typename P, typename TO, int VEC, int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(256) pack_forward_kernel(const PackForwardParams<TE, TP, TO> p) {
+__global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackForwardParams<TE, TP, TO> p) {
   using namespace ops;
   typedef typename AccOf<P>::type A;
   constexpr int R = td::kPackRows;
@@ -297,22 +315,22 @@ struct PackGradParams {
   O* grad;        // (B, max_t or max_u1, D)
 };
 
-// PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over
-// t. Items [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them; enc
-// (B, max_t, D) and pred (B, max_u1, D) are read only for an activation (a and h; a row whose t or u lies
-// past them, possible with unchecked lengths, had a = h = 0 in forward, as here); DROPOUT: the mask too. A block of 256 threads is
-// 256 >> log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an item take every
-// (1 << log_split)-th of its rows and their sums meet in shared memory, in a fixed order (deterministic):
-// the launcher splits an item whose rows are many and far apart (the predictor's sums over t) and keeps an
-// item to one group when its rows are few and contiguous. P: the promoted type of TE and TP.
+// PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over t. Items
+// [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them; enc (B, max_t, D) and pred
+// (B, max_u1, D) are read only for an activation (a and h; a row whose t or u lies past them, possible with unchecked
+// lengths, had a = h = 0 in forward, as here); DROPOUT: the mask too. A block of kThreads threads is kThreads >>
+// log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an item take every (1 << log_split)-th of its
+// rows and their sums meet in shared memory, in a fixed order (deterministic): the launcher splits an item whose rows
+// are many and far apart (the predictor's sums over t) and keeps an item to one group when its rows are few and
+// contiguous. P: the promoted type of TE and TP.
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, bool PRED, bool ACCUMULATE,
           int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(256) pack_grad_kernel(const PackGradParams<T, TE, TP, O> p) {
+__global__ void __launch_bounds__(td::kThreads) pack_grad_kernel(const PackGradParams<T, TE, TP, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
   typedef Vec<T, VEC> V;
   typedef Vec<O, VEC> VO;
-  __shared__ Acc partial[256][VEC];
+  __shared__ Acc partial[td::kThreads][VEC];
   const T* __restrict__ grad_rows = p.grad_rows;
   const TE* __restrict__ enc = p.enc;
   const TP* __restrict__ pred = p.pred;
@@ -320,7 +338,7 @@ __global__ void __launch_bounds__(256) pack_grad_kernel(const PackGradParams<T, 
   const int max_t = p.max_t, max_u1 = p.max_u1, nvec = p.nvec, row_start = p.row_start, row_end = p.row_end;
   const int tpr = 1 << p.log_tpr, lane = threadIdx.x & (tpr - 1), group = threadIdx.x >> p.log_tpr;
   const int split = 1 << p.log_split, part = group & (split - 1);
-  const int local = blockIdx.x * (256 >> p.log_tpr >> p.log_split) + (group >> p.log_split);
+  const int local = blockIdx.x * (td::kThreads >> p.log_tpr >> p.log_split) + (group >> p.log_split);
   const bool active = local < p.num_items;  // every thread reaches the barriers below
   const int item = p.item_start + (active ? local : 0);
   int b, k;  // k = t (enc) or u (pred)

@@ -1,4 +1,4 @@
-// CUDA twin of the transducer stages (contract: transducer/layout.py), launched by transducer/cuda_stages.py
+// CUDA twin of the transducer stages (contract: transducer/backend.py), launched by transducer/cuda_stages.py
 // on torch's current stream, one template instantiation per name expression. Each kernel takes one
 // parameter struct, filled on the host by field name (transducer/cuda_stages.py mirrors them):
 //
@@ -11,12 +11,15 @@
 //   gradient_kernel    one warp (or block) per row: one read of the logits, one write of the gradient
 //                      (GradientParams)
 //
-// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in common.cuh).
+// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in layout.cuh).
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31; rows themselves are below 2^31
-// (transducer/loss.py checks it).
+// (the loss op checks it: check_rows, called in transducer/custom_ops.py).
 
 #include "ops/reduce.cuh"
-#include "transducer/common.cuh"
+#include "transducer/arcs.cuh"
+#include "transducer/layout.cuh"
+#include "transducer/params.cuh"
+#include "transducer/row_pass.cuh"
 
 
 // ---------------------------------------------------------------------------
@@ -24,7 +27,7 @@
 // penalty(t) = delay_penalty * ((T_b - 1) / 2 - t) (k2's delay penalty: later emissions cost more); with
 // big blanks (the multi-blank loss), lp_arcs[r, i] = x_{blank - 1 - i} - den - sigma.
 // A NaN or +-inf logit makes den (RowPass::logsumexp), the log-probs and so the utterance's loss NaN (the
-// CPU twin alike). ALIGNED: as for RowPass (common.cuh); when false, `logits.n` is the row's columns.
+// CPU twin alike). ALIGNED: as for RowPass (row_pass.cuh); when false, `logits.n` is the row's columns.
 template <typename T, typename I>
 struct LogProbsParams {
   td::Grids grids;
@@ -222,7 +225,7 @@ struct AlphaBetaParams {
 };
 
 template <typename Acc, bool RNA>
-__global__ void __launch_bounds__(1024) alpha_beta_kernel(const AlphaBetaParams<Acc> p) {
+__global__ void __launch_bounds__(td::kMaxBlockThreads) alpha_beta_kernel(const AlphaBetaParams<Acc> p) {
   using namespace td;
   extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
   const ReadOnly<Acc> lp{p.lp};
@@ -279,13 +282,13 @@ __global__ void __launch_bounds__(1024) alpha_beta_kernel(const AlphaBetaParams<
 // padding rows and for utterances whose loss is not finite or whose scale is 0. `out` may be
 // `logits` (each element is read before it is written). ALIGNED: as for log_probs_kernel; when false, `out`'s
 // rows lie at the logits' rows' offsets from a 16-byte boundary (the launcher checks it), or, STAGED, start
-// on one (common.cuh's RowOut). FROM_LOG_SOFTMAX reads no logits: the launcher passes the output rows as
+// on one (row_pass.cuh's RowOut). FROM_LOG_SOFTMAX reads no logits: the launcher passes the output rows as
 // `logits` then, so that only their alignment sets the vectors.
 //
-// BIG_BLANKS (the multi-blank loss): big blank i, of duration big.d[i], in column blank - 1 - i, goes to
-// (t + d_i, u) or ends the alignment from (T - d_i, U); its arc posterior occ_big_i = exp(alpha + loss +
-// lp_arcs_i + beta(after it)) is subtracted on its column. Lanes 0 ... K - 1 of the row compute them into
-// shared memory, which every lane of the row reads on those columns.
+// BIG_BLANKS (the multi-blank loss): big blank i, of duration d_i = big_blank_durations.d[i], in column blank - 1 - i,
+// goes to (t + d_i, u) or ends the alignment from (T - d_i, U); its arc posterior occ_big_i = exp(alpha + loss +
+// lp_arcs_i + beta(after it)) is subtracted on its column. Lanes 0 ... K - 1 of the row compute them into shared
+// memory, which every lane of the row reads on those columns.
 template <typename T, typename I>
 struct GradientParams {
   td::Grids grids;
@@ -296,7 +299,7 @@ struct GradientParams {
   double fastemit_lambda;
   double clamp;  // > 0 (CLAMP)
   const typename ops::AccOf<T>::type* lp_arcs;  // BIG_BLANKS: (N, K)
-  td::Durations big;                           // BIG_BLANKS: K = big.n and the durations
+  td::Durations big_blank_durations;            // BIG_BLANKS: K = big_blank_durations.n and the durations
   T* out;
   long long ld_out;
 };
@@ -346,11 +349,11 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
   grad.blank = blank;
   grad.label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
   __shared__ Acc sub_big[BIG_BLANKS ? Geo::RPB : 1][BIG_BLANKS ? kMaxDurations : 1];
-  const int K = BIG_BLANKS ? p.big.n : 0;
+  const int K = BIG_BLANKS ? p.big_blank_durations.n : 0;
   Acc* row_big = sub_big[BIG_BLANKS ? threadIdx.x >> Geo::LOG_G : 0];
   if (BIG_BLANKS) {
     if (pass.lane < K) {
-      const int d = duration(p.big, pass.lane), s = ri.t + d;
+      const int d = duration(p.big_blank_durations, pass.lane), s = ri.t + d;
       const Acc after = s < ri.T ? beta[r + (long long)d * ri.st] : (s == ri.T && ri.u == ri.U ? Acc(0) : NINF);
       row_big[pass.lane] = exp_acc(lognorm + ldg(p.lp_arcs + (long long)r * K + pass.lane) + after);
     }
@@ -408,7 +411,7 @@ struct LayoutParams {
 };
 
 template <typename IT, typename IU, typename I, bool STATS>
-__global__ void __launch_bounds__(1024) layout_kernel(const LayoutParams<IT, IU, I> p) {
+__global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const LayoutParams<IT, IU, I> p) {
   using namespace td;
   __shared__ long long scan[32];
   __shared__ long long part[kNumStats][32];

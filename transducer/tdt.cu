@@ -1,4 +1,4 @@
-// CUDA twin of the TDT stages (transducer/layout.py says the math and the contract), launched by
+// CUDA twin of the TDT stages (transducer/backend.py says the math and the contract), launched by
 // transducer/cuda_stages.py on torch's current stream, each kernel with one parameter struct:
 //
 //   tdt_log_probs_kernel   one warp (or a 256-thread block) per row: the token logsumexp in one online
@@ -16,10 +16,14 @@
 // NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
 
 #include "ops/reduce.cuh"
-#include "transducer/common.cuh"
+#include "transducer/arcs.cuh"
+#include "transducer/layout.cuh"
+#include "transducer/params.cuh"
+#include "transducer/row_pass.cuh"
 
 namespace td {
 
+using namespace ops;
 
 // log(sum exp(x)) over terms pushed one at a time; -inf terms are skipped, a NaN term makes it NaN. Float
 // uses the fast exp (on the recursions' critical path, as ops/numeric.cuh's log_add does), double the accurate one.
@@ -39,8 +43,6 @@ struct LogSum {
   }
   __device__ __forceinline__ Acc value() const { return m == neg_inf<Acc>() || m != m ? m : m + log_acc(s); }
 };
-
-
 
 // What both walks below do first: -inf on the rows of w's utterance that are not cells (padded layout), the
 // loss of an utterance without frames (+inf: no alignment), and when `scan` whether a log-prob of the grid
@@ -72,119 +74,6 @@ __device__ __forceinline__ bool walk_begin(const ReadOnly<Acc>& lp, const Grids&
   return true;
 }
 
-}  // namespace td
-
-// ---------------------------------------------------------------------------
-// lp[r] = (tok(blank), tok(y_{u+1})) = x - den - sigma (the label's plus k2's delay penalty, as
-// log_probs_kernel adds it), lp_arcs[r, i] = x_dur[i] - den_arcs, den[r] the
-// logsumexp of the token scores and den_arcs[r] that of the duration scores; a NaN or +-inf score in the row
-// makes both NaN (the sum of x - x, 0 or NaN, added to them).
-namespace td {
-// The D duration scores of each row: `ld` elements apart from `data`, the rows of the token scores'.
-template <typename T>
-struct DurationRows {
-  const T* data;
-  long long ld;
-  int D;
-};
-}  // namespace td
-
-template <typename T, typename I>
-struct TdtLogProbsParams {
-  td::Grids grids;
-  td::Rows<T> tokens;
-  td::DurationRows<T> duration_scores;
-  td::Labels<I> labels;
-  double sigma;
-  double delay_penalty;
-  typename ops::AccOf<T>::type* lp;        // (N, 2)
-  typename ops::AccOf<T>::type* lp_arcs;   // (N, D)
-  typename ops::AccOf<T>::type* den;       // (N,)
-  typename ops::AccOf<T>::type* den_arcs;  // (N,)
-};
-
-template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
-__global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLogProbsParams<T, I> p) {
-  using namespace td;
-  typedef typename AccOf<T>::type Acc;
-  const Acc NINF = neg_inf<Acc>();
-  const ReadOnly<T> tok{p.tokens.data}, dur{p.duration_scores.data};
-  const ReadOnly<I> targets{p.labels.targets};
-  Acc* __restrict__ lp = p.lp;
-  Acc* __restrict__ lp_arcs = p.lp_arcs;
-  Acc* __restrict__ den = p.den;
-  Acc* __restrict__ den_arcs = p.den_arcs;
-  const int D = p.duration_scores.D, V = p.tokens.V;
-  const Acc sigma = Acc(p.sigma);
-  // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
-  // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
-  // a row once it knows the row is a cell (DESIGN.md: Eight vectors in flight where a row is loaded before
-  // its cell test).
-  RowPass<T, VEC, WPR, ALIGNED, DEEP, true> pass;
-  if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
-  const RowInfo& ri = pass.ri;
-  const int r = pass.r;
-  const long long local = r - p.tokens.row_start;
-  if (!ri.cell) {
-    if (pass.lane == 0) {
-      lp[2ll * r] = NINF;
-      lp[2ll * r + 1] = NINF;
-      den[r] = Acc(0);
-      den_arcs[r] = Acc(0);
-    }
-    if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = NINF;
-    return;
-  }
-  BlankAndLabel<Acc> picks;
-  picks.load(tok, pass.row, ri, p.labels, targets, V, pass.lane);
-  Acc x_dur = NINF;
-  if (pass.lane < D) x_dur = to_acc(dur[local * p.duration_scores.ld + pass.lane]);
-  const Acc d_tok = pass.logsumexp();
-  // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
-  ReduceState<Acc> lsd = identity<kLogSumExp, Acc>();
-  if (pass.lane < D) {
-    push<kLogSumExp, Acc, AccurateExp, true>(lsd, x_dur);
-    lsd.s += x_dur - x_dur;
-  }
-  if (threadIdx.x < 32 || WPR == 1) lsd = warp_merge<kLogSumExp, Acc, AccurateExp, true>(lsd);
-  // every lane of the row's first warp now holds both (warp 0 of the block when WPR == 8)
-  const Acc d_dur = finish<kLogSumExp, Acc, true>(lsd);
-  const Acc bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
-  if (pass.lane == 0) {
-    den[r] = d_tok + bad;
-    den_arcs[r] = d_dur + bad;
-    picks.store(lp, r, ri, d_tok, sigma, p.delay_penalty, bad);
-  }
-  if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
-}
-
-// ---------------------------------------------------------------------------
-// alpha and beta over anti-diagonals n = t + u; the NaN scan and the loss as in stages.cu's
-// alpha_beta_kernel. alpha(t, u) = logsum over i of [d_i >= 1] alpha(t - d_i, u) + blank(t - d_i, u, i) and
-// [u >= 1] alpha(t - d_i, u - 1) + label(t - d_i, u - 1, i); beta the other way, with the closing blank
-// from (t, U) of duration T - t.
-// The last `ring` anti-diagonals (max duration + 2 of them: every predecessor or successor) stay in shared
-// memory, ring * ring_cols entries, when the launcher could allot them (ring > 0) and the utterance fits
-// (U + 1 <= ring_cols); else they are read back from global memory.
-// Both walk kernels' parameters: alpha in blocks [0, B), beta and nll in [B, 2B).
-//
-// MULTIBLANK: the multi-blank lattice (transducer/layout.py) on the same walk. `durations` are then
-// (0, 1, d_1, ..., d_K) and `lp_arcs` (N, K) the big blanks' log-probs: blank arcs of duration 1 weigh lp's
-// blank entry, those of duration d_i the big blank's; the one label arc has duration 0 and weighs lp's label
-// entry (td::Arcs<Acc, true>).
-template <typename Acc>
-struct TdtWalkParams {
-  td::Grids grids;
-  const Acc* lp;         // (N, 2)
-  const Acc* lp_arcs;     // (N, D); MULTIBLANK: (N, D - 2)
-  td::Durations durations;
-  bool padded;           // fill the padding rows of alpha and beta with -inf
-  int ring;              // anti-diagonals kept in shared memory (0: none)
-  int cols;              // columns of each
-  td::Walks<Acc> out;
-};
-
-namespace td {
 // The weights of the arcs of duration index k leaving the cell of row i, -inf where there is no such arc: TDT's
 // token log-prob plus the duration's, or the multi-blank lattice's (TdtWalkParams).
 template <typename Acc, bool MULTIBLANK>
@@ -200,100 +89,10 @@ struct Arcs {
     return lp[2 * i + 1] + lp_arcs[i * D + k];
   }
 };
-}  // namespace td
 
-template <typename Acc, bool MULTIBLANK>
-__global__ void __launch_bounds__(1024) tdt_alpha_beta_kernel(const TdtWalkParams<Acc> p) {
-  using namespace td;
-  extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
-  Acc* S = reinterpret_cast<Acc*>(smem_raw);
-  const ReadOnly<Acc> lp{p.lp}, lp_arcs{p.lp_arcs};
-  const Durations& durs = p.durations;
-  const Arcs<Acc, MULTIBLANK> arcs{lp, lp_arcs, durs.n};
-  const int ring = p.ring, ring_cols = p.cols;
-  Acc* loss = p.out.nll;
-  const Grids& g = p.grids;
-  const WalkBlock w(g);
-  const int b = w.b, T = w.T, U = w.U, D = durs.n;
-  const long long base = w.base, st = w.st;
-  const bool is_beta = w.is_beta;
-  Acc* out = is_beta ? p.out.beta : p.out.alpha;
-  const Acc NINF = neg_inf<Acc>();
-  bool nan_seen;
-  if (!walk_begin(lp, g, w, is_beta, p.padded, out, loss, nan_seen)) return;
-  const int steps = T + U, cols = U + 1;
-  const bool sm = ring > 0 && cols <= ring_cols;  // shared memory holds ring x ring_cols entries
-  // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
-  auto at = [&](int t, int u) -> Acc {
-    return sm ? S[((t + u) % ring) * cols + u] : out[base + (long long)t * st + u];
-  };
-#pragma unroll 1
-  for (int step = 0; step < steps; ++step) {
-    const int n = is_beta ? steps - 1 - step : step;
-#pragma unroll 1
-    for (int u = threadIdx.x; u <= U; u += blockDim.x) {
-      const int t = n - u;
-      if (t < 0 || t >= T) continue;
-      const long long c = base + (long long)t * st + u;
-      LogSum<Acc> acc;
-      if (!is_beta) {
-        if (t == 0 && u == 0) {  // alpha(0, 0) = 0 = 0 + log(1)
-          acc.m = Acc(0);
-          acc.s = Acc(1);
-        }
-        for (int k = 0; k < D; ++k) {
-          const int d = durs.d[k], s = t - d;
-          if (s < 0 || (t == 0 && u == 0)) continue;
-          if (d >= 1) {
-            const long long p = base + (long long)s * st + u;
-            acc.add(at(s, u) + arcs.blank(p, k));
-          }
-          if (u >= 1) {
-            const long long p = base + (long long)s * st + u - 1;
-            acc.add(at(s, u - 1) + arcs.label(p, k));
-          }
-        }
-      } else {
-        for (int k = 0; k < D; ++k) {
-          const int d = durs.d[k], s = t + d;
-          if (d >= 1) {
-            if (s < T)
-              acc.add(at(s, u) + arcs.blank(c, k));
-            else if (s == T && u == U)
-              acc.add(arcs.blank(c, k));  // the closing blank
-          }
-          if (u < U && s < T) acc.add(at(s, u + 1) + arcs.label(c, k));
-        }
-      }
-      const Acc v = acc.value();
-      out[c] = v;
-      if (sm) S[(n % ring) * cols + u] = v;
-    }
-    __syncthreads();
-  }
-  if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
-}
-
-// ---------------------------------------------------------------------------
-// The same alpha, beta and loss, faster: used when a block has a thread per u (U + 1 <= blockDim <=
-// kWalkMaxThreads), D <= kWalkMaxDurations (a template parameter: the loops over durations unroll) and the
-// launcher could allot the shared rings. The walk is bound by its instructions, so a step has no branches
-// (DESIGN.md: The TDT walk is bound by its instructions, not its loads):
-// - Rings of `ring` steps (a power of two > max duration + 1: step s in slot s & (ring - 1)), `cap` columns,
-//   cell u in column u + 1. Every thread writes its column every step, -inf when its cell is off the grid,
-//   and columns 0 and cap - 1 stay -inf; so an arc from (alpha) or to (beta) a cell off the grid reads
-//   -inf without a test, and so does a blank arc of duration 0 (read from column 0).
-// - alpha: a cell's thread publishes its 2D arc terms (alpha + blank + duration_i, alpha + label +
-//   duration_i) in the ring ([ring][cap][2D + 1]: an odd stride keeps a warp's loads off each other's banks);
-//   the D steps that use them read one value an arc. beta: the ring holds beta twice, for blank arcs and for
-//   label arcs ([2][ring][cap]), so that beta(T_b, U_b) = 0, the closing blank's end, sits in the blank copy
-//   (step -1, column U_b + 1) and no label arc reaches it.
-// - Every cell's 2 + D log-probs are read AHEAD steps before the step that needs them, as the sums
-//   token + duration_i the step adds (-inf off the grid).
-namespace td {
-
-constexpr int kWalkMaxThreads = 512;   // transducer/cuda_stages.py: WALK_MAX_THREADS
-constexpr int kWalkMaxDurations = 8;   // transducer/cuda_stages.py: WALK_MAX_DURATIONS
+// tdt_walk_kernel's limits: a thread per u, and D a template parameter
+constexpr int kWalkMaxThreads = 512;  // transducer/cuda_stages.py: WALK_MAX_THREADS
+constexpr int kWalkMaxDurations = 8;  // transducer/cuda_stages.py: WALK_MAX_DURATIONS
 
 // The partial logsumexp of x as (max M, sum of exp(x - M)) by pairwise trees (depth log2 N, not a chain of
 // N); all terms -inf: (-inf, 0); a NaN term makes the sum NaN (fmax skips it, its exp does not).
@@ -318,11 +117,23 @@ __device__ __forceinline__ void tree_logsumexp(const Acc (&x)[N], Acc& M, Acc& S
 }
 
 // One block's walk (BETA: beta, else alpha) over T + U anti-diagonals, a thread a cell (u = threadIdx.x), the
-// rings set up by the caller.
+// rings set up by the caller (tdt_walk_kernel). The walk is bound by its instructions, so a step has no
+// branches (DESIGN.md: The TDT walk is bound by its instructions, not its loads):
+// - Rings of `ring` steps (a power of two > max duration + 1: step s in slot s & (ring - 1)), `cap` columns,
+//   cell u in column u + 1. Every thread writes its column every step, -inf when its cell is off the grid,
+//   and columns 0 and cap - 1 stay -inf; so an arc from (alpha) or to (beta) a cell off the grid reads
+//   -inf without a test, and so does a blank arc of duration 0 (read from column 0).
+// - alpha: a cell's thread publishes its 2D arc terms (alpha + blank + duration_i, alpha + label +
+//   duration_i) in the ring ([ring][cap][2D + 1]: an odd stride keeps a warp's loads off each other's banks);
+//   the D steps that use them read one value an arc. beta: the ring holds beta twice, for blank arcs and for
+//   label arcs ([2][ring][cap]), so that beta(T_b, U_b) = 0, the closing blank's end, sits in the blank copy
+//   (step -1, column U_b + 1) and no label arc reaches it.
+// - Every cell's 2 + D log-probs are read AHEAD steps before the step that needs them, as the sums
+//   token + duration_i the step adds (-inf off the grid).
 template <typename Acc, int D, int AHEAD, bool BETA, bool MULTIBLANK>
-__device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly<Acc>& lp_arcs,
-                                     const Durations& durs, long long base, long long st, int T, int U, int mask,
-                                     int cap, Acc* S, Acc* out, bool& seen) {
+__device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly<Acc>& lp_arcs, const Durations& durs,
+                                         long long base, long long st, int T, int U, int mask, int cap, Acc* S,
+                                         Acc* out, bool& seen) {
   constexpr int kCell = BETA ? 1 : 2 * D + 1;
   const Acc NINF = neg_inf<Acc>();
   const int u = threadIdx.x, steps = T + U;
@@ -412,6 +223,182 @@ __device__ __forceinline__ void tdt_walk(const ReadOnly<Acc>& lp, const ReadOnly
 
 }  // namespace td
 
+// ---------------------------------------------------------------------------
+// lp[r] = (tok(blank), tok(y_{u+1})) = x - den - sigma (the label's plus k2's delay penalty, as
+// log_probs_kernel adds it), lp_arcs[r, i] = x_dur[i] - den_arcs, den[r] the
+// logsumexp of the token scores and den_arcs[r] that of the duration scores; a NaN or +-inf score in the row
+// makes both NaN (the sum of x - x, 0 or NaN, added to them).
+template <typename T, typename I>
+struct TdtLogProbsParams {
+  td::Grids grids;
+  td::Rows<T> tokens;
+  td::DurationRows<T> duration_scores;
+  td::Labels<I> labels;
+  double sigma;
+  double delay_penalty;
+  typename ops::AccOf<T>::type* lp;        // (N, 2)
+  typename ops::AccOf<T>::type* lp_arcs;   // (N, D)
+  typename ops::AccOf<T>::type* den;       // (N,)
+  typename ops::AccOf<T>::type* den_arcs;  // (N,)
+};
+
+template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
+__global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLogProbsParams<T, I> p) {
+  using namespace td;
+  typedef typename AccOf<T>::type Acc;
+  const Acc NINF = neg_inf<Acc>();
+  const ReadOnly<T> tok{p.tokens.data}, dur{p.duration_scores.data};
+  const ReadOnly<I> targets{p.labels.targets};
+  Acc* __restrict__ lp = p.lp;
+  Acc* __restrict__ lp_arcs = p.lp_arcs;
+  Acc* __restrict__ den = p.den;
+  Acc* __restrict__ den_arcs = p.den_arcs;
+  const int D = p.duration_scores.D, V = p.tokens.V;
+  const Acc sigma = Acc(p.sigma);
+  // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
+  // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
+  // a row once it knows the row is a cell (DESIGN.md: Eight vectors in flight where a row is loaded before
+  // its cell test).
+  RowPass<T, VEC, WPR, ALIGNED, DEEP, true> pass;
+  if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
+  const RowInfo& ri = pass.ri;
+  const int r = pass.r;
+  const long long local = r - p.tokens.row_start;
+  if (!ri.cell) {
+    if (pass.lane == 0) {
+      lp[2ll * r] = NINF;
+      lp[2ll * r + 1] = NINF;
+      den[r] = Acc(0);
+      den_arcs[r] = Acc(0);
+    }
+    if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = NINF;
+    return;
+  }
+  BlankAndLabel<Acc> picks;
+  picks.load(tok, pass.row, ri, p.labels, targets, V, pass.lane);
+  Acc x_dur = NINF;
+  if (pass.lane < D) x_dur = to_acc(dur[local * p.duration_scores.ld + pass.lane]);
+  const Acc d_tok = pass.logsumexp();
+  // the durations: a logsumexp over the first D lanes of warp 0 (D <= 16 < 32)
+  ReduceState<Acc> lsd = identity<kLogSumExp, Acc>();
+  if (pass.lane < D) {
+    push<kLogSumExp, Acc, AccurateExp, true>(lsd, x_dur);
+    lsd.s += x_dur - x_dur;
+  }
+  if (threadIdx.x < 32 || WPR == 1) lsd = warp_merge<kLogSumExp, Acc, AccurateExp, true>(lsd);
+  // every lane of the row's first warp now holds both (warp 0 of the block when WPR == 8)
+  const Acc d_dur = finish<kLogSumExp, Acc, true>(lsd);
+  const Acc bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
+  if (pass.lane == 0) {
+    den[r] = d_tok + bad;
+    den_arcs[r] = d_dur + bad;
+    picks.store(lp, r, ri, d_tok, sigma, p.delay_penalty, bad);
+  }
+  if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
+}
+
+// ---------------------------------------------------------------------------
+// alpha and beta over anti-diagonals n = t + u; the NaN scan and the loss as in stages.cu's
+// alpha_beta_kernel. alpha(t, u) = logsum over i of [d_i >= 1] alpha(t - d_i, u) + blank(t - d_i, u, i) and
+// [u >= 1] alpha(t - d_i, u - 1) + label(t - d_i, u - 1, i); beta the other way, with the closing blank
+// from (t, U) of duration T - t.
+// The last `ring` anti-diagonals (max duration + 2 of them: every predecessor or successor) stay in shared
+// memory, ring * ring_cols entries, when the launcher could allot them (ring > 0) and the utterance fits
+// (U + 1 <= ring_cols); else they are read back from global memory.
+// Both walk kernels' parameters: alpha in blocks [0, B), beta and nll in [B, 2B).
+//
+// MULTIBLANK: the multi-blank lattice (transducer/backend.py) on the same walk. `durations` are then
+// (0, 1, d_1, ..., d_K) and `lp_arcs` (N, K) the big blanks' log-probs: blank arcs of duration 1 weigh lp's
+// blank entry, those of duration d_i the big blank's; the one label arc has duration 0 and weighs lp's label
+// entry (td::Arcs<Acc, true>).
+template <typename Acc>
+struct TdtWalkParams {
+  td::Grids grids;
+  const Acc* lp;         // (N, 2)
+  const Acc* lp_arcs;     // (N, D); MULTIBLANK: (N, D - 2)
+  td::Durations durations;
+  bool padded;           // fill the padding rows of alpha and beta with -inf
+  int ring;              // anti-diagonals kept in shared memory (0: none)
+  int cols;              // columns of each
+  td::Walks<Acc> out;
+};
+
+template <typename Acc, bool MULTIBLANK>
+__global__ void __launch_bounds__(td::kMaxBlockThreads) tdt_alpha_beta_kernel(const TdtWalkParams<Acc> p) {
+  using namespace td;
+  extern __shared__ double smem_raw[];  // 8-byte aligned, viewed as Acc
+  Acc* S = reinterpret_cast<Acc*>(smem_raw);
+  const ReadOnly<Acc> lp{p.lp}, lp_arcs{p.lp_arcs};
+  const Durations& durs = p.durations;
+  const Arcs<Acc, MULTIBLANK> arcs{lp, lp_arcs, durs.n};
+  const int ring = p.ring, ring_cols = p.cols;
+  Acc* loss = p.out.nll;
+  const Grids& g = p.grids;
+  const WalkBlock w(g);
+  const int b = w.b, T = w.T, U = w.U, D = durs.n;
+  const long long base = w.base, st = w.st;
+  const bool is_beta = w.is_beta;
+  Acc* out = is_beta ? p.out.beta : p.out.alpha;
+  const Acc NINF = neg_inf<Acc>();
+  bool nan_seen;
+  if (!walk_begin(lp, g, w, is_beta, p.padded, out, loss, nan_seen)) return;
+  const int steps = T + U, cols = U + 1;
+  const bool sm = ring > 0 && cols <= ring_cols;  // shared memory holds ring x ring_cols entries
+  // the value at cell (t, u) of anti-diagonal n = t + u (computed at an earlier step)
+  auto at = [&](int t, int u) -> Acc {
+    return sm ? S[((t + u) % ring) * cols + u] : out[base + (long long)t * st + u];
+  };
+#pragma unroll 1
+  for (int step = 0; step < steps; ++step) {
+    const int n = is_beta ? steps - 1 - step : step;
+#pragma unroll 1
+    for (int u = threadIdx.x; u <= U; u += blockDim.x) {
+      const int t = n - u;
+      if (t < 0 || t >= T) continue;
+      const long long c = base + (long long)t * st + u;
+      LogSum<Acc> acc;
+      if (!is_beta) {
+        if (t == 0 && u == 0) {  // alpha(0, 0) = 0 = 0 + log(1)
+          acc.m = Acc(0);
+          acc.s = Acc(1);
+        }
+        for (int k = 0; k < D; ++k) {
+          const int d = duration(durs, k), s = t - d;
+          if (s < 0 || (t == 0 && u == 0)) continue;
+          if (d >= 1) {
+            const long long from = base + (long long)s * st + u;
+            acc.add(at(s, u) + arcs.blank(from, k));
+          }
+          if (u >= 1) {
+            const long long from = base + (long long)s * st + u - 1;
+            acc.add(at(s, u - 1) + arcs.label(from, k));
+          }
+        }
+      } else {
+        for (int k = 0; k < D; ++k) {
+          const int d = duration(durs, k), s = t + d;
+          if (d >= 1) {
+            if (s < T)
+              acc.add(at(s, u) + arcs.blank(c, k));
+            else if (s == T && u == U)
+              acc.add(arcs.blank(c, k));  // the closing blank
+          }
+          if (u < U && s < T) acc.add(at(s, u + 1) + arcs.label(c, k));
+        }
+      }
+      const Acc v = acc.value();
+      out[c] = v;
+      if (sm) S[(n % ring) * cols + u] = v;
+    }
+    __syncthreads();
+  }
+  if (is_beta && threadIdx.x == 0) loss[b] = nan_seen ? quiet_nan<Acc>() : -out[base];
+}
+
+// ---------------------------------------------------------------------------
+// The same alpha, beta and loss, faster (tdt_walk): used when a block has a thread per u (U + 1 <= blockDim <=
+// kWalkMaxThreads), D <= kWalkMaxDurations (a template parameter: the loops over durations unroll) and the
+// launcher could allot the shared rings.
 template <typename Acc, int D, int AHEAD, bool MULTIBLANK>
 __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const TdtWalkParams<Acc> p) {
   using namespace td;
@@ -446,10 +433,10 @@ __global__ void __launch_bounds__(td::kWalkMaxThreads) tdt_walk_kernel(const Tdt
 
 // ---------------------------------------------------------------------------
 // The gradient of sum_b scale[b] * ((1 - omega) tdt_b + omega rnnt_b) w.r.t. the token and duration scores
-// (cpu.tdt_gradient's formula), its token part clamped for a unit incoming gradient when CLAMP (NeMo's TDT
+// (cpu_stages.tdt_gradient's formula), its token part clamped for a unit incoming gradient when CLAMP (NeMo's TDT
 // clamp). Zeros on padding rows and for utterances whose loss (or, with OMEGA, RNN-T loss) is not finite or
 // whose scale is 0. The token gradient's rows lie at the token rows' offsets from a 16-byte boundary, or,
-// STAGED, start on one (common.cuh's RowOut; the launcher checked which).
+// STAGED, start on one (row_pass.cuh's RowOut; the launcher checked which).
 template <typename T, typename I>
 struct TdtGradientParams {
   td::Grids grids;

@@ -1,190 +1,31 @@
-// What the transducer kernels (stages.cu, tdt.cu, pack.cu) share: where a row of the logits lives, and
-// the pass over one row that the per-row kernels make.
+// The pass over one row of the logits that the per-row kernels (log-probs, gradient) make: RowPass reads a row's
+// columns in 16-byte vectors, a warp or a block a row, RowOut writes the gradient's row, map_row joins them.
 //
-// The element types, conversions and math come from ops/numeric.cuh, the row -> utterance search
-// from ragged/row_ids.cuh, the division by a per-utterance stride from ops/fast_divmod.cuh.
+// The element types, conversions and math come from ops/numeric.cuh, the logsumexp states from ops/reduce.cuh.
 #pragma once
 
-#include "ops/fast_divmod.cuh"
 #include "ops/numeric.cuh"
 #include "ops/reduce.cuh"
-#include "ragged/row_ids.cuh"
+#include "transducer/layout.cuh"
+#include "transducer/params.cuh"
 
 namespace td {
 
 using namespace ops;
 
-// The padded layout's grid, made by the host (transducer/cuda_stages.py): rows per utterance (maxT * (maxU + 1))
-// and per frame (maxU + 1). A row's (b, t, u) is then two divisions by host-made constants, no search and no
-// load, so a row kernel, which loads a padded row only once it knows the row is a cell, starts its loads
-// sooner. utt.d == 0: Grids searches row_splits (the compact layout, or a padded one given without its maxT,
-// whose rows the kernels then load before their cell test: right, but padding is read).
-struct PaddedGrid {
-  FastDivmod utt, frame;
-  __device__ __forceinline__ bool padded() const { return utt.d != 0; }
-};
-
-// The Layout table (transducer/layout.py): [T_b (B) | U_b (B) | row_strides (B) | row_splits (B + 1) | stats].
-// Cell (b, t, u) is row row_splits[b] + t * row_strides[b] + u of the (N, V) logits.
-struct Grids {
-  const long long* table;
-  int B;
-  PaddedGrid pad;  // zeros (the compact layout) unless the kernel was given the padded grid
-  __device__ __forceinline__ long long T(int b) const { return __ldg(table + b); }
-  __device__ __forceinline__ long long U(int b) const { return __ldg(table + B + b); }
-  __device__ __forceinline__ long long stride(int b) const { return __ldg(table + 2 * B + b); }
-  __device__ __forceinline__ long long split(int b) const { return __ldg(table + 3 * B + b); }  // b in [0, B]
-  // (b, t, u) of row r (0 <= r < split(B)). Padded: two divisions by pad's constants. Compact: b by a binary
-  // search over row_splits (B + 1 cached entries stand in for a per-row index array: no launch and no
-  // N-sized buffer for it), t and u by a FastDivmod of b's stride (clamped to >= 1).
-  __device__ __forceinline__ void coordinates(int r, int& b, int& t, int& u) const {
-    if (pad.padded()) {
-      int rest;
-      pad.utt.divmod(r, b, rest);
-      pad.frame.divmod(rest, t, u);
-      return;
-    }
-    b = ragged::row_of(table + 3 * B, B, r);
-    const long long st = stride(b);
-    FastDivmod::make(st < 1 ? 1u : (unsigned int)st).divmod(r - (int)split(b), t, u);
-  }
-};
-
 constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda_stages.py: THREADS)
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
 
-// The parts of the kernels' parameter structs (CUTLASS's Params pattern: a kernel takes one struct, which
-// transducer/cuda_stages.py fills by field name; tests/test_kernel_params.py checks both sides list the same fields).
-
-// The rows a row kernel reads: rows [row_start, row_start + num_rows) of the layout, `ld` elements apart
-// from `data`, V columns; `n`: the row's VEC-wide vectors when every row starts on a vector boundary (the
-// kernel's ALIGNED), else its columns (RowPass).
-template <typename T>
-struct Rows {
-  const T* data;
-  long long ld;
-  int row_start;
-  int num_rows;
-  int V;
-  int n;
-};
-
-// The labels: y_{u+1} of utterance b is targets[b * cols + u]; the blank's column.
-template <typename I>
-struct Labels {
-  const I* targets;
-  int cols;
-  int blank;
-};
-
-// What forward kept for the gradient (transducer/layout.py's Lattice): per row lp (N, 2), den (N,) (TDT:
-// (N, 2)), alpha and beta (N,); per utterance nll (B,).
-template <typename Acc>
-struct Lattice {
-  const Acc* lp;
-  const Acc* den;
-  const Acc* alpha;
-  const Acc* beta;
-  const Acc* nll;
-};
-
-// A walk kernel's outputs (Acc) or another walk's results read by a gradient kernel (const Acc): alpha,
-// beta (N,) and nll (B,).
-template <typename Acc>
-struct Walks {
-  Acc* alpha;
-  Acc* beta;
-  Acc* nll;
-};
-
-constexpr int kMaxDurations = 16;  // transducer/layout.py: MAX_DURATIONS
-
-// Durations of the arcs that span several frames (TDT's, the big blanks'), by value: d[0, n), the rest zeros.
-struct Durations {
-  int n;
-  int d[kMaxDurations];
-};
-
-// durs.d[i] for a runtime i: a dynamic index into the struct (a kernel parameter) would copy it to local
-// memory in every thread, 17 stores before the first use
-__device__ __forceinline__ int duration(const Durations& durs, int i) {
-  int d = 0;
-#pragma unroll
-  for (int k = 0; k < kMaxDurations; ++k) d = k == i ? durs.d[k] : d;
-  return d;
-}
-
-// The incoming gradient of utterance b: values[b * stride].
-template <typename Acc>
-struct Scale {
-  const Acc* values;
-  long long stride;
-  __device__ __forceinline__ Acc operator[](int b) const { return __ldg(values + b * stride); }
-};
-
+// The threads of a row: a warp (WPR = 1) or a block of kThreads (transducer/cuda_stages.py's warps_per_row picks
+// one of the two; tests/test_kernel_params.py checks it picks no other).
 template <int WPR>
 struct RowGeometry {
-  static_assert(WPR == 1 || WPR == 8, "one warp or one 256-thread block per row");
+  static_assert(WPR == 1 || WPR == kThreads / 32, "one warp or one block per row");
   static constexpr int G = 32 * WPR;                 // threads per row
   static constexpr int LOG_G = WPR == 1 ? 5 : 8;
+  static_assert(1 << LOG_G == G, "LOG_G: log2 of the threads per row");
   static constexpr int RPB = kThreads / G;           // rows per block
 };
-
-// (t, u) of row r and whether it is a cell of its utterance (not padding).
-struct RowInfo {
-  int b, t, u, T, U, st;
-  bool cell;
-};
-
-__device__ __forceinline__ RowInfo row_info(int r, const Grids& g) {
-  RowInfo ri;
-  g.coordinates(r, ri.b, ri.t, ri.u);
-  const long long st = g.pad.padded() ? (long long)g.pad.frame.d : g.stride(ri.b);
-  ri.st = st < 1 ? 1 : (int)st;
-  ri.T = (int)g.T(ri.b);
-  ri.U = (int)g.U(ri.b);
-  ri.cell = ri.t < ri.T && ri.u <= ri.U;
-  return ri;
-}
-
-// The utterance of a block of the walks (alpha and beta, RNN-T and TDT): blocks [0, B) walk alpha over
-// utterance b = blockIdx.x, blocks [B, 2B) beta over b = blockIdx.x - B.
-struct WalkBlock {
-  int b, T, U;
-  bool is_beta;
-  long long base, st;  // the row of cell (b, 0, 0) and the row stride of t
-  __device__ __forceinline__ explicit WalkBlock(const Grids& g) {
-    b = blockIdx.x;
-    is_beta = b >= g.B;
-    if (is_beta) b -= g.B;
-    T = (int)g.T(b);
-    U = (int)g.U(b);
-    base = g.split(b);
-    st = g.stride(b);
-  }
-};
-
-// -inf into the rows of w's utterance in the padded layout that are not cells (u > U or t >= T), as the
-// CPU twins leave them: the columns past U of the first T rows, then every row past T. Stays within the
-// utterance's rows [split(b), split(b + 1)) whatever T and U hold (with check_inputs=False they are not
-// checked against the padded sizes); one division a block, none a row.
-template <typename Acc>
-__device__ __forceinline__ void fill_non_cells(const Grids& g, const WalkBlock& w, Acc* out) {
-  const Acc NINF = neg_inf<Acc>();
-  const long long end = g.split(w.b + 1);
-  if (w.st < 1 || end <= w.base) return;
-  const long long rows = (end - w.base) / w.st;
-  const int cells_t = (int)(w.T < 0 ? 0 : w.T < rows ? w.T : rows);
-  const int u0 = w.U + 1 > 0 ? w.U + 1 : 0;
-  if (u0 < w.st) {
-#pragma unroll 1
-    for (int t = 0; t < cells_t; ++t)
-#pragma unroll 1
-      for (long long u = u0 + (int)threadIdx.x; u < w.st; u += blockDim.x) out[w.base + t * w.st + u] = NINF;
-  }
-#pragma unroll 1
-  for (long long i = w.base + cells_t * w.st + threadIdx.x; i < end; i += blockDim.x) out[i] = NINF;
-}
 
 // One row of the logits, read by a group of G threads in VEC-wide vectors, UNROLL vectors in flight
 // per thread: what log_probs and gradient share. READ_ONLY: no thread writes the rows while the kernel
@@ -386,82 +227,6 @@ struct RowOut {
       for (int i = lane; i < pass_nvec; i += Geo::G) q[i] = z;
       if (pass_col >= 0) row[pass_col] = z.v[0];
     }
-  }
-};
-
-// The blank's and the label's scores of a row, as both log-probs kernels pick them: lane 0 loads them before
-// the row's logsumexp (their latency overlaps it) and, once den is known, writes lp[r] = (x_blank - den - sigma,
-// x_y - den - sigma + k2's delay penalty delay_penalty * ((T_b - 1) / 2 - t)), -inf without a label. The label's
-// column is clamped into [0, V): with check_inputs the host checks the labels while the kernel runs.
-template <typename Acc>
-struct BlankAndLabel {
-  bool has_label;
-  Acc x_blank, x_label;
-
-  template <typename T, typename I>
-  __device__ __forceinline__ void load(const ReadOnly<T>& rows, long long row, const RowInfo& ri,
-                                       const Labels<I>& labels, const ReadOnly<I>& targets, int V, int lane) {
-    has_label = ri.u >= 0 && ri.u < ri.U && ri.u < labels.cols;
-    x_blank = Acc(0);
-    x_label = neg_inf<Acc>();
-    if (lane != 0) return;
-    x_blank = to_acc(rows[row + labels.blank]);
-    if (has_label) {
-      const long long y = (long long)targets[(long long)ri.b * labels.cols + ri.u];
-      x_label = to_acc(rows[row + (y < 0 ? 0 : y >= V ? V - 1 : y)]);
-    }
-  }
-  // `bad`: 0, or NaN to make both entries NaN
-  __device__ __forceinline__ void store(Acc* lp, long long r, const RowInfo& ri, Acc den, Acc sigma,
-                                        double delay_penalty, Acc bad = Acc(0)) const {
-    const Acc penalty = Acc(delay_penalty) * (Acc(0.5) * (ri.T - 1) - ri.t);
-    lp[2 * r] = x_blank - den - sigma + bad;
-    lp[2 * r + 1] = has_label ? x_label - den - sigma + penalty + bad : neg_inf<Acc>();
-  }
-};
-
-// The RNN-T arcs leaving the cell of row r, as both gradient kernels need them (tdt.cu's for its omega term):
-// with lognorm = alpha(r) + loss, the log of the cell's posterior, lognorm + beta(r), and the posteriors of its
-// blank arc (to (t + 1, u), or the end from (T - 1, U)) and its label arc (to (t, u + 1); RNA: (t + 1, u + 1)),
-// whose log-probs are lp_blank and lp_label.
-template <typename Acc>
-struct RnntArcs {
-  Acc log_gamma, blank, label;
-};
-
-template <typename Acc, bool RNA>
-__device__ __forceinline__ RnntArcs<Acc> rnnt_arcs(const ReadOnly<Acc>& beta, long long r, const RowInfo& ri,
-                                                   Acc lognorm, Acc lp_blank, Acc lp_label) {
-  const Acc NINF = neg_inf<Acc>();
-  const long long st = ri.st;
-  RnntArcs<Acc> a;
-  a.log_gamma = lognorm + beta[r];
-  const Acc after_blank = ri.t + 1 < ri.T ? beta[r + st] : (ri.u == ri.U ? Acc(0) : NINF);
-  a.blank = exp_acc(lognorm + lp_blank + after_blank);
-  a.label = Acc(0);
-  if (ri.u < ri.U) {
-    const Acc after_label = RNA ? (ri.t + 1 < ri.T ? beta[r + st + 1] : NINF) : beta[r + 1];
-    a.label = exp_acc(lognorm + lp_label + after_label);
-  }
-  return a;
-}
-
-// The gradient of one token score x of a row from the row's terms, as both gradient kernels form it:
-// g = exp(x + coef) (SOFTMAX: coef is the log of the softmax term's factor less den) - [v == blank] sub_blank -
-// [v == label] sub_label - `more` (multi-blank's big blank arcs), clamped to [-clamp, clamp] (CLAMP), times
-// the incoming scale.
-template <typename Acc, bool SOFTMAX, bool CLAMP>
-struct TokenGradient {
-  Acc coef, sub_blank, sub_label, clamp, scale;
-  int blank, label;
-  template <typename T>
-  __device__ __forceinline__ T operator()(int v, T x, Acc more = Acc(0)) const {
-    Acc g = SOFTMAX ? exp_fast(to_acc(x) + coef) : Acc(0);
-    if (v == blank) g -= sub_blank;
-    if (v == label) g -= sub_label;
-    g -= more;
-    if (CLAMP) g = g > clamp ? clamp : (g < -clamp ? -clamp : g);
-    return from_acc<T>(g * scale);
   }
 };
 
