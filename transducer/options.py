@@ -265,6 +265,7 @@ _TYPES = {"int": int, "bool": bool, "float": float, "tuple": Tuple[int, ...]}
 #: (torch.library's types): ``flat()`` gives (ints, floats) in field order, ``from_flat`` the options back.
 LossOptions = NamedTuple("LossOptions", [(option.name, _TYPES[option.field_type]) for option in _FIELDS])
 LossOptions.__new__.__defaults__ = tuple(option.field_default for option in _FIELDS)
+LossOptions._field_defaults = {option.name: option.field_default for option in _FIELDS}
 LossOptions.__module__ = __name__
 LossOptions.flat = _flat
 LossOptions.from_flat = classmethod(_from_flat)
