@@ -323,8 +323,8 @@ def fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_l
         targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank.
         logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
-        activation (str, optional): ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"gelu"``, ``"silu"`` or
-            ``"identity"`` (transducer/joiner.py). (Default: ``"tanh"``)
+        activation (str, optional): ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"gelu"``, ``"silu"``, ``"leaky_relu"``
+            (negative slope 0.01) or ``"identity"`` (transducer/joiner.py). (Default: ``"tanh"``)
         dropout (float, optional): the rate of dropout on the joiner's hidden, as NeMo's joint applies it
             after the activation; its mask is a hash of a seed drawn from ``generator`` and of each element's
             (row, column), the same in backward's recompute (``transducer.joiner.dropout_mask`` gives it). 0

@@ -25,7 +25,7 @@
 
 namespace td {
 // transducer/joiner.py: ACTIVATIONS (each one's code)
-enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5 };
+enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5, kLeakyRelu = 6 };
 
 // FAST: the result is rounded to a 16-bit type, whose half ulp (2^-9 at least) exceeds tanh.approx's
 // error (2^-10.99, PTX ISA), so the one-instruction approximation (sm_75 and later) is as good there.
@@ -45,6 +45,7 @@ __device__ __forceinline__ A activate(A a) {
   if (ACT == kSigmoid) return A(1) / (A(1) + exp(-a));
   if (ACT == kGelu) return A(0.5) * a * (A(1) + erf(a * A(0.70710678118654752440)));
   if (ACT == kSilu) return a / (A(1) + exp(-a));
+  if (ACT == kLeakyRelu) return a > A(0) ? a : a * A(0.01);  // transducer/joiner.py: LEAKY_RELU_SLOPE
   return a;
 }
 
@@ -61,6 +62,7 @@ __device__ __forceinline__ A activation_slope(A a, A h) {
     const A sg = A(1) / (A(1) + exp(-a));
     return sg + h * (A(1) - sg);
   }
+  if (ACT == kLeakyRelu) return h > A(0) ? A(1) : A(0.01);  // from h, as relu's
   return A(1);
 }
 
