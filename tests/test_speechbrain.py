@@ -89,7 +89,8 @@ torch.save(out, sys.argv[2])
 
 def test_equals_speechbrains_numba_loss(tmp_path):
     """Values equal SpeechBrain's numba loss's (each NLL over T_b, then the reduction); its gradient is that of the
-    sum of the NLLs whatever the reduction: T_b times this loss's for each utterance, and B times for "mean"."""
+    sum of the NLLs whatever the reduction: T_b times this loss's for each utterance, and B times for "mean", the
+    gradient of this loss with reduction="sum" and use_torchaudio=True."""
     if importlib.util.find_spec("numba") is None:
         pytest.skip("numba is not installed (SpeechBrain's own loss needs it)")
     _, tokens, wav_lens, token_lens = batch()
@@ -109,6 +110,10 @@ def test_equals_speechbrains_numba_loss(tmp_path):
         torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
         scale = frames * (3 if reduction == "mean" else 1)
         torch.testing.assert_close(grad * scale, want_grad, rtol=1e-4, atol=1e-6)
+    # the README's way to keep the numba gradient: reduction="sum" with use_torchaudio=True
+    x = logits.clone().requires_grad_()
+    transducer_loss(x, tokens, wav_lens, token_lens, blank_index=0, reduction="sum", use_torchaudio=True).backward()
+    torch.testing.assert_close(x.grad, theirs["mean"][1], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
