@@ -182,15 +182,19 @@ def _output_linear(output, encoder_out):
     """The ``torch.nn.Linear`` of the output layer ``output`` (SpeechBrain's Linear keeps it as ``.w``), its
     ``max_norm`` applied as SpeechBrain's forward applies it; under DistributedDataParallel, after a forward of no
     rows through the wrapper (see fused_transducer_loss)."""
+    from speechbrain.nnet.linear import Linear
+
     module = _unwrapped(output)
-    linear = getattr(module, "w", module)
-    if not isinstance(linear, torch.nn.Linear):
-        raise ValueError(f"output: expected SpeechBrain's Linear or a torch.nn.Linear, got {type(module).__name__}")
-    if linear is not module:
-        if getattr(module, "combine_dims", False):
+    if isinstance(module, Linear) and type(module).forward is Linear.forward:
+        if module.combine_dims:
             raise ValueError("output: a Linear with combine_dims=True does not take the joint's rows")
-        if getattr(module, "max_norm", None) is not None:
-            linear.weight.data = torch.renorm(linear.weight.data, p=2, dim=0, maxnorm=module.max_norm)
+        if module.max_norm is not None:
+            module.w.weight.data = torch.renorm(module.w.weight.data, p=2, dim=0, maxnorm=module.max_norm)
+        linear = module.w
+    elif type(module) is torch.nn.Linear:
+        linear = module
+    else:
+        raise ValueError(f"output: expected SpeechBrain's Linear or a torch.nn.Linear, got {type(module).__name__}")
     if isinstance(output, torch.nn.parallel.DistributedDataParallel) and torch.is_grad_enabled():
         output(encoder_out.new_empty(0, linear.in_features))
     return linear
