@@ -87,10 +87,13 @@ def test_float32_equals_unfused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_gradcheck(device):
+@pytest.mark.parametrize("activation", ["tanh", "leaky_relu"])
+def test_gradcheck(device, activation):
+    """The gradients of the loss it returns; leaky_relu: its slope on both sides of 0 against its forward."""
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(530, B=3, max_t=4, max_u=2, J=3, V=5, device=device)
     assert torch.autograd.gradcheck(
-        lambda e, p, w, b: fused_joiner_loss(e, p, w, b, targets, T, U, max_rows=4, reduction="none"),
+        lambda e, p, w, b: fused_joiner_loss(e, p, w, b, targets, T, U, max_rows=4, reduction="none",
+                                             activation=activation),
         (enc, pred, weight, bias), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 

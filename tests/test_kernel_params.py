@@ -141,7 +141,7 @@ def test_constants_agree():
     assert c["kCellsCap"] == layout.CELLS_CAP
     activation = re.search(r"enum Activation : int \{([^}]*)\}", TEXT).group(1)
     assert {k: int(v) for k, v in re.findall(r"k(\w+) = (\d+)", activation)} == {
-        name.capitalize(): a.code for name, a in ACTIVATIONS.items()}
+        name.title().replace("_", ""): a.code for name, a in ACTIVATIONS.items()}  # leaky_relu: kLeakyRelu
     stat = re.search(r"enum Stat : int \{([^}]*)\}", TEXT).group(1)
     names = [n.strip() for n in stat.split(",")]
     assert names[-1] == "kNumStats" and len(names) - 1 == layout.NUM_STATS

@@ -62,6 +62,7 @@ KERNELS = {
         "pack_grad_kernel<ops::bf16_t, float, float, float, float, 8, false, true, 1, false>",
         "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, true, true, 0, true>",
         "pack_grad_kernel<ops::half_t, float, float, float, float, 4, false, true, 2, true>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, true, false, 6, false>",
     ],
     "transducer/tdt.cu": [
         "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true, 8>", "tdt_log_probs_kernel<float, int, 1, 8, true, 4>",

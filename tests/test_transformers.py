@@ -346,7 +346,7 @@ def test_ddp(device, tmp_path):
                           1e-3 if device == "cuda" else 1e-4)
 
 
-@pytest.mark.parametrize("hidden_act", ["tanh", "linear", "sigmoid", "gelu", "silu", "swish"])
+@pytest.mark.parametrize("hidden_act", ["tanh", "linear", "sigmoid", "gelu", "silu", "swish", "leaky_relu"])
 def test_other_activations(hidden_act):
     """The fused joint's other activations (relu, transformers' default, is in test_model_matches_transformers)."""
     model = make_model("tdt", hidden_act=hidden_act)

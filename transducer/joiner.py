@@ -4,7 +4,7 @@ tests/test_kernel_params.py checks against ``code`` here, and its ``dropout_keep
 ``FusedJoinerLoss.logits`` and the integrations all read them.
 
 Each activation gives h = act(a) and its derivative act'(a), from h where h alone gives it (tanh: 1 - h^2, relu:
-[h > 0], sigmoid: h (1 - h)), else from a (gelu, silu).
+[h > 0], leaky_relu: 1 where h > 0 else its negative slope, sigmoid: h (1 - h)), else from a (gelu, silu).
 
 Dropout (NeMo's joint: activation, Dropout, Linear) keeps element (r, j) of the hidden, r the row of the compact
 layout and j the column, where a hash of (seed, r, j) clears the rate p, and scales it by 1 / (1 - p): the mask
@@ -18,8 +18,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "ACTIVATIONS", "activation", "check_activation", "Dropout", "check_dropout", "dropout_keep",
-           "dropout_mask"]
+__all__ = ["Activation", "ACTIVATIONS", "LEAKY_RELU_SLOPE", "activation", "check_activation", "Dropout",
+           "check_dropout", "dropout_keep", "dropout_mask"]
 
 
 class Activation(NamedTuple):
@@ -40,8 +40,19 @@ def _silu_slope(a, h):
     return s + h * (1 - s)
 
 
+#: leaky_relu's negative slope: torch.nn.LeakyReLU's default, which SpeechBrain's Transducer_joint uses
+#: (it builds its nonlinearity with no arguments, LeakyReLU by default).
+LEAKY_RELU_SLOPE = 0.01
+
+
+def _leaky_relu_slope(a, h):
+    # 1 where h > 0, else the negative slope (at 0 too, as torch's leaky_relu backward)
+    return torch.full_like(h, LEAKY_RELU_SLOPE).masked_fill_(h > 0, 1)
+
+
 #: By name, as fused_joiner_loss's ``activation`` takes them: NeMo's joint activations (relu, sigmoid, tanh),
-#: transformers' ``hidden_act`` values gelu (the erf form) and silu, and the identity.
+#: transformers' ``hidden_act`` values gelu (the erf form) and silu, SpeechBrain's default leaky_relu, and the
+#: identity.
 ACTIVATIONS = {a.name: a for a in (
     Activation("identity", 0, lambda a: a, lambda a, h: torch.ones_like(h)),
     Activation("tanh", 1, torch.tanh, lambda a, h: 1 - h * h),
@@ -49,6 +60,7 @@ ACTIVATIONS = {a.name: a for a in (
     Activation("sigmoid", 3, torch.sigmoid, lambda a, h: h * (1 - h)),
     Activation("gelu", 4, F.gelu, _gelu_slope),
     Activation("silu", 5, F.silu, _silu_slope),
+    Activation("leaky_relu", 6, lambda a: F.leaky_relu(a, LEAKY_RELU_SLOPE), _leaky_relu_slope),
 )}
 
 

@@ -26,7 +26,7 @@
 
 namespace td {
 // transducer/joiner.py: ACTIVATIONS (each one's code)
-enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5 };
+enum Activation : int { kIdentity = 0, kTanh = 1, kRelu = 2, kSigmoid = 3, kGelu = 4, kSilu = 5, kLeakyRelu = 6 };
 
 // activate and activation_slope take each code of enum Activation in a branch of its own; a code without one
 // reaches the last branch, whose static_assert of this false constant stops the compilation
@@ -57,6 +57,8 @@ __device__ __forceinline__ A activate(A a) {
     return A(0.5) * a * (A(1) + erf(a * A(0.70710678118654752440)));
   } else if constexpr (ACT == kSilu) {
     return a / (A(1) + exp(-a));
+  } else if constexpr (ACT == kLeakyRelu) {
+    return a > A(0) ? a : a * A(0.01);  // transducer/joiner.py: LEAKY_RELU_SLOPE
   } else {
     static_assert(kActivationWithoutCase<ACT>, "activate: a code of enum Activation without its case");
   }
@@ -79,6 +81,8 @@ __device__ __forceinline__ A activation_slope(A a, A h) {
   } else if constexpr (ACT == kSilu) {
     const A sg = A(1) / (A(1) + exp(-a));
     return sg + h * (A(1) - sg);
+  } else if constexpr (ACT == kLeakyRelu) {
+    return h > A(0) ? A(1) : A(0.01);  // from h, as relu's
   } else {
     static_assert(kActivationWithoutCase<ACT>, "activation_slope: a code of enum Activation without its case");
   }

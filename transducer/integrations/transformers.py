@@ -139,8 +139,8 @@ def apply(model, fused=True):
     Raises:
         TypeError: ``model`` is not a ``ParakeetForRNNT`` or ``ParakeetForTDT``.
         ValueError: ``fused`` and the joint's activation (``config.hidden_act``) is not one of
-            ``ACTIVATIONS`` (relu, tanh, sigmoid, gelu, silu or swish, identity or linear), or the model's class
-            has its own forward, or ``model.joint`` is not transformers' joint network.
+            ``ACTIVATIONS`` (relu, tanh, sigmoid, gelu, silu or swish, leaky_relu, identity or linear), or the
+            model's class has its own forward, or ``model.joint`` is not transformers' joint network.
         ImportError: transformers older than 5.12 (no ``ParakeetForRNNT``) or missing.
     """
     rnnt_class, tdt_class = _parakeet_classes()
