@@ -126,8 +126,9 @@ def _check(H, W, bias, labels, blank):
                          f"positive multiple of 8, got {_describe(H)}")
     if not isinstance(W, Tensor) or W.dim() != 2 or W.size(1) != J or W.dtype != H.dtype:
         raise ValueError(f"W: expected a (V, {J}) tensor of H's dtype {H.dtype}, got {_describe(W)}")
-    if W.device != H.device or not W.is_contiguous():
-        raise ValueError(f"W: expected a contiguous tensor on {H.device}, got {_describe(W)}")
+    if W.device != H.device or not W.is_contiguous() or W.data_ptr() % 16:
+        raise ValueError(f"W: expected a contiguous tensor on {H.device} starting on a 16-byte boundary, got "
+                         f"{_describe(W)}")
     V = W.size(0)
     if V < 1:
         raise ValueError("W: expected at least one row (V >= 1), got 0")
@@ -169,7 +170,7 @@ def _logits_statistics(H, W, bias, labels, blank, config, out=None):
     statistics = torch.empty(3, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
         kernel = _compiled(J, n_tiles, H.dtype, config, False, False)
-        kernel(*_arguments(H, W, col_bias, labels, statistics), blank, 0.0, _stream())
+        kernel(*_arguments(H, W, col_bias, labels, statistics, H), blank, 0.0, _stream())
     return tuple(statistics)
 
 
@@ -188,14 +189,28 @@ def _logits_gradient(H, W, bias, labels, blank, coefficients, clamp, config):
     return G[:N]
 
 
-def _arguments(H, W, col_bias, labels, row_values, G=None):
-    """The kernels' tensor arguments as CuTe tensors; without G (the statistics, which never touch it) W stands in.
-    G's row width is static (a compile key), so that the epilogue's stores are whole 4-byte pairs."""
-    from cutlass.cute.runtime import from_dlpack
-    tensors = [_cute(x, 16) for x in (H, W, col_bias)] + [_cute(x, 4) for x in (labels, row_values)]
-    if G is None:
-        return tensors + [_cute(W, 16)]
-    return tensors + [from_dlpack(G, assumed_align=16).mark_compact_shape_dynamic(mode=0, stride_order=(0, 1))]
+def _arguments(H, W, col_bias, labels, row_values, G):
+    """The kernels' arguments but the blank, the clamp and the stream: the tensors' pointers, the row and column
+    counts and the row strides (the statistics pass H for G, which they never touch)."""
+    pointers = [_pointer(x, 16) for x in (H, W, col_bias)] + [_pointer(x, 4) for x in (labels, row_values)]
+    return pointers + [_pointer(G, 16), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0)]
+
+
+def _pointer(x, align):
+    """x's data as a CuTe global-memory pointer aligned to ``align`` bytes (TMA's operands: 16)."""
+    make_ptr, gmem, types = _runtime()
+    return make_ptr(types[x.dtype], x.data_ptr(), gmem, assumed_align=align)
+
+
+@functools.lru_cache(maxsize=None)
+def _runtime():
+    """(make_ptr, the global address space, the CuTe type of each torch dtype the kernels take), imported once."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+    types = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32,
+             torch.int32: cutlass.Int32}
+    return make_ptr, cute.AddressSpace.gmem, types
 
 
 def _describe(x):
@@ -203,12 +218,6 @@ def _describe(x):
         return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}" + ("" if x.is_contiguous() else
                                                                               ", not contiguous")
     return repr(x)
-
-
-def _cute(x, align):
-    """x as a CuTe tensor of dynamic shape and strides, its start aligned to ``align`` bytes (TMA's operands: 16)."""
-    from cutlass.cute.runtime import from_dlpack
-    return from_dlpack(x, assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
 
 
 def _stream():
@@ -226,14 +235,9 @@ def _compiled(J, n_tiles, dtype, config, gradient, clamp):
 
     from .hopper_kernel import LogitsGemm
 
-    device = torch.cuda.current_device()
-    width = n_tiles * config.tile_n
-    H = torch.empty(128, J, device=device, dtype=dtype)
-    W = torch.empty(width, J, device=device, dtype=dtype)
-    col_bias = torch.empty(width, device=device, dtype=torch.float32)
-    labels = torch.empty(128, device=device, dtype=torch.int32)
-    row_values = torch.empty(5 if gradient else 3, 128, device=device, dtype=torch.float32)
-    G = torch.empty(128, width, device=device, dtype=dtype) if gradient else None
-    kernel = LogitsGemm(n_tiles, *config, gradient=gradient, clamp=clamp)
-    return cute.compile(kernel, *_arguments(H, W, col_bias, labels, row_values, G), cutlass.Int32(0),
-                        cutlass.Float32(0.0), _stream())
+    make_ptr, gmem, types = _runtime()
+    pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
+        (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
+    kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp)
+    return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
+                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), _stream())

@@ -44,19 +44,20 @@ DEN, OCCUPANCY, BLANK_ARC, LABEL_ARC, SCALE = range(5)
 
 
 class LogitsGemm:
-    """The kernel for one configuration: ``warpgroups`` consumer warpgroups of 64 rows each (tile_m = 64 *
+    """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each (tile_m = 64 *
     warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m`` CTAs along the
     rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages; ``gradient``:
     the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied."""
 
-    def __init__(self, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1, occupancy: int = 1,
-                 gradient: bool = False, clamp: bool = False):
+    def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
+                 occupancy: int = 1, gradient: bool = False, clamp: bool = False):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
             raise ValueError(f"warpgroups: expected 1 or 2, got {warpgroups}")
         if cluster_m not in (1, 2):
             raise ValueError(f"cluster_m: expected 1 or 2, got {cluster_m}")
+        self.J = J
         self.n_tiles = n_tiles
         self.tile_n = tile_n
         self.warpgroups = warpgroups
@@ -84,13 +85,25 @@ class LogitsGemm:
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
     @cute.jit
-    def __call__(self, h: cute.Tensor, w: cute.Tensor, col_bias: cute.Tensor, labels: cute.Tensor,
-                 row_values: cute.Tensor, g: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32,
-                 stream: cuda.CUstream):
-        """h (N, J), w (V, J), both K-major (rows of any stride); col_bias (n_tiles * tile_n,) fp32; labels (N,)
-        int32; row_values (3, N) fp32: the statistics den, z_blank, z_label (written), or (5, N): the gradient's
-        den, occupancy, blank arc, label arc and scale of each row (read); g (rows of whole row tiles, n_tiles *
-        tile_n) of h's dtype: the gradient (written; the statistics never touch it and take any tensor there)."""
+    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
+                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
+                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
+                 blank: cutlass.Int32, clamp: cutlass.Float32, stream: cuda.CUstream):
+        """The tensors from their pointers (pointers and sizes cost the host less to pass than tensors): h (n_rows,
+        J) of row stride ``h_stride`` (a multiple of 8) and w (n_cols, J), both K-major; col_bias (n_tiles *
+        tile_n,) fp32; labels (n_rows,) int32; row_values (3, n_rows) fp32: the statistics den, z_blank, z_label
+        (written), or (5, n_rows): the gradient's den, occupancy, blank arc, label arc and scale of each row (read);
+        g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
+        multiple of 8): the gradient (written; the statistics never touch it)."""
+        J, width = self.J, self.n_tiles * self.tile_n
+        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
+        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
+        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
+        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout((5 if self.gradient else 3, n_rows),
+                                                                       stride=(row_values_stride, 1)))
+        g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
+        g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
         self._setup(h, w)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
