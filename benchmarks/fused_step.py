@@ -11,9 +11,9 @@ NeMo's numba losses; benchmarks/README.md).
 
 The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and
 again in backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step
-runs (V padded as the step pads it, the GEMMs' dtype). Where the step runs on the Hopper kernels
-(transducer/fused_hopper.py), the other path (TRANSDUCER_HOPPER=0: cuBLAS and the CUDA stages) is timed beside it,
-and the first step's time (its kernels' compilation) is printed. Floor and steps are timed in turns, several rounds,
+runs (V padded as the step pads it, the GEMMs' dtype). Where the step can run on the Hopper kernels
+(transducer/fused_hopper.py, TRANSDUCER_HOPPER=1), it is timed there too, beside the default path, and its first
+step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and steps are timed in turns, several rounds,
 and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under
 1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
 precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during
@@ -135,7 +135,7 @@ def run_case(case, prec, count, profile, flash):
         pred = torch.randn(B, int(U.max()) + 1, J, device="cuda", dtype=in_dtype, requires_grad=True)
         options = dict(durations=durations, sigma=0.05) if durations else {}
 
-        def ours(hopper="1"):
+        def ours(hopper="0"):
             def step():
                 os.environ["TRANSDUCER_HOPPER"] = hopper
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -143,12 +143,14 @@ def run_case(case, prec, count, profile, flash):
                                              blank=blank, reduction="sum", **options)
                 loss.backward()
                 enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
-                os.environ["TRANSDUCER_HOPPER"] = "1"
+                os.environ["TRANSDUCER_HOPPER"] = "0"
             return step
 
         steps = {"floor (4 GEMMs)": floor_gemms(N, J, rows, gemm_dtype), "ours fused": ours()}
+        os.environ["TRANSDUCER_HOPPER"] = "1"
         if use_hopper(kind_of(LossOptions(durations=tuple(durations or ()))), gemm_dtype, torch.device("cuda"), J):
-            steps["ours fused, cuBLAS and stages"] = ours("0")
+            steps["ours fused, Hopper kernels"] = ours("1")
+        os.environ["TRANSDUCER_HOPPER"] = "0"
         if flash_mod is not None:
             def flash_step():
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -160,8 +162,9 @@ def run_case(case, prec, count, profile, flash):
             t0 = time.perf_counter()
             fn()  # compile, allocate
             torch.cuda.synchronize()
-            if name == "ours fused" and first_step:
-                print(f"{case} {prec}: the first step of ours took {time.perf_counter() - t0:.1f} s (compiles)")
+            if name == "ours fused, Hopper kernels" and first_step:
+                print(f"{case} {prec}: the first step on the Hopper kernels took {time.perf_counter() - t0:.1f} s "
+                      f"(they compile)")
                 first_step = False
         best = {name: (float("inf"), 0.0) for name in steps}
         for _ in range(ROUNDS):
@@ -174,10 +177,11 @@ def run_case(case, prec, count, profile, flash):
             r[1] = max(r[1], mb)
             r[2] += N
         if profile:
+            profiled = "ours fused, Hopper kernels" if "ours fused, Hopper kernels" in steps else "ours fused"
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                steps["ours fused"]()
+                steps[profiled]()
                 torch.cuda.synchronize()
-            print(f"--- {case} {prec}: the kernels of one step, N = {N}")
+            print(f"--- {case} {prec}: the kernels of one step ({profiled}), N = {N}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
             profile = False
         del enc, pred, steps

@@ -2,7 +2,7 @@
 statistics and the logits gradient, V not a multiple of the vocabulary tile and smaller than one, row counts not a
 multiple of the row tile, J not a multiple of the K tile, rows of a wider stride, rows without a label (-1), with and
 without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the
-other path (cuBLAS and the CUDA stages, TRANSDUCER_HOPPER=0) and the float64 composition: RNN-T and RNA, clamp,
+other path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=1 turns the Hopper path on) and the float64 composition: RNN-T and RNA, clamp,
 FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1 and
 U_b = 0, a zero incoming gradient, and random batches and options (the fuzz). The argument checks and the choice of
 path run anywhere."""
@@ -191,12 +191,12 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
     for name in ("logits_statistics", "logits_gradient"):
         kernel = getattr(hopper, name)
         monkeypatch.setattr(hopper, name, lambda *a, kernel=kernel, name=name, **k: calls.append(name) or kernel(*a, **k))
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     new = run(fused, params, True)
     assert {"logits_statistics", "logits_gradient"} <= set(calls)
     calls.clear()
     monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
     today = run(fused, params, True)
-    monkeypatch.delenv("TRANSDUCER_HOPPER")
     assert not calls
     exact = [x.detach().double().requires_grad_() for x in params]
 
@@ -266,9 +266,10 @@ def test_fuzz_against_todays_path(monkeypatch):
 
 @pytest.mark.cuda
 @needs_hopper
-def test_hopper_backward_reads_nothing_back():
+def test_hopper_backward_reads_nothing_back(monkeypatch):
     """The Hopper path's eager backward synchronises with nothing (its rows' labels and coefficients stay on the
     GPU)."""
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     enc, pred, weight, bias, targets, T, U, _ = fused_inputs(630)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, reduction="sum")
@@ -281,11 +282,12 @@ def test_hopper_backward_reads_nothing_back():
 
 
 def test_which_path_runs(monkeypatch, caplog):
-    """The Hopper kernels take RNN-T and RNA with 16-bit GEMMs on sm_90 only, J a multiple of 8; each answer is
-    logged once on the transducer logger."""
+    """With TRANSDUCER_HOPPER=1, the Hopper kernels take RNN-T and RNA with 16-bit GEMMs on sm_90 only, J a multiple
+    of 8; without it, nothing; each answer is logged once on the transducer logger."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     cuda = torch.device("cuda")
     with caplog.at_level(logging.INFO, logger="transducer"):
         assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
@@ -300,4 +302,6 @@ def test_which_path_runs(monkeypatch, caplog):
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
     lines = [r.getMessage() for r in caplog.records if r.name == "transducer"]
     assert len(lines) == 7  # one line an answer: the fp16 and second bf16 RNN-T calls give the first one again
-    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER=0" in lines[-1]
+    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER is not 1" in lines[-1]
+    monkeypatch.delenv("TRANSDUCER_HOPPER")
+    assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)  # off by default

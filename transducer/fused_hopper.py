@@ -8,9 +8,12 @@ operations over the rows, and ``logits_gradient`` writes each tile's gradient G 
 for cuBLAS's dh = G W and dW = G^T h. The rows' cells and labels (``cells``) are found once a pass, on the GPU. The logits are fp32 accumulators here (not rounded to the GEMMs' dtype as in the other path)
 and the bias is added to them in fp32.
 
-The path runs where ``use_hopper`` says: RNN-T and RNA lattices, bf16 or fp16 GEMMs, an sm_90 GPU and
-``nvidia-cutlass-dsl`` importable; ``TRANSDUCER_HOPPER=0`` in the environment turns it off (the other path then runs
-everywhere). Which path runs is logged once per process on the ``transducer`` logger.
+The path runs where ``use_hopper`` says: ``TRANSDUCER_HOPPER=1`` in the environment, RNN-T and RNA lattices, bf16
+or fp16 GEMMs, an sm_90 GPU and ``nvidia-cutlass-dsl`` importable; elsewhere the other path runs. It is off by
+default: its GPU time is below the other path's, but each launch of a CuTe DSL kernel costs the host about 140 us
+(the DSL's Python argument marshalling), and with the rows' torch operations the step becomes host-bound and slower
+(DESIGN.md: The fused step on Hopper's kernels). Which path runs is logged once per process on the ``transducer``
+logger.
 """
 
 import functools
@@ -33,17 +36,17 @@ _available = functools.lru_cache(maxsize=None)(hopper.available)
 
 
 def use_hopper(kind, compute_dtype, device, J):
-    """Whether the fused loss's tiles run on the Hopper kernels: ``kind`` the RNN-T lattice (RNN-T or RNA), GEMMs
-    in bf16 or fp16 on an sm_90 GPU with ``nvidia-cutlass-dsl`` importable, the joiner's width J a multiple of 8
-    (16-byte rows for TMA), and ``TRANSDUCER_HOPPER`` not "0". Says once per process and answer which path runs
-    (an info line on the ``transducer`` logger)."""
-    on = os.environ.get("TRANSDUCER_HOPPER", "1") != "0"
+    """Whether the fused loss's tiles run on the Hopper kernels: ``TRANSDUCER_HOPPER=1`` in the environment,
+    ``kind`` the RNN-T lattice (RNN-T or RNA), GEMMs in bf16 or fp16 on an sm_90 GPU with ``nvidia-cutlass-dsl``
+    importable, and the joiner's width J a multiple of 8 (16-byte rows for TMA). Says once per process and answer
+    which path runs (an info line on the ``transducer`` logger)."""
+    on = os.environ.get("TRANSDUCER_HOPPER", "0") == "1"
     hopper_gpu = on and device.type == "cuda" and _available(device)
     use = hopper_gpu and kind is RNNT and compute_dtype in hopper.DTYPES and J % 8 == 0
     if use:
         why = "RNN-T or RNA lattice, 16-bit GEMMs on sm_90"
     elif not on:
-        why = "TRANSDUCER_HOPPER=0"
+        why = "TRANSDUCER_HOPPER is not 1"
     elif not hopper_gpu:
         why = "no sm_90 GPU with nvidia-cutlass-dsl"
     else:
