@@ -9,13 +9,13 @@
 NeMo's Flash RNN-T joins where it imports (its folder first on PYTHONPATH, in a process of its own: it shadows
 NeMo's numba losses; benchmarks/README.md).
 
-The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and
-again in backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step
-runs (V padded as the step pads it, the GEMMs' dtype). Where the step can run on the Hopper kernels
-(transducer/fused_hopper.py, TRANSDUCER_HOPPER=1), it is timed there too, beside the default path, and its first
-step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and steps are timed in turns, several rounds,
-and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under
-1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
+The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and again in
+backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as the
+step pads it, the GEMMs' dtype). Where the step can run on the Hopper kernels (transducer/fused_hopper.py,
+TRANSDUCER_HOPPER=1), it is timed there too, beside the default path, and its first step's time (the kernels'
+compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and steps are timed in turns,
+several rounds, and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to
+under 1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
 precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during
 it beyond its inputs.
 

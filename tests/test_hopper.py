@@ -1,10 +1,10 @@
 """transducer.hopper's kernels for sm_90 (CuTe DSL) against float32 torch references on random inputs: the logits
 statistics and the logits gradient, V not a multiple of the vocabulary tile and smaller than one, row counts not a
 multiple of the row tile, J not a multiple of the K tile, rows of a wider stride, rows without a label (-1), with and
-without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the
-other path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=1 turns the Hopper path on) and the float64 composition: RNN-T and RNA, clamp,
-FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1 and
-U_b = 0, a zero incoming gradient, and random batches and options (the fuzz). The argument checks and the choice of
+without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the other
+path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=1 turns the Hopper path on) and the float64 composition: RNN-T and
+RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
+and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz). The argument checks and the choice of
 path run anywhere."""
 
 import logging
@@ -187,10 +187,11 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
                                  dropout=dropout, generator=generator.manual_seed(11), max_rows=max_rows,
                                  reduction="none", **options)
 
-    calls = []
+    calls = []  # the kernels' launches, by name
     for name in ("logits_statistics", "logits_gradient"):
         kernel = getattr(hopper, name)
-        monkeypatch.setattr(hopper, name, lambda *a, kernel=kernel, name=name, **k: calls.append(name) or kernel(*a, **k))
+        monkeypatch.setattr(hopper, name,
+                            lambda *a, kernel=kernel, name=name, **k: calls.append(name) or kernel(*a, **k))
     monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     new = run(fused, params, True)
     assert {"logits_statistics", "logits_gradient"} <= set(calls)

@@ -1,16 +1,16 @@
 """The fused joiner loss's tiles on Hopper GPUs (sm_90): the logits GEMM of forward and backward's recompute replaced
 by the CuTe DSL kernels of transducer.hopper, so that no tile of logits is written.
 
-Forward: ``logits_statistics`` gives each tile's rows' den and blank and label logits, from which ``log_probs``
-writes every row's lp and den as the log-probs stage does (transducer/stages.cu: log_probs_kernel). Backward:
-``coefficients`` forms every row's coefficients (stages.cu: gradient_kernel's per-row terms) with a few torch
-operations over the rows, and ``logits_gradient`` writes each tile's gradient G = dL/dz once, in the GEMMs' dtype,
-for cuBLAS's dh = G W and dW = G^T h. The rows' cells and labels (``cells``) are found once a pass, on the GPU. The logits are fp32 accumulators here (not rounded to the GEMMs' dtype as in the other path)
-and the bias is added to them in fp32.
+Forward: ``logits_statistics`` gives each tile's rows' den and blank and label logits, from which ``log_probs`` writes
+every row's lp and den as the log-probs stage does (transducer/stages.cu: log_probs_kernel). Backward: ``coefficients``
+forms every row's coefficients (stages.cu: gradient_kernel's per-row terms) with a few torch operations over the rows,
+and ``logits_gradient`` writes each tile's gradient G = dL/dz once, in the GEMMs' dtype, for cuBLAS's dh = G W and dW =
+G^T h. The rows' cells and labels (``cells``) are found once a pass, on the GPU. The logits are fp32 accumulators here
+(not rounded to the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
 
 The path runs where ``use_hopper`` says: ``TRANSDUCER_HOPPER=1`` in the environment, RNN-T and RNA lattices, bf16
 or fp16 GEMMs, an sm_90 GPU and ``nvidia-cutlass-dsl`` importable; elsewhere the other path runs. It is off by
-default: its GPU time is below the other path's, but each launch of a CuTe DSL kernel costs the host about 140 us
+default: its GPU time is below the other path's, but each launch of a CuTe DSL kernel costs the host about 150-250 us
 (the DSL's Python argument marshalling), and with the rows' torch operations the step becomes host-bound and slower
 (DESIGN.md: The fused step on Hopper's kernels). Which path runs is logged once per process on the ``transducer``
 logger.

@@ -44,10 +44,10 @@ DEN, OCCUPANCY, BLANK_ARC, LABEL_ARC, SCALE = range(5)
 
 
 class LogitsGemm:
-    """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each (tile_m = 64 *
-    warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m`` CTAs along the
-    rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages; ``gradient``:
-    the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied."""
+    """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
+    (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
+    CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages;
+    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied."""
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
                  occupancy: int = 1, gradient: bool = False, clamp: bool = False):
