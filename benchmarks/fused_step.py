@@ -9,11 +9,13 @@
 NeMo's Flash RNN-T joins where it imports (its folder first on PYTHONPATH, in a process of its own: it shadows
 NeMo's numba losses; benchmarks/README.md).
 
-The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and
-again in backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step
-runs (V padded as the step pads it, the GEMMs' dtype). Floor and steps are timed in turns, several rounds,
-and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under
-1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
+The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and again in
+backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as the
+step pads it, the GEMMs' dtype). Where the step can run on the Hopper kernels (transducer/fused_hopper.py,
+TRANSDUCER_HOPPER=1), it is timed there too, beside the default path, and its first step's time (the kernels'
+compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and steps are timed in turns,
+several rounds, and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to
+under 1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
 precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during
 it beyond its inputs.
 
@@ -25,6 +27,8 @@ Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: 
 
 import argparse
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,9 @@ import torch
 
 from common import cuda_call, gpu_clock  # first: common puts the repository root on sys.path
 from transducer import fused_joiner_loss
+from transducer.fused_hopper import use_hopper
+from transducer.lattices import kind_of
+from transducer.options import LossOptions
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 5
@@ -118,6 +125,7 @@ def run_case(case, prec, count, profile, flash):
     joint = NemoLikeJoint(linear, activation)
     flash_mod = flash(blank=blank) if flash and not durations else None
     results = {}
+    first_step = True
     for T, U in batches(case, count):
         B = len(T)
         N = int((T * (U + 1)).sum())
@@ -127,16 +135,22 @@ def run_case(case, prec, count, profile, flash):
         pred = torch.randn(B, int(U.max()) + 1, J, device="cuda", dtype=in_dtype, requires_grad=True)
         options = dict(durations=durations, sigma=0.05) if durations else {}
 
-        def ours():
+        def ours(hopper="0"):
             def step():
+                os.environ["TRANSDUCER_HOPPER"] = hopper
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                     loss = fused_joiner_loss(enc, pred, linear.weight, linear.bias, y, Tt, Ut, activation=activation,
                                              blank=blank, reduction="sum", **options)
                 loss.backward()
                 enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
+                os.environ["TRANSDUCER_HOPPER"] = "0"
             return step
 
         steps = {"floor (4 GEMMs)": floor_gemms(N, J, rows, gemm_dtype), "ours fused": ours()}
+        os.environ["TRANSDUCER_HOPPER"] = "1"
+        if use_hopper(kind_of(LossOptions(durations=tuple(durations or ()))), gemm_dtype, torch.device("cuda"), J):
+            steps["ours fused, Hopper kernels"] = ours("1")
+        os.environ["TRANSDUCER_HOPPER"] = "0"
         if flash_mod is not None:
             def flash_step():
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -144,8 +158,14 @@ def run_case(case, prec, count, profile, flash):
                 loss.backward()
                 enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
             steps["Flash RNN-T"] = flash_step
-        for fn in steps.values():
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
             fn()  # compile, allocate
+            torch.cuda.synchronize()
+            if name == "ours fused, Hopper kernels" and first_step:
+                print(f"{case} {prec}: the first step on the Hopper kernels took {time.perf_counter() - t0:.1f} s "
+                      f"(they compile)")
+                first_step = False
         best = {name: (float("inf"), 0.0) for name in steps}
         for _ in range(ROUNDS):
             for name, fn in steps.items():
@@ -157,10 +177,11 @@ def run_case(case, prec, count, profile, flash):
             r[1] = max(r[1], mb)
             r[2] += N
         if profile:
+            profiled = "ours fused, Hopper kernels" if "ours fused, Hopper kernels" in steps else "ours fused"
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                steps["ours fused"]()
+                steps[profiled]()
                 torch.cuda.synchronize()
-            print(f"--- {case} {prec}: the kernels of one step, N = {N}")
+            print(f"--- {case} {prec}: the kernels of one step ({profiled}), N = {N}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
             profile = False
         del enc, pred, steps

@@ -1,12 +1,23 @@
-"""transducer.hopper's logits statistics (the CuTe DSL kernel for sm_90) against a float32 torch reference on random
-inputs: V not a multiple of the vocabulary tile and smaller than one, row counts not a multiple of the row tile, J not
-a multiple of the K tile, rows without a label (-1), with and without a bias, bfloat16 and float16; and the argument
-checks, which run anywhere."""
+"""transducer.hopper's kernels for sm_90 (CuTe DSL) against float32 torch references on random inputs: the logits
+statistics and the logits gradient, V not a multiple of the vocabulary tile and smaller than one, row counts not a
+multiple of the row tile, J not a multiple of the K tile, rows of a wider stride, rows without a label (-1), with and
+without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the other
+path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=1 turns the Hopper path on) and the float64 composition: RNN-T and
+RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
+and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz). The argument checks and the choice of
+path run anywhere."""
+
+import logging
+import random
 
 import pytest
 import torch
 
-from transducer import hopper
+from test_fused import composed, joiner_batch, seeded
+from transducer import fused_joiner_loss, hopper
+from transducer.fused_hopper import use_hopper
+from transducer.joiner import ACTIVATIONS
+from transducer.lattices import MULTIBLANK, RNNT, TDT
 
 needs_hopper = pytest.mark.skipif(not hopper.available(), reason="needs an sm_90 GPU and nvidia-cutlass-dsl "
                                                                  "(pip install nvidia-cutlass-dsl)")
@@ -73,7 +84,7 @@ def test_argument_checks():
     labels = torch.zeros(4, dtype=torch.int32)
     with pytest.raises(ValueError, match="H: expected a 2-D bfloat16 or float16"):
         hopper.logits_statistics(H.float(), W, None, labels, 0)
-    with pytest.raises(ValueError, match="H: expected a contiguous CUDA tensor"):
+    with pytest.raises(ValueError, match="H: expected a CUDA tensor of unit column stride"):
         hopper.logits_statistics(H, W, None, labels, 0)
     if torch.cuda.is_available():
         H, W, labels = H.cuda(), W.cuda(), labels.cuda()
@@ -92,3 +103,206 @@ def test_available_without_a_gpu_or_package():
     if not torch.cuda.is_available():
         assert hopper.available() is False
     assert hopper.available("cpu") is False
+
+
+def gradient_reference(H, W, bias, labels, blank, coefficients, clamp):
+    """G from the logits Z = H W^T + bias in float32, as stages.cu's gradient_kernel forms it from each row's terms."""
+    Z = H.float() @ W.float().t()
+    if bias is not None:
+        Z += bias.float()
+    den, occupancy, blank_arc, label_arc, scale = coefficients
+    G = torch.exp(Z - den[:, None]) * occupancy[:, None]
+    rows = torch.arange(Z.size(0), device=Z.device)
+    G[:, blank] -= blank_arc
+    has = labels >= 0
+    G[rows[has], labels[has].long()] -= label_arc[has]
+    if clamp > 0:
+        G = G.clamp(-clamp, clamp)
+    return G * scale[:, None]
+
+
+def random_coefficients(H, W, bias, labels, blank, seed):
+    """Each row's den (the logits' logsumexp) and random occupancy, arcs and scale; every fifth row dead (den = +inf,
+    zeros), as fused_hopper.coefficients gives a row of an utterance without a gradient."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    den = hopper.logits_statistics(H, W, bias, labels, blank)[0]
+    N = H.size(0)
+    terms = torch.rand(4, N, device="cuda", generator=g)
+    coefficients = torch.cat([den[None], terms])
+    coefficients[:, ::5] = 0
+    coefficients[0, ::5] = float("inf")
+    return coefficients
+
+
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("N, J, V, blank, dtype, with_bias, clamp, stride", [
+    (1000, 512, 500, 0, torch.bfloat16, False, 0.0, 512),  # Protocol A's joint; a partial row tile
+    (777, 640, 1024, 1023, torch.bfloat16, True, 0.0, 648),  # whole vocabulary tiles; rows of the bias's width
+    (300, 640, 1500, 5, torch.bfloat16, True, 0.02, 640),  # 128 x 256 tiles, V not a multiple of them; clamp
+    (129, 200, 37, 36, torch.float16, True, 0.05, 208),  # V under one tile, J not a multiple of the K tile
+])
+def test_gradient_matches_reference(N, J, V, blank, dtype, with_bias, clamp, stride):
+    H, W, bias, labels = random_inputs(N, J, V, dtype, with_bias, seed=N + V)
+    H = torch.zeros(N, stride, device="cuda", dtype=dtype)[:, :J].copy_(H)  # rows of any 16-byte stride
+    coefficients = random_coefficients(H, W, bias, labels, blank, seed=V)
+    G = hopper.logits_gradient(H, W, bias, labels, blank, coefficients, clamp)
+    want = gradient_reference(H, W, bias, labels, blank, coefficients, clamp)
+    assert G.dtype == dtype and G.size(0) == N and G.size(1) >= V and G.size(1) % 64 == 0
+    assert (G[:, V:] == 0).all()
+    assert (G[::5] == 0).all()  # the dead rows
+    if clamp:  # the clamp bites
+        assert G.float().abs().max() <= clamp * 1.01
+        assert gradient_reference(H, W, bias, labels, blank, coefficients, 0.0).abs().max() > 2 * clamp
+    torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
+
+
+def fused_inputs(seed, J=64, V=100, rna=False, dtype=torch.float32):
+    """joiner_batch's batch on the GPU (T_b = 1 and U_b = 0 among its utterances), the encoder and predictor outputs
+    in ``dtype``, per-utterance weights with one zero (an utterance without a gradient)."""
+    enc, pred, weight, bias, targets, T, U, w = joiner_batch(seed, B=6, max_t=20, max_u=8, J=J, V=V, rna=rna,
+                                                             device="cuda", dtype=torch.float32)
+    enc, pred = (x.detach().to(dtype).requires_grad_() for x in (enc, pred))
+    w = w.float()
+    w[3] = 0
+    return enc, pred, weight, bias, targets, T, U, w
+
+
+def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0.0, max_rows=50, **options):
+    """(loss, gradients) of the fused loss under bf16 autocast on the Hopper kernels and on the other path, and of
+    the float64 composition with the same dropout mask; the Hopper kernels must have run."""
+    enc, pred, weight, bias, targets, T, U, w = inputs
+    params = (enc, pred, weight) + ((bias,) if with_bias else ())
+    bias = bias if with_bias else None
+    generator, seed = seeded(11)
+
+    def run(fn, args, autocast):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = fn(*args)
+        grads = torch.autograd.grad((loss * w.to(loss.dtype)).sum(), args)
+        return loss.detach().double(), [g.double() for g in grads]
+
+    def fused(enc, pred, weight, *b):
+        return fused_joiner_loss(enc, pred, weight, b[0] if b else None, targets, T, U, activation=activation,
+                                 dropout=dropout, generator=generator.manual_seed(11), max_rows=max_rows,
+                                 reduction="none", **options)
+
+    calls = []  # the kernels' launches, by name
+    for name in ("logits_statistics", "logits_gradient"):
+        kernel = getattr(hopper, name)
+        monkeypatch.setattr(hopper, name,
+                            lambda *a, kernel=kernel, name=name, **k: calls.append(name) or kernel(*a, **k))
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
+    new = run(fused, params, True)
+    assert {"logits_statistics", "logits_gradient"} <= set(calls)
+    calls.clear()
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
+    today = run(fused, params, True)
+    assert not calls
+    exact = [x.detach().double().requires_grad_() for x in params]
+
+    def composition(enc, pred, weight, *b):
+        return composed(enc, pred, weight, b[0] if b else None, targets, T, U, activation, dropout, seed,
+                        reduction="none", **options)
+    return new, today, run(composition, exact, False)
+
+
+def assert_within_todays_bound(new, today, ref):
+    """The Hopper path's loss and gradients are off the float64 ones by at most twice what the other path is (plus
+    1e-3 of their scale), and close to the other path's."""
+    (new_loss, new_grads), (today_loss, today_grads), (ref_loss, ref_grads) = new, today, ref
+    finite = torch.isfinite(ref_loss)
+    assert torch.equal(finite, torch.isfinite(new_loss))
+    scale = ref_loss[finite].abs().max()
+    assert (new_loss - ref_loss)[finite].abs().max() <= 2 * (today_loss - ref_loss)[finite].abs().max() + 1e-3 * scale
+    for got, other, want in zip(new_grads, today_grads, ref_grads):
+        assert got.shape == want.shape
+        assert (got - want).abs().max() <= 2 * (other - want).abs().max() + 1e-3 * want.abs().max()
+
+
+FUSED_CASES = [  # id, rna, with_bias, activation, dropout, options
+    ("rnnt", False, True, "tanh", 0.0, {}),
+    ("rna", True, True, "tanh", 0.0, {}),
+    ("clamp", False, True, "tanh", 0.0, dict(clamp=0.01)),
+    ("fastemit-delay", False, True, "tanh", 0.0, dict(fastemit_lambda=0.3, delay_penalty=0.2)),
+    ("rna-clamp-fastemit-delay", True, False, "relu", 0.0, dict(clamp=0.02, fastemit_lambda=0.1,
+                                                                 delay_penalty=-0.1)),
+    ("dropout-no-bias", False, False, "tanh", 0.3, dict(blank=7)),
+] + [(f"activation-{a}", False, True, a, 0.0, {}) for a in ACTIVATIONS]
+
+
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
+def test_fused_loss_on_hopper(monkeypatch, case):
+    _, rna, with_bias, activation, dropout, options = case
+    inputs = fused_inputs(600 + FUSED_CASES.index(case), rna=rna)
+    assert_within_todays_bound(*three_ways(monkeypatch, inputs, with_bias, activation, dropout,
+                                           one_sym_per_frame=rna, **options))
+
+
+@pytest.mark.cuda
+@needs_hopper
+def test_fused_loss_on_hopper_wide_vocabulary_bf16_inputs(monkeypatch):
+    """bf16 encoder and predictor outputs, J = 128 and V = 1500 (six 256-column tiles, the last partial)."""
+    inputs = fused_inputs(620, J=128, V=1500, dtype=torch.bfloat16)
+    assert_within_todays_bound(*three_ways(monkeypatch, inputs, max_rows=300))
+
+
+@pytest.mark.cuda
+@needs_hopper
+def test_fuzz_against_todays_path(monkeypatch):
+    """Random ragged batches and options: lengths, V from 2 to 256, the blank, RNN-T or RNA, clamp, FastEmit, the
+    delay penalty, dropout, the activation, the bias and the tile size."""
+    rng = random.Random(0)
+    for trial in range(12):
+        rna = rng.random() < 0.3
+        options = dict(blank=0, clamp=rng.choice([0.0, 0.0, 0.05]), fastemit_lambda=rng.choice([0.0, 0.2]),
+                       delay_penalty=rng.choice([0.0, 0.1]))
+        inputs = fused_inputs(700 + trial, V=rng.randint(2, 256), rna=rna)
+        assert_within_todays_bound(*three_ways(
+            monkeypatch, inputs, rng.random() < 0.5, rng.choice(list(ACTIVATIONS)), rng.choice([0.0, 0.2]),
+            max_rows=rng.choice([1, 7, 64, 10000]), one_sym_per_frame=rna, **options))
+
+
+@pytest.mark.cuda
+@needs_hopper
+def test_hopper_backward_reads_nothing_back(monkeypatch):
+    """The Hopper path's eager backward synchronises with nothing (its rows' labels and coefficients stay on the
+    GPU)."""
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
+    enc, pred, weight, bias, targets, T, U, _ = fused_inputs(630)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, reduction="sum")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(enc.grad).all() and enc.grad.abs().max() > 0
+
+
+def test_which_path_runs(monkeypatch, caplog):
+    """With TRANSDUCER_HOPPER=1, the Hopper kernels take RNN-T and RNA with 16-bit GEMMs on sm_90 only, J a multiple
+    of 8; without it, nothing; each answer is logged once on the transducer logger."""
+    import transducer.fused_hopper as fused_hopper
+    monkeypatch.setattr(fused_hopper, "_said", set())
+    monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
+    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
+    cuda = torch.device("cuda")
+    with caplog.at_level(logging.INFO, logger="transducer"):
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        assert use_hopper(RNNT, torch.float16, cuda, 64)
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        assert not use_hopper(TDT, torch.bfloat16, cuda, 64)
+        assert not use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
+        assert not use_hopper(RNNT, torch.float32, cuda, 64)
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 60)
+        assert not use_hopper(RNNT, torch.bfloat16, torch.device("cpu"), 64)
+        monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
+    lines = [r.getMessage() for r in caplog.records if r.name == "transducer"]
+    assert len(lines) == 7  # one line an answer: the fp16 and second bf16 RNN-T calls give the first one again
+    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER is not 1" in lines[-1]
+    monkeypatch.delenv("TRANSDUCER_HOPPER")
+    assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)  # off by default

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
+from . import fused_hopper, hopper
 from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
                      plural)
@@ -114,7 +115,11 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     big = len(options.big_blank_durations)
     layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, options.blank,
                            check_inputs, big)
-    Wx, _ = _projection(weight, bias, compute_dtype)  # launched before the wait below
+    hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, encoder_out.size(2))
+    if hopper_tiles:  # Wx = W: the kernel adds the bias in its epilogue
+        Wx = weight.to(compute_dtype).contiguous()  # launched before the wait below
+    else:
+        Wx, _ = _projection(weight, bias, compute_dtype)
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     B = layout.batch_size
     layout.table.host_row_splits = table[3 * B:4 * B + 1]  # for the eager backward (_setup_context)
@@ -132,11 +137,20 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
     arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
+    if hopper_tiles:  # each row's den, z_blank and z_label from the tiles, then lp and den from them
+        b, t, _, labels = fused_hopper.cells(layout, targets, num_rows)
+        statistics = encoder_out.new_empty(3, num_rows, dtype=torch.float32)
     for start, end in _tiles(num_rows, max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
-        z = F.linear(hx, Wx)
-        kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
-        del hx, z
+        if hopper_tiles:
+            hopper.logits_statistics(hx, Wx, bias, labels[start:end], options.blank, statistics[:, start:end])
+        else:
+            z = F.linear(hx, Wx)
+            kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
+            del z
+        del hx
+    if hopper_tiles:
+        fused_hopper.log_probs(statistics, b, t, labels, layout, options, arrays)
     lattice = kind.lattice(stages, layout, arrays, options)
     if capacity > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
@@ -208,22 +222,36 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
     Wx, W = _projection(weight, bias, compute_dtype)
+    hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, J)
+    if hopper_tiles:
+        W_kernel = weight.to(compute_dtype).contiguous()  # the kernel's operand; it adds the bias itself
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
     if row_splits is None:
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
+    if hopper_tiles:  # every row's label and gradient coefficients, for the tiles' kernels
+        b, t, u, labels = fused_hopper.cells(layout, targets, row_splits[-1])
+        coefficients = fused_hopper.coefficients(lattice, scale, options, b, t, u)
+        del b, t, u
     for start, end in _tiles(row_splits[-1], max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
-        dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
-        tokens, extra = dz[:, :V], dz[:, V:V + D] if D else None
-        kind.gradient(stages, tokens, extra, targets, lattice, scale, options, tokens, extra, start)
-        del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
-        if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
-            dz[:, weight.size(0):] = 0
-        grad_wx += dz.t().mm(hx)
+        width = Wx.size(0)
+        if hopper_tiles:  # the gradient from the recompute's epilogue; it and Wx are zeros past V
+            dz = hopper.logits_gradient(hx[:, :J], W_kernel, bias, labels[start:end], options.blank,
+                                        coefficients[:, start:end], max(options.clamp, 0.0))
+            width = min(dz.size(1), width)
+            dz = dz[:, :width]
+        else:
+            dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
+            tokens, extra = dz[:, :V], dz[:, V:V + D] if D else None
+            kind.gradient(stages, tokens, extra, targets, lattice, scale, options, tokens, extra, start)
+            del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
+            if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
+                dz[:, weight.size(0):] = 0
+        grad_wx[:width] += dz.t().mm(hx)
         del hx  # a tile holds two of (hidden, logits, dh) at a time: default_max_rows
-        dh = dz.mm(W)
+        dh = dz.mm(W[:width])
         del dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
         stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,

@@ -1,14 +1,18 @@
-"""The fused step's logits statistics on Hopper GPUs (sm_90), from one CuTe DSL kernel (transducer/hopper_kernel.py):
-for each row r of Z = H W^T + bias, over the V columns of the vocabulary,
+"""The fused step's logits GEMMs on Hopper GPUs (sm_90), CuTe DSL kernels (transducer/hopper_kernel.py) over
+Z = H W^T + bias whose epilogues replace the logits:
 
-    den[r] = logsumexp_v Z[r, v],    z_blank[r] = Z[r, blank],    z_label[r] = Z[r, labels[r]]
+- ``logits_statistics``: for each row r, over the V columns of the vocabulary,
 
-without Z in memory: the GEMM's epilogue keeps a running max and sum per row over the vocabulary tiles (as flash
-attention does over its key tiles) and picks the two entries as their tile passes.
+      den[r] = logsumexp_v Z[r, v],    z_blank[r] = Z[r, blank],    z_label[r] = Z[r, labels[r]]
 
-The kernel needs ``nvidia-cutlass-dsl``, imported only when a kernel is first compiled: importing this module, or
-``transducer``, never needs it. Kernels are compiled once per (J, vocabulary tiles, dtype, kernel shape) and kept for
-the process; the row count, V, the bias and the blank are run-time arguments.
+  without Z in memory: the epilogue keeps a running max and sum per row over the vocabulary tiles (as flash
+  attention does over its key tiles) and picks the two entries as their tile passes;
+- ``logits_gradient``: the loss's gradient G = dL/dZ formed from each row's coefficients as each tile of Z leaves
+  the MMAs, written once in H's dtype (Z itself never is).
+
+The kernels need ``nvidia-cutlass-dsl``, imported only when a kernel is first compiled: importing this module, or
+``transducer``, never needs it. Kernels are compiled once per (J, vocabulary tiles, dtype, kernel shape, epilogue)
+and kept for the process; the row count, V, the bias, the blank and the clamp are run-time arguments.
 """
 
 import functools
@@ -18,7 +22,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["available", "logits_statistics"]
+__all__ = ["available", "logits_statistics", "logits_gradient"]
 
 
 class Config(NamedTuple):
@@ -43,7 +47,7 @@ def default_config(V):
 
 
 def available(device=None) -> bool:
-    """Whether ``logits_statistics`` runs on ``device`` (default: the current CUDA device): an sm_90 GPU and
+    """Whether the kernels run on ``device`` (default: the current CUDA device): an sm_90 GPU and
     ``nvidia-cutlass-dsl`` importable."""
     if not torch.cuda.is_available():
         return False
@@ -55,31 +59,76 @@ def available(device=None) -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
-def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int
-                      ) -> Tuple[Tensor, Tensor, Tensor]:
+def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int,
+                      out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Each row's log-softmax denominator and its blank and label logits, without the logits in memory.
 
     Args:
-        H (Tensor): ``(N, J)`` bfloat16 or float16, contiguous, ``J`` a multiple of 8: the joiner's hidden rows.
+        H (Tensor): ``(N, J)`` bfloat16 or float16, unit column stride, rows starting on 16-byte boundaries (a row
+            stride that is a multiple of 8), ``J`` a multiple of 8: the joiner's hidden rows.
         W (Tensor): ``(V, J)``, H's dtype, contiguous: the output projection.
         bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32).
         labels (Tensor): ``(N,)`` int32: each row's label column in ``[0, V)``, or -1 for none.
         blank (int): the blank's column, in ``[0, V)``.
+        out (Tensor or None): ``(3, N)`` float32 of unit column stride to write the three results into, or None
+            for a new one. Default: None.
 
     Returns:
-        (den, z_blank, z_label), each ``(N,)`` float32: ``logsumexp(Z[r, :V])``, ``Z[r, blank]`` and
-        ``Z[r, labels[r]]`` (0 where ``labels[r]`` is -1), with ``Z = H W^T + bias`` accumulated in fp32.
+        (den, z_blank, z_label), each ``(N,)`` float32 (the rows of ``out``): ``logsumexp(Z[r, :V])``,
+        ``Z[r, blank]`` and ``Z[r, labels[r]]`` (0 where ``labels[r]`` is -1), with ``Z = H W^T + bias`` accumulated
+        in fp32.
     """
+    _check(H, W, bias, labels, blank)
+    if out is not None:
+        _check_rows("out", out, 3, H)
+    return _logits_statistics(H, W, bias, labels, blank, default_config(W.size(0)), out)
+
+
+def logits_gradient(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int, coefficients: Tensor,
+                    clamp: float = 0.0) -> Tensor:
+    """The gradient of a loss with respect to the logits Z = H W^T + bias, from each row's coefficients, without Z in
+    memory: for row r and column v < V (transducer/stages.cu's gradient_kernel, elementwise),
+
+        G[r, v] = scale[r] * c(exp(Z[r, v] - den[r]) * occupancy[r] - [v == blank] blank_arc[r]
+                               - [v == labels[r]] label_arc[r]),
+
+    c clamping to ``[-clamp, clamp]`` when ``clamp > 0`` (else none).
+
+    Args:
+        H (Tensor): ``(N, J)`` bfloat16 or float16, unit column stride, rows starting on 16-byte boundaries (a row
+            stride that is a multiple of 8), ``J`` a multiple of 8: the joiner's hidden rows.
+        W (Tensor): ``(V, J)``, H's dtype, contiguous: the output projection.
+        bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32).
+        labels (Tensor): ``(N,)`` int32: each row's label column in ``[0, V)``, or -1 for none.
+        blank (int): the blank's column, in ``[0, V)``.
+        coefficients (Tensor): ``(5, N)`` float32 of unit column stride: each row's den (the logsumexp of its logits),
+            occupancy, blank_arc, label_arc and scale; a row with den = +inf and the rest 0 gets zeros.
+        clamp (float): the clamp, or 0 for none. Default: 0.0.
+
+    Returns:
+        Tensor: ``(N, width)`` of H's dtype, ``width`` >= V a multiple of the kernel's vocabulary tile, rows
+        contiguous: G in the first V columns, zeros past them.
+    """
+    _check(H, W, bias, labels, blank)
+    _check_rows("coefficients", coefficients, 5, H)
+    if not clamp >= 0:
+        raise ValueError(f"clamp: expected a number >= 0, got {clamp}")
+    return _logits_gradient(H, W, bias, labels, blank, coefficients, float(clamp), default_config(W.size(0)))
+
+
+def _check(H, W, bias, labels, blank):
+    """The arguments both kernels share, checked."""
     if not isinstance(H, Tensor) or H.dim() != 2 or H.dtype not in DTYPES:
         raise ValueError(f"H: expected a 2-D bfloat16 or float16 tensor, got {_describe(H)}")
     N, J = H.shape
-    if not H.is_cuda or not H.is_contiguous() or J % 8 or J == 0:
-        raise ValueError(f"H: expected a contiguous CUDA tensor with J a positive multiple of 8 (16-byte rows), got "
-                         f"{_describe(H)}")
+    if not H.is_cuda or H.stride(1) != 1 or H.stride(0) % 8 or H.data_ptr() % 16 or J % 8 or J == 0:
+        raise ValueError(f"H: expected a CUDA tensor of unit column stride, rows on 16-byte boundaries and J a "
+                         f"positive multiple of 8, got {_describe(H)}")
     if not isinstance(W, Tensor) or W.dim() != 2 or W.size(1) != J or W.dtype != H.dtype:
         raise ValueError(f"W: expected a (V, {J}) tensor of H's dtype {H.dtype}, got {_describe(W)}")
-    if W.device != H.device or not W.is_contiguous():
-        raise ValueError(f"W: expected a contiguous tensor on {H.device}, got {_describe(W)}")
+    if W.device != H.device or not W.is_contiguous() or W.data_ptr() % 16:
+        raise ValueError(f"W: expected a contiguous tensor on {H.device} starting on a 16-byte boundary, got "
+                         f"{_describe(W)}")
     V = W.size(0)
     if V < 1:
         raise ValueError("W: expected at least one row (V >= 1), got 0")
@@ -91,26 +140,77 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
         raise ValueError(f"labels: expected an int32 ({N},) tensor on {H.device}, got {_describe(labels)}")
     if not 0 <= blank < V:
         raise ValueError(f"blank: expected a column in [0, {V}), got {blank}")
-    return _logits_statistics(H, W, bias, labels, blank, default_config(V))
 
 
-def _logits_statistics(H, W, bias, labels, blank, config):
-    """logits_statistics on checked arguments, with the kernel of ``config``."""
-    N, J = H.shape
-    V = W.size(0)
-    n_tiles = -(-V // config.tile_n)
-    col_bias = torch.full((n_tiles * config.tile_n,), float("-inf"), device=H.device, dtype=torch.float32)
+def _check_rows(name, x, count, H):
+    """A (count, N) float32 tensor of unit column stride (per-row values), N = H's rows, checked."""
+    N = H.size(0)
+    if not isinstance(x, Tensor) or x.shape != (count, N) or x.dtype != torch.float32 or x.device != H.device \
+            or (N > 1 and x.stride(1) != 1):
+        raise ValueError(f"{name}: expected a float32 ({count}, {N}) tensor of unit column stride on {H.device}, "
+                         f"got {_describe(x)}")
+
+
+def _column_bias(bias, V, width, device):
+    """The bias (0 without one) of the V columns, then -inf up to ``width``, in fp32: the kernels' column bias."""
+    col_bias = torch.full((width,), float("-inf"), device=device, dtype=torch.float32)
     if bias is None:
         col_bias[:V] = 0
     else:
         col_bias[:V] = bias
-    den, z_blank, z_label = (torch.empty(N, device=H.device, dtype=torch.float32) for _ in range(3))
-    if N == 0:
-        return den, z_blank, z_label
-    kernel = _compiled(J, n_tiles, H.dtype, config)
-    args = [_cute(x, 16) for x in (H, W, col_bias)] + [_cute(x, 4) for x in (labels, den, z_blank, z_label)]
-    kernel(*args, blank, _stream())
-    return den, z_blank, z_label
+    return col_bias
+
+
+def _logits_statistics(H, W, bias, labels, blank, config, out=None):
+    """logits_statistics on checked arguments, with the kernel of ``config``."""
+    N, J = H.shape
+    V = W.size(0)
+    n_tiles = -(-V // config.tile_n)
+    col_bias = _column_bias(bias, V, n_tiles * config.tile_n, H.device)
+    statistics = torch.empty(3, N, device=H.device, dtype=torch.float32) if out is None else out
+    if N > 0:
+        kernel = _compiled(J, n_tiles, H.dtype, config, False, False)
+        kernel(*_arguments(H, W, col_bias, labels, statistics, H), blank, 0.0, _stream())
+    return tuple(statistics)
+
+
+def _logits_gradient(H, W, bias, labels, blank, coefficients, clamp, config):
+    """logits_gradient on checked arguments, with the kernel of ``config``."""
+    N, J = H.shape
+    V = W.size(0)
+    n_tiles = -(-V // config.tile_n)
+    col_bias = _column_bias(bias, V, n_tiles * config.tile_n, H.device)
+    tile_m = 64 * config.warpgroups
+    # whole row tiles, so that the epilogue stores without a bound check; the rows past N are not returned
+    G = torch.empty(-(-N // tile_m) * tile_m, n_tiles * config.tile_n, device=H.device, dtype=H.dtype)
+    if N > 0:
+        kernel = _compiled(J, n_tiles, H.dtype, config, True, clamp > 0)
+        kernel(*_arguments(H, W, col_bias, labels, coefficients, G), blank, clamp, _stream())
+    return G[:N]
+
+
+def _arguments(H, W, col_bias, labels, row_values, G):
+    """The kernels' arguments but the blank, the clamp and the stream: the tensors' pointers, the row and column
+    counts and the row strides (the statistics pass H for G, which they never touch)."""
+    pointers = [_pointer(x, 16) for x in (H, W, col_bias)] + [_pointer(x, 4) for x in (labels, row_values)]
+    return pointers + [_pointer(G, 16), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0)]
+
+
+def _pointer(x, align):
+    """x's data as a CuTe global-memory pointer aligned to ``align`` bytes (TMA's operands: 16)."""
+    make_ptr, gmem, types = _runtime()
+    return make_ptr(types[x.dtype], x.data_ptr(), gmem, assumed_align=align)
+
+
+@functools.lru_cache(maxsize=None)
+def _runtime():
+    """(make_ptr, the global address space, the CuTe type of each torch dtype the kernels take), imported once."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+    types = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32,
+             torch.int32: cutlass.Int32}
+    return make_ptr, cute.AddressSpace.gmem, types
 
 
 def _describe(x):
@@ -120,31 +220,24 @@ def _describe(x):
     return repr(x)
 
 
-def _cute(x, align):
-    """x as a CuTe tensor of dynamic shape and strides, its start aligned to ``align`` bytes (TMA's operands: 16)."""
-    from cutlass.cute.runtime import from_dlpack
-    return from_dlpack(x, assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
-
-
 def _stream():
     import cuda.bindings.driver as cuda
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(J, n_tiles, dtype, config):
+def _compiled(J, n_tiles, dtype, config, gradient, clamp):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
-    count, V and blank): compiled on first use, kept for the process."""
+    count, V, blank and clamp), with the gradient epilogue (clamping or not) or the statistics: compiled on first use,
+    kept for the process."""
     import cutlass
     import cutlass.cute as cute
 
-    from .hopper_kernel import LogitsStatistics
+    from .hopper_kernel import LogitsGemm
 
-    device = torch.cuda.current_device()
-    H = torch.empty(128, J, device=device, dtype=dtype)
-    W = torch.empty(n_tiles * config.tile_n, J, device=device, dtype=dtype)
-    vectors = [torch.empty(128, device=device, dtype=d) for d in (torch.int32,) + (torch.float32,) * 3]
-    col_bias = torch.empty(n_tiles * config.tile_n, device=device, dtype=torch.float32)
-    kernel = LogitsStatistics(n_tiles, *config)
-    args = [_cute(x, 16) for x in (H, W, col_bias)] + [_cute(x, 4) for x in vectors]
-    return cute.compile(kernel, *args, cutlass.Int32(0), _stream())
+    make_ptr, gmem, types = _runtime()
+    pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
+        (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
+    kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp)
+    return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
+                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), _stream())

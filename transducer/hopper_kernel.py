@@ -1,6 +1,11 @@
-"""The logits statistics kernel for Hopper (sm_90a), written in CuTe DSL: the GEMM Z = H W^T whose epilogue keeps,
-for each row r, a running max and sum of exp over the vocabulary tiles and picks Z[r, blank] and Z[r, labels[r]], so
-that no tile of Z leaves the chip. Imported by transducer.hopper only, when ``nvidia-cutlass-dsl`` is importable.
+"""The fused loss's logits GEMMs for Hopper (sm_90a), written in CuTe DSL: Z = H W^T + bias with one of two epilogues,
+
+- statistics (forward): for each row r, a running max and sum of exp over the vocabulary tiles, and Z[r, blank] and
+  Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip;
+- gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/stages.cu's
+  gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H.
+
+Imported by transducer.hopper only, when ``nvidia-cutlass-dsl`` is importable.
 
 One CTA owns ``tile_m`` rows and walks every vocabulary tile of ``tile_n`` columns, as flash attention walks its key
 tiles: the running statistics stay in registers and each row's results are written once. The main loop follows
@@ -9,12 +14,12 @@ H and W tiles into a ring of shared-memory stages (``PipelineTmaAsync``), issued
 multicasting each W tile to its CTAs, WGMMA with the accumulators in registers, one MMA group in flight. The load
 ring runs across the vocabulary tiles, so the next tile's loads overlap the epilogue of this one.
 
-The epilogue reads each accumulator with its (row, column) in the tile (an identity tensor partitioned like the
+The epilogues read each accumulator with its (row, column) in the tile (an identity tensor partitioned like the
 accumulators, the accumulators viewed as (rows, columns) as quack's ``layout_utils.make_acc_tensor_mn_view`` does);
-each thread keeps its own max and sum over the columns it holds, and the four threads holding a row merge theirs
-once at the end. Columns at and past V get -inf from the column bias (``col_bias``: the bias, 0 without one, then
--inf up to the padded width), so they add nothing to the sum and the GEMM needs no padded W (TMA fills the rows of W
-past V with zeros).
+the statistics' threads keep their own max and sum over the columns they hold, and the four threads holding a row
+merge theirs once at the end. Columns at and past V get -inf from the column bias (``col_bias``: the bias, 0 without
+one, then -inf up to the padded width), so they add nothing to the sum, their gradient is 0, and the GEMM needs no
+padded W (TMA fills the rows of W past V with zeros).
 """
 
 import math
@@ -32,26 +37,35 @@ LOG2E = math.log2(math.e)
 # thread has seen only masked columns, and no real logit is this small.
 NO_MAX = -1.0e30
 THREADS_PER_WARPGROUP = 128
+# each row's values in registers: the statistics' running max and sum and picked logits; the gradient's den and
+# coefficients, in the order of their (5, N) array
+ROW_MAX, ROW_SUM, PICK_BLANK, PICK_LABEL = range(4)
+DEN, OCCUPANCY, BLANK_ARC, LABEL_ARC, SCALE = range(5)
 
 
-class LogitsStatistics:
-    """The kernel for one configuration: ``warpgroups`` consumer warpgroups of 64 rows each (tile_m = 64 *
-    warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m`` CTAs along the
-    rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages."""
+class LogitsGemm:
+    """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
+    (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
+    CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages;
+    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied."""
 
-    def __init__(self, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1, occupancy: int = 1):
+    def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
+                 occupancy: int = 1, gradient: bool = False, clamp: bool = False):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
             raise ValueError(f"warpgroups: expected 1 or 2, got {warpgroups}")
         if cluster_m not in (1, 2):
             raise ValueError(f"cluster_m: expected 1 or 2, got {cluster_m}")
+        self.J = J
         self.n_tiles = n_tiles
         self.tile_n = tile_n
         self.warpgroups = warpgroups
         self.tile_m = 64 * warpgroups
         self.cluster_m = cluster_m
         self.occupancy = occupancy
+        self.gradient = gradient
+        self.clamp = clamp
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
 
@@ -71,11 +85,25 @@ class LogitsStatistics:
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
     @cute.jit
-    def __call__(self, h: cute.Tensor, w: cute.Tensor, col_bias: cute.Tensor, labels: cute.Tensor,
-                 den: cute.Tensor, z_blank: cute.Tensor, z_label: cute.Tensor, blank: cutlass.Int32,
-                 stream: cuda.CUstream):
-        """h (N, J), w (V, J), both K-major; col_bias (n_tiles * tile_n,) fp32; labels (N,) int32; den, z_blank,
-        z_label (N,) fp32, written."""
+    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
+                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
+                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
+                 blank: cutlass.Int32, clamp: cutlass.Float32, stream: cuda.CUstream):
+        """The tensors from their pointers (pointers and sizes cost the host less to pass than tensors): h (n_rows,
+        J) of row stride ``h_stride`` (a multiple of 8) and w (n_cols, J), both K-major; col_bias (n_tiles *
+        tile_n,) fp32; labels (n_rows,) int32; row_values (3, n_rows) fp32: the statistics den, z_blank, z_label
+        (written), or (5, n_rows): the gradient's den, occupancy, blank arc, label arc and scale of each row (read);
+        g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
+        multiple of 8): the gradient (written; the statistics never touch it)."""
+        J, width = self.J, self.n_tiles * self.tile_n
+        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
+        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
+        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
+        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout((5 if self.gradient else 3, n_rows),
+                                                                       stride=(row_values_stride, 1)))
+        g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
+        g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
         self._setup(h, w)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
@@ -95,15 +123,15 @@ class LogitsStatistics:
         self.shared_storage = SharedStorage
         m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
         clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, den, z_blank, z_label, blank,
+        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, g, blank, clamp,
                     self.tiled_mma, self.h_smem_layout, self.w_smem_layout).launch(
             grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
             stream=stream)
 
     @cute.kernel
     def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, den: cute.Tensor, z_blank: cute.Tensor,
-               z_label: cute.Tensor, blank: cutlass.Int32, tiled_mma: cute.TiledMma,
+               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, mG: cute.Tensor,
+               blank: cutlass.Int32, clamp: cutlass.Float32, tiled_mma: cute.TiledMma,
                h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -147,26 +175,34 @@ class LogitsStatistics:
         tCrH = tiled_mma.make_fragment_A(wg_mma.partition_A(sH))
         tCrW = tiled_mma.make_fragment_B(wg_mma.partition_B(sW))
         # the accumulators and each one's (row, column) in the tile, viewed as (rows, columns) of this thread
+        thread_mma = tiled_mma.get_slice(tidx)
         tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tCcC = tiled_mma.get_slice(tidx).partition_C(tile_coords)
+        tCcC = thread_mma.partition_C(tile_coords)
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
         acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
         coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
 
-        row_max = cute.make_rmem_tensor((rows,), cutlass.Float32)
-        row_sum = cute.make_rmem_tensor((rows,), cutlass.Float32)
-        pick_blank = cute.make_rmem_tensor((rows,), cutlass.Float32)
-        pick_label = cute.make_rmem_tensor((rows,), cutlass.Float32)
+        # each row's values: the statistics' running max and sum and picks; the gradient's coefficients, read once
+        # (rows past N: den = +inf and the rest 0, so that their gradient is 0)
+        n_values = 5 if self.gradient else 4
+        values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
         label = cute.make_rmem_tensor((rows,), cutlass.Int32)
         for r in cutlass.range_constexpr(rows):
-            row_max[r] = NO_MAX
-            row_sum[r] = 0.0
-            pick_blank[r] = 0.0
-            pick_label[r] = 0.0
-            label[r] = -1
             row = m_block * self.tile_m + coords_rc[r, 0][0]
+            label[r] = -1
+            if cutlass.const_expr(self.gradient):
+                values[0, r] = float("inf")
+                for i in cutlass.range_constexpr(1, n_values):
+                    values[i, r] = 0.0
+                if row < n_rows:
+                    for i in cutlass.range_constexpr(n_values):
+                        values[i, r] = row_values[i, row]
+            else:
+                values[ROW_MAX, r] = NO_MAX
+                for i in cutlass.range_constexpr(1, n_values):
+                    values[i, r] = 0.0
             if row < n_rows:
                 label[r] = labels[row]
 
@@ -208,7 +244,7 @@ class LogitsStatistics:
                 self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
                 produced.advance()
 
-            # the epilogue of this vocabulary tile: bias (and -inf past V), then the running statistics and picks;
+            # the epilogue of this vocabulary tile: bias (and -inf past V), then the statistics or the gradient;
             # loops over the accumulators unrolled at trace time, so that every register index is a constant (a
             # run-time index would move the accumulators to local memory)
             first_col = n_tile * self.tile_n
@@ -216,34 +252,61 @@ class LogitsStatistics:
                 b = col_bias[first_col + coords_rc[0, c][1]]
                 for r in cutlass.range_constexpr(rows):
                     acc_rc[r, c] = acc_rc[r, c] + b
-            for r in cutlass.range_constexpr(rows):
-                tile_max = acc_rc[r, 0]
-                for c in cutlass.range_constexpr(1, cols):
-                    tile_max = cute.arch.fmax(tile_max, acc_rc[r, c])
-                new_max = cute.arch.fmax(row_max[r], tile_max)
-                scaled_max = new_max * LOG2E
-                tile_sum = cutlass.Float32(0.0)
-                for c in cutlass.range_constexpr(cols):
-                    tile_sum += cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_max, approx=True, ftz=True)
-                rescale = cute.math.exp2(row_max[r] * LOG2E - scaled_max, approx=True, ftz=True)
-                row_sum[r] = row_sum[r] * rescale + tile_sum
-                row_max[r] = new_max
-                label_at = label[r] - first_col
-                blank_at = blank - first_col
-                for c in cutlass.range_constexpr(cols):
-                    col = coords_rc[r, c][1]
-                    pick_label[r] = acc_rc[r, c] if col == label_at else pick_label[r]
-                    pick_blank[r] = acc_rc[r, c] if col == blank_at else pick_blank[r]
+            if cutlass.const_expr(self.gradient):
+                self._gradient_tile(acc, acc_rc, coords_rc, values, label, blank, clamp, first_col, thread_mma, mG,
+                                    m_block, n_tile)
+            else:
+                self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
-        # the four threads of a quad hold a row's columns between them: merge their statistics and picks
+        if cutlass.const_expr(not self.gradient):
+            self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
+
+        # a CTA of a cluster leaves only once its peers no longer multicast into its shared memory
+        if cutlass.const_expr(self.cluster_m > 1):
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def _statistics_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
+                         blank: cutlass.Int32, first_col: cutlass.Int32):
+        """The running max and sum of each row over one more vocabulary tile, and the blank and label logits if
+        they lie in it."""
+        rows = cute.size(acc_rc, mode=[0])
+        cols = cute.size(acc_rc, mode=[1])
+        for r in cutlass.range_constexpr(rows):
+            tile_max = acc_rc[r, 0]
+            for c in cutlass.range_constexpr(1, cols):
+                tile_max = cute.arch.fmax(tile_max, acc_rc[r, c])
+            new_max = cute.arch.fmax(values[ROW_MAX, r], tile_max)
+            scaled_max = new_max * LOG2E
+            tile_sum = cutlass.Float32(0.0)
+            for c in cutlass.range_constexpr(cols):
+                tile_sum += cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_max, approx=True, ftz=True)
+            rescale = cute.math.exp2(values[ROW_MAX, r] * LOG2E - scaled_max, approx=True, ftz=True)
+            values[ROW_SUM, r] = values[ROW_SUM, r] * rescale + tile_sum
+            values[ROW_MAX, r] = new_max
+            label_at = label[r] - first_col
+            blank_at = blank - first_col
+            for c in cutlass.range_constexpr(cols):
+                col = coords_rc[r, c][1]
+                values[PICK_LABEL, r] = acc_rc[r, c] if col == label_at else values[PICK_LABEL, r]
+                values[PICK_BLANK, r] = acc_rc[r, c] if col == blank_at else values[PICK_BLANK, r]
+
+    @cute.jit
+    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
+                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
+        """The four threads of a quad hold a row's columns between them: they merge their statistics and picks,
+        and the first writes the row's den, z_blank and z_label."""
+        rows = cute.size(coords_rc, mode=[0])
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(rows):
-            quad_max = row_max[r]
+            quad_max = values[ROW_MAX, r]
             for offset in cutlass.range_constexpr(2):
                 quad_max = cute.arch.fmax(quad_max, cute.arch.shuffle_sync_bfly(quad_max, offset=1 << offset))
-            total_sum = row_sum[r] * cute.math.exp2((row_max[r] - quad_max) * LOG2E, approx=True, ftz=True)
-            z_b = pick_blank[r]
-            z_l = pick_label[r]
+            total_sum = values[ROW_SUM, r] * cute.math.exp2((values[ROW_MAX, r] - quad_max) * LOG2E, approx=True,
+                                                            ftz=True)
+            z_b = values[PICK_BLANK, r]
+            z_l = values[PICK_LABEL, r]
             for offset in cutlass.range_constexpr(2):
                 total_sum += cute.arch.shuffle_sync_bfly(total_sum, offset=1 << offset)
                 z_b += cute.arch.shuffle_sync_bfly(z_b, offset=1 << offset)
@@ -251,14 +314,35 @@ class LogitsStatistics:
             row = m_block * self.tile_m + coords_rc[r, 0][0]
             if lane % 4 == 0:
                 if row < n_rows:
-                    den[row] = quad_max + cute.math.log(total_sum)
-                    z_blank[row] = z_b
-                    z_label[row] = z_l
+                    row_values[0, row] = quad_max + cute.math.log(total_sum)
+                    row_values[1, row] = z_b
+                    row_values[2, row] = z_l
 
-        # a CTA of a cluster leaves only once its peers no longer multicast into its shared memory
-        if cutlass.const_expr(self.cluster_m > 1):
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
+    @cute.jit
+    def _gradient_tile(self, acc: cute.Tensor, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor,
+                       label: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
+                       thread_mma: cute.ThrMma, mG: cute.Tensor, m_block: cutlass.Int32, n_tile: cutlass.Int32):
+        """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
+        vocabulary tile (stages.cu's TokenGradient), written to its tile of mG in mG's dtype."""
+        rows = cute.size(acc_rc, mode=[0])
+        cols = cute.size(acc_rc, mode=[1])
+        for r in cutlass.range_constexpr(rows):
+            scaled_den = values[DEN, r] * LOG2E
+            label_at = label[r] - first_col
+            blank_at = blank - first_col
+            for c in cutlass.range_constexpr(cols):
+                col = coords_rc[r, c][1]
+                g = cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_den, approx=True, ftz=True) * values[OCCUPANCY, r]
+                g = g - values[BLANK_ARC, r] if col == blank_at else g
+                g = g - values[LABEL_ARC, r] if col == label_at else g
+                if cutlass.const_expr(self.clamp):
+                    g = cute.arch.fmin(cute.arch.fmax(g, -clamp), clamp)
+                acc_rc[r, c] = g * values[SCALE, r]
+        gG = cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile))
+        tCgG = thread_mma.partition_C(gG)
+        out = cute.make_rmem_tensor(acc.shape, mG.element_type)
+        out.store(acc.load().to(mG.element_type))
+        cute.autovec_copy(out, tCgG)
 
     def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
