@@ -51,6 +51,13 @@ def lstm_step(model):
     return h.dtype, y.dtype
 
 
+def test_lstm_under_cpu_bf16_autocast(probe):
+    """What the models' bf16 autocast tests run under autocast_lstms: skipped, with the reason, where this CPU
+    cannot run it (those tests then run their LSTMs outside autocast)."""
+    probe.require_bf16_lstm()
+    assert lstm_step(lstm_model()) == (torch.bfloat16, torch.bfloat16)
+
+
 def test_bf16_lstm_probe_tells_what_an_lstm_does(probe):
     refusal = probe.bf16_lstm_refusal()
     assert probe.bf16_lstm_refusal() is refusal  # found out once
