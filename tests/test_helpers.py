@@ -105,6 +105,13 @@ def test_bf16_lstm_probe_forced_runs(probe, monkeypatch):
         probe.bf16_lstm_refusal()
 
 
+@pytest.mark.parametrize("leave", [5, 0])
+def test_each_test_starts_from_the_same_generator_state(leave):
+    """conftest.py seeds torch's default generator with 0 before each test, whatever state the test before left."""
+    assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(0)))
+    torch.rand(leave)
+
+
 def test_random_batch_keeps_its_promises():
     gen = torch.Generator().manual_seed(0)
     for rna in (False, True):
