@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import random
 import sys
 import time
@@ -301,7 +302,7 @@ def folder_config(exp):
         except ValueError:
             raise UsageError(f"{path} is not valid JSON: delete it if {exp} holds no run you want to keep") from None
     latest = latest_checkpoint(exp)
-    return None if latest is None else checkpoint_config(torch.load(latest, map_location="cpu", weights_only=False))
+    return None if latest is None else checkpoint_config(load_checkpoint(latest))
 
 
 def check_run_folder(exp, config, quick):
@@ -501,9 +502,23 @@ def param_digest(model):
 
 
 def save_checkpoint(path, **state):
+    """``state`` into ``path`` (through a temporary file): tensors, numbers, strings and plain containers only (the
+    state dicts of the model, the optimiser, the scheduler and the scaler are such), which load_checkpoint loads."""
     tmp = Path(str(path) + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    """A checkpoint's state, loaded with ``weights_only=True``: a file that holds any object other than tensors,
+    numbers, strings and plain containers is refused, since unpickling one could run any code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = str(e).split("WeightsUnpickler error: ")[-1].split(". ")[0]  # torch's reason, in its first sentence
+        raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
+                         f"strings and plain containers ({found}), and those are not loaded: unpickling them could "
+                         f"run any code") from None
 
 
 def plot(history, path):
@@ -558,7 +573,7 @@ def train(a, dist, t_start):
         path = latest_checkpoint(exp) if a.resume == "auto" else Path(a.resume)
         if path is None or not path.is_file():
             raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_checkpoint(path)
         if checkpoint_config(ckpt) != config:
             raise UsageError(f"--resume: {path} is a checkpoint of another configuration "
                              f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +72,7 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
         assert torch.equal(sa[k], sb[k]), k
     assert b["history"] == a["history"][:2] + b["history"][2:]
     assert b["history"][2]["train_loss"] == pytest.approx(a["history"][2]["train_loss"])
-    saved = torch.load(tmp_path / "b" / "epoch-3.pt", map_location="cpu", weights_only=False)
+    saved = torch.load(tmp_path / "b" / "epoch-3.pt", map_location="cpu", weights_only=True)
     for k in sa:
         assert torch.equal(saved["model"][k], sa[k]), k
 
@@ -150,7 +151,7 @@ def test_configurations_keep_their_own_run_folders(two_runs):
         # pruning kept two checkpoints of each run, whichever ran last
         assert sorted(p.name for p in folder.glob("epoch-*.pt")) == [f"epoch-{n}.pt" for n in epochs]
         for n in epochs:
-            saved = torch.load(folder / f"epoch-{n}.pt", map_location="cpu", weights_only=False)
+            saved = torch.load(folder / f"epoch-{n}.pt", map_location="cpu", weights_only=True)
             assert saved["config"] == configs[name] and saved["epoch"] == n
         results = json.loads((folder / "results.json").read_text())
         assert results["loss"] == name and results["history"] == result["history"]
@@ -193,6 +194,37 @@ def test_a_folder_of_another_configuration_is_refused(two_runs, corpus, tmp_path
     with pytest.raises(asr_data.ManifestError, match="manifest not found"):
         run(["--manifest", tmp_path / "missing.jsonl", "--exp-dir", tmp_path / "stopped"])
     assert not (tmp_path / "stopped").exists()
+
+
+class Planted:
+    """An object whose unpickling touches a file: what a checkpoint planted in a run folder could carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_a_checkpoint_carrying_an_object_is_refused(two_runs, corpus, tmp_path):
+    """Checkpoints are loaded with weights_only=True: one that holds anything but tensors, numbers, strings and
+    plain containers is refused, by name, and what it carries never runs; whether found in a run folder without
+    config.json or given to --resume."""
+    runs, *_ = two_runs
+    state = torch.load(runs / "rnnt" / "epoch-3.pt", map_location="cpu", weights_only=True)
+    marker = tmp_path / "unpickled"
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    torch.save(dict(state, history=Planted(marker)), folder / "epoch-3.pt")
+    refused = (r" is not a checkpoint of this recipe: it holds objects other than tensors, numbers, strings and "
+               r"plain containers \(Unsupported global: .*\), and those are not loaded: unpickling them could run "
+               r"any code")
+    for args in (["--exp-dir", folder], ["--exp-dir", tmp_path / "fresh", "--resume", folder / "epoch-3.pt"]):
+        with pytest.raises(train_toy.UsageError, match=re.escape(str(folder / "epoch-3.pt")) + refused):
+            run(["--data-dir", corpus, *args])
+    assert not marker.exists()
+    torch.load(folder / "epoch-3.pt", weights_only=False)  # the object, unpickled, would have run
+    assert marker.exists()
 
 
 def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, corpus, tmp_path, capsys):
