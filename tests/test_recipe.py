@@ -236,9 +236,13 @@ def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, cor
     for name in ("config.json", "epoch-2.pt", "epoch-3.pt", "results.json"):
         (folder / name).write_bytes((runs / "rnnt" / name).read_bytes())
     r = run(["--data-dir", corpus, "--exp-dir", folder, "--epochs", 1, "--max-steps", 1])
+    out = capsys.readouterr().out
     assert (f"{folder} holds checkpoints of an earlier run of this configuration (epoch-2.pt, epoch-3.pt): they and "
             f"its results.json are removed once this run has saved its first checkpoint (--resume continues that "
-            f"run instead)") in capsys.readouterr().out
+            f"run instead)") in out
+    # the run folder is named once it holds this run's first checkpoint
+    assert out.index("epoch 1: train loss") < out.index(f"run folder: {folder}/ (epoch-1.pt, config.json, train.png; "
+                                                         f"results.json at the end)")
     assert sorted(p.name for p in folder.glob("epoch-*.pt")) == ["epoch-1.pt"]
     assert json.loads((folder / "results.json").read_text())["history"] == r["history"] and len(r["history"]) == 1
 
@@ -460,12 +464,21 @@ def test_toy_corpus_as_manifests_trains_as_the_corpus(corpus, tmp_path):
     assert json.loads((tmp_path / "manifest_run" / "results.json").read_text())["history"] == b["history"]
 
 
+def test_manifests_are_written_into_data_by_default():
+    """--write-manifests without DIR writes into data/ (beside the corpus it is made from, ignored by git)."""
+    assert train_toy.parse_args(["--write-manifests"]).write_manifests == "data/toy_manifests"
+    assert train_toy.parse_args(["--quick", "--write-manifests"]).write_manifests == "data/toy_manifests_quick"
+    assert train_toy.parse_args(["--write-manifests", "mine"]).write_manifests == "mine"
+    assert train_toy.parse_args([]).write_manifests is None
+
+
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "must be > 0"),
     (["--lr", "fast"], "is not a float"),
     (["--encoder", "gru"], "invalid choice: 'gru'"),
     (["--test-manifest", "t.jsonl"], "need --manifest"),
     (["--manifest", "m.jsonl", "--write-manifests", "d"], "--write-manifests writes the toy corpus; with --manifest"),
+    (["--manifest", "m.jsonl", "--write-manifests"], "--write-manifests writes the toy corpus; with --manifest"),
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
