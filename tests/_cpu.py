@@ -1,8 +1,9 @@
 """What this CPU can run: whether torch runs an LSTM under CPU bf16 autocast, found out once per test session.
 
 Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` torch runs an LSTM as oneDNN's bf16 RNN, which oneDNN implements
-for some instruction sets only: on a CPU with AVX2 and no AVX-512, torch raises "could not create a primitive
-descriptor for the LSTM forward propagation primitive".
+for some instruction sets only: on a CPU with AVX2 and no AVX-512, an LSTM whose input is float32 (an embedding's
+output, as in a prediction network) raises "could not create a primitive descriptor for the LSTM forward propagation
+primitive".
 The tests put LSTMs of transformers' and NeMo's models and of the recipe under CPU bf16 autocast:
 
 - a test that needs the LSTM itself under autocast calls :func:`require_bf16_lstm`, and is skipped, with the reason,
