@@ -244,7 +244,9 @@ def make_corpus(data_dir, config, log=print, workers=None):
                 offset += len(x)
         np.save(data_dir / f"{split}.npy", np.concatenate(audio))
         hours = offset / SAMPLE_RATE / 3600
-        log(f"toy corpus: {split}: {len(plan)} utterances, {hours:.2f} h, {n_voices} voices")
+        speakers = len({p["voice"] for p in plan})
+        log(f"toy corpus: {split}: {len(plan)} utterances, {hours:.2f} h, spoken by {speakers} of the split's "
+            f"{n_voices} voices")
     with open(data_dir / "meta.json", "w") as f:  # written last: its presence marks a complete corpus
         json.dump(config, f)
 

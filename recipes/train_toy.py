@@ -4,7 +4,7 @@
     python recipes/train_toy.py                    # eSpeak NG toy corpus, made on the first run
     python recipes/train_toy.py --quick            # a smoke test: tiny corpus, tiny model, seconds
     python recipes/train_toy.py --manifest train.jsonl --test-manifest test.jsonl   # your data
-    python recipes/train_toy.py --quick --write-manifests toy   # the toy corpus as such manifests
+    python recipes/train_toy.py --quick --write-manifests   # the toy corpus as such manifests, in data/
     torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import random
 import sys
 import time
@@ -91,10 +92,11 @@ def build_parser():
                    "(audio_filepath, duration, text) or TSV (audio path, transcript) (default: none, the toy corpus)")
     d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
     d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
-    d.add_argument("--write-manifests", metavar="DIR",
+    d.add_argument("--write-manifests", nargs="?", const="", metavar="DIR",
                    help="write the toy corpus (made first if need be, as --data-dir, --corpus-size, --seed and "
                         "--quick say) as NeMo-style JSON-lines manifests DIR/{train,dev,test}.jsonl, the audio as "
-                        "WAV files in DIR/audio, and exit without training")
+                        "WAV files in DIR/audio, and exit without training (DIR by default: data/toy_manifests, "
+                        "data/toy_manifests_quick with --quick)")
     d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
                    help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
     d.add_argument("--workers", type=int, default=0,
@@ -198,9 +200,9 @@ def parse_flags(argv):
         p.error("--dev-manifest/--test-manifest need --manifest")
     if a.manifest and a.data_dir:
         p.error("--data-dir is the toy corpus cache; with --manifest it is not used")
-    if a.manifest and a.write_manifests:
+    if a.manifest and a.write_manifests is not None:
         p.error("--write-manifests writes the toy corpus; with --manifest there is none")
-    if a.write_manifests and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if a.write_manifests is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         p.error("--write-manifests runs in one process, not under torchrun")
     if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
@@ -241,6 +243,8 @@ def parse_flags(argv):
     if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU is available")
     a.data_dir = a.data_dir or ("data/toy_corpus_quick" if a.quick else "data/toy_corpus")
+    if a.write_manifests == "":
+        a.write_manifests = "data/toy_manifests_quick" if a.quick else "data/toy_manifests"
     return a
 
 
@@ -301,7 +305,7 @@ def folder_config(exp):
         except ValueError:
             raise UsageError(f"{path} is not valid JSON: delete it if {exp} holds no run you want to keep") from None
     latest = latest_checkpoint(exp)
-    return None if latest is None else checkpoint_config(torch.load(latest, map_location="cpu", weights_only=False))
+    return None if latest is None else checkpoint_config(load_checkpoint(latest))
 
 
 def check_run_folder(exp, config, quick):
@@ -501,9 +505,23 @@ def param_digest(model):
 
 
 def save_checkpoint(path, **state):
+    """``state`` into ``path`` (through a temporary file): tensors, numbers, strings and plain containers only (the
+    state dicts of the model, the optimiser, the scheduler and the scaler are such), which load_checkpoint loads."""
     tmp = Path(str(path) + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    """A checkpoint's state, loaded with ``weights_only=True``: a file that holds any object other than tensors,
+    numbers, strings and plain containers is refused, since unpickling one could run any code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = str(e).split("WeightsUnpickler error: ")[-1].split(". ")[0]  # torch's reason, in its first sentence
+        raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
+                         f"strings and plain containers ({found}), and those are not loaded: unpickling them could "
+                         f"run any code") from None
 
 
 def plot(history, path):
@@ -558,13 +576,14 @@ def train(a, dist, t_start):
         path = latest_checkpoint(exp) if a.resume == "auto" else Path(a.resume)
         if path is None or not path.is_file():
             raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_checkpoint(path)
         if checkpoint_config(ckpt) != config:
             raise UsageError(f"--resume: {path} is a checkpoint of another configuration "
                              f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "
                              f"was trained with, or leave --resume out to start afresh")
     earlier = earlier_checkpoints(exp, path)
-    log(f"run folder: {exp}/" + (f", resuming from {path} (epoch {ckpt['epoch']} done)" if ckpt else ""))
+    if ckpt:
+        log(f"resuming from {path} (epoch {ckpt['epoch']} done)")
     if earlier:
         log(f"{exp} holds checkpoints of an earlier run of this configuration ({', '.join(c.name for c in earlier)}): "
             f"they and its results.json are removed once this run has saved its first checkpoint"
@@ -680,6 +699,8 @@ def train(a, dist, t_start):
             # the folder holds a run of this configuration from its first checkpoint on
             (exp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
             plot(history, exp / "train.png")
+            if epoch == start_epoch:
+                log(f"run folder: {exp}/ ({saved.name}, config.json, train.png; results.json at the end)")
             for old in earlier:  # the earlier run's files, now that this run has a checkpoint of its own
                 if old.name != saved.name:
                     old.unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""Skips the tests marked cuda where there is no CUDA GPU or no CuPy (their reason says how to install it)."""
+"""Skips the tests marked cuda where there is no CUDA GPU or no CuPy (their reason says how to install it), and seeds
+torch's default generators before each test, so that no test depends on which tests ran before it."""
 
 import importlib.util
 
@@ -17,3 +18,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def seed_torch():
+    """Each test starts from the same state of torch's default generators (a module's weights drawn unseeded are then
+    the same whichever tests ran before)."""
+    torch.manual_seed(0)

@@ -193,17 +193,25 @@ def test_activations_and_dropout_16bit_within_the_unfused_bound(activation, drop
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_module_dropout_in_training_only(device):
+    """In training mode the module's loss is the composition with dropout's mask for the seed it draws from torch's
+    default generator; in eval mode the composition without dropout, as a module without dropout computes it."""
+    torch.manual_seed(0)  # the weights, whichever tests ran before
     m = FusedJoinerLoss(12, 17, dropout=0.4, max_rows=8).to(device).double()
     enc, pred, _, _, targets, T, U, _ = joiner_batch(597, device=device)
+    _, seed = seeded(3)
     torch.manual_seed(3)
     first = m(enc, pred, targets, T, U)
     torch.manual_seed(3)
     assert torch.equal(m(enc, pred, targets, T, U), first)
+    joiner = (enc, pred, m.output.weight, m.output.bias, targets, T, U, "tanh")
+    with_mask, without = composed(*joiner, 0.4, seed), composed(*joiner, 0.0, None)
+    torch.testing.assert_close(first, with_mask, rtol=1e-10, atol=1e-12)
+    assert (with_mask - without).abs() > 1e-3 * without  # the mask matters to this loss
     m.eval()
+    torch.testing.assert_close(m(enc, pred, targets, T, U), without, rtol=1e-10, atol=1e-12)
     plain = FusedJoinerLoss(12, 17, max_rows=8).to(device).double()
     plain.load_state_dict(m.state_dict())
     assert torch.equal(m(enc, pred, targets, T, U), plain(enc, pred, targets, T, U))
-    assert (first - plain(enc, pred, targets, T, U)).abs() > 1e-3
 
 
 @pytest.mark.parametrize("device", DEVICES)

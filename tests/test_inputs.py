@@ -66,6 +66,10 @@ def _good():
     (lambda a: (a[0], a[1][:1]) + a[2:], ValueError, "targets: expected 2 rows"),
     (lambda a: a[:2] + (a[2].float(), a[3]), TypeError, "logit_lengths: expected dtype"),
     (lambda a: a[:3] + (a[3][:1],), ValueError, r"target_lengths: expected shape \(2,\)"),
+    # the argument that differs from the others is named, whichever it is
+    (lambda a: a[:2] + (torch.tensor([2, 4, 1]), a[3]), ValueError,
+     r"logit_lengths: expected shape \(2,\), one entry per utterance \(the batch size of target_lengths and "
+     r"targets\), got shape \(3,\)"),
     (lambda a: a[:2] + (torch.tensor([2, -1]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
     (lambda a: a[:2] + (torch.tensor([0, 4]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
     (lambda a: a[:3] + (torch.tensor([-1, 0]),), ValueError, "target_lengths: every U_b must be >= 0"),
@@ -96,8 +100,15 @@ def test_bad_options_and_padded_sizes():
         transducer_loss(padded, targets, torch.tensor([5, 4]), U)
     with pytest.raises(ValueError, match=r"target_lengths: U_b \+ 1 = 3 exceeds"):
         transducer_loss(padded[:, :, :2], targets, T, U)
-    with pytest.raises(ValueError, match="padded logits must have batch size 2"):
+    with pytest.raises(ValueError, match=r"logits: expected padded logits of 2 utterances \(the batch size of "
+                                         r"logit_lengths, target_lengths and targets\)"):
         transducer_loss(padded[:1], targets, T, U)
+    with pytest.raises(ValueError, match=r"logit_lengths: expected shape \(2,\), one entry per utterance \(the batch "
+                                         r"size of logits, target_lengths and targets\), got shape \(3,\)"):
+        transducer_loss(padded, targets, torch.tensor([2, 4, 1]), U)
+    with pytest.raises(ValueError, match=r"target_lengths: expected shape \(2,\), .* \(the batch size of logits and "
+                                         r"logit_lengths\)"):  # two against two: the logits' side
+        transducer_loss(padded, targets[:1], T, U[:1])
     with pytest.raises(TypeError, match="logits: expected a torch.Tensor"):
         transducer_loss(logits.numpy(), targets, T, U)
 

@@ -2,12 +2,14 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _cpu import autocast_lstms
 from _imports import require
 
 for _mod in ("torchaudio", "soundfile", "espeakng_loader", "tqdm", "matplotlib"):
@@ -70,7 +72,7 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
         assert torch.equal(sa[k], sb[k]), k
     assert b["history"] == a["history"][:2] + b["history"][2:]
     assert b["history"][2]["train_loss"] == pytest.approx(a["history"][2]["train_loss"])
-    saved = torch.load(tmp_path / "b" / "epoch-3.pt", map_location="cpu", weights_only=False)
+    saved = torch.load(tmp_path / "b" / "epoch-3.pt", map_location="cpu", weights_only=True)
     for k in sa:
         assert torch.equal(saved["model"][k], sa[k]), k
 
@@ -149,7 +151,7 @@ def test_configurations_keep_their_own_run_folders(two_runs):
         # pruning kept two checkpoints of each run, whichever ran last
         assert sorted(p.name for p in folder.glob("epoch-*.pt")) == [f"epoch-{n}.pt" for n in epochs]
         for n in epochs:
-            saved = torch.load(folder / f"epoch-{n}.pt", map_location="cpu", weights_only=False)
+            saved = torch.load(folder / f"epoch-{n}.pt", map_location="cpu", weights_only=True)
             assert saved["config"] == configs[name] and saved["epoch"] == n
         results = json.loads((folder / "results.json").read_text())
         assert results["loss"] == name and results["history"] == result["history"]
@@ -194,6 +196,37 @@ def test_a_folder_of_another_configuration_is_refused(two_runs, corpus, tmp_path
     assert not (tmp_path / "stopped").exists()
 
 
+class Planted:
+    """An object whose unpickling touches a file: what a checkpoint planted in a run folder could carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_a_checkpoint_carrying_an_object_is_refused(two_runs, corpus, tmp_path):
+    """Checkpoints are loaded with weights_only=True: one that holds anything but tensors, numbers, strings and
+    plain containers is refused, by name, and what it carries never runs; whether found in a run folder without
+    config.json or given to --resume."""
+    runs, *_ = two_runs
+    state = torch.load(runs / "rnnt" / "epoch-3.pt", map_location="cpu", weights_only=True)
+    marker = tmp_path / "unpickled"
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    torch.save(dict(state, history=Planted(marker)), folder / "epoch-3.pt")
+    refused = (r" is not a checkpoint of this recipe: it holds objects other than tensors, numbers, strings and "
+               r"plain containers \(Unsupported global: .*\), and those are not loaded: unpickling them could run "
+               r"any code")
+    for args in (["--exp-dir", folder], ["--exp-dir", tmp_path / "fresh", "--resume", folder / "epoch-3.pt"]):
+        with pytest.raises(train_toy.UsageError, match=re.escape(str(folder / "epoch-3.pt")) + refused):
+            run(["--data-dir", corpus, *args])
+    assert not marker.exists()
+    torch.load(folder / "epoch-3.pt", weights_only=False)  # the object, unpickled, would have run
+    assert marker.exists()
+
+
 def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, corpus, tmp_path, capsys):
     """Without --resume, the folder's checkpoints and results.json are the earlier run's: they go once the new
     run has saved its first checkpoint, so that pruning and --resume see this run's only."""
@@ -203,9 +236,13 @@ def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, cor
     for name in ("config.json", "epoch-2.pt", "epoch-3.pt", "results.json"):
         (folder / name).write_bytes((runs / "rnnt" / name).read_bytes())
     r = run(["--data-dir", corpus, "--exp-dir", folder, "--epochs", 1, "--max-steps", 1])
+    out = capsys.readouterr().out
     assert (f"{folder} holds checkpoints of an earlier run of this configuration (epoch-2.pt, epoch-3.pt): they and "
             f"its results.json are removed once this run has saved its first checkpoint (--resume continues that "
-            f"run instead)") in capsys.readouterr().out
+            f"run instead)") in out
+    # the run folder is named once it holds this run's first checkpoint
+    assert out.index("epoch 1: train loss") < out.index(f"run folder: {folder}/ (epoch-1.pt, config.json, train.png; "
+                                                         f"results.json at the end)")
     assert sorted(p.name for p in folder.glob("epoch-*.pt")) == ["epoch-1.pt"]
     assert json.loads((folder / "results.json").read_text())["history"] == r["history"] and len(r["history"]) == 1
 
@@ -333,6 +370,8 @@ def test_tdt_greedy_decoding_jumps_by_the_predicted_duration():
 
 @pytest.mark.parametrize("loss_kind", ["rnnt", "tdt"])
 def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
+    """Under bf16 autocast the unfused joiner's logits reach the loss in bf16, not copied to float32, and both joiners
+    train; the fused and unfused losses agree in float32."""
     from asr_model import Transducer
 
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 31])
@@ -344,7 +383,8 @@ def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
                            joiner_dim=8, joiner=joiner, loss=loss_kind, durations=(0, 1, 2), sigma=0.05).eval()
         seen = []
         model.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
-        loss = train_toy.forward_loss(model, x, xl, y, yl, torch.bfloat16)
+        with autocast_lstms(model):  # the encoder's and predictor's, outside autocast where this CPU needs it
+            loss = train_toy.forward_loss(model, x, xl, y, yl, torch.bfloat16)
         loss.backward()
         assert loss.dtype == torch.float32 and torch.isfinite(loss)
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
@@ -424,12 +464,21 @@ def test_toy_corpus_as_manifests_trains_as_the_corpus(corpus, tmp_path):
     assert json.loads((tmp_path / "manifest_run" / "results.json").read_text())["history"] == b["history"]
 
 
+def test_manifests_are_written_into_data_by_default():
+    """--write-manifests without DIR writes into data/ (beside the corpus it is made from, ignored by git)."""
+    assert train_toy.parse_args(["--write-manifests"]).write_manifests == "data/toy_manifests"
+    assert train_toy.parse_args(["--quick", "--write-manifests"]).write_manifests == "data/toy_manifests_quick"
+    assert train_toy.parse_args(["--write-manifests", "mine"]).write_manifests == "mine"
+    assert train_toy.parse_args([]).write_manifests is None
+
+
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "must be > 0"),
     (["--lr", "fast"], "is not a float"),
     (["--encoder", "gru"], "invalid choice: 'gru'"),
     (["--test-manifest", "t.jsonl"], "need --manifest"),
     (["--manifest", "m.jsonl", "--write-manifests", "d"], "--write-manifests writes the toy corpus; with --manifest"),
+    (["--manifest", "m.jsonl", "--write-manifests"], "--write-manifests writes the toy corpus; with --manifest"),
     (["--encoder-dim", "63"], "--encoder-dim must be even"),
     (["--device", "tpu"], "--device must be cpu or cuda"),
     (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from _batches import DEVICES, random_batch
+from _cpu import autocast_lstms
 from _imports import require
 from transducer import tdt_loss_reference, transducer_loss_reference
 from transducer.integrations.transformers import ParakeetForRNNTLoss, ParakeetForTDTLoss, apply
@@ -218,11 +219,12 @@ def witness(model, kind):
 
 
 def step(model, batch, device, autocast=False, **kwargs):
-    """One forward and backward on device; the output and each parameter's gradient."""
+    """One forward and backward on device; the output and each parameter's gradient. Under CPU bf16 autocast the
+    decoder's LSTM runs outside autocast where this CPU cannot run it there (tests/_cpu.py)."""
     model = model.to(device).train()
     batch = {k: v.to(device) for k, v in batch.items()}
     model.zero_grad()
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast), autocast_lstms(model):
         out = model(**batch, **kwargs)
     out.loss.backward()
     return out, {n: p.grad for n, p in model.named_parameters()}

@@ -37,21 +37,27 @@ def check_tensor(name, x, dtypes, ndim, device, of="logits"):
 
 
 def check_batch(logits, targets, logit_lengths, target_lengths):
-    """A loss's targets and lengths: index tensors on the logits' device, one row / entry per utterance."""
+    """A loss's targets and lengths: index tensors on the logits' device, one row / entry per utterance. The batch
+    size is the one most of padded logits, logit_lengths, target_lengths and targets agree on (on a tie, the first
+    in that order), so that an error names the argument that differs from the others."""
     device = logits.device
     check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
-    B = logit_lengths.size(0)
+    given = {"logits": logits} if logits.dim() == 4 else {}  # compact logits do not give the batch size
+    given.update(logit_lengths=logit_lengths, target_lengths=target_lengths, targets=targets)
+    sizes = [x.size(0) for x in given.values()]
+    B = max(sizes, key=sizes.count)  # the most common size; on a tie, the first
+    agree = [name for name, x in given.items() if x.size(0) == B]
     if B == 0:
-        raise ValueError("logit_lengths: expected at least one utterance, got an empty batch")
-    if target_lengths.size(0) != B:
-        raise ValueError(f"target_lengths: expected shape ({B},) like logit_lengths, got {tuple(target_lengths.shape)}")
-    if targets.size(0) != B:
-        raise ValueError(f"targets: expected {B} rows (one per utterance), got shape {tuple(targets.shape)}")
-    if logits.dim() == 4 and logits.size(0) != B:
-        raise ValueError(f"logits: padded logits must have batch size {B} (from logit_lengths), got shape "
-                         f"{tuple(logits.shape)}")
+        raise ValueError(f"{agree[0]}: expected at least one utterance, got an empty batch")
+    expected = {"logits": f"padded logits of {plural(B, 'utterance')}", "targets": f"{plural(B, 'row')}, one per "
+                f"utterance"}
+    for name, x in given.items():
+        if x.size(0) != B:
+            names = " and ".join([", ".join(agree[:-1]), agree[-1]] if len(agree) > 1 else agree)
+            raise ValueError(f"{name}: expected {expected.get(name, f'shape ({B},), one entry per utterance')} (the "
+                             f"batch size of {names}), got shape {tuple(x.shape)}")
 
 
 def is_index(x):
