@@ -238,6 +238,12 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     if entry is None:
         _, fn, launch_kernel = _functions.get((path, name, dev)) or _function(path, name, dev)
         entry = launches[key] = (fn, launch_kernel, KernelArguments(args))
+        # A thread that only torch has used (autograd's device thread) may have no current context, and a kernel
+        # compiled on another thread would then be launched without one (CUDA_ERROR_INVALID_CONTEXT): once per
+        # kernel and thread, make the device's primary context current (cudaSetDevice does; on another device
+        # the launch below enters torch.cuda.device, which calls it).
+        if _current_device() == dev:
+            cupy().cuda.runtime.setDevice(dev)
     fn, launch_kernel, packed = entry
     gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
     bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
