@@ -116,6 +116,8 @@ def measure(loss_fn, precision, weight, count, batch):
             ms, mib = common.cuda_call(step)
         except torch.cuda.OutOfMemoryError:
             return None, "out of memory"
+        except Exception as e:  # a peer that fails on this machine (numba's CUDA target and numpy, say)
+            return None, f"failed: {type(e).__name__}: {str(e)[:100]}"
         times.append(ms)
         peak = max(peak, mib)
         del x, h
