@@ -56,6 +56,8 @@ def modules(device="cuda"):
 
 def speechbrain_loss():
     """SpeechBrain's numba transducer_loss, or None with a printed reason."""
+    if not hasattr(np, "row_stack"):  # numba-cuda still registers np.row_stack, which numpy 2.5 removed
+        np.row_stack = np.vstack
     try:
         import speechbrain.integrations.numba.transducer_loss  # noqa: F401  (numba and CUDA)
         from speechbrain.nnet.losses import transducer_loss as numba_loss
