@@ -530,7 +530,6 @@ def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
     assert model.out.out_features == 6 + 2 + 1 and model.blank == 8
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
     frames = model.encoder(x, xl)[1].tolist()
-    steps = []
     for column, expected in ((3, lambda n: 4 * n), (8, lambda n: 0), (7, lambda n: 0), (6, lambda n: 0)):
         with torch.no_grad():
             model.out.weight.zero_()
