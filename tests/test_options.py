@@ -262,3 +262,19 @@ def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
         assert args[14] == 5
     else:
         raise AssertionError(f"{option}: no check here; give it one")
+
+
+def test_the_cuda_stages_limits_are_checked_for_cuda_tensors_alone():
+    """Every loss checks them through one function, before any kernel: TDT's durations and multi-blank's big blanks
+    beyond what the CUDA stages' Durations struct holds."""
+    from transducer.layout import MAX_DURATIONS
+    from transducer.options import check_device_limits
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    many = LossOptions(durations=tuple(range(MAX_DURATIONS + 1)))
+    big = LossOptions(blank=MAX_DURATIONS, big_blank_durations=tuple(range(2, MAX_DURATIONS + 1)))
+    check_device_limits(many, cpu), check_device_limits(big, cpu)
+    check_device_limits(LossOptions(durations=tuple(range(MAX_DURATIONS))), cuda)
+    with pytest.raises(ValueError, match=f"durations: at most {MAX_DURATIONS} on CUDA, got {MAX_DURATIONS + 1}"):
+        check_device_limits(many, cuda)
+    with pytest.raises(ValueError, match=f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA"):
+        check_device_limits(big, cuda)

@@ -7,10 +7,10 @@ import torch
 
 from ops import FLOAT_DTYPES, INDEX_DTYPES
 
-from .layout import CELLS_CAP, MAX_DURATIONS, MAX_ROWS, Stats
+from .layout import CELLS_CAP, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "bad_labels_error",
-           "duration_scores_note", "plural", "check_pack_values", "check_durations", "check_big_blank_durations",
+           "check_blank_type", "duration_scores_note", "plural", "check_pack_values", "check_durations", "check_big_blank_durations",
            "check_rows", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -74,13 +74,19 @@ def is_index(x):
 def check_blank(blank, num_columns, columns="the vocabulary size is logits.size(-1)"):
     """The blank's column in [0, num_columns): ``blank`` in [-num_columns, num_columns), negative values
     counting from the end (torchaudio's convention: -1 is the last column); TypeError for a non-int."""
-    if not is_index(blank):
-        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(blank).__name__} "
-                        f"{blank!r}")
+    check_blank_type(blank)
     if not -num_columns <= operator.index(blank) < num_columns:
         raise ValueError(f"blank: expected an int in [{-num_columns}, {num_columns}) ({columns}; negative values "
                          f"count from the end), got {blank!r}")
     return operator.index(blank) % num_columns
+
+
+def check_blank_type(blank):
+    """``blank`` as an int (negative: from the end), before the vocabulary is known; TypeError for another type."""
+    if not is_index(blank):
+        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(blank).__name__} "
+                        f"{blank!r}")
+    return operator.index(blank)
 
 
 def duration_scores_note(D, total, whose, unit):
@@ -165,10 +171,10 @@ def check_durations(durations, num_durations=None, name="durations"):
     return ds
 
 
-def check_big_blank_durations(big_blank_durations, blank, device=None):
+def check_big_blank_durations(big_blank_durations, blank):
     """The big blanks' durations as a tuple of ints: at least one, distinct, each >= 2 (a duration of 1 is the
-    standard blank's), all fitting before ``blank`` (big blank i sits in column blank - 1 - i); at most
-    MAX_DURATIONS - 2 on CUDA."""
+    standard blank's), all fitting before ``blank`` (big blank i sits in column blank - 1 - i; None: not known
+    yet)."""
     name = "big_blank_durations"
     try:
         ds = tuple(operator.index(d) for d in big_blank_durations)
@@ -181,8 +187,6 @@ def check_big_blank_durations(big_blank_durations, blank, device=None):
     if blank is not None and blank - len(ds) < 0:
         raise ValueError(f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
                          f"do not fit before the blank's column {blank}")
-    if device is not None and device.type == "cuda" and len(ds) > MAX_DURATIONS - 2:
-        raise ValueError(f"{name}: at most {MAX_DURATIONS - 2} big blanks on CUDA, got {len(ds)}")
     return ds
 
 

@@ -44,9 +44,9 @@ from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, 
 from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs
 from .joiner import ACTIVATIONS, Dropout
 from .lattices import check_supported, kind_of
-from .layout import MAX_DURATIONS, MAX_ROWS, NUM_STATS, Layout
+from .layout import MAX_ROWS, NUM_STATS, Layout
 from .loss import reduce_losses
-from .options import BY_NAME, LATTICES, REQUIRED, LossOptions, joint_checks
+from .options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
 from .signatures import Entry, LossModule, Param, check_options, public_function
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
@@ -337,10 +337,8 @@ def _checked(options, device, blank_columns, columns):
     loss_options = LossOptions(**o)
     kind = kind_of(loss_options)
     check_supported(loss_options, kind, device.type if device is not None else None)
-    D, K = len(loss_options.durations), len(loss_options.big_blank_durations)
-    if device is not None and device.type == "cuda" and (D > MAX_DURATIONS or K > MAX_DURATIONS - 2):
-        name, most = ("durations", MAX_DURATIONS) if D > MAX_DURATIONS else ("big_blank_durations", MAX_DURATIONS - 2)
-        raise ValueError(f"{name}: at most {most} on CUDA, got {max(D, K)}")
+    if device is not None:
+        check_device_limits(loss_options, device)
     if blank_columns is not None:
         joint_checks(loss_options)
     return loss_options, call

@@ -7,9 +7,8 @@ several frames.
 
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
 from .custom_ops import loss_call
-from .layout import MAX_DURATIONS
 from .loss import LOGITS_TENSORS, reduce_losses
-from .options import MULTIBLANK, REQUIRED, LossOptions, joint_checks
+from .options import MULTIBLANK, REQUIRED, LossOptions, check_device_limits, joint_checks
 from .signatures import Entry, LossModule, check_options, public_function
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]
@@ -50,12 +49,10 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     if not o["big_blank_durations"]:
         raise ValueError(f"big_blank_durations: expected the big blanks' durations, got "
                          f"{options['big_blank_durations']!r}")
-    if logits.device.type == "cuda" and len(o["big_blank_durations"]) > MAX_DURATIONS - 2:
-        raise ValueError(f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA, got "
-                         f"{len(o['big_blank_durations'])}")
     blank = check_blank(o.pop("blank"), logits.size(-1))
     reduction, zero_infinity, check_inputs = o.pop("reduction"), o.pop("zero_infinity"), o.pop("check_inputs")
     loss_options = LossOptions(blank=blank, **o)
+    check_device_limits(loss_options, logits.device)
     joint_checks(loss_options)
     nll = loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
                     loss_options, check_inputs)

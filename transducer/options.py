@@ -14,10 +14,11 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .checks import REDUCTIONS, check_big_blank_durations, check_durations, is_index
-from .joiner import ACTIVATIONS, check_dropout
+from .checks import REDUCTIONS, check_big_blank_durations, check_blank_type, check_durations, is_index
+from .joiner import ACTIVATIONS, check_activation, check_dropout
+from .layout import MAX_DURATIONS
 
-__all__ = ["Option", "OPTIONS", "BY_NAME", "LossOptions", "SUPPORTED", "LATTICES", "check_option", "joint_checks"]
+__all__ = ["Option", "OPTIONS", "BY_NAME", "LossOptions", "SUPPORTED", "LATTICES", "joint_checks", "check_device_limits"]
 
 #: The lattices, by the names their losses' errors use (transducer/lattices.py: Kind.name).
 LATTICES = ("RNN-T", "TDT", "multi-blank RNN-T")
@@ -77,13 +78,6 @@ def _finite(name):
     return check
 
 
-def _blank(value):
-    if not is_index(value):
-        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(value).__name__} "
-                        f"{value!r}")
-    return operator.index(value)
-
-
 def _reduction(value):
     if value not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {value!r}")
@@ -117,8 +111,7 @@ def _big_blank_durations(value):
 
 
 def _activation(value):
-    if value not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {tuple(ACTIVATIONS)}, got {value!r}")
+    check_activation(value)
     return value
 
 
@@ -145,7 +138,7 @@ _FUSED = ("fused_joiner_loss", "FusedJoinerLoss")
 
 #: Every option, in the order LossOptions' fields and the signatures' keyword-only tails follow.
 OPTIONS = (
-    Option("blank", "int", 0, "the blank's column, in ``[-V, V)``; negative counts from the end.", _blank,
+    Option("blank", "int", 0, "the blank's column, in ``[-V, V)``; negative counts from the end.", check_blank_type,
            {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "int"),
     Option("reduction", "str", "mean", '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as '
            'torchaudio).', _reduction),
@@ -197,11 +190,6 @@ OPTIONS = (
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 _FIELDS = tuple(option for option in OPTIONS if option.reads is not None)
-
-
-def check_option(name, value):
-    """``value`` checked as the option ``name`` takes it, in the form the loss uses."""
-    return BY_NAME[name].check(value)
 
 
 # ------------------------------------------------------------------------------------ what the stages read
@@ -300,3 +288,15 @@ def joint_checks(options):
     """Every check of ``JOINT_CHECKS`` on ``options`` (a LossOptions with the blank's column resolved)."""
     for check in JOINT_CHECKS:
         check(options)
+
+
+def check_device_limits(options, device):
+    """The limits of the CUDA stages (their Durations struct holds MAX_DURATIONS arcs by value): at most
+    MAX_DURATIONS durations and MAX_DURATIONS - 2 big blanks for tensors on ``device``."""
+    if device.type != "cuda":
+        return
+    if len(options.durations) > MAX_DURATIONS:
+        raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(options.durations)}")
+    if len(options.big_blank_durations) > MAX_DURATIONS - 2:
+        raise ValueError(f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA, got "
+                         f"{len(options.big_blank_durations)}")

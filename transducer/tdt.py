@@ -5,9 +5,8 @@ stage contract: transducer/backend.py; the stages: transducer/cpu_stages.py and 
 
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
 from .custom_ops import in_place_rows, loss_call
-from .layout import MAX_DURATIONS
 from .loss import LOGITS_TENSORS, reduce_losses
-from .options import REQUIRED, TDT, LossOptions, joint_checks
+from .options import REQUIRED, TDT, LossOptions, check_device_limits, joint_checks
 from .signatures import Entry, LossModule, Param, check_options, public_function
 
 __all__ = ["tdt_loss", "TDTLoss"]
@@ -54,8 +53,6 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
     D = len(o["durations"])
     if not D:
         raise ValueError(f"durations: expected the TDT loss's durations, got {options['durations']!r}")
-    if device.type == "cuda" and D > MAX_DURATIONS:
-        raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {D}")
     if duration_logits is None:
         V = logits.size(-1) - D
     else:
@@ -71,6 +68,7 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
     blank = check_blank(o.pop("blank"), V, "the token columns")
     reduction, zero_infinity, check_inputs = o.pop("reduction"), o.pop("zero_infinity"), o.pop("check_inputs")
     loss_options = LossOptions(blank=blank, **o)
+    check_device_limits(loss_options, device)
     joint_checks(loss_options)
     nll = loss_call(in_place_rows(logits), None if duration_logits is None else in_place_rows(duration_logits),
                     targets.contiguous(), logit_lengths, target_lengths, V, loss_options, check_inputs)
