@@ -444,7 +444,7 @@ _MODULE_DOCS = dict(_DOCS, blank="the blank's column; negative counts from the e
 _MODULE = Entry("FusedJoinerLoss", LATTICES, _MODULE_PARAMS, exclude=("from_log_softmax",), docs=_MODULE_DOCS)
 
 
-class FusedJoinerLoss(LossModule, entry=_MODULE, function=fused_joiner_loss):
+class FusedJoinerLoss(LossModule, entry=_MODULE):
     """A joiner ``output(act(enc + pred))`` and the transducer loss over it, fused (:func:`fused_joiner_loss`).
 
     ``loss = m(encoder_out, predictor_out, targets, T, U)`` trains; ``m.logits(enc, pred)`` gives the joiner's

@@ -96,8 +96,7 @@ def reduce_losses(nll, reduction, zero_infinity):
 
 
 class TransducerLoss(LossModule, entry=TRANSDUCER_LOSS._replace(name="TransducerLoss",
-                                                               params=_TRANSDUCER_LOSS_ORDER),
-                     function=transducer_loss):
+                                                               params=_TRANSDUCER_LOSS_ORDER)):
     """Module form of :func:`transducer_loss`: ``TransducerLoss(blank=0)(logits, targets, T, U)``.
 
     Args:
@@ -136,8 +135,7 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, options):
 rnnt_loss = public_function(RNNT_LOSS, _rnnt_loss)
 
 
-class RNNTLoss(LossModule, entry=RNNT_LOSS._replace(name="RNNTLoss", params=RNNT_LOSS.params[4:]),
-               function=rnnt_loss):
+class RNNTLoss(LossModule, entry=RNNT_LOSS._replace(name="RNNTLoss", params=RNNT_LOSS.params[4:])):
     """torchaudio's ``RNNTLoss(blank=-1, clamp=-1, reduction="mean", fused_log_softmax=True)``; the arguments after
     ``fused_log_softmax`` are keyword-only and not torchaudio's (see :func:`rnnt_loss`).
 

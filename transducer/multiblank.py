@@ -62,8 +62,7 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
 multiblank_loss = public_function(MULTIBLANK_LOSS, _multiblank_loss)
 
 
-class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER),
-                     function=multiblank_loss):
+class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER)):
     """Module form of :func:`multiblank_loss`: ``MultiblankLoss([2, 4, 8], blank=-1)(logits, targets, T, U)``.
 
     Args:

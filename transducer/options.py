@@ -18,7 +18,8 @@ from .checks import REDUCTIONS, check_big_blank_durations, check_blank_type, che
 from .joiner import ACTIVATIONS, check_activation, check_dropout
 from .layout import MAX_DURATIONS
 
-__all__ = ["Option", "OPTIONS", "BY_NAME", "LossOptions", "SUPPORTED", "LATTICES", "joint_checks", "check_device_limits"]
+__all__ = ["Option", "OPTIONS", "BY_NAME", "LossOptions", "SUPPORTED", "LATTICES", "joint_checks",
+           "check_device_limits"]
 
 #: The lattices, by the names their losses' errors use (transducer/lattices.py: Kind.name).
 LATTICES = ("RNN-T", "TDT", "multi-blank RNN-T")

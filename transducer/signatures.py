@@ -174,17 +174,16 @@ def _cache_key(values):
 class LossModule(torch.nn.Module):
     """The module form of a public function: ``__init__`` takes the function's options (and the module's own
     arguments, ``Entry.params``' Params, handed to ``build``), checks them and keeps them in ``self.options``;
-    ``forward`` (written by each module) passes them on; the repr lists them. A subclass names its entry and
-    the function: ``class TDTLoss(LossModule, entry=..., function=tdt_loss)``."""
+    ``forward`` (written by each module) passes them on to the function; the repr lists them. A subclass names its
+    entry: ``class TDTLoss(LossModule, entry=...)``."""
 
     entry = None
-    function = None
 
-    def __init_subclass__(cls, entry=None, function=None, **kwargs):
+    def __init_subclass__(cls, entry=None, **kwargs):
         super().__init_subclass__(**kwargs)
         if entry is None:
             return
-        cls.entry, cls.function = entry, staticmethod(function)
+        cls.entry = entry
         arguments = [("self", "", "", REQUIRED, False, False)] + _arguments(entry)
         own = [n for n, _, _, _, is_option, _ in arguments[1:] if not is_option]
         options = [n for n, _, _, _, is_option, _ in arguments[1:] if is_option]

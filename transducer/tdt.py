@@ -17,8 +17,8 @@ _DURATION_LOGITS = Param("duration_logits", "Tensor", "``(sum_TU, D)`` or ``(B, 
 _ORDER = ("durations", "blank", "sigma", "omega", "reduction", "fastemit_lambda", "clamp", "zero_infinity",
           "check_inputs", _DURATION_LOGITS, "delay_penalty")
 _TDT_LOGITS = Param("logits", "Tensor", "compact ``(sum_b T_b*(U_b+1), V + D)`` or padded "
-                    "``(B, maxT, maxU+1, V + D)``, float16 / bfloat16 / float32 / float64: V token scores (blank among them) then D = len(durations) "
-                    "duration scores per row (NeMo's joint); with ``duration_logits``, the V token scores alone. Rows "
+                    "``(B, maxT, maxU+1, V + D)``, float16 / bfloat16 / float32 / float64: V token scores (blank "
+                    "among them) then D = len(durations) duration scores per row (NeMo's joint); with ``duration_logits``, the V token scores alone. Rows "
                     "with a unit last stride are read in place (a column slice of a wider tensor), other layouts "
                     "copied once.")
 _DOCS = {"blank": "the blank among the token columns, in ``[-V, V)``; negative counts from the end (``-1``: NeMo's "
@@ -81,7 +81,7 @@ tdt_loss = public_function(TDT_LOSS, _tdt_loss)
 _MODULE = TDT_LOSS._replace(name="TDTLoss", params=tuple(p for p in _ORDER if p != _DURATION_LOGITS))
 
 
-class TDTLoss(LossModule, entry=_MODULE, function=tdt_loss):
+class TDTLoss(LossModule, entry=_MODULE):
     """Module form of :func:`tdt_loss`: ``TDTLoss(durations=[0, 1, 2, 3, 4], blank=0)(logits, targets, T, U)``.
 
     Args:
