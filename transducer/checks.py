@@ -10,8 +10,8 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 from .layout import CELLS_CAP, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "bad_labels_error",
-           "check_blank_type", "duration_scores_note", "plural", "check_pack_values", "check_durations", "check_big_blank_durations",
-           "check_rows", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
+           "check_blank_type", "duration_scores_note", "plural", "check_pack_values", "check_durations",
+           "check_big_blank_durations", "check_rows", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
 

@@ -18,9 +18,9 @@ _ORDER = ("durations", "blank", "sigma", "omega", "reduction", "fastemit_lambda"
           "check_inputs", _DURATION_LOGITS, "delay_penalty")
 _TDT_LOGITS = Param("logits", "Tensor", "compact ``(sum_b T_b*(U_b+1), V + D)`` or padded "
                     "``(B, maxT, maxU+1, V + D)``, float16 / bfloat16 / float32 / float64: V token scores (blank "
-                    "among them) then D = len(durations) duration scores per row (NeMo's joint); with ``duration_logits``, the V token scores alone. Rows "
-                    "with a unit last stride are read in place (a column slice of a wider tensor), other layouts "
-                    "copied once.")
+                    "among them) then D = len(durations) duration scores per row (NeMo's joint); with "
+                    "``duration_logits``, the V token scores alone. Rows with a unit last stride are read in place (a "
+                    "column slice of a wider tensor), other layouts copied once.")
 _DOCS = {"blank": "the blank among the token columns, in ``[-V, V)``; negative counts from the end (``-1``: NeMo's "
                   "blank, the last token column).",
          "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s ``TDTLossNumba``; '
