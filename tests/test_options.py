@@ -278,3 +278,26 @@ def test_the_cuda_stages_limits_are_checked_for_cuda_tensors_alone():
         check_device_limits(many, cuda)
     with pytest.raises(ValueError, match=f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA"):
         check_device_limits(big, cuda)
+
+
+# a value each option refuses, and the error's type
+BAD = dict(blank=(1.5, TypeError), reduction=("avg", ValueError), one_sym_per_frame=("yes", TypeError),
+           from_log_softmax=(2, TypeError), fused_log_softmax=(None, TypeError), zero_infinity=("no", TypeError),
+           check_inputs=(0.5, TypeError), inplace_grad=([], TypeError), clamp=("1", TypeError),
+           fastemit_lambda=(-0.1, ValueError), delay_penalty=(float("inf"), ValueError), durations=([0, 0], ValueError),
+           sigma=(float("nan"), ValueError), omega=(1.0, ValueError), big_blank_durations=([1], ValueError),
+           activation=("no such activation", ValueError), dropout=(1.0, ValueError), generator=(3, TypeError),
+           max_rows=(0, ValueError))
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_every_option_refuses_a_bad_value_by_name(name):
+    from transducer.options import BY_NAME
+    value, error = BAD[name]
+    with pytest.raises(error, match=f"^{name}: "):
+        BY_NAME[name].check(value)
+
+
+def test_every_option_has_a_bad_value():
+    from transducer.options import OPTIONS
+    assert set(BAD) == {o.name for o in OPTIONS}
