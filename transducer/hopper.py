@@ -47,8 +47,8 @@ def default_config(V):
 
 
 def available(device=None) -> bool:
-    """Whether the kernels run on ``device`` (default: the current CUDA device): an sm_90 GPU and
-    ``nvidia-cutlass-dsl`` importable."""
+    """Whether the kernels run on ``device`` (default: the current CUDA device): an sm_90 GPU, and
+    ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable."""
     if not torch.cuda.is_available():
         return False
     device = torch.device("cuda" if device is None else device)
@@ -56,7 +56,7 @@ def available(device=None) -> bool:
         return False
     if torch.cuda.get_device_capability(device) != (9, 0):
         return False
-    return importlib.util.find_spec("cutlass") is not None
+    return all(importlib.util.find_spec(name) is not None for name in ("cutlass", "tvm_ffi"))
 
 
 def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int,
@@ -190,16 +190,11 @@ def _logits_gradient(H, W, bias, labels, blank, coefficients, clamp, config):
 
 
 def _arguments(H, W, col_bias, labels, row_values, G):
-    """The kernels' arguments but the blank, the clamp and the stream: the tensors' pointers, the row and column
-    counts and the row strides (the statistics pass H for G, which they never touch)."""
-    pointers = [_pointer(x, 16) for x in (H, W, col_bias)] + [_pointer(x, 4) for x in (labels, row_values)]
-    return pointers + [_pointer(G, 16), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0)]
-
-
-def _pointer(x, align):
-    """x's data as a CuTe global-memory pointer aligned to ``align`` bytes (TMA's operands: 16)."""
-    make_ptr, gmem, types = _runtime()
-    return make_ptr(types[x.dtype], x.data_ptr(), gmem, assumed_align=align)
+    """The kernels' arguments but the blank, the clamp and the stream: the tensors' addresses (checked aligned by
+    ``_check``), the row and column counts and the row strides (the statistics pass H for G, which they never
+    touch)."""
+    return (H.data_ptr(), W.data_ptr(), col_bias.data_ptr(), labels.data_ptr(), row_values.data_ptr(), G.data_ptr(),
+            H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0))
 
 
 @functools.lru_cache(maxsize=None)
@@ -221,15 +216,18 @@ def _describe(x):
 
 
 def _stream():
-    import cuda.bindings.driver as cuda
-    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    """torch's current stream, as the handle the compiled kernels take."""
+    return torch.cuda.current_stream().cuda_stream
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(J, n_tiles, dtype, config, gradient, clamp):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
     count, V, blank and clamp), with the gradient epilogue (clamping or not) or the statistics: compiled on first use,
-    kept for the process."""
+    kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes
+    addresses, numbers and the stream's handle as Python ints and floats and costs the host a few microseconds,
+    where the DSL's own convention costs it 150-250 us (benchmarks/RESULTS.md)."""
+    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
 
@@ -240,4 +238,5 @@ def _compiled(J, n_tiles, dtype, config, gradient, clamp):
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
-                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), _stream())
+                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), cuda.CUstream(_stream()),
+                        options="--enable-tvm-ffi")
