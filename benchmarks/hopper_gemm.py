@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""The fused step's forward logits on Hopper: transducer.hopper's statistics kernel (one GEMM whose epilogue keeps
+"""The fused step's logits GEMMs on Hopper: transducer.hopper's statistics kernel (one GEMM whose epilogue keeps
 each row's logsumexp and its blank and label logits) against (a) cuBLAS's plain GEMM H W^T into the padded (N, Vp)
-bf16 logits, the floor, and (b) today's forward tile, that GEMM then the log-probs stage over the logits.
+bf16 logits, the floor, and (b) today's forward tile, that GEMM then the log-probs stage over the logits; and its
+gradient kernel (the GEMM whose epilogue writes the logits' gradient G once in bf16) against the same floor.
 
     python benchmarks/hopper_gemm.py                         # every case, the default kernel
     python benchmarks/hopper_gemm.py --cases protocol-a      # some of them (protocol-a, flash, parakeet-tdt)
@@ -89,6 +90,16 @@ def run_case(name, config_names):
         print(f"  {tuple(config)}: max |error| den {errors[0]:.2e}, z_blank {errors[1]:.2e}, z_label {errors[2]:.2e}")
         contenders[f"ours {tuple(config)}"] = (
             lambda config=config: hopper._logits_statistics(H, W, None, labels, 0, config))
+        coefficients = torch.stack([out[0], torch.rand_like(out[0]), torch.rand_like(out[0]) * 0.1,
+                                    torch.rand_like(out[0]) * 0.1, torch.ones_like(out[0])])
+        G = hopper._logits_gradient(H, W, None, labels, 0, coefficients, 0.0, config)
+        P = torch.softmax(Z, 1) * coefficients[1, check_rows, None]
+        P[:, 0] -= coefficients[2, check_rows]
+        P[rows, lab.clamp(min=0).long()] -= torch.where(lab >= 0, coefficients[3, check_rows], 0.0)
+        print(f"  {tuple(config)}: gradient max |error| {float((G[check_rows, :V].float() - P).abs().max()):.2e} "
+              f"(|G| <= {float(P.abs().max()):.2e})")
+        contenders[f"ours, gradient {tuple(config)}"] = (
+            lambda config=config, c=coefficients: hopper._logits_gradient(H, W, None, labels, 0, c, 0.0, config))
     for fn in contenders.values():
         fn()
     best = {k: float("inf") for k in contenders}

@@ -37,6 +37,12 @@ LOG2E = math.log2(math.e)
 # thread has seen only masked columns, and no real logit is this small.
 NO_MAX = -1.0e30
 THREADS_PER_WARPGROUP = 128
+# the gradient's tile leaves through shared memory in subtiles of (tile_m, G_SUBTILE_N) (CUTLASS's cooperative sm90
+# epilogue tile), double-buffered so that one subtile's TMA store runs while the next is written
+G_SUBTILE_N = 32
+G_BUFFERS = 2
+# the named barrier the epilogue's threads meet at between writing a subtile and storing it (0 is __syncthreads)
+G_BARRIER = 1
 # each row's values in registers: the statistics' running max and sum and picked logits; the gradient's den and
 # coefficients, in the order of their (5, N) array
 ROW_MAX, ROW_SUM, PICK_BLANK, PICK_LABEL = range(4)
@@ -69,7 +75,7 @@ class LogitsGemm:
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
 
-    def _setup(self, h: cute.Tensor, w: cute.Tensor):
+    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
         self.ab_dtype = h.element_type
         self.h_layout = utils.LayoutEnum.from_tensor(h)
         self.w_layout = utils.LayoutEnum.from_tensor(w)
@@ -80,6 +86,11 @@ class LogitsGemm:
         self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
         stage_bytes = (self.tile_m + self.tile_n) * tile_k * self.ab_dtype.width // 8
         capacity = utils.get_smem_capacity_in_bytes("sm_90") // self.occupancy - 1024  # 1024: the barriers
+        self.g_subtile = (self.tile_m, min(G_SUBTILE_N, self.tile_n))
+        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
+                                                             self.g_subtile, G_BUFFERS)
+        if self.gradient:
+            capacity -= cute.cosize(self.g_smem_layout) * self.ab_dtype.width // 8
         self.stages = min(8, capacity // stage_bytes)
         self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype, self.stages)
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
@@ -104,7 +115,7 @@ class LogitsGemm:
                                                                        stride=(row_values_stride, 1)))
         g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
         g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
-        self._setup(h, w)
+        self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
             (self.tile_m, self.tile_mnk[2]))
@@ -114,25 +125,34 @@ class LogitsGemm:
             w_op, w, cute.slice_(self.w_smem_layout, (None, None, 0)), (self.tile_n, self.tile_mnk[2]),
             num_multicast=self.cluster_m)
 
+        # the gradient's subtiles are stored by TMA from shared memory (the statistics never store G: their atom is
+        # built and left unused, so that both epilogues take the same arguments)
+        tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
+            self.g_subtile)
+        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
+
         @cute.struct
         class SharedStorage:
             barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
+            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
 
         self.shared_storage = SharedStorage
         m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
         clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, g, blank, clamp,
-                    self.tiled_mma, self.h_smem_layout, self.w_smem_layout).launch(
+        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
+                    blank, clamp, self.tiled_mma, self.h_smem_layout, self.w_smem_layout, self.g_smem_layout).launch(
             grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
             stream=stream)
 
     @cute.kernel
     def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, mG: cute.Tensor,
-               blank: cutlass.Int32, clamp: cutlass.Float32, tiled_mma: cute.TiledMma,
-               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout):
+               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
+               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, tiled_mma: cute.TiledMma,
+               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
+               g_smem_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -183,6 +203,22 @@ class LogitsGemm:
         coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
+
+        # the gradient's way out: accumulators -> registers of G's dtype -> shared memory (stmatrix) -> TMA store
+        # (CUTLASS's Hopper dense_gemm epilogue), a pipeline of G_BUFFERS subtile buffers kept across the tiles
+        if cutlass.const_expr(self.gradient):
+            sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)
+            g_copy = cute.make_tiled_copy_S(
+                sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
+                                                  elem_ty_acc=self.acc_dtype),
+                cute.make_tiled_copy_C_atom(
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
+            thread_g_copy = g_copy.get_slice(tidx)
+            g_copy_smem = thread_g_copy.partition_D(sG)
+            g_copy_acc = g_copy.retile(acc)
+            g_copy_regs = cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3])
+            g_stores = pipeline.PipelineTmaStore.create(
+                num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads))
 
         # each row's values: the statistics' running max and sum and picks; the gradient's coefficients, read once
         # (rows past N: den = +inf and the rest 0, so that their gradient is 0)
@@ -253,13 +289,17 @@ class LogitsGemm:
                 for r in cutlass.range_constexpr(rows):
                     acc_rc[r, c] = acc_rc[r, c] + b
             if cutlass.const_expr(self.gradient):
-                self._gradient_tile(acc, acc_rc, coords_rc, values, label, blank, clamp, first_col, thread_mma, mG,
-                                    m_block, n_tile)
+                self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col)
+                self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
+                                          warp_idx, m_block, n_tile)
             else:
                 self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
         if cutlass.const_expr(not self.gradient):
             self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
+        else:
+            if warp_idx == 0:
+                g_stores.producer_tail()  # the last subtiles' stores are done before the CTA leaves
 
         # a CTA of a cluster leaves only once its peers no longer multicast into its shared memory
         if cutlass.const_expr(self.cluster_m > 1):
@@ -319,11 +359,10 @@ class LogitsGemm:
                     row_values[2, row] = z_l
 
     @cute.jit
-    def _gradient_tile(self, acc: cute.Tensor, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor,
-                       label: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
-                       thread_mma: cute.ThrMma, mG: cute.Tensor, m_block: cutlass.Int32, n_tile: cutlass.Int32):
+    def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
+                       blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
-        vocabulary tile (stages.cu's TokenGradient), written to its tile of mG in mG's dtype."""
+        vocabulary tile (stages.cu's TokenGradient), in place of the tile's logits in the accumulators."""
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
@@ -338,11 +377,36 @@ class LogitsGemm:
                 if cutlass.const_expr(self.clamp):
                     g = cute.arch.fmin(cute.arch.fmax(g, -clamp), clamp)
                 acc_rc[r, c] = g * values[SCALE, r]
-        gG = cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile))
-        tCgG = thread_mma.partition_C(gG)
-        out = cute.make_rmem_tensor(acc.shape, mG.element_type)
-        out.store(acc.load().to(mG.element_type))
-        cute.autovec_copy(out, tCgG)
+
+    @cute.jit
+    def _store_gradient_tile(self, g_copy: cute.TiledCopy, g_copy_acc: cute.Tensor, g_copy_smem: cute.Tensor,
+                             g_copy_regs: cute.Layout, sG: cute.Tensor, tma_g: cute.CopyAtom, mG: cute.Tensor,
+                             g_stores: pipeline.PipelineTmaStore, warp_idx: cutlass.Int32, m_block: cutlass.Int32,
+                             n_tile: cutlass.Int32):
+        """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
+        buffer in mG's dtype by every thread, then stored by warp 0's TMA while the next subtile is written; a buffer
+        is written again only once its previous store has read it (``g_stores``), which the tiles' MMAs overlap."""
+        gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
+        smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
+            tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)
+        subtiles = cute.size(gG, mode=[1])
+        subtile_grid = cute.make_layout(gG.shape[1], stride=(gG.shape[1][1], 1))
+        per_subtile = cute.size(g_copy_regs)
+        for s in cutlass.range_constexpr(subtiles):
+            regs = cute.make_rmem_tensor(g_copy_regs, self.acc_dtype)
+            for i in cutlass.range_constexpr(per_subtile):
+                regs[i] = g_copy_acc[s * per_subtile + i]
+            out = cute.make_rmem_tensor(g_copy_regs, self.ab_dtype)
+            out.store(regs.load().to(self.ab_dtype))
+            buffer = s % G_BUFFERS  # subtiles is a multiple of G_BUFFERS: the buffers alternate across tiles too
+            cute.copy(g_copy, out, g_copy_smem[(None, None, None, buffer)])
+            cute.arch.fence_proxy("async.shared", space="cta")  # the writes, seen by the TMA unit
+            cute.arch.barrier(barrier_id=G_BARRIER)
+            if warp_idx == 0:
+                cute.copy(tma_g, smem_subtiles[(None, buffer)], gmem_subtiles[(None, subtile_grid.get_hier_coord(s))])
+                g_stores.producer_commit()
+                g_stores.producer_acquire()  # the other buffer's store has read it
+            cute.arch.barrier(barrier_id=G_BARRIER)
 
     def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
