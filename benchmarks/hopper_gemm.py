@@ -78,7 +78,8 @@ def run_case(name, config_names):
     }
     for config in configs:
         t0 = time.perf_counter()
-        out = hopper._logits_statistics(H, W, None, labels, 0, config)
+        proj = hopper.projection(W, None, config)
+        out = hopper.statistics_tile(proj, H, labels, 0)
         torch.cuda.synchronize()
         print(f"  {tuple(config)}: first call (compiles) {time.perf_counter() - t0:.1f} s")
         check_rows = slice(0, 8192)
@@ -89,17 +90,17 @@ def run_case(name, config_names):
         errors = [float((o[check_rows] - w).abs().max()) for o, w in zip(out, want)]
         print(f"  {tuple(config)}: max |error| den {errors[0]:.2e}, z_blank {errors[1]:.2e}, z_label {errors[2]:.2e}")
         contenders[f"ours {tuple(config)}"] = (
-            lambda config=config: hopper._logits_statistics(H, W, None, labels, 0, config))
+            lambda proj=proj: hopper.statistics_tile(proj, H, labels, 0))
         coefficients = torch.stack([out[0], torch.rand_like(out[0]), torch.rand_like(out[0]) * 0.1,
                                     torch.rand_like(out[0]) * 0.1, torch.ones_like(out[0])])
-        G = hopper._logits_gradient(H, W, None, labels, 0, coefficients, 0.0, config)
+        G = hopper.gradient_tile(proj, H, labels, 0, coefficients, 0.0)
         P = torch.softmax(Z, 1) * coefficients[1, check_rows, None]
         P[:, 0] -= coefficients[2, check_rows]
         P[rows, lab.clamp(min=0).long()] -= torch.where(lab >= 0, coefficients[3, check_rows], 0.0)
         print(f"  {tuple(config)}: gradient max |error| {float((G[check_rows, :V].float() - P).abs().max()):.2e} "
               f"(|G| <= {float(P.abs().max()):.2e})")
         contenders[f"ours, gradient {tuple(config)}"] = (
-            lambda config=config, c=coefficients: hopper._logits_gradient(H, W, None, labels, 0, c, 0.0, config))
+            lambda proj=proj, c=coefficients: hopper.gradient_tile(proj, H, labels, 0, c, 0.0))
     for fn in contenders.values():
         fn()
     best = {k: float("inf") for k in contenders}

@@ -188,13 +188,13 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
                                  reduction="none", **options)
 
     calls = []  # the kernels' launches, by name
-    for name in ("logits_statistics", "logits_gradient"):
+    for name in ("statistics_tile", "gradient_tile"):
         kernel = getattr(hopper, name)
         monkeypatch.setattr(hopper, name,
                             lambda *a, kernel=kernel, name=name, **k: calls.append(name) or kernel(*a, **k))
     monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     new = run(fused, params, True)
-    assert {"logits_statistics", "logits_gradient"} <= set(calls)
+    assert {"statistics_tile", "gradient_tile"} <= set(calls)
     calls.clear()
     monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
     today = run(fused, params, True)
@@ -247,6 +247,19 @@ def test_fused_loss_on_hopper_wide_vocabulary_bf16_inputs(monkeypatch):
     """bf16 encoder and predictor outputs, J = 128 and V = 1500 (six 256-column tiles, the last partial)."""
     inputs = fused_inputs(620, J=128, V=1500, dtype=torch.bfloat16)
     assert_within_todays_bound(*three_ways(monkeypatch, inputs, max_rows=300))
+
+
+@pytest.mark.cuda
+@needs_hopper
+def test_fused_loss_on_hopper_unaligned_bf16_weight(monkeypatch):
+    """A bf16 weight that does not start on a 16-byte boundary (a view 2 bytes into its storage): TMA needs one that
+    does, so the kernels read an aligned copy, and its gradient still reaches the view."""
+    enc, pred, weight, bias, targets, T, U, w = fused_inputs(630)
+    unaligned = torch.empty(weight.numel() + 1, device="cuda", dtype=torch.bfloat16)[1:].view_as(weight)
+    unaligned = unaligned.copy_(weight.detach()).requires_grad_()
+    assert unaligned.data_ptr() % 16
+    assert hopper.projection(unaligned, None).W.data_ptr() % 16 == 0
+    assert_within_todays_bound(*three_ways(monkeypatch, (enc, pred, unaligned, bias, targets, T, U, w)))
 
 
 @pytest.mark.cuda

@@ -140,10 +140,11 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     if hopper_tiles:  # each row's den, z_blank and z_label from the tiles, then lp and den from them
         b, t, _, labels = fused_hopper.cells(layout, targets, num_rows)
         statistics = encoder_out.new_empty(3, num_rows, dtype=torch.float32)
+        projection = hopper.projection(Wx, bias)
     for start, end in _tiles(num_rows, max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
         if hopper_tiles:
-            hopper.logits_statistics(hx, Wx, bias, labels[start:end], options.blank, statistics[:, start:end])
+            hopper.statistics_tile(projection, hx, labels[start:end], options.blank, statistics[:, start:end])
         else:
             z = F.linear(hx, Wx)
             kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
@@ -223,8 +224,8 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
     Wx, W = _projection(weight, bias, compute_dtype)
     hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, J)
-    if hopper_tiles:
-        W_kernel = weight.to(compute_dtype).contiguous()  # the kernel's operand; it adds the bias itself
+    if hopper_tiles:  # the kernel's operand; it adds the bias itself
+        projection = hopper.projection(weight.to(compute_dtype), bias)
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
     if row_splits is None:
@@ -238,8 +239,8 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
         width = Wx.size(0)
         if hopper_tiles:  # the gradient from the recompute's epilogue; it and Wx are zeros past V
-            dz = hopper.logits_gradient(hx[:, :J], W_kernel, bias, labels[start:end], options.blank,
-                                        coefficients[:, start:end], max(options.clamp, 0.0))
+            dz = hopper.gradient_tile(projection, hx[:, :J], labels[start:end], options.blank,
+                                      coefficients[:, start:end], max(options.clamp, 0.0))
             width = min(dz.size(1), width)
             dz = dz[:, :width]
         else:

@@ -22,7 +22,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["available", "logits_statistics", "logits_gradient"]
+__all__ = ["available", "logits_statistics", "logits_gradient", "Projection", "projection", "statistics_tile",
+           "gradient_tile"]
 
 
 class Config(NamedTuple):
@@ -81,7 +82,7 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
     _check(H, W, bias, labels, blank)
     if out is not None:
         _check_rows("out", out, 3, H)
-    return _logits_statistics(H, W, bias, labels, blank, default_config(W.size(0)), out)
+    return statistics_tile(projection(W, bias), H, labels, blank, out)
 
 
 def logits_gradient(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int, coefficients: Tensor,
@@ -113,7 +114,7 @@ def logits_gradient(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor
     _check_rows("coefficients", coefficients, 5, H)
     if not clamp >= 0:
         raise ValueError(f"clamp: expected a number >= 0, got {clamp}")
-    return _logits_gradient(H, W, bias, labels, blank, coefficients, float(clamp), default_config(W.size(0)))
+    return gradient_tile(projection(W, bias), H, labels, blank, coefficients, float(clamp))
 
 
 def _check(H, W, bias, labels, blank):
@@ -151,50 +152,64 @@ def _check_rows(name, x, count, H):
                          f"got {_describe(x)}")
 
 
-def _column_bias(bias, V, width, device):
-    """The bias (0 without one) of the V columns, then -inf up to ``width``, in fp32: the kernels' column bias."""
-    col_bias = torch.full((width,), float("-inf"), device=device, dtype=torch.float32)
-    if bias is None:
-        col_bias[:V] = 0
-    else:
-        col_bias[:V] = bias
-    return col_bias
+class Projection(NamedTuple):
+    """What both kernels take of the output projection, made once for the tiles of a pass (``projection``): W
+    ``(V, J)``, the column bias ``col_bias`` (the bias, 0 without one, for the V columns, then -inf up to whole
+    vocabulary tiles; fp32) and the kernels' shape."""
+    W: Tensor
+    col_bias: Tensor
+    config: Config
+
+    @property
+    def n_tiles(self):
+        return self.col_bias.size(0) // self.config.tile_n
 
 
-def _logits_statistics(H, W, bias, labels, blank, config, out=None):
-    """logits_statistics on checked arguments, with the kernel of ``config``."""
-    N, J = H.shape
+def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None) -> Projection:
+    """The Projection of W ``(V, J)`` and bias ``(V,)`` or None (arguments as logits_statistics checks them; W is
+    copied where it is not contiguous or does not start on a 16-byte boundary, as TMA needs), for the kernels of
+    ``config`` (default: ``default_config(V)``)."""
+    if not W.is_contiguous() or W.data_ptr() % 16:
+        W = W.clone(memory_format=torch.contiguous_format)
     V = W.size(0)
-    n_tiles = -(-V // config.tile_n)
-    col_bias = _column_bias(bias, V, n_tiles * config.tile_n, H.device)
+    config = default_config(V) if config is None else config
+    col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
+                          dtype=torch.float32)
+    col_bias[:V] = 0 if bias is None else bias
+    return Projection(W, col_bias, config)
+
+
+def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
+                    out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """logits_statistics over the rows of H, on arguments already checked (the fused loss's tiles)."""
+    N, J = H.shape
     statistics = torch.empty(3, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
-        kernel = _compiled(J, n_tiles, H.dtype, config, False, False)
-        kernel(*_arguments(H, W, col_bias, labels, statistics, H), blank, 0.0, _stream())
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False)
+        kernel(*_arguments(H, projection, labels, statistics, H), blank, 0.0, _stream())
     return tuple(statistics)
 
 
-def _logits_gradient(H, W, bias, labels, blank, coefficients, clamp, config):
-    """logits_gradient on checked arguments, with the kernel of ``config``."""
+def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int, coefficients: Tensor,
+                  clamp: float) -> Tensor:
+    """logits_gradient over the rows of H, on arguments already checked (the fused loss's tiles)."""
     N, J = H.shape
-    V = W.size(0)
-    n_tiles = -(-V // config.tile_n)
-    col_bias = _column_bias(bias, V, n_tiles * config.tile_n, H.device)
-    tile_m = 64 * config.warpgroups
-    # whole row tiles, so that the epilogue stores without a bound check; the rows past N are not returned
-    G = torch.empty(-(-N // tile_m) * tile_m, n_tiles * config.tile_n, device=H.device, dtype=H.dtype)
+    tile_m = 64 * projection.config.warpgroups
+    # whole row tiles, so that the epilogue's stores are whole subtiles; the rows past N are not returned
+    G = torch.empty(-(-N // tile_m) * tile_m, projection.col_bias.size(0), device=H.device, dtype=H.dtype)
     if N > 0:
-        kernel = _compiled(J, n_tiles, H.dtype, config, True, clamp > 0)
-        kernel(*_arguments(H, W, col_bias, labels, coefficients, G), blank, clamp, _stream())
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0)
+        kernel(*_arguments(H, projection, labels, coefficients, G), blank, clamp, _stream())
     return G[:N]
 
 
-def _arguments(H, W, col_bias, labels, row_values, G):
+def _arguments(H, projection, labels, row_values, G):
     """The kernels' arguments but the blank, the clamp and the stream: the tensors' addresses (checked aligned by
     ``_check``), the row and column counts and the row strides (the statistics pass H for G, which they never
     touch)."""
-    return (H.data_ptr(), W.data_ptr(), col_bias.data_ptr(), labels.data_ptr(), row_values.data_ptr(), G.data_ptr(),
-            H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0))
+    W = projection.W
+    return (H.data_ptr(), W.data_ptr(), projection.col_bias.data_ptr(), labels.data_ptr(), row_values.data_ptr(),
+            G.data_ptr(), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0))
 
 
 @functools.lru_cache(maxsize=None)
