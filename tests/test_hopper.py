@@ -123,7 +123,7 @@ def gradient_reference(H, W, bias, labels, blank, coefficients, clamp):
 
 def random_coefficients(H, W, bias, labels, blank, seed):
     """Each row's den (the logits' logsumexp) and random occupancy, arcs and scale; every fifth row dead (den = +inf,
-    zeros), as fused_hopper.coefficients gives a row of an utterance without a gradient."""
+    zeros), as cuda_stages.row_coefficients gives a row of an utterance without a gradient."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     den = hopper.logits_statistics(H, W, bias, labels, blank)[0]
     N = H.size(0)

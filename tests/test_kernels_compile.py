@@ -51,6 +51,8 @@ KERNELS = {
         "gradient_kernel<float, int, 4, 1, false, true, true, false, true, true>",
         "gradient_kernel<double, int, 2, 8, true, false, false, true, false, false>",
         "gradient_kernel<ops::bf16_t, int, 8, 8, false, false, false, true, false, true>",
+        "row_labels_kernel<int>", "row_labels_kernel<long long>", "row_log_probs_kernel<long long>",
+        "row_coefficients_kernel<int, false>", "row_coefficients_kernel<long long, true>",
     ],
     "transducer/pack.cu": [  # and every activation: PACK_ACTIVATIONS
         "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 8, 0, false>",

@@ -80,6 +80,13 @@ TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
     ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"), ("clamp", "double"),
     ("out_tokens", "ptr"), ("ld_out_tokens", "long long"), ("out_duration_scores", "ptr"),
     ("ld_out_duration_scores", "long long")])
+ROW_LABELS_PARAMS = struct("RowLabelsParams", [("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")])
+ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
+    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("statistics", "ptr"), ("ld_statistics", "long long"),
+    ("delay_penalty", "double"), ("lp", "ptr"), ("den", "ptr")])
+ROW_COEFFICIENTS_PARAMS = struct("RowCoefficientsParams", [
+    ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("fastemit_lambda", "double"),
+    ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr")])
 PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
     ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("dropout", DROPOUT), ("out", "ptr"),
@@ -316,6 +323,52 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
     return out
+
+
+# --------------------------------------------------------------------------- rows of the Hopper kernels
+
+
+def row_labels(targets, layout, blank, num_rows):
+    """(num_rows,) int32: each row's label column, y_{u+1} for u < U_b, else -1 (stages.cu's row_labels_kernel),
+    for transducer.hopper's kernels."""
+    out = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
+    if num_rows:
+        params = ROW_LABELS_PARAMS(grids=_grids(layout), labels=_labels_struct(targets, blank), num_rows=num_rows,
+                                   out=out)
+        launch(_STAGES, _name("row_labels_kernel", targets.dtype), out, (ceil_div(num_rows, THREADS),), (THREADS,),
+               (params,))
+    return out
+
+
+def row_log_probs(statistics, targets, layout, options, lp, den):
+    """Writes the rows' lp and den (float32, log_probs's) from ``statistics`` (3, N) float32 = each row's den,
+    z_blank and z_label (hopper.statistics_tile), as log_probs_kernel would from the logits (stages.cu's
+    row_log_probs_kernel)."""
+    num_rows = statistics.size(1)
+    if num_rows:
+        params = ROW_LOG_PROBS_PARAMS(grids=_grids(layout), labels=_labels_struct(targets, options.blank),
+                                      num_rows=num_rows, statistics=statistics, ld_statistics=statistics.stride(0),
+                                      delay_penalty=options.delay_penalty, lp=lp, den=den)
+        launch(_STAGES, _name("row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
+               (THREADS,), (params,))
+
+
+def row_coefficients(targets, lattice, scale, options, num_rows):
+    """((5, num_rows) float32, (num_rows,) int32): the coefficients of each row's logits' gradient (den, occupancy,
+    blank arc, label arc, scale: hopper.logits_gradient's) and its label, from a float32 lattice and the incoming
+    scale (B,) (stages.cu's row_coefficients_kernel: gradient_kernel's per-row terms)."""
+    coefficients = torch.empty(5, num_rows, dtype=torch.float32, device=targets.device)
+    labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
+    if num_rows:
+        scale = scale.to(torch.float32)
+        params = ROW_COEFFICIENTS_PARAMS(grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
+                                         lattice=_lattice_struct(lattice),
+                                         scale=SCALE(values=scale, stride=scale.stride(0)),
+                                         fastemit_lambda=options.fastemit_lambda, num_rows=num_rows,
+                                         coefficients=coefficients, labels_out=labels)
+        launch(_STAGES, _name("row_coefficients_kernel", targets.dtype, bool(options.one_sym_per_frame)), labels,
+               (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
+    return coefficients, labels
 
 
 # --------------------------------------------------------------------------- pack

@@ -138,7 +138,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles:  # each row's den, z_blank and z_label from the tiles, then lp and den from them
-        b, t, _, labels = fused_hopper.cells(layout, targets, num_rows)
+        labels = stages.row_labels(targets, layout, options.blank, num_rows)
         statistics = encoder_out.new_empty(3, num_rows, dtype=torch.float32)
         projection = hopper.projection(Wx, bias)
     for start, end in _tiles(num_rows, max_rows):
@@ -151,7 +151,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             del z
         del hx
     if hopper_tiles:
-        fused_hopper.log_probs(statistics, b, t, labels, layout, options, arrays)
+        stages.row_log_probs(statistics, targets, layout, options, arrays.lp, arrays.den)
     lattice = kind.lattice(stages, layout, arrays, options)
     if capacity > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
@@ -232,9 +232,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles:  # every row's label and gradient coefficients, for the tiles' kernels
-        b, t, u, labels = fused_hopper.cells(layout, targets, row_splits[-1])
-        coefficients = fused_hopper.coefficients(lattice, scale, options, b, t, u)
-        del b, t, u
+        coefficients, labels = stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
     for start, end in _tiles(row_splits[-1], max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
         width = Wx.size(0)

@@ -10,6 +10,9 @@
 //                      loss), one thread per u (AlphaBetaParams)
 //   gradient_kernel    one warp (or block) per row: one read of the logits, one write of the gradient
 //                      (GradientParams)
+//   row_labels_kernel, row_log_probs_kernel, row_coefficients_kernel
+//                      one thread per row: what the fused loss's Hopper kernels take and give per row
+//                      (RowLabelsParams, RowLogProbsParams, RowCoefficientsParams)
 //
 // Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in layout.cuh).
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31; rows themselves are below 2^31
@@ -484,4 +487,117 @@ __global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const Layo
     for (int w = 1; w < warps; ++w) acc = merge_stat(k, acc, part[k][w]);
     stats[k] = acc;
   }
+}
+
+// ---------------------------------------------------------------------------
+// The fused loss's rows on the Hopper kernels (transducer/hopper.py; transducer/fused_hopper.py): their GEMMs
+// keep the logits on the chip, so these kernels hand them each row's label and take from them each row's
+// statistics, one thread per row r of [0, num_rows) (Acc = float: the kernels' GEMMs are 16-bit):
+//   row_labels_kernel        labels[r] = y_{u+1} for u < U_b, else -1: the column the statistics pick
+//   row_log_probs_kernel     den and lp from the statistics (den, z_blank, z_label), as log_probs_kernel
+//                            stores them (BlankAndLabel)
+//   row_coefficients_kernel  the label and the gradient's coefficients (den, occupancy, blank arc, label arc,
+//                            scale): gradient_kernel's per-row terms (rnnt_arcs; FastEmit as TokenGradient's
+//                            coef), a row without a gradient (a loss not finite, a zero scale, off RNA's band)
+//                            getting den = +inf and zeros
+template <typename I>
+struct RowLabelsParams {
+  td::Grids grids;
+  td::Labels<I> labels;
+  int num_rows;
+  int* out;  // (num_rows,)
+};
+
+namespace td {
+template <typename I>
+__device__ __forceinline__ int row_label(const RowInfo& ri, const Labels<I>& labels) {
+  return ri.cell && ri.u < ri.U && ri.u < labels.cols ? (int)__ldg(labels.targets + (long long)ri.b * labels.cols + ri.u)
+                                                       : -1;
+}
+}  // namespace td
+
+template <typename I>
+__global__ void __launch_bounds__(td::kThreads) row_labels_kernel(const RowLabelsParams<I> p) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= p.num_rows) return;
+  p.out[r] = td::row_label(td::row_info(r, p.grids), p.labels);
+}
+
+template <typename I>
+struct RowLogProbsParams {
+  td::Grids grids;
+  td::Labels<I> labels;
+  int num_rows;
+  const float* statistics;  // (3, ld_statistics): den, z_blank, z_label of each row
+  long long ld_statistics;
+  double delay_penalty;
+  float* lp;   // (N, 2)
+  float* den;  // (N,)
+};
+
+template <typename I>
+__global__ void __launch_bounds__(td::kThreads) row_log_probs_kernel(const RowLogProbsParams<I> p) {
+  using namespace td;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= p.num_rows) return;
+  const RowInfo ri = row_info(r, p.grids);
+  if (!ri.cell) {  // padding, as log_probs_kernel writes it
+    p.lp[2ll * r] = neg_inf<float>();
+    p.lp[2ll * r + 1] = neg_inf<float>();
+    p.den[r] = 0.0f;
+    return;
+  }
+  BlankAndLabel<float> picks;
+  picks.has_label = row_label(ri, p.labels) >= 0;
+  picks.x_blank = __ldg(p.statistics + p.ld_statistics + r);
+  picks.x_label = picks.has_label ? __ldg(p.statistics + 2 * p.ld_statistics + r) : neg_inf<float>();
+  const float d = __ldg(p.statistics + r);
+  p.den[r] = d;
+  picks.store(p.lp, r, ri, d, 0.0f, p.delay_penalty);
+}
+
+template <typename I>
+struct RowCoefficientsParams {
+  td::Grids grids;
+  td::Labels<I> labels;
+  td::Lattice<float> lattice;
+  td::Scale<float> scale;
+  double fastemit_lambda;
+  int num_rows;
+  float* coefficients;  // (5, num_rows): den, occupancy, blank arc, label arc, scale
+  int* labels_out;      // (num_rows,)
+};
+
+template <typename I, bool RNA>
+__global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const RowCoefficientsParams<I> p) {
+  using namespace td;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = p.num_rows;
+  if (r >= n) return;
+  const RowInfo ri = row_info(r, p.grids);
+  p.labels_out[r] = row_label(ri, p.labels);
+  bool live = ri.cell;
+  float l = 0.0f, sc = 0.0f;
+  if (live) {
+    l = __ldg(p.lattice.nll + ri.b);
+    sc = p.scale[ri.b];
+    live = is_finite(l) && sc != 0.0f;
+    if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
+  }
+  float* c = p.coefficients;
+  if (!live) {
+    c[r] = -neg_inf<float>();
+    for (int i = 1; i < 5; ++i) c[(long long)i * n + r] = 0.0f;
+    return;
+  }
+  const ReadOnly<float> beta{p.lattice.beta};
+  const float lognorm = __ldg(p.lattice.alpha + r) + l;
+  const RnntArcs<float> arcs =
+      rnnt_arcs<float, RNA>(beta, r, ri, lognorm, __ldg(p.lattice.lp + 2ll * r), __ldg(p.lattice.lp + 2ll * r + 1));
+  const float lambda = (float)p.fastemit_lambda;
+  c[r] = __ldg(p.lattice.den + r);
+  c[(long long)n + r] = exp_acc(arcs.log_gamma) + lambda * arcs.label;
+  c[2ll * n + r] = arcs.blank;
+  c[3ll * n + r] = (1.0f + lambda) * arcs.label;
+  c[4ll * n + r] = sc;
 }
