@@ -2,7 +2,7 @@
 statistics and the logits gradient, V not a multiple of the vocabulary tile and smaller than one, row counts not a
 multiple of the row tile, J not a multiple of the K tile, rows of a wider stride, rows without a label (-1), with and
 without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the other
-path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=1 turns the Hopper path on) and the float64 composition: RNN-T and
+path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=0 turns the Hopper path off) and the float64 composition: RNN-T and
 RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
 and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz). The argument checks and the choice of
 path run anywhere."""
@@ -296,26 +296,35 @@ def test_hopper_backward_reads_nothing_back(monkeypatch):
 
 
 def test_which_path_runs(monkeypatch, caplog):
-    """With TRANSDUCER_HOPPER=1, the Hopper kernels take RNN-T and RNA with 16-bit GEMMs on sm_90 only, J a multiple
-    of 8; without it, nothing; each answer is logged once on the transducer logger."""
+    """The Hopper kernels take RNN-T and RNA with 16-bit GEMMs on sm_90 only, J a multiple of 8, where they pass their
+    self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
+    a warning."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
-    monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
+    failure = {}
+    monkeypatch.setattr(hopper, "self_test", lambda device: failure.get(device.index))
+    monkeypatch.delenv("TRANSDUCER_HOPPER", raising=False)
     cuda = torch.device("cuda")
     with caplog.at_level(logging.INFO, logger="transducer"):
-        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)  # on by default
         assert use_hopper(RNNT, torch.float16, cuda, 64)
+        monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
         assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
         assert not use_hopper(TDT, torch.bfloat16, cuda, 64)
         assert not use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
         assert not use_hopper(RNNT, torch.float32, cuda, 64)
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 60)
         assert not use_hopper(RNNT, torch.bfloat16, torch.device("cpu"), 64)
+        failure[1] = "RuntimeError: no kernel image"
+        assert not use_hopper(RNNT, torch.bfloat16, torch.device("cuda:1"), 64)
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
         monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
-    lines = [r.getMessage() for r in caplog.records if r.name == "transducer"]
-    assert len(lines) == 7  # one line an answer: the fp16 and second bf16 RNN-T calls give the first one again
-    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER is not 1" in lines[-1]
-    monkeypatch.delenv("TRANSDUCER_HOPPER")
-    assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)  # off by default
+    records = [r for r in caplog.records if r.name == "transducer"]
+    lines = [r.getMessage() for r in records]
+    assert len(lines) == 8  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
+    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER=0" in lines[-1]
+    assert [r.levelno for r in records].count(logging.WARNING) == 1
+    warning = next(r.getMessage() for r in records if r.levelno == logging.WARNING)
+    assert "self-test on cuda:1: RuntimeError: no kernel image" in warning and "cuBLAS" in warning

@@ -8,10 +8,10 @@ gradient_kernel's per-row terms) and ``hopper.gradient_tile`` writes each tile's
 GEMMs' dtype, for cuBLAS's dh = G W and dW = G^T h. The logits are fp32 accumulators here (not rounded to the GEMMs'
 dtype as in the other path) and the bias is added to them in fp32.
 
-The path runs where ``use_hopper`` says: ``TRANSDUCER_HOPPER=1`` in the environment, RNN-T and RNA lattices, bf16
-or fp16 GEMMs, an sm_90 GPU with ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable; elsewhere the other path
-runs. It is off by default (DESIGN.md: The fused step on Hopper's kernels). Which path runs is logged once per
-process on the ``transducer`` logger.
+The path runs where ``use_hopper`` says: RNN-T and RNA lattices, bf16 or fp16 GEMMs, an sm_90 GPU with
+``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their self-test,
+unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused step on
+Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
 """
 
 import functools
@@ -29,24 +29,30 @@ _available = functools.lru_cache(maxsize=None)(hopper.available)
 
 
 def use_hopper(kind, compute_dtype, device, J):
-    """Whether the fused loss's tiles run on the Hopper kernels: ``TRANSDUCER_HOPPER=1`` in the environment,
-    ``kind`` the RNN-T lattice (RNN-T or RNA), GEMMs in bf16 or fp16 on an sm_90 GPU where transducer.hopper's
-    kernels are available, and the joiner's width J a multiple of 8 (16-byte rows for TMA). Says once per process and answer
-    which path runs (an info line on the ``transducer`` logger)."""
-    on = os.environ.get("TRANSDUCER_HOPPER", "0") == "1"
+    """Whether the fused loss's tiles run on the Hopper kernels: ``kind`` the RNN-T lattice (RNN-T or RNA), GEMMs in
+    bf16 or fp16 on an sm_90 GPU where transducer.hopper's kernels are available and pass their self-test, the
+    joiner's width J a multiple of 8 (16-byte rows for TMA), and ``TRANSDUCER_HOPPER`` not 0 in the environment.
+    Says once per process and answer which path runs (an info line on the ``transducer`` logger; a warning where the
+    kernels are available and fail their self-test)."""
+    on = os.environ.get("TRANSDUCER_HOPPER", "1") != "0"
     hopper_gpu = on and device.type == "cuda" and _available(device)
-    use = hopper_gpu and kind is RNNT and compute_dtype in hopper.DTYPES and J % 8 == 0
+    takes = kind is RNNT and compute_dtype in hopper.DTYPES and J % 8 == 0
+    failed = hopper.self_test(device) if hopper_gpu and takes else None
+    use = hopper_gpu and takes and failed is None
     if use:
         why = "RNN-T or RNA lattice, 16-bit GEMMs on sm_90"
     elif not on:
-        why = "TRANSDUCER_HOPPER is not 1"
+        why = "TRANSDUCER_HOPPER=0"
     elif not hopper_gpu:
         why = "no sm_90 GPU with nvidia-cutlass-dsl and apache-tvm-ffi"
+    elif failed:
+        why = f"the Hopper kernels failed their self-test on {device}: {failed}"
     else:
         why = (f"the {kind.name} lattice, {compute_dtype} GEMMs, J = {J}: the Hopper kernels take RNN-T and RNA, "
                f"16-bit GEMMs and J a multiple of 8")
     if (use, why) not in _said:
         _said.add((use, why))
         path = "the Hopper kernels (transducer.hopper)" if use else "cuBLAS GEMMs and the CUDA stages"
-        _log.info("fused_joiner_loss: the logits tiles run on %s (%s)", path, why)
+        _log.log(logging.WARNING if failed else logging.INFO, "fused_joiner_loss: the logits tiles run on %s (%s)",
+                 path, why)
     return use

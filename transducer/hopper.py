@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["available", "logits_statistics", "logits_gradient", "Projection", "projection", "statistics_tile",
+__all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection", "statistics_tile",
            "gradient_tile"]
 
 
@@ -58,6 +58,29 @@ def available(device=None) -> bool:
     if torch.cuda.get_device_capability(device) != (9, 0):
         return False
     return all(importlib.util.find_spec(name) is not None for name in ("cutlass", "tvm_ffi"))
+
+
+@functools.lru_cache(maxsize=None)
+def self_test(device: torch.device) -> Optional[str]:
+    """None if both kernels compile and give the float32 logits' results on 200 rows of ``device`` (an available
+    one), else why not (the exception, or the largest error): a machine whose driver or toolkit cannot run what the
+    DSL builds is found once, before a fused step relies on it. Run once per device and process (about a second of
+    compilation)."""
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        H = torch.randn(200, 64, device=device, generator=g).to(torch.bfloat16)
+        W = (torch.randn(40, 64, device=device, generator=g) / 8).to(torch.bfloat16)
+        labels = torch.randint(-1, 40, (200,), device=device, generator=g, dtype=torch.int32)
+        den, z_blank, z_label = logits_statistics(H, W, None, labels, 0)
+        coefficients = torch.stack([den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den),
+                                    torch.ones_like(den)])
+        G = logits_gradient(H, W, None, labels, 0, coefficients)[:, :40].float()
+        Z = H.float() @ W.float().t()
+        error = max(float((den - torch.logsumexp(Z, 1)).abs().max()), float((z_blank - Z[:, 0]).abs().max()),
+                    float((G - torch.softmax(Z, 1)).abs().max()))
+    except Exception as e:  # noqa: BLE001  (a compiler, driver or library error of any kind)
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    return None if error < 1e-2 else f"their results are off by {error:.3g}"
 
 
 def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int,
