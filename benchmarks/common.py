@@ -49,7 +49,7 @@ class Timing(NamedTuple):
     failed: str | None  # why it stopped ("out of memory", or the exception), or None
 
 
-def _attempt(fn, *args):
+def attempt(fn, *args):
     """(fn(*args), None), or (None, why it raised): out of memory, or another exception (a peer failing on this
     machine: numba's CUDA target and numpy, say)."""
     try:
@@ -79,7 +79,7 @@ def interleaved(batches, steps, rounds=3):
         named = {name: step for name, step in steps(batch).items() if failed.get(name) is None}
         for name, step in named.items():
             start = time.perf_counter()
-            _, failed[name] = _attempt(_step_and_sync, step)
+            _, failed[name] = attempt(_step_and_sync, step)
             first_s.setdefault(name, time.perf_counter() - start)
             minima.setdefault(name, [])
         best = {}
@@ -87,7 +87,7 @@ def interleaved(batches, steps, rounds=3):
             live = [name for name in named if failed[name] is None]
             turn = r % max(len(live), 1)
             for name in live[turn:] + live[:turn]:
-                timed, failed[name] = _attempt(cuda_call, named[name])
+                timed, failed[name] = attempt(cuda_call, named[name])
                 if timed is not None:
                     best[name] = min(best.get(name, math.inf), timed[0])
                     peaks[name] = max(peaks.get(name, 0.0), timed[1])
