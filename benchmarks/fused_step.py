@@ -30,7 +30,7 @@ after the first --skip steps, the mean repeated-shape step over the same batches
 cost: the allocator's blocks, a kernel compiled or tuned per shape), and the first three steps' times (compilation
 and the allocator's first segments, of whatever the process has not yet run). Each time is one step's CUDA-event
 time (common.cuda_call), which takes in the host's time where the GPU waits for it. A contender is stopped after
---time-limit seconds (Flash RNN-T compiles its kernels for each new shape) and the steps it ran are given.
+--time-limit seconds (Flash RNN-T's Triton kernels compile for new shapes) and the steps it ran are given.
 Parakeet-TDT's batches all have one shape: the mode takes protocol-a and flash.
 
 Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: no autocast):
