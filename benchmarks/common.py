@@ -1,13 +1,16 @@
-"""What the benchmarks (tdt.py, multiblank.py, fused_vocab.py, fused_step.py, nemo_step.py) share: CUDA-event
-timing with the peak extra memory, the GPU's clock, NeMo's numba losses when importable, the copy-bandwidth
-floor, Protocol A's batches and timed steps, CPU losses timed in alternating pairs, and the printed table."""
+"""What the benchmarks (tdt.py, multiblank.py, fused_vocab.py, fused_step.py and the integrations' step scripts)
+share: CUDA-event timing with the peak extra memory, steps timed in interleaved rounds over batches, the GPU's
+clock, NeMo's numba losses when importable, the copy-bandwidth floor and the fused step's GEMM floor, Protocol A's
+batches and timed steps, CPU losses timed in alternating pairs, and the printed table."""
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +38,89 @@ def cuda_ms(fn, warmup=3, reps=10):
         fn()
     runs = [cuda_call(fn) for _ in range(reps)]
     return statistics.median(ms for ms, _ in runs), max(mb for _, mb in runs)
+
+
+class Timing(NamedTuple):
+    """One contender's figures from ``interleaved``."""
+    ms: float | None  # the mean over the batches of its minimum time on each; None if it failed
+    peak_mib: float  # the largest peak, MiB beyond what was allocated before the step
+    batches: int  # the batches it was timed on
+    first_s: float  # wall seconds of its first step (compilation, the allocator's first segments)
+    failed: str | None  # why it stopped ("out of memory", or the exception), or None
+
+
+def attempt(fn, *args):
+    """(fn(*args), None), or (None, why it raised): out of memory, or another exception (a peer failing on this
+    machine: numba's CUDA target and numpy, say)."""
+    try:
+        return fn(*args), None
+    except torch.cuda.OutOfMemoryError:
+        return None, "out of memory"
+    except Exception as e:  # noqa: BLE001
+        return None, f"failed: {type(e).__name__}: {str(e)[:100]}"
+
+
+def _step_and_sync(step):
+    """step(), waited for."""
+    step()
+    torch.cuda.synchronize()
+
+
+def interleaved(batches, steps, rounds=3):
+    """Each contender's step over ``batches``, in interleaved rounds. ``steps(batch)`` gives {name: step()} on a batch,
+    which every contender shares. On each batch every contender's step runs once untimed (compilation, the
+    allocator's segments for the new shapes), then ``rounds`` rounds in which each runs once in turn (cuda_call), the
+    turn's first contender rotating, so that a GPU whose clock drifts or falls under a long run of GEMMs slows all
+    alike; per batch a contender's minimum time and largest peak are kept. A contender whose step raises (out of
+    memory, or a peer failing on this machine) is dropped from the rounds that follow, its reason kept. Returns
+    {name: Timing}, in the order the contenders first came."""
+    minima, peaks, first_s, failed = {}, {}, {}, {}
+    for batch in batches:
+        named = {name: step for name, step in steps(batch).items() if failed.get(name) is None}
+        for name, step in named.items():
+            start = time.perf_counter()
+            _, failed[name] = attempt(_step_and_sync, step)
+            first_s.setdefault(name, time.perf_counter() - start)
+            minima.setdefault(name, [])
+        best = {}
+        for r in range(rounds):
+            live = [name for name in named if failed[name] is None]
+            turn = r % max(len(live), 1)
+            for name in live[turn:] + live[:turn]:
+                timed, failed[name] = attempt(cuda_call, named[name])
+                if timed is not None:
+                    best[name] = min(best.get(name, math.inf), timed[0])
+                    peaks[name] = max(peaks.get(name, 0.0), timed[1])
+        for name, ms in best.items():
+            if failed[name] is None:
+                minima[name].append(ms)
+        del named, batch
+    return {name: Timing(statistics.fmean(ms) if ms and failed[name] is None else None, peaks.get(name, 0.0),
+                         len(ms), first_s[name], failed[name])
+            for name, ms in minima.items()}
+
+
+def padded_rows(rows):
+    """The projection's rows as the fused step pads them (transducer/fused.py: _projection)."""
+    return rows + next(p for p in (-rows % m for m in (128, 8)) if p <= 0.03 * rows or p < 8)
+
+
+def floor_gemms(N, J, rows, dtype):
+    """The four GEMMs a fused step over N rows, J -> ``rows`` (padded as the step pads them), cannot avoid, in the
+    GEMMs' ``dtype``: the logits H W^T in forward and again in backward's recompute, dH = G W and dW = G^T H.
+    Returns a function running them on operands made once."""
+    Vp = padded_rows(rows)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    H = torch.randn(N, J, device="cuda", dtype=dtype, generator=g)
+    W = torch.randn(Vp, J, device="cuda", dtype=dtype, generator=g)
+    G = torch.randn(N, Vp, device="cuda", dtype=dtype, generator=g)
+
+    def run():
+        torch.mm(H, W.t())
+        torch.mm(H, W.t())
+        torch.mm(G, W)
+        torch.mm(G.t(), H)
+    return run
 
 
 def gpu_clock():
@@ -99,7 +185,6 @@ def protocol_a(label, make_contenders, modules, vocab=500, batches=4, width=512)
                 peak = torch.cuda.max_memory_allocated() / 2**20
                 if i >= 3:
                     recs.setdefault(name, []).append((ms, peak))
-            del enc, pred
         for name, v in recs.items():
             out.append((f"Protocol A step {prec} ({label})", name,
                         statistics.fmean(m for m, _ in v), max(p for _, p in v)))

@@ -13,22 +13,31 @@ The step: encoder outputs (B, T, 512) and decoder outputs (B, U+1, 512) (the Lib
 sizes, egs2/librispeech/asr1/conf/tuning/transducer/train_conformer-rnn_transducer.yaml), the joint 512 -> 640 ->
 V, its loss and backward to the joint's parameters and both inputs; fp32, and bf16 autocast (``use_amp``, the
 joint under autocast, as ESPnet runs it). Batches of B consecutive utterances of LibriSpeech train-clean-100's
-(T, U) at 40 ms frames (benchmarks/data), labels in [1, V). Time: the minimum over batches of CUDA-event time per
-step after a warm-up step on the batch; memory: the peak above what the inputs and parameters hold.
+(T, U) at 40 ms frames (benchmarks/data), labels in [1, V), each built once and shared by the contenders. Time: the
+mean over the batches of the minimum of ``--rounds`` interleaved rounds of CUDA-event time per step, after an
+untimed step of each contender on the batch (common.interleaved); memory: the peak above what the inputs and
+parameters hold.
+
+The floor: the four GEMMs a fused step cannot avoid over the batch's N = sum_b T_b (U_b + 1) rows, 640 -> V (the
+logits in forward and again in backward's recompute, dH and dW; common.floor_gemms), in the GEMMs' dtype (bf16
+under autocast, else fp32), timed in the same rounds; each contender's time is also given as a multiple of it.
 
     python benchmarks/espnet_step.py                        # on a CUDA machine: the table
     python benchmarks/espnet_step.py --vocab 5000 --json espnet_step.json
 """
 
 import argparse
+import functools
 import json
-import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 import common  # first: it puts the repository root on sys.path
 from transducer.integrations.espnet import RNNTLoss
+
+FLOOR = "floor (4 GEMMs)"
 
 
 class Joint(torch.nn.Module):
@@ -50,8 +59,8 @@ def peer_loss():
     try:
         import warprnnt_pytorch
 
-        loss = warprnnt_pytorch.RNNTLoss(blank=0, fastemit_lambda=0.0, reduction="mean")
-        return "warp-transducer", lambda x, y, T, U: loss(x.float(), y, T, U)
+        warp_transducer = warprnnt_pytorch.RNNTLoss(blank=0, fastemit_lambda=0.0, reduction="mean")
+        return "warp-transducer", lambda x, y, T, U: warp_transducer(x.float(), y, T, U)
     except ImportError as e:
         reason = f"warp-transducer: {e}"
     try:
@@ -81,7 +90,18 @@ def contenders(joint, peer):
     return steps
 
 
-def batches(count, V, B):
+class Batch(NamedTuple):
+    """A batch as ESPnet's transducer model gives it to its joint and loss, and its rows N = sum_b T_b (U_b + 1)."""
+    enc: torch.Tensor  # (B, T, 512) encoder outputs
+    dec: torch.Tensor  # (B, U + 1, 512) decoder outputs
+    y: torch.Tensor  # (B, U) int32 labels in [1, V)
+    T: torch.Tensor  # (B,) int32
+    U: torch.Tensor  # (B,) int32
+    rows: int
+
+
+def batches(count, V, B, device="cuda"):
+    """``count`` Batches of ``B`` consecutive LibriSpeech (T, U) pairs on ``device``."""
     rows = np.loadtxt(common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
                       dtype=np.int64)
     gen = torch.Generator().manual_seed(0)
@@ -89,39 +109,38 @@ def batches(count, V, B):
         r = rows[i * B:(i + 1) * B]
         T, U = torch.tensor(r[:, 0], dtype=torch.int32), torch.tensor(r[:, 1], dtype=torch.int32)
         y = torch.randint(1, V, (B, int(U.max())), generator=gen, dtype=torch.int32)
-        enc = torch.randn(B, int(T.max()), 512, generator=gen).cuda().requires_grad_()
-        dec = torch.randn(B, int(U.max()) + 1, 512, generator=gen).cuda().requires_grad_()
-        yield enc, dec, y.cuda(), T.cuda(), U.cuda()
+        enc = torch.randn(B, int(T.max()), 512, generator=gen).to(device).requires_grad_()
+        dec = torch.randn(B, int(U.max()) + 1, 512, generator=gen).to(device).requires_grad_()
+        yield Batch(enc, dec, y.to(device), T.to(device), U.to(device), int((T * (U + 1)).sum()))
 
 
-def measure(joint, step, V, B, count, precision):
-    """(min ms, peak MiB above the inputs and parameters) of ``step`` over ``count`` batches, or (None, reason)."""
-    times, peak = [], 0
-    for enc, dec, y, T, U in batches(count, V, B):
-        def run():
+def steps(joint, losses, V, precision):
+    """common.interleaved's steps(batch): on a batch, {name: step()} of the floor and of each loss of ``losses``
+    (``contenders``), under ``precision``."""
+    def on(batch):
+        def clear():
             joint.zero_grad(set_to_none=True)
-            enc.grad = dec.grad = None
+            batch.enc.grad = batch.dec.grad = None
+
+        def step(loss_fn):
+            clear()
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                loss = step(enc, dec, y, T, U)
+                loss = loss_fn(batch.enc, batch.dec, batch.y, batch.T, batch.U)
             loss.sum().backward()
-        try:
-            run()  # warm-up on the batch's shapes
-            joint.zero_grad(set_to_none=True)
-            enc.grad = dec.grad = None
-            ms, mb = common.cuda_call(run)
-        except torch.cuda.OutOfMemoryError:
-            return None, "out of memory"
-        times.append(ms)
-        peak = max(peak, mb)
-        del enc, dec
-    return min(times), peak
+            clear()
+        gemm_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        out = {FLOOR: common.floor_gemms(batch.rows, joint.lin_out.in_features, V, gemm_dtype)}
+        out.update({name: functools.partial(step, loss_fn) for name, loss_fn in losses.items()})
+        return out
+    return on
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab", type=int, nargs="*", default=[1000], help="output size of the joint (V)")
     p.add_argument("--batch", type=int, default=32, help="utterances per batch (B)")
-    p.add_argument("--batches", type=int, default=4, help="batches timed, the minimum kept")
+    p.add_argument("--batches", type=int, default=4, help="batches timed, the mean kept")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds a batch, the minimum kept")
     p.add_argument("--precision", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
@@ -131,21 +150,26 @@ def main():
     if peer[1] is None:
         print(f"no peer loss: {peer[0]}")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; B {args.batch}")
+    print(f"ms: the mean over {args.batches} batches of the minimum of {args.rounds} interleaved rounds")
     results = []
     for V in args.vocab:
+        torch.manual_seed(0)
+        joint = Joint(V).cuda().train()
+        losses = contenders(joint, peer)
         for precision in args.precision:
-            for name in contenders(None, peer):
-                torch.manual_seed(0)
-                joint = Joint(V).cuda().train()
-                step = contenders(joint, peer)[name]
-                start = time.perf_counter()
-                ms, peak = measure(joint, step, V, args.batch, args.batches, precision)
-                results.append(dict(vocab=V, precision=precision, contender=name, ms=ms, peak_mib=peak,
-                                    batch=args.batch, clock=common.gpu_clock()))
-                shown = f"{ms:8.2f} ms  {peak:8.0f} MiB" if ms is not None else f"  {peak}"
-                print(f"V {V:5d} {precision}  {name:42s}{shown}   ({time.perf_counter() - start:.0f} s)", flush=True)
-                del joint
-                torch.cuda.empty_cache()
+            timings = common.interleaved(batches(args.batches, V, args.batch), steps(joint, losses, V, precision),
+                                         args.rounds)
+            floor = timings[FLOOR].ms
+            for name, t in timings.items():
+                x_floor = t.ms / floor if t.ms is not None and floor else None
+                results.append(dict(vocab=V, precision=precision, contender=name, ms=t.ms, peak_mib=t.peak_mib,
+                                    x_floor=x_floor, batch=args.batch, batches=t.batches, rounds=args.rounds,
+                                    failed=t.failed, clock=common.gpu_clock()))
+                shown = f"  {t.failed}" if t.failed else f"{t.ms:8.2f} ms  {t.peak_mib:8.0f} MiB" + (
+                    f"  {x_floor:5.2f}x floor" if x_floor is not None else "")
+                print(f"V {V:5d} {precision}  {name:42s}{shown}", flush=True)
+            torch.cuda.empty_cache()
+        del joint, losses
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f,

@@ -5,19 +5,33 @@
     python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt)
     python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
+    python benchmarks/fused_step.py --changing-shapes     # shapes that change every step, as in training
 
 NeMo's Flash RNN-T joins where it imports (its folder first on PYTHONPATH, in a process of its own: it shadows
 NeMo's numba losses; benchmarks/README.md).
 
 The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and again in
 backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as the
-step pads it, the GEMMs' dtype). Where the step can run on the Hopper kernels (transducer/fused_hopper.py,
-TRANSDUCER_HOPPER=1), it is timed there too, beside the default path, and its first step's time (the kernels'
-compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and steps are timed in turns,
-several rounds, and each one's minimum is kept: a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to
-under 1 GHz after a long run of GEMMs) slows both alike, and the clock is printed. A step is forward under the
-precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during
-it beyond its inputs.
+step pads it, the GEMMs' dtype; common.floor_gemms). Where the step can run on the Hopper kernels
+(transducer/fused_hopper.py, TRANSDUCER_HOPPER=1), it is timed there too, beside the default path, and its first
+step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and
+steps are timed in interleaved rounds on each batch (common.interleaved), and each one's minimum is kept: a GPU
+that heats up (an H100's SM clock falls from about 1.9 GHz to under 1 GHz after a long run of GEMMs) slows all
+alike, and the clock is printed; the figure is the mean over the batches of those minima. A step is forward under
+the precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during it
+beyond its inputs.
+
+--changing-shapes measures what a training run sees, where every step has new shapes: for a case and precision,
+each contender (our default path, the Hopper kernels' where they run, Flash RNN-T where importable) takes --steps of
+the case's batches in order, none repeated (protocol-a: consecutive LibriSpeech batches of 30; flash: random
+lengths), one after another from an empty allocator cache, and on each batch runs one step on the new shapes, then
+--repeats more on the same shapes, whose minimum is the repeated-shape figure. It prints the mean new-shape step
+after the first --skip steps, the mean repeated-shape step over the same batches, their ratio (what new shapes
+cost: the allocator's blocks, a kernel compiled or tuned per shape), and the first three steps' times (compilation
+and the allocator's first segments, of whatever the process has not yet run). Each time is one step's CUDA-event
+time (common.cuda_call), which takes in the host's time where the GPU waits for it. A contender is stopped after
+--time-limit seconds (Flash RNN-T's Triton kernels compile for new shapes) and the steps it ran are given.
+Parakeet-TDT's batches all have one shape: the mode takes protocol-a and flash.
 
 Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: no autocast):
     protocol-a     LibriSpeech train-clean-100 batches of 30 (benchmarks/data), 512 -> 500, tanh
@@ -26,15 +40,18 @@ Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: 
 """
 
 import argparse
+import functools
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import cuda_call, gpu_clock  # first: common puts the repository root on sys.path
+# common first: it puts the repository root on sys.path
+from common import attempt, cuda_call, floor_gemms, gpu_clock, interleaved
 from transducer import fused_joiner_loss
 from transducer.fused_hopper import use_hopper
 from transducer.lattices import kind_of
@@ -42,27 +59,6 @@ from transducer.options import LossOptions
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 5
-
-
-def padded_rows(rows):
-    """The projection's rows as the fused step pads them (transducer/fused.py: _projection)."""
-    return rows + next(p for p in (-rows % m for m in (128, 8)) if p <= 0.03 * rows or p < 8)
-
-
-def floor_gemms(N, J, rows, dtype):
-    """The four GEMMs of a fused step over N rows, J -> rows (padded as the step pads them), in ``dtype``."""
-    Vp = padded_rows(rows)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    H = torch.randn(N, J, device="cuda", dtype=dtype, generator=g)
-    W = torch.randn(Vp, J, device="cuda", dtype=dtype, generator=g)
-    G = torch.randn(N, Vp, device="cuda", dtype=dtype, generator=g)
-
-    def run():
-        torch.mm(H, W.t())
-        torch.mm(H, W.t())
-        torch.mm(G, W)
-        torch.mm(G.t(), H)
-    return run
 
 
 class NemoLikeJoint(torch.nn.Module):
@@ -113,108 +109,182 @@ CASES = {  # J, token columns, durations, activation, precisions
 }
 
 
-def run_case(case, prec, count, profile, flash):
+FLOOR, DEFAULT, HOPPER, FLASH = "floor (4 GEMMs)", "ours fused", "ours fused, Hopper kernels", "Flash RNN-T"
+
+
+def gemm_dtype(prec):
+    """The GEMMs' dtype at a precision: bf16 under autocast, else fp32."""
+    return torch.float32 if prec == "fp32" else torch.bfloat16
+
+
+def contenders(case, prec, flash):
+    """steps(batch) for a batch (T, U) of the case: {name: step()} of our default path, the Hopper kernels' where
+    they run (use_hopper) and Flash RNN-T's where ``flash`` is its loss class and the case has no durations. Each
+    batch's tensors are made once, shared by the steps."""
     J, V, durations, activation, _ = CASES[case]
     in_dtype = torch.float32 if prec != "bf16" else torch.bfloat16
     autocast = prec != "fp32"
-    gemm_dtype = torch.bfloat16 if autocast else torch.float32
-    rows = V + len(durations or [])
     blank = V - 1  # Flash RNN-T's blank is the last token column
     torch.manual_seed(0)
-    linear = torch.nn.Linear(J, rows, device="cuda")
+    linear = torch.nn.Linear(J, V + len(durations or []), device="cuda")
     joint = NemoLikeJoint(linear, activation)
     flash_mod = flash(blank=blank) if flash and not durations else None
-    results = {}
-    first_step = True
-    for T, U in batches(case, count):
+    options = dict(durations=durations, sigma=0.05) if durations else {}
+    os.environ["TRANSDUCER_HOPPER"] = "1"
+    hopper = use_hopper(kind_of(LossOptions(durations=tuple(durations or ()))), gemm_dtype(prec),
+                        torch.device("cuda"), J)
+    os.environ["TRANSDUCER_HOPPER"] = "0"
+
+    def steps(batch):
+        T, U = batch
         B = len(T)
-        N = int((T * (U + 1)).sum())
         Tt, Ut = torch.tensor(T, device="cuda"), torch.tensor(U, device="cuda")
         y = torch.randint(0, V - 1, (B, int(U.max())), device="cuda")
         enc = torch.randn(B, int(T.max()), J, device="cuda", dtype=in_dtype, requires_grad=True)
         pred = torch.randn(B, int(U.max()) + 1, J, device="cuda", dtype=in_dtype, requires_grad=True)
-        options = dict(durations=durations, sigma=0.05) if durations else {}
 
-        def ours(hopper="0"):
-            def step():
-                os.environ["TRANSDUCER_HOPPER"] = hopper
+        def clear():
+            enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
+
+        def ours(hopper_path):
+            clear()
+            os.environ["TRANSDUCER_HOPPER"] = hopper_path
+            try:
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                     loss = fused_joiner_loss(enc, pred, linear.weight, linear.bias, y, Tt, Ut, activation=activation,
                                              blank=blank, reduction="sum", **options)
                 loss.backward()
-                enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
+            finally:
                 os.environ["TRANSDUCER_HOPPER"] = "0"
-            return step
+            clear()
 
-        steps = {"floor (4 GEMMs)": floor_gemms(N, J, rows, gemm_dtype), "ours fused": ours()}
-        os.environ["TRANSDUCER_HOPPER"] = "1"
-        if use_hopper(kind_of(LossOptions(durations=tuple(durations or ()))), gemm_dtype, torch.device("cuda"), J):
-            steps["ours fused, Hopper kernels"] = ours("1")
-        os.environ["TRANSDUCER_HOPPER"] = "0"
+        def flash_step():
+            clear()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                loss = flash_mod(joint, enc, pred, y, Tt, Ut).sum()
+            loss.backward()
+            clear()
+        out = {DEFAULT: functools.partial(ours, "0")}
+        if hopper:
+            out[HOPPER] = functools.partial(ours, "1")
         if flash_mod is not None:
-            def flash_step():
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                    loss = flash_mod(joint, enc, pred, y, Tt, Ut).sum()
-                loss.backward()
-                enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
-            steps["Flash RNN-T"] = flash_step
-        for name, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()  # compile, allocate
+            out[FLASH] = flash_step
+        return out
+    return steps
+
+
+def run_case(case, prec, count, profile, flash):
+    """The case's steps against their floor on ``count`` batches, printed; the figures as a dict."""
+    J, V, durations, _, _ = CASES[case]
+    rows = V + len(durations or [])
+    steps = contenders(case, prec, flash)
+
+    def with_floor(batch):
+        T, U = batch
+        return {FLOOR: floor_gemms(int((T * (U + 1)).sum()), J, rows, gemm_dtype(prec)), **steps(batch)}
+    shapes = batches(case, count)
+    timings = interleaved(shapes, with_floor, ROUNDS)
+    if HOPPER in timings:
+        print(f"{case} {prec}: the first step on the Hopper kernels took {timings[HOPPER].first_s:.1f} s "
+              f"(they compile)")
+    if profile:
+        profiled = HOPPER if HOPPER in timings else DEFAULT
+        step = steps(shapes[0])[profiled]
+        step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step()
             torch.cuda.synchronize()
-            if name == "ours fused, Hopper kernels" and first_step:
-                print(f"{case} {prec}: the first step on the Hopper kernels took {time.perf_counter() - t0:.1f} s "
-                      f"(they compile)")
-                first_step = False
-        best = {name: (float("inf"), 0.0) for name in steps}
-        for _ in range(ROUNDS):
-            for name, fn in steps.items():
-                ms, mb = cuda_call(fn)
-                best[name] = (min(best[name][0], ms), max(best[name][1], mb))
-        for name, (ms, mb) in best.items():
-            r = results.setdefault(name, [0.0, 0.0, 0])
-            r[0] += ms
-            r[1] = max(r[1], mb)
-            r[2] += N
-        if profile:
-            profiled = "ours fused, Hopper kernels" if "ours fused, Hopper kernels" in steps else "ours fused"
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                steps[profiled]()
-                torch.cuda.synchronize()
-            print(f"--- {case} {prec}: the kernels of one step ({profiled}), N = {N}")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
-            profile = False
-        del enc, pred, steps
-    floor = results["floor (4 GEMMs)"][0]
-    rows_avg = results["floor (4 GEMMs)"][2] // count
+        T, U = shapes[0]
+        print(f"--- {case} {prec}: the kernels of one step ({profiled}), N = {int((T * (U + 1)).sum())}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    floor = timings[FLOOR].ms
+    rows_avg = sum(int((T * (U + 1)).sum()) for T, U in shapes) // count
     clock = gpu_clock()
-    print(f"\n{case} {prec} ({count} batches, {rows_avg} rows a batch on average; clock {clock})")
-    for name, (ms, mb, _) in results.items():
-        print(f"  {name:<36} {ms / count:8.2f} ms  {ms / floor:5.2f}x floor  {mb:8.0f} MB")
+    print(f"\n{case} {prec} ({count} batches, {rows_avg} rows a batch on average; the mean over the batches of the "
+          f"minimum of {ROUNDS} interleaved rounds; clock {clock})")
+    for name, t in timings.items():
+        if t.failed:
+            print(f"  {name:<36} {t.failed}")
+        else:
+            print(f"  {name:<36} {t.ms:8.2f} ms  {t.ms / floor:5.2f}x floor  {t.peak_mib:8.0f} MB")
     return dict(case=case, precision=prec, batches=count, rows=rows_avg, clock=clock, J=J, V=V,
-                durations=durations, contenders={name: dict(time_ms=ms / count, peak_mb=mb)
-                                                 for name, (ms, mb, _) in results.items()})
+                durations=durations, contenders={name: dict(time_ms=t.ms, peak_mb=t.peak_mib)
+                                                 for name, t in timings.items() if not t.failed},
+                failed={name: t.failed for name, t in timings.items() if t.failed})
+
+
+def run_changing_shapes(case, prec, count, skip, repeats, time_limit, flash):
+    """--changing-shapes (the module docstring) for a case and precision: printed; the figures as a dict."""
+    steps = contenders(case, prec, flash)
+    shapes = batches(case, count)
+
+    def new_and_repeated(step):
+        new_ms = cuda_call(step)[0]
+        return new_ms, min(cuda_call(step)[0] for _ in range(repeats))
+    out = {}
+    for name in steps(shapes[0]):
+        torch.cuda.empty_cache()
+        new, repeated, failed = [], [], None
+        start = time.perf_counter()
+        for batch in shapes:
+            if time.perf_counter() - start > time_limit:
+                break
+            timed, failed = attempt(new_and_repeated, steps(batch)[name])
+            if failed:
+                break
+            new.append(timed[0])
+            repeated.append(timed[1])
+        mean_new = statistics.fmean(new[skip:]) if len(new) > skip else None
+        mean_repeated = statistics.fmean(repeated[skip:]) if len(repeated) > skip else None
+        out[name] = dict(new_shape_ms=mean_new, repeated_shape_ms=mean_repeated,
+                         ratio=mean_new / mean_repeated if mean_new is not None else None, first_ms=new[:3],
+                         steps=len(new), seconds=time.perf_counter() - start, failed=failed)
+    clock = gpu_clock()
+    print(f"\n{case} {prec}: {count} batches of new shapes, one step each then {repeats} on the same shapes; means "
+          f"after the first {skip} steps (clock {clock})")
+    print(f"  {'contender':<28} {'new shapes':>10} {'repeated':>10} {'ratio':>6}  {'first 3 steps (ms)':<26} steps")
+    for name, r in out.items():
+        means = (f"{r['new_shape_ms']:7.2f} ms {r['repeated_shape_ms']:7.2f} ms {r['ratio']:5.2f}x"
+                 if r["ratio"] is not None else f"{'-':>10} {'-':>10} {'-':>6}")
+        first = " ".join(f"{ms:.1f}" for ms in r["first_ms"])
+        ran = f"{r['steps']} in {r['seconds']:.0f} s" + (f" ({r['failed']})" if r["failed"] else "")
+        print(f"  {name:<28} {means}  {first:<26} {ran}")
+    return dict(case=case, precision=prec, batches=count, skip=skip, repeats=repeats, time_limit_s=time_limit,
+                clock=clock, contenders=out)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    p.add_argument("--cases", nargs="*", choices=list(CASES),
+                   help="default: every case; with --changing-shapes, protocol-a and flash")
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-flash", action="store_true")
     p.add_argument("--precisions", nargs="*", default=None, help="of each case's: bf16, bf16-fp32in, fp32")
     p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--changing-shapes", action="store_true", help="shapes that change every step (the docstring)")
+    p.add_argument("--steps", type=int, default=40, help="--changing-shapes: batches, one step each on new shapes")
+    p.add_argument("--skip", type=int, default=8, help="--changing-shapes: first steps left out of the means")
+    p.add_argument("--repeats", type=int, default=3, help="--changing-shapes: steps repeated on a batch's shapes")
+    p.add_argument("--time-limit", type=float, default=60.0, help="--changing-shapes: seconds a contender runs")
     a = p.parse_args()
+    if a.changing_shapes and "parakeet-tdt" in (a.cases or []):
+        p.error("--changing-shapes: parakeet-tdt's batches all have one shape")
+    cases = a.cases or (["protocol-a", "flash"] if a.changing_shapes else list(CASES))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {gpu_clock()}")
     flash = None if a.no_flash else flash_loss()
     out = []
-    for case in a.cases:
+    for case in cases:
         for prec in CASES[case][4]:
             if a.precisions and prec not in a.precisions:
                 continue
-            out.append(run_case(case, prec, a.batches, a.profile, flash))
+            if a.changing_shapes:
+                out.append(run_changing_shapes(case, prec, a.steps, a.skip, a.repeats, a.time_limit, flash))
+            else:
+                out.append(run_case(case, prec, a.batches, a.profile, flash))
     if a.json:
-        a.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), cases=out), indent=1))
+        key = "changing_shapes" if a.changing_shapes else "cases"
+        a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), key: out}, indent=1))
 
 
 if __name__ == "__main__":

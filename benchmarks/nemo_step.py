@@ -13,16 +13,17 @@ The step: the joint's forward from encoder outputs (B, 1024, T) and decoder outp
 bf16 autocast (the projections, the joint and its loss), ``mean_batch``, and backward to the joint's parameters
 and both inputs. Joint 1024/640 -> 640 -> V + 1 + 5 (durations 0-4, sigma 0.02, omega 0.1: Parakeet-TDT-0.6B's
 config), V 1024 and 8192; B 16, T_b in [225, 375] and U_b in [60, 100] (the longest at the maxima), new lengths
-each batch. Time: the minimum over batches of CUDA-event time per step after a warm-up step on the batch; memory:
-the peak above what the inputs and parameters hold.
+each batch, each batch built once and shared by the contenders. Time: the mean over the batches of the minimum of
+``--rounds`` interleaved rounds of CUDA-event time per step, after an untimed step of each contender on the batch
+(common.interleaved); memory: the peak above what the inputs and parameters hold.
 
     python benchmarks/nemo_step.py --json nemo_step.json   # NeMo's loss where importable
     python benchmarks/nemo_step.py --fused-batch-sizes --omega 0 --dropout 0     # ours alone, other options
 """
 
 import argparse
+import functools
 import json
-import time
 
 import torch
 
@@ -87,41 +88,49 @@ class NemoTDTLoss(torch.nn.Module):
                          label_lens=target_lengths.long())
 
 
-def batches(count, V, B=16, T=375, U=100, seed=0):
+def batches(count, V, B=16, T=375, U=100, seed=0, device="cuda"):
+    """``count`` batches (enc, dec, T, y, U) on ``device``, the encoder and decoder outputs in bf16."""
     gen = torch.Generator().manual_seed(seed)
     for _ in range(count):
         t = torch.randint(225, T + 1, (B,), generator=gen)
         u = torch.randint(60, U + 1, (B,), generator=gen)
         t[0], u[0] = T, U
-        enc = torch.randn(B, 1024, T, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
-        dec = torch.randn(B, 640, U + 1, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
-        y = torch.randint(0, V, (B, U), generator=gen).cuda()
-        yield enc, dec, t.cuda(), y, u.cuda()
+        enc = torch.randn(B, 1024, T, generator=gen).to(device, torch.bfloat16).requires_grad_()
+        dec = torch.randn(B, 640, U + 1, generator=gen).to(device, torch.bfloat16).requires_grad_()
+        y = torch.randint(0, V, (B, U), generator=gen).to(device)
+        yield enc, dec, t.to(device), y, u.to(device)
 
 
-def measure(joint, V, count):
-    """(min ms, peak MiB above the inputs and parameters) of the joint's loss step over ``count`` batches, or
-    (None, "out of memory")."""
-    times, peak = [], 0
-    for enc, dec, T, y, U in batches(count, V):
-        def step():
+def make_joints(V, fused_batch_sizes, dropout):
+    """{name: joint with its loss} on CUDA, each from seed 0: NeMo's at each of ``fused_batch_sizes``, and apply's."""
+    joints = {}
+    for n in fused_batch_sizes:
+        torch.manual_seed(0)
+        joints[f"NeMo, fused_batch_size {n}"] = NemoJoint(1024, 640, 640, V, dropout, n).cuda().train()
+        joints[f"NeMo, fused_batch_size {n}"].loss = NemoTDTLoss(V)
+    torch.manual_seed(0)
+    joints["apply(model)"] = FusedNemoJoint(1024, 640, 640, V, dropout, 4).cuda().train()  # its batch size unused
+    joints["apply(model)"].loss = RNNTLoss(V, reduction="mean_batch", loss_name="tdt", loss_kwargs=TDT_KWARGS)
+    return joints
+
+
+def steps(joints):
+    """common.interleaved's steps(batch): on a batch, {name: step()} of each joint of ``joints`` = {name: joint},
+    its forward with the loss under bf16 autocast and backward."""
+    def on(batch):
+        enc, dec, T, y, U = batch
+
+        def step(joint):
             joint.zero_grad(set_to_none=True)
             enc.grad = dec.grad = None
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss, _, _, _ = joint(encoder_outputs=enc, decoder_outputs=dec, encoder_lengths=T, transcripts=y,
                                       transcript_lengths=U)
             loss.backward()
-        try:
-            step()  # warm-up on the batch's shapes
-            enc.grad = dec.grad = None
             joint.zero_grad(set_to_none=True)
-            ms, mb = common.cuda_call(step)
-        except torch.cuda.OutOfMemoryError:
-            return None, "out of memory"
-        times.append(ms)
-        peak = max(peak, mb)
-        del enc, dec
-    return min(times), peak
+            enc.grad = dec.grad = None
+        return {name: functools.partial(step, joint) for name, joint in joints.items()}
+    return on
 
 
 def main():
@@ -129,6 +138,7 @@ def main():
     p.add_argument("--vocab", type=int, nargs="*", default=[1024, 8192])
     p.add_argument("--fused-batch-sizes", type=int, nargs="*", default=[16, 4])
     p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds a batch, the minimum kept")
     p.add_argument("--dropout", type=float, default=0.2, help="joint dropout (FastConformer configs: 0.2)")
     p.add_argument("--omega", type=float, default=TDT_KWARGS["omega"])
     p.add_argument("--json", help="write the figures here")
@@ -136,28 +146,21 @@ def main():
     TDT_KWARGS["omega"] = args.omega
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; "
           f"dropout {args.dropout}, omega {args.omega}")
+    print(f"ms: the mean over {args.batches} batches of the minimum of {args.rounds} interleaved rounds")
+    nemo_loss = common.nemo_class("TDTLossNumba") is not None
     results = []
     for V in args.vocab:
-        contenders = [(f"NeMo, fused_batch_size {n}", n) for n in args.fused_batch_sizes] + [("apply(model)", None)]
-        for name, n in contenders:
-            torch.manual_seed(0)
-            if n is None:
-                joint = FusedNemoJoint(1024, 640, 640, V, args.dropout, 4).cuda().train()  # its batch size unused
-                joint.loss = RNNTLoss(V, reduction="mean_batch", loss_name="tdt", loss_kwargs=TDT_KWARGS)
-            else:
-                if common.nemo_class("TDTLossNumba") is None:
-                    continue
-                joint = NemoJoint(1024, 640, 640, V, args.dropout, n).cuda().train()
-                joint.loss = NemoTDTLoss(V)
-            start = time.perf_counter()
-            ms, peak = measure(joint, V, args.batches)
-            results.append(dict(vocab=V, contender=name, ms=ms, peak_mib=peak, clock=common.gpu_clock(),
-                                dropout=args.dropout, omega=args.omega))
-            shown = f"{ms:8.2f} ms  {peak:8.0f} MiB" if ms is not None else f"  {peak}"
-            print(f"V {V:5d} + 1 + 5  {name:28s}{shown}   ({time.perf_counter() - start:.0f} s, {common.gpu_clock()})",
-                  flush=True)
-            del joint
-            torch.cuda.empty_cache()
+        joints = make_joints(V, args.fused_batch_sizes if nemo_loss else [], args.dropout)
+        timings = common.interleaved(batches(args.batches, V), steps(joints), args.rounds)
+        for name, t in timings.items():
+            results.append(dict(vocab=V, contender=name, ms=t.ms, peak_mib=t.peak_mib, batches=t.batches,
+                                rounds=args.rounds, failed=t.failed, clock=common.gpu_clock(), dropout=args.dropout,
+                                omega=args.omega))
+            shown = f"  {t.failed}" if t.failed else f"{t.ms:8.2f} ms  {t.peak_mib:8.0f} MiB"
+            print(f"V {V:5d} + 1 + 5  {name:28s}{shown}", flush=True)
+        print(f"  clock: {common.gpu_clock()}")
+        del joints
+        torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f,

@@ -8,9 +8,14 @@ The step: from the projected outputs x (B, T, 640) and h (B, U+1, 640), leaves t
 the loss (``"mean"``, lengths relative as the recipe passes them) and backward to x, h and the output weight,
 under autocast in fp16 (the recipe's precision) or bf16, or in fp32. Batches: ``--batch`` consecutive
 LibriSpeech train-clean-100 (T, U) pairs (``data/librispeech_train_clean_100_TU.csv``: frames after the
-encoder's 4x subsampling, and labels), new batches each time. Time: the minimum over batches of the CUDA-event
-time of a step, each after an untimed step on the same batch; memory: the peak above what the inputs and
-parameters hold.
+encoder's 4x subsampling, and labels), each built once and shared by the contenders. Time: the mean over the
+batches of the minimum of ``--rounds`` interleaved rounds of CUDA-event time per step, after an untimed step of
+each contender on the batch (common.interleaved); memory: the peak above what the inputs and parameters hold.
+
+The floor: the four GEMMs a fused step cannot avoid over the batch's N = sum_b T_b (U_b + 1) rows, 640 -> 1000
+(the logits in forward and again in backward's recompute, dH and dW; common.floor_gemms), in the GEMMs' dtype
+(fp16 or bf16 under autocast, else fp32), timed in the same rounds; each contender's time is also given as a
+multiple of it.
 
 Where SpeechBrain is not installed its loss is skipped and the joint is stood in for by torch modules of the
 same arithmetic (GELU(x + h), then ``torch.nn.Linear``); the fused loss is then ``fused_joiner_loss`` reduced as
@@ -21,7 +26,10 @@ same arithmetic (GELU(x + h), then ``torch.nn.Linear``); the fused loss is then 
 """
 
 import argparse
+import functools
+import importlib
 import json
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,6 +40,7 @@ from transducer.integrations.speechbrain import absolute_lengths, fused_transduc
 
 JOINT, VOCAB = 640, 1000  # joint_dim, output_neurons
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+FLOOR = "floor (4 GEMMs)"
 
 
 class StandInJoint(torch.nn.Module):
@@ -59,7 +68,7 @@ def speechbrain_loss():
     if not hasattr(np, "row_stack"):  # numba-cuda still registers np.row_stack, which numpy 2.5 removed
         np.row_stack = np.vstack
     try:
-        import speechbrain.integrations.numba.transducer_loss  # noqa: F401  (numba and CUDA)
+        importlib.import_module("speechbrain.integrations.numba.transducer_loss")  # numba and CUDA
         from speechbrain.nnet.losses import transducer_loss as numba_loss
     except Exception as e:  # noqa: BLE001
         print(f"SpeechBrain's numba loss: not importable ({type(e).__name__}: {str(e)[:100]})")
@@ -67,20 +76,30 @@ def speechbrain_loss():
     return numba_loss
 
 
-def batches(count, batch, seed=0):
-    """``count`` batches (x, h, tokens, wav_lens, token_lens) of consecutive LibriSpeech (T, U) pairs on CUDA."""
+class Batch(NamedTuple):
+    """A batch as SpeechBrain's recipe gives it to the loss, and its rows N = sum_b T_b (U_b + 1)."""
+    x: torch.Tensor  # (B, T, 640) projected encoder outputs
+    h: torch.Tensor  # (B, U + 1, 640) projected decoder outputs
+    tokens: torch.Tensor  # (B, U) labels in [1, 1000)
+    wav_lens: torch.Tensor  # (B,) T_b / T, relative
+    token_lens: torch.Tensor  # (B,) U_b / U, relative
+    rows: int
+
+
+def batches(count, batch, seed=0, device="cuda"):
+    """``count`` Batches of ``batch`` consecutive LibriSpeech (T, U) pairs on ``device``."""
     rows = np.loadtxt(common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
                       dtype=np.int64)
     gen = torch.Generator().manual_seed(seed)
     for i in range(count):
         T, U = (torch.tensor(c) for c in rows[i * batch:(i + 1) * batch].T)
         max_t, max_u = int(T.max()), int(U.max())
-        x = torch.randn(batch, max_t, JOINT, generator=gen).cuda().requires_grad_()
-        h = torch.randn(batch, max_u + 1, JOINT, generator=gen).cuda().requires_grad_()
-        tokens = torch.randint(1, VOCAB, (batch, max_u), generator=gen).cuda()
-        wav_lens, token_lens = (T / max_t).cuda(), (U / max_u).cuda()
+        x = torch.randn(batch, max_t, JOINT, generator=gen).to(device).requires_grad_()
+        h = torch.randn(batch, max_u + 1, JOINT, generator=gen).to(device).requires_grad_()
+        tokens = torch.randint(1, VOCAB, (batch, max_u), generator=gen).to(device)
+        wav_lens, token_lens = (T / max_t).to(device), (U / max_u).to(device)
         assert torch.equal(absolute_lengths(wav_lens, max_t).cpu(), T.int())  # the recipe's rounding gives them back
-        yield x, h, tokens, wav_lens, token_lens
+        yield Batch(x, h, tokens, wav_lens, token_lens, int((T * (U + 1)).sum()))
 
 
 def contenders(joint, lin, weight, is_speechbrain, numba_loss):
@@ -103,27 +122,25 @@ def contenders(joint, lin, weight, is_speechbrain, numba_loss):
     return out
 
 
-def measure(loss_fn, precision, weight, count, batch):
-    """(min ms, peak MiB above the inputs and parameters) over ``count`` batches, or (None, "out of memory")."""
-    times, peak = [], 0.0
-    for x, h, tokens, wav_lens, token_lens in batches(count, batch):
-        def step():
-            with torch.autocast("cuda", dtype=PRECISIONS[precision] or torch.float16,
-                                enabled=PRECISIONS[precision] is not None):
-                loss = loss_fn(x, h, tokens, wav_lens, token_lens)
+def steps(losses, precision, weight):
+    """common.interleaved's steps(batch): on a batch, {name: step()} of the floor and of each loss of ``losses``
+    (``contenders``), under ``precision``."""
+    dtype = PRECISIONS[precision]
+
+    def on(batch):
+        def clear():
+            batch.x.grad = batch.h.grad = weight.grad = None
+
+        def step(loss_fn):
+            clear()
+            with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+                loss = loss_fn(batch.x, batch.h, batch.tokens, batch.wav_lens, batch.token_lens)
             loss.backward()
-            x.grad = h.grad = weight.grad = None
-        try:
-            step()  # the batch's shapes: the allocator's new segments
-            ms, mib = common.cuda_call(step)
-        except torch.cuda.OutOfMemoryError:
-            return None, "out of memory"
-        except Exception as e:  # a peer that fails on this machine (numba's CUDA target and numpy, say)
-            return None, f"failed: {type(e).__name__}: {str(e)[:100]}"
-        times.append(ms)
-        peak = max(peak, mib)
-        del x, h
-    return min(times), peak
+            clear()
+        out = {FLOOR: common.floor_gemms(batch.rows, JOINT, VOCAB, dtype or torch.float32)}
+        out.update({name: functools.partial(step, loss_fn) for name, loss_fn in losses.items()})
+        return out
+    return on
 
 
 def main():
@@ -131,6 +148,7 @@ def main():
     p.add_argument("--precision", nargs="*", choices=list(PRECISIONS), default=list(PRECISIONS))
     p.add_argument("--batch", type=int, default=8, help="utterances a batch (the recipe's batch_size: 8)")
     p.add_argument("--batches", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds a batch, the minimum kept")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -140,15 +158,22 @@ def main():
     torch.manual_seed(0)
     joint, lin, weight, is_speechbrain = modules()
     numba_loss = speechbrain_loss() if is_speechbrain else None
+    losses = contenders(joint, lin, weight, is_speechbrain, numba_loss)
     results = []
-    print(f"{'precision':10s}{'loss':24s}{'ms (min)':>10s}{'peak MiB':>10s}")
+    print(f"ms: the mean over {args.batches} batches of the minimum of {args.rounds} interleaved rounds")
+    print(f"{'precision':10s}{'loss':24s}{'ms':>10s}{'peak MiB':>10s}{'x floor':>9s}")
     for precision in args.precision:
-        for name, loss_fn in contenders(joint, lin, weight, is_speechbrain, numba_loss).items():
-            ms, peak = measure(loss_fn, precision, weight, args.batches, args.batch)
-            results.append(dict(precision=precision, loss=name, ms=ms, peak_mib=peak, batch=args.batch))
-            shown = f"{ms:10.2f}{peak:10.0f}" if ms is not None else f"  {peak}"
+        timings = common.interleaved(batches(args.batches, args.batch), steps(losses, precision, weight),
+                                     args.rounds)
+        floor = timings[FLOOR].ms
+        for name, t in timings.items():
+            x_floor = t.ms / floor if t.ms is not None and floor else None
+            results.append(dict(precision=precision, loss=name, ms=t.ms, peak_mib=t.peak_mib, x_floor=x_floor,
+                                batch=args.batch, batches=t.batches, rounds=args.rounds, failed=t.failed))
+            shown = f"  {t.failed}" if t.failed else f"{t.ms:10.2f}{t.peak_mib:10.0f}" + (
+                f"{x_floor:8.2f}x" if x_floor is not None else "")
             print(f"{precision:10s}{name:24s}{shown}", flush=True)
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, clock=common.gpu_clock(),

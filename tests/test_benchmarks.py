@@ -1,0 +1,157 @@
+"""benchmarks/: what the step benchmarks compute without a GPU. common.interleaved's rounds (each batch shared,
+contenders in turn, the mean over batches of each one's minimum, a failing contender dropped with its reason),
+fused_step.py's figures (against the floor, as bench.py's section F reads them) and its --changing-shapes figures,
+on steps that report made-up times; the GEMM floor's rows padded as the fused loss pads its projection; the
+integrations' step scripts' batches on the CPU; every step script's --help."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import common  # noqa: E402
+import espnet_step  # noqa: E402
+import fused_step  # noqa: E402
+import nemo_step  # noqa: E402
+import speechbrain_step  # noqa: E402
+from transducer.fused import _projection  # noqa: E402
+
+SCRIPTS = ["speechbrain_step.py", "espnet_step.py", "nemo_step.py", "fused_step.py"]
+
+
+def made_up_call(fn):
+    """common.cuda_call on a step that returns its own time: (that time, 1 MiB)."""
+    return fn(), 1.0
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """common.cuda_call and torch.cuda.synchronize stood in for: steps return their made-up times."""
+    monkeypatch.setattr(common, "cuda_call", made_up_call)
+    monkeypatch.setattr(fused_step, "cuda_call", made_up_call)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+
+def test_interleaved_keeps_the_mean_of_the_minima_in_rotating_rounds(no_gpu):
+    # each step's times on each batch: the untimed warm-up, then the three rounds
+    times = {"a": {0: [1, 5, 3, 4], 1: [1, 7, 9, 8]},
+             "b": {0: [1, 6, 6, 2], 1: [1, 4, 4, 4]},
+             "oom": {0: [1, 2, 2, 2], 1: [1, 2]},
+             "raises": {0: []}}
+    calls = []
+
+    def steps(batch):
+        queues = {name: iter(t.get(batch, [])) for name, t in times.items()}
+
+        def step(name):
+            calls.append((batch, name))
+            ms = next(queues[name], None)
+            if ms is None:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory") if name == "oom" else RuntimeError("no GPU")
+            return ms
+        return {name: (lambda name=name: step(name)) for name in times}
+
+    out = common.interleaved(range(2), steps, rounds=3)
+    assert list(out) == ["a", "b", "oom", "raises"]
+    assert out["a"].ms == pytest.approx((3 + 7) / 2) and out["b"].ms == pytest.approx((2 + 4) / 2)
+    assert out["a"].batches == out["b"].batches == 2 and out["a"].failed is None and out["a"].peak_mib == 1.0
+    assert out["oom"] == (None, 1.0, 1, out["oom"].first_s, "out of memory")
+    assert out["raises"].ms is None and out["raises"].failed == "failed: RuntimeError: no GPU"
+    # batch 0: warm-ups, then rounds whose first contender rotates; "raises" failed at its warm-up
+    assert calls[:13] == [(0, "a"), (0, "b"), (0, "oom"), (0, "raises"),
+                          (0, "a"), (0, "b"), (0, "oom"), (0, "b"), (0, "oom"), (0, "a"), (0, "oom"), (0, "a"),
+                          (0, "b")]
+    # batch 1: "oom" fails in the first round and runs no more
+    assert calls[13:] == [(1, "a"), (1, "b"), (1, "oom"), (1, "a"), (1, "b"), (1, "oom"),
+                          (1, "b"), (1, "oom"), (1, "a"), (1, "a"), (1, "b")]
+
+
+@pytest.mark.parametrize("rows", [7, 500, 1000, 1024, 1850, 5000, 8193 + 5])
+def test_floor_pads_rows_as_the_fused_projection(rows):
+    Wx, _ = _projection(torch.zeros(rows, 16), None, torch.float32)
+    assert common.padded_rows(rows) == Wx.size(0)
+
+
+def test_step_scripts_batches_on_the_cpu():
+    rows = np.loadtxt(common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
+                      dtype=np.int64)
+    sb = list(speechbrain_step.batches(2, 8, device="cpu"))
+    es = list(espnet_step.batches(2, 1000, 8, device="cpu"))
+    for i, (s, e) in enumerate(zip(sb, es)):
+        T, U = rows[i * 8:(i + 1) * 8].T
+        assert s.rows == e.rows == int((T * (U + 1)).sum())
+        assert s.x.shape == (8, T.max(), speechbrain_step.JOINT) and s.h.shape == (8, U.max() + 1, 640)
+        assert torch.equal(e.T, torch.tensor(T, dtype=torch.int32)) and e.dec.shape == (8, U.max() + 1, 512)
+        assert int(e.y.min()) >= 1 and int(e.y.max()) < 1000
+    enc, dec, T, y, U = next(nemo_step.batches(1, 1024, device="cpu"))
+    assert enc.dtype == torch.bfloat16 and enc.shape == (16, 1024, 375) and dec.shape == (16, 640, 101)
+    assert int(T.max()) == 375 and int(T.min()) >= 225 and int(U.max()) == 100 and int(U.min()) >= 60
+
+
+def test_changing_shapes_figures(no_gpu, monkeypatch):
+    """fused_step.py --changing-shapes: a step's first time on a batch is its new-shape time, the least of the
+    repeats its repeated-shape time; the means leave out the first ``skip`` steps."""
+    shapes = fused_step.batches("protocol-a", 6)
+    index = {int(T.sum()): i for i, (T, _) in enumerate(shapes)}
+
+    def contenders(case, prec, flash):
+        def steps(batch):
+            i = index[int(batch[0].sum())]
+            queues = {"ours fused": iter([100.0 if i == 0 else 10.0 + i, 9.0 + i, 8.0 + i, 8.5 + i]),
+                      "fails": iter([20.0, 10.0, 10.0, 10.0] if i < 4 else [])}
+
+            def step(name):
+                ms = next(queues[name], None)
+                if ms is None:
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+                return ms
+            return {name: (lambda name=name: step(name)) for name in queues}
+        return steps
+    monkeypatch.setattr(fused_step, "contenders", contenders)
+    out = fused_step.run_changing_shapes("protocol-a", "bf16", 6, skip=2, repeats=3, time_limit=60, flash=None)
+    ours = out["contenders"]["ours fused"]
+    assert ours["first_ms"] == [100.0, 11.0, 12.0] and ours["steps"] == 6 and ours["failed"] is None
+    assert ours["new_shape_ms"] == pytest.approx(10 + (2 + 3 + 4 + 5) / 4)
+    assert ours["repeated_shape_ms"] == pytest.approx(8 + (2 + 3 + 4 + 5) / 4)
+    assert ours["ratio"] == pytest.approx(13.5 / 11.5)
+    fails = out["contenders"]["fails"]
+    assert fails["steps"] == 4 and fails["failed"] == "out of memory" and fails["new_shape_ms"] == 20.0
+    stopped = fused_step.run_changing_shapes("protocol-a", "bf16", 6, skip=2, repeats=3, time_limit=0, flash=None)
+    assert stopped["contenders"]["ours fused"]["steps"] == 0
+    assert stopped["contenders"]["ours fused"]["new_shape_ms"] is None
+
+
+def test_fused_step_case_figures_as_bench_reads_them(no_gpu, monkeypatch):
+    """fused_step.py's figures for bench.py's section F: each contender's mean over the batches of its minimum
+    against the floor timed in the same rounds; a contender that fails is left out of them, with its reason."""
+    import bench
+
+    def contenders(case, prec, flash):
+        def steps(batch):
+            return {"ours fused": lambda: 6.0, "Flash RNN-T": lambda: 1 / 0}
+        return steps
+    floors = iter([3.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 4.0])
+    monkeypatch.setattr(fused_step, "contenders", contenders)
+    monkeypatch.setattr(fused_step, "floor_gemms", lambda N, J, rows, dtype: lambda: next(floors))
+    monkeypatch.setattr(fused_step, "ROUNDS", 3)
+    out = fused_step.run_case("protocol-a", "bf16", 2, profile=False, flash=None)
+    shapes = fused_step.batches("protocol-a", 2)
+    assert out["rows"] == sum(int((T * (U + 1)).sum()) for T, U in shapes) // 2
+    assert out["contenders"] == {"floor (4 GEMMs)": dict(time_ms=3.0, peak_mb=1.0),
+                                 "ours fused": dict(time_ms=6.0, peak_mb=1.0)}
+    assert out["failed"] == {"Flash RNN-T": "failed: ZeroDivisionError: division by zero"}
+    assert [r["vs"] for r in bench.rows_f(dict(cases=[out]))] == ["1.00x floor", "2.00x floor"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(script):
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "--json" in p.stdout
