@@ -2,7 +2,7 @@
 """The fused joiner + loss step against its floor, the four GEMMs it cannot avoid, and NeMo's Flash RNN-T.
 
     python benchmarks/fused_step.py                       # every case
-    python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt)
+    python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt, wide-rnnt)
     python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
     python benchmarks/fused_step.py --changing-shapes     # shapes that change every step, as in training
@@ -31,12 +31,13 @@ cost: the allocator's blocks, a kernel compiled or tuned per shape), and the fir
 and the allocator's first segments, of whatever the process has not yet run). Each time is one step's CUDA-event
 time (common.cuda_call), which takes in the host's time where the GPU waits for it. A contender is stopped after
 --time-limit seconds (Flash RNN-T's Triton kernels compile for new shapes) and the steps it ran are given.
-Parakeet-TDT's batches all have one shape: the mode takes protocol-a and flash.
+Parakeet-TDT's and wide-rnnt's batches all have one shape: the mode takes protocol-a and flash.
 
 Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: no autocast):
     protocol-a     LibriSpeech train-clean-100 batches of 30 (benchmarks/data), 512 -> 500, tanh
     flash          Flash RNN-T's own benchmark shape: B 32, T <= 400, U <= 128, 640 -> 1024, tanh
     parakeet-tdt   Parakeet-TDT-0.6B's joint: B 16, T 375, U 100, 640 -> 8193 + 5 durations, relu
+    wide-rnnt      the same joint for RNN-T (no durations): 640 -> 8193, relu (the Hopper kernels' wide tiles)
 """
 
 import argparse
@@ -106,6 +107,7 @@ CASES = {  # J, token columns, durations, activation, precisions
     "protocol-a": (512, 500, None, "tanh", ("bf16", "bf16-fp32in", "fp32")),
     "flash": (640, 1024, None, "tanh", ("bf16", "fp32")),
     "parakeet-tdt": (640, 8193, [0, 1, 2, 3, 4], "relu", ("bf16",)),
+    "wide-rnnt": (640, 8193, None, "relu", ("bf16",)),
 }
 
 
@@ -268,8 +270,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="--changing-shapes: steps repeated on a batch's shapes")
     p.add_argument("--time-limit", type=float, default=60.0, help="--changing-shapes: seconds a contender runs")
     a = p.parse_args()
-    if a.changing_shapes and "parakeet-tdt" in (a.cases or []):
-        p.error("--changing-shapes: parakeet-tdt's batches all have one shape")
+    if a.changing_shapes and {"parakeet-tdt", "wide-rnnt"} & set(a.cases or []):
+        p.error("--changing-shapes: parakeet-tdt's and wide-rnnt's batches all have one shape")
     cases = a.cases or (["protocol-a", "flash"] if a.changing_shapes else list(CASES))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {gpu_clock()}")
     flash = None if a.no_flash else flash_loss()
