@@ -10,9 +10,12 @@ Z = H W^T + bias whose epilogues replace the logits:
 - ``logits_gradient``: the loss's gradient G = dL/dZ formed from each row's coefficients as each tile of Z leaves
   the MMAs, written once in H's dtype (Z itself never is).
 
-The kernels need ``nvidia-cutlass-dsl``, imported only when a kernel is first compiled: importing this module, or
-``transducer``, never needs it. Kernels are compiled once per (J, vocabulary tiles, dtype, kernel shape, epilogue)
-and kept for the process; the row count, V, the bias, the blank and the clamp are run-time arguments.
+The kernels need ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` (the ``hopper`` extra), imported only when a kernel is
+first compiled: importing this module, or ``transducer``, never needs them. Kernels are compiled once per (J,
+vocabulary tiles, dtype, kernel shape, epilogue) for TVM FFI's calling convention (a launch costs the host a few
+microseconds) and kept for the process; the row count, V, the bias, the blank and the clamp are run-time
+arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape) once a pass and calls
+``statistics_tile`` and ``gradient_tile`` on its tiles; ``self_test`` checks once per device that the kernels run.
 """
 
 import functools

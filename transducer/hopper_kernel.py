@@ -3,7 +3,9 @@
 - statistics (forward): for each row r, a running max and sum of exp over the vocabulary tiles, and Z[r, blank] and
   Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip;
 - gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/stages.cu's
-  gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H.
+  gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H:
+  through a shared-memory subtile (stmatrix) stored by TMA while the next subtile is written, as CUTLASS's Hopper
+  epilogue stores its output, so that the stores overlap the next vocabulary tile's MMAs.
 
 Imported by transducer.hopper only, when ``nvidia-cutlass-dsl`` is importable.
 
