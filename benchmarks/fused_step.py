@@ -11,18 +11,18 @@ NeMo's Flash RNN-T joins where it imports (its folder first on PYTHONPATH, in a 
 NeMo's numba losses; benchmarks/README.md).
 
 The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and again in
-backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as the
-step pads it, the GEMMs' dtype; common.floor_gemms). Where the step can run on the Hopper kernels
-(transducer/fused_hopper.py: the default there), it is timed there and on the other path (TRANSDUCER_HOPPER=0),
-and its first step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels. Floor and
-steps are timed in interleaved rounds on each batch (common.interleaved), and each one's minimum is kept: a GPU
-that heats up (an H100's SM clock falls from about 1.9 GHz to under 1 GHz after a long run of GEMMs) slows all
+backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as
+the step pads it, the GEMMs' dtype; common.floor_gemms). Where the step can run on the Hopper kernels
+(transducer/fused_hopper.py: the default there), it is timed there and on the other path (TRANSDUCER_HOPPER=0), and
+its first step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels.
+Floor and steps are timed in interleaved rounds on each batch (common.interleaved), and each one's minimum is kept:
+a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under 1 GHz after a long run of GEMMs) slows all
 alike, and the clock is printed; the figure is the mean over the batches of those minima. A step is forward under
 the precision's autocast and backward, on new tensors of the batch's shape; peak is the memory allocated during it
 beyond its inputs.
 
 --changing-shapes measures what a training run sees, where every step has new shapes: for a case and precision,
-each contender (our default path, the Hopper kernels' where they run, Flash RNN-T where importable) takes --steps of
+each contender (ours on cuBLAS, ours on the Hopper kernels where they run, Flash RNN-T where importable) takes --steps of
 the case's batches in order, none repeated (protocol-a: consecutive LibriSpeech batches of 30; flash: random
 lengths), one after another from an empty allocator cache, and on each batch runs one step on the new shapes, then
 --repeats more on the same shapes, whose minimum is the repeated-shape figure. It prints the mean new-shape step
@@ -120,7 +120,7 @@ def gemm_dtype(prec):
 
 
 def contenders(case, prec, flash):
-    """steps(batch) for a batch (T, U) of the case: {name: step()} of our default path, the Hopper kernels' where
+    """steps(batch) for a batch (T, U) of the case: {name: step()} of ours on cuBLAS, on the Hopper kernels where
     they run (use_hopper) and Flash RNN-T's where ``flash`` is its loss class and the case has no durations. Each
     batch's tensors are made once, shared by the steps."""
     J, V, durations, activation, _ = CASES[case]

@@ -319,12 +319,34 @@ def test_which_path_runs(monkeypatch, caplog):
         failure[1] = "RuntimeError: no kernel image"
         assert not use_hopper(RNNT, torch.bfloat16, torch.device("cuda:1"), 64)
         assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        monkeypatch.setenv("TRANSDUCER_HOPPER", "off")
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
         monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
     records = [r for r in caplog.records if r.name == "transducer"]
     lines = [r.getMessage() for r in records]
-    assert len(lines) == 8  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
-    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER=0" in lines[-1]
+    assert len(lines) == 9  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
+    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER=off" in lines[-2]
+    assert "TRANSDUCER_HOPPER=0" in lines[-1]
     assert [r.levelno for r in records].count(logging.WARNING) == 1
     warning = next(r.getMessage() for r in records if r.levelno == logging.WARNING)
     assert "self-test on cuda:1: RuntimeError: no kernel image" in warning and "cuBLAS" in warning
+
+
+@pytest.mark.cuda
+@needs_hopper
+def test_self_test_passes_and_is_kept():
+    """The kernels pass their self-test on this GPU; the answer is kept per device index ('cuda' and 'cuda:0' alike)
+    and not made during CUDA graph capture."""
+    index = torch.cuda.current_device()
+    assert hopper.self_test(torch.device("cuda", index)) is None
+    assert hopper.self_test(torch.device("cuda")) is None
+    assert index in hopper._self_tests
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    saved = hopper._self_tests.pop(index)
+    try:
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            assert hopper.self_test(torch.device("cuda", index)) == "not run during CUDA graph capture"
+        assert index not in hopper._self_tests
+    finally:
+        hopper._self_tests[index] = saved

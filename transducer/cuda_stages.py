@@ -80,7 +80,8 @@ TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
     ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"), ("clamp", "double"),
     ("out_tokens", "ptr"), ("ld_out_tokens", "long long"), ("out_duration_scores", "ptr"),
     ("ld_out_duration_scores", "long long")])
-ROW_LABELS_PARAMS = struct("RowLabelsParams", [("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")])
+ROW_LABELS_PARAMS = struct("RowLabelsParams", [
+    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")])
 ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("statistics", "ptr"), ("ld_statistics", "long long"),
     ("delay_penalty", "double"), ("lp", "ptr"), ("den", "ptr")])

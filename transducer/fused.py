@@ -6,19 +6,21 @@ without the (sum_TU, V) logits or the (sum_TU, J) hidden in memory, in forward o
 Liger-Kernel's fused linear cross-entropy, for the transducer); with ``durations``, likewise
 ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` over a (V + D, J) projection.
 
-Rows are processed in tiles of at most ``max_rows``: forward packs a tile's joiner input with the
-activation applied (one pass), runs the output GEMM, and keeps only the tile's den and blank / label (and
-duration) log-probabilities (the log_probs stage); alpha and beta then run over all rows as in the
-unfused loss. Backward recomputes each tile's hidden and logits (a fourth GEMM, the price of not storing
-them), turns the logits into their gradient in place (the gradient stage), and accumulates dW = dz^T h
-and db = sum dz (one GEMM: a bias rides as a column of the projection against a column of ones) and
-dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
-gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass, h
-recomputed there from the input rows, which stay in cache, rather than kept and read back). GEMMs
-go through torch (cuBLAS). The inputs may have different dtypes: the sum and the activation run in
-their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the
-promoted one) and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs
-in their own dtypes and write (read) the tiles in the GEMMs' dtype.
+Rows are processed in tiles of at most ``max_rows``: forward packs a tile's joiner input with the activation applied
+(one pass), runs the output GEMM, and keeps only the tile's den and blank / label (and duration) log-probabilities
+(the log_probs stage); alpha and beta then run over all rows as in the unfused loss. Backward recomputes each tile's
+hidden and logits (a fourth GEMM, the price of not storing them), turns the logits into their gradient in place (the
+gradient stage), and accumulates dW = dz^T h and db = sum dz (one GEMM: a bias rides as a column of the projection
+against a column of ones) and dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
+gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass, h recomputed there
+from the input rows, which stay in cache, rather than kept and read back). GEMMs go through torch (cuBLAS), except
+on an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py says where): there the logits GEMM and the
+log-probs stage of forward, and the recompute and the gradient stage of backward, are transducer.hopper's kernels,
+whose epilogues keep the logits on the chip (the first such call compiles them and runs their self-test, with a few
+host reads, once per process and device). The inputs may have different dtypes: the sum and the activation run in
+their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the promoted one)
+and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs in their own dtypes and
+write (read) the tiles in the GEMMs' dtype.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
 registered like ``transducer::loss`` (a ``custom_ops.Op``: an eager path skips the op's Python layers), with the
@@ -37,7 +39,7 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from . import fused_hopper, hopper
+from . import cuda_stages, fused_hopper, hopper
 from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
                      plural)
@@ -138,7 +140,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles:  # each row's den, z_blank and z_label from the tiles, then lp and den from them
-        labels = stages.row_labels(targets, layout, options.blank, num_rows)
+        labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
         statistics = encoder_out.new_empty(3, num_rows, dtype=torch.float32)
         projection = hopper.projection(Wx, bias)
     for start, end in _tiles(num_rows, max_rows):
@@ -151,7 +153,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             del z
         del hx
     if hopper_tiles:
-        stages.row_log_probs(statistics, targets, layout, options, arrays.lp, arrays.den)
+        cuda_stages.row_log_probs(statistics, targets, layout, options, arrays.lp, arrays.den)
     lattice = kind.lattice(stages, layout, arrays, options)
     if capacity > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
@@ -232,7 +234,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles:  # every row's label and gradient coefficients, for the tiles' kernels
-        coefficients, labels = stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
+        coefficients, labels = cuda_stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
     for start, end in _tiles(row_splits[-1], max_rows):
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
         width = Wx.size(0)

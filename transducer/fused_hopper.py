@@ -18,6 +18,8 @@ import functools
 import logging
 import os
 
+import torch
+
 from . import hopper
 from .lattices import RNNT
 
@@ -31,10 +33,13 @@ _available = functools.lru_cache(maxsize=None)(hopper.available)
 def use_hopper(kind, compute_dtype, device, J):
     """Whether the fused loss's tiles run on the Hopper kernels: ``kind`` the RNN-T lattice (RNN-T or RNA), GEMMs in
     bf16 or fp16 on an sm_90 GPU where transducer.hopper's kernels are available and pass their self-test, the
-    joiner's width J a multiple of 8 (16-byte rows for TMA), and ``TRANSDUCER_HOPPER`` not 0 in the environment.
+    joiner's width J a multiple of 8 (16-byte rows for TMA), unless ``TRANSDUCER_HOPPER`` is 0 (or false, off, no)
+    in the environment.
     Says once per process and answer which path runs (an info line on the ``transducer`` logger; a warning where the
     kernels are available and fail their self-test)."""
-    on = os.environ.get("TRANSDUCER_HOPPER", "1") != "0"
+    on = os.environ.get("TRANSDUCER_HOPPER", "1").strip().lower() not in ("0", "false", "off", "no")
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():  # one key a device
+        device = torch.device("cuda", torch.cuda.current_device())
     hopper_gpu = on and device.type == "cuda" and _available(device)
     takes = kind is RNNT and compute_dtype in hopper.DTYPES and J % 8 == 0
     failed = hopper.self_test(device) if hopper_gpu and takes else None
@@ -42,11 +47,11 @@ def use_hopper(kind, compute_dtype, device, J):
     if use:
         why = "RNN-T or RNA lattice, 16-bit GEMMs on sm_90"
     elif not on:
-        why = "TRANSDUCER_HOPPER=0"
+        why = f"TRANSDUCER_HOPPER={os.environ['TRANSDUCER_HOPPER']}"
     elif not hopper_gpu:
         why = "no sm_90 GPU with nvidia-cutlass-dsl and apache-tvm-ffi"
     elif failed:
-        why = f"the Hopper kernels failed their self-test on {device}: {failed}"
+        why = f"the Hopper kernels did not pass their self-test on {device}: {failed}"
     else:
         why = (f"the {kind.name} lattice, {compute_dtype} GEMMs, J = {J}: the Hopper kernels take RNN-T and RNA, "
                f"16-bit GEMMs and J a multiple of 8")

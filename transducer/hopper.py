@@ -20,17 +20,19 @@ arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel
 
 import functools
 import importlib.util
+import threading
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection", "statistics_tile",
+__all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection",
+           "statistics_tile",
            "gradient_tile"]
 
 
 class Config(NamedTuple):
-    """A kernel's shape (transducer.hopper_kernel.LogitsStatistics): vocabulary tiles of ``tile_n`` columns,
+    """A kernel's shape (transducer.hopper_kernel.LogitsGemm): vocabulary tiles of ``tile_n`` columns,
     ``warpgroups`` warpgroups of 64 rows each, clusters of ``cluster_m`` CTAs along the rows, ``occupancy`` CTAs per
     SM sizing the ring of loads."""
     tile_n: int = 256
@@ -63,27 +65,53 @@ def available(device=None) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("cutlass", "tvm_ffi"))
 
 
-@functools.lru_cache(maxsize=None)
+# compilation (the DSL's tracer) and the self-tests' results, one thread at a time (DataParallel's replicas call the
+# loss from several); reentrant: a self-test compiles
+_lock = threading.RLock()
+_self_tests = {}
+
+
 def self_test(device: torch.device) -> Optional[str]:
-    """None if both kernels compile and give the float32 logits' results on 200 rows of ``device`` (an available
-    one), else why not (the exception, or the largest error): a machine whose driver or toolkit cannot run what the
-    DSL builds is found once, before a fused step relies on it. Run once per device and process (about a second of
-    compilation)."""
-    try:
-        g = torch.Generator(device=device).manual_seed(0)
-        H = torch.randn(200, 64, device=device, generator=g).to(torch.bfloat16)
-        W = (torch.randn(40, 64, device=device, generator=g) / 8).to(torch.bfloat16)
-        labels = torch.randint(-1, 40, (200,), device=device, generator=g, dtype=torch.int32)
-        den, z_blank, z_label = logits_statistics(H, W, None, labels, 0)
-        coefficients = torch.stack([den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den),
-                                    torch.ones_like(den)])
-        G = logits_gradient(H, W, None, labels, 0, coefficients)[:, :40].float()
-        Z = H.float() @ W.float().t()
-        error = max(float((den - torch.logsumexp(Z, 1)).abs().max()), float((z_blank - Z[:, 0]).abs().max()),
-                    float((G - torch.softmax(Z, 1)).abs().max()))
-    except Exception as e:  # noqa: BLE001  (a compiler, driver or library error of any kind)
-        return f"{type(e).__name__}: {str(e)[:300]}"
-    return None if error < 1e-2 else f"their results are off by {error:.3g}"
+    """Whether the kernels run on ``device`` (an sm_90 GPU where ``available`` says they can): None if both compile
+    and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024), else why not (the
+    exception, or the largest error). It finds a machine whose driver or toolkit cannot run what the DSL builds,
+    once per device and process, before a fused step relies on the kernels (about a second of compilation, and host
+    reads). Not run, and not kept, during CUDA graph capture; an out-of-memory error is raised.
+
+    Args:
+        device (torch.device): the CUDA device.
+
+    Returns:
+        str or None: None, or why the kernels cannot be used there.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index in _self_tests:
+        return _self_tests[index]
+    if torch.cuda.is_current_stream_capturing():
+        return "not run during CUDA graph capture"
+    with _lock, torch.cuda.device(index), torch.autocast("cuda", enabled=False):
+        if index in _self_tests:
+            return _self_tests[index]
+        try:
+            g = torch.Generator(device=f"cuda:{index}").manual_seed(0)
+            H = torch.randn(200, 64, device=f"cuda:{index}", generator=g).to(torch.bfloat16)
+            W = (torch.randn(40, 64, device=H.device, generator=g) / 8).to(torch.bfloat16)
+            labels = torch.randint(-1, 40, (200,), device=H.device, generator=g, dtype=torch.int32)
+            den, z_blank, z_label = logits_statistics(H, W, None, labels, 0)
+            coefficients = torch.stack([den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den),
+                                        torch.ones_like(den)])
+            G = logits_gradient(H, W, None, labels, 0, coefficients)[:, :40].double()
+            Z = H.double() @ W.double().t()
+            picked = torch.where(labels >= 0, Z[torch.arange(200, device=H.device), labels.clamp(min=0).long()], 0)
+            error = max(float((den - torch.logsumexp(Z, 1)).abs().max()), float((z_blank - Z[:, 0]).abs().max()),
+                        float((z_label - picked).abs().max()), float((G - torch.softmax(Z, 1)).abs().max()))
+            result = None if error < 1e-2 else f"their results are off by {error:.3g}"
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001  (a compiler, driver or library error of any kind)
+            result = f"{type(e).__name__}: {str(e)[:300]}"
+        _self_tests[index] = result
+    return result
 
 
 def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int,
@@ -192,9 +220,17 @@ class Projection(NamedTuple):
 
 
 def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None) -> Projection:
-    """The Projection of W ``(V, J)`` and bias ``(V,)`` or None (arguments as logits_statistics checks them; W is
-    copied where it is not contiguous or does not start on a 16-byte boundary, as TMA needs), for the kernels of
-    ``config`` (default: ``default_config(V)``)."""
+    """What the kernels take of the output projection, made once for the tiles of a pass.
+
+    Args:
+        W (Tensor): ``(V, J)`` bfloat16 or float16 on the GPU: copied where it is not contiguous or does not start
+            on a 16-byte boundary (TMA's operands do).
+        bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32), or None.
+        config (Config or None): the kernels' shape, or None for ``default_config(V)``. Default: None.
+
+    Returns:
+        Projection: W, the column bias and the shape.
+    """
     if not W.is_contiguous() or W.data_ptr() % 16:
         W = W.clone(memory_format=torch.contiguous_format)
     V = W.size(0)
@@ -207,32 +243,59 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
 
 def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
                     out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """logits_statistics over the rows of H, on arguments already checked (the fused loss's tiles)."""
+    """logits_statistics of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
+    gives what logits_statistics checks (H of W's dtype and J, rows on 16-byte boundaries and a row stride that is
+    a multiple of 8, labels int32 (N,), ``out`` float32 (3, N) of unit column stride, all on W's device).
+
+    Args:
+        projection (Projection): ``projection(W, bias)``.
+        H (Tensor): ``(N, J)``: the hidden rows.
+        labels (Tensor): ``(N,)`` int32: each row's label column, or -1.
+        blank (int): the blank's column.
+        out (Tensor or None): ``(3, N)`` float32 to write into, or None for a new one. Default: None.
+
+    Returns:
+        (den, z_blank, z_label), each ``(N,)`` float32: as logits_statistics.
+    """
     N, J = H.shape
     statistics = torch.empty(3, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False)
-        kernel(*_arguments(H, projection, labels, statistics, H), blank, 0.0, _stream())
+        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0)
     return tuple(statistics)
 
 
 def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int, coefficients: Tensor,
                   clamp: float) -> Tensor:
-    """logits_gradient over the rows of H, on arguments already checked (the fused loss's tiles)."""
+    """logits_gradient of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
+    gives what logits_gradient checks (as statistics_tile's, and ``coefficients`` float32 (5, N) of unit column
+    stride, ``clamp`` >= 0).
+
+    Args:
+        projection (Projection): ``projection(W, bias)``.
+        H (Tensor): ``(N, J)``: the hidden rows.
+        labels (Tensor): ``(N,)`` int32: each row's label column, or -1.
+        blank (int): the blank's column.
+        coefficients (Tensor): ``(5, N)`` float32: each row's den, occupancy, blank arc, label arc and scale.
+        clamp (float): the clamp, or 0 for none.
+
+    Returns:
+        Tensor: as logits_gradient.
+    """
     N, J = H.shape
     tile_m = 64 * projection.config.warpgroups
     # whole row tiles, so that the epilogue's stores are whole subtiles; the rows past N are not returned
     G = torch.empty(-(-N // tile_m) * tile_m, projection.col_bias.size(0), device=H.device, dtype=H.dtype)
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0)
-        kernel(*_arguments(H, projection, labels, coefficients, G), blank, clamp, _stream())
+        _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp)
     return G[:N]
 
 
 def _arguments(H, projection, labels, row_values, G):
-    """The kernels' arguments but the blank, the clamp and the stream: the tensors' addresses (checked aligned by
-    ``_check``), the row and column counts and the row strides (the statistics pass H for G, which they never
-    touch)."""
+    """The kernels' arguments but the blank, the clamp and the stream: the tensors' addresses (aligned as TMA needs:
+    checked by ``_check``, or given so by the fused loss), the row and column counts and the row strides (the
+    statistics pass H for G, which they never touch)."""
     W = projection.W
     return (H.data_ptr(), W.data_ptr(), projection.col_bias.data_ptr(), labels.data_ptr(), row_values.data_ptr(),
             G.data_ptr(), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0))
@@ -256,13 +319,25 @@ def _describe(x):
     return repr(x)
 
 
-def _stream():
-    """torch's current stream, as the handle the compiled kernels take."""
-    return torch.cuda.current_stream().cuda_stream
+def _launch(kernel, H, *arguments):
+    """Runs a compiled kernel on H's device and on torch's current stream there (entering the device where it is not
+    the current one, as ops.cuda.launch does): the kernels take addresses, which carry no device."""
+    device = H.device
+    if device.index == torch.cuda.current_device():
+        kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        with torch.cuda.device(device):
+            kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
+
+
+def _compiled(J, n_tiles, dtype, config, gradient, clamp):
+    """_compile's kernel, compiled once per process, one thread at a time."""
+    with _lock:
+        return _compile(J, n_tiles, dtype, config, gradient, clamp)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(J, n_tiles, dtype, config, gradient, clamp):
+def _compile(J, n_tiles, dtype, config, gradient, clamp):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
     count, V, blank and clamp), with the gradient epilogue (clamping or not) or the statistics: compiled on first use,
     kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes
@@ -279,5 +354,6 @@ def _compiled(J, n_tiles, dtype, config, gradient, clamp):
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
-                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), cuda.CUstream(_stream()),
+                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0),
+                        cuda.CUstream(torch.cuda.current_stream().cuda_stream),
                         options="--enable-tvm-ffi")

@@ -4,8 +4,8 @@
   Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip;
 - gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/stages.cu's
   gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H:
-  through a shared-memory subtile (stmatrix) stored by TMA while the next subtile is written, as CUTLASS's Hopper
-  epilogue stores its output, so that the stores overlap the next vocabulary tile's MMAs.
+  through shared-memory subtiles (stmatrix), each stored by TMA while the next is written, as CUTLASS's Hopper
+  epilogue stores its output; the last subtile's store runs on into the next vocabulary tile's MMAs.
 
 Imported by transducer.hopper only, when ``nvidia-cutlass-dsl`` is importable.
 
@@ -89,10 +89,14 @@ class LogitsGemm:
         stage_bytes = (self.tile_m + self.tile_n) * tile_k * self.ab_dtype.width // 8
         capacity = utils.get_smem_capacity_in_bytes("sm_90") // self.occupancy - 1024  # 1024: the barriers
         self.g_subtile = (self.tile_m, min(G_SUBTILE_N, self.tile_n))
+        if (self.tile_n // self.g_subtile[1]) % G_BUFFERS:  # _store_gradient_tile's buffers alternate across tiles
+            raise ValueError(f"tile_n: expected a multiple of {G_BUFFERS * self.g_subtile[1]}, got {self.tile_n}")
         self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
                                                              self.g_subtile, G_BUFFERS)
         if self.gradient:
             capacity -= cute.cosize(self.g_smem_layout) * self.ab_dtype.width // 8
+        # Two CTAs a SM (V <= 1024: 128 x 128 tiles) fill sm_90's shared memory to the byte with three stages and the
+        # gradient's two subtile buffers: anything more would leave one CTA a SM.
         self.stages = min(8, capacity // stage_bytes)
         self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype, self.stages)
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
@@ -115,8 +119,11 @@ class LogitsGemm:
         labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
         row_values = cute.make_tensor(row_values_ptr, cute.make_layout((5 if self.gradient else 3, n_rows),
                                                                        stride=(row_values_stride, 1)))
-        g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
-        g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
+        if cutlass.const_expr(self.gradient):
+            g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
+            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
+        else:  # never written: one tile, so that the store's TMA descriptor describes memory of a plausible shape
+            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
@@ -387,7 +394,8 @@ class LogitsGemm:
                              n_tile: cutlass.Int32):
         """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
         buffer in mG's dtype by every thread, then stored by warp 0's TMA while the next subtile is written; a buffer
-        is written again only once its previous store has read it (``g_stores``), which the tiles' MMAs overlap."""
+        is written again only once its previous store has read it (``g_stores``); the last subtile's store runs on
+        into the next tile's MMAs."""
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
         smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
             tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)

@@ -511,8 +511,8 @@ struct RowLabelsParams {
 namespace td {
 template <typename I>
 __device__ __forceinline__ int row_label(const RowInfo& ri, const Labels<I>& labels) {
-  return ri.cell && ri.u < ri.U && ri.u < labels.cols ? (int)__ldg(labels.targets + (long long)ri.b * labels.cols + ri.u)
-                                                       : -1;
+  if (!ri.cell || ri.u >= ri.U || ri.u >= labels.cols) return -1;
+  return (int)__ldg(labels.targets + (long long)ri.b * labels.cols + ri.u);
 }
 }  // namespace td
 
