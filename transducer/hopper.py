@@ -341,8 +341,8 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
     count, V, blank and clamp), with the gradient epilogue (clamping or not) or the statistics: compiled on first use,
     kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes
-    addresses, numbers and the stream's handle as Python ints and floats and costs the host a few microseconds,
-    where the DSL's own convention costs it 150-250 us (benchmarks/RESULTS.md)."""
+    addresses, numbers and the stream's handle as Python ints and floats, which costs the host far less than the
+    DSL's own argument handling (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
