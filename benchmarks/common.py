@@ -4,6 +4,7 @@ clock, NeMo's numba losses when importable, the copy-bandwidth floor and the fus
 batches and timed steps, CPU losses timed in alternating pairs, and the printed table."""
 
 import argparse
+import json
 import math
 import statistics
 import subprocess
@@ -131,6 +132,14 @@ def gpu_clock():
         return f"SM {out} C" if out else "?"
     except Exception:  # noqa: BLE001
         return "?"
+
+
+def write_results(path, results):
+    """Writes a step benchmark's ``results`` (a list of dicts) to ``path`` as JSON, with the device, torch's version
+    and the SM clock now."""
+    with open(path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, clock=gpu_clock(),
+                       results=results), f, indent=1)
 
 
 def nemo_class(name):

@@ -28,7 +28,6 @@ under autocast, else fp32), timed in the same rounds; each contender's time is a
 
 import argparse
 import functools
-import json
 from typing import NamedTuple
 
 import numpy as np
@@ -171,9 +170,7 @@ def main():
             torch.cuda.empty_cache()
         del joint, losses
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f,
-                      indent=1)
+        common.write_results(args.json, results)
 
 
 if __name__ == "__main__":

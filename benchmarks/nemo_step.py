@@ -23,7 +23,6 @@ each batch, each batch built once and shared by the contenders. Time: the mean o
 
 import argparse
 import functools
-import json
 
 import torch
 
@@ -162,9 +161,7 @@ def main():
         del joints
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f,
-                      indent=1)
+        common.write_results(args.json, results)
 
 
 if __name__ == "__main__":

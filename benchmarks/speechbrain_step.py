@@ -28,7 +28,6 @@ same arithmetic (GELU(x + h), then ``torch.nn.Linear``); the fused loss is then 
 import argparse
 import functools
 import importlib
-import json
 from typing import NamedTuple
 
 import numpy as np
@@ -175,9 +174,7 @@ def main():
             print(f"{precision:10s}{name:24s}{shown}", flush=True)
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, clock=common.gpu_clock(),
-                           results=results), f, indent=1)
+        common.write_results(args.json, results)
 
 
 if __name__ == "__main__":
