@@ -24,7 +24,8 @@ beyond its inputs.
 --changing-shapes measures what a training run sees, where every step has new shapes: for a case and precision,
 each contender (ours on cuBLAS, ours on the Hopper kernels where they run, Flash RNN-T where importable) takes --steps of
 the case's batches in order, none repeated (protocol-a: consecutive LibriSpeech batches of 30; flash: random
-lengths), one after another from an empty allocator cache, and on each batch runs one step on the new shapes, then
+lengths), each contender the next --steps batches (shapes no contender before it met: cuBLAS, Triton and the
+allocator keep what a shape cost them for the whole process), one after another from an empty allocator cache, and on each batch runs one step on the new shapes, then
 --repeats more on the same shapes, whose minimum is the repeated-shape figure. It prints the mean new-shape step
 after the first --skip steps, the mean repeated-shape step over the same batches, their ratio (what new shapes
 cost: the allocator's blocks, a kernel compiled or tuned per shape), and the first three steps' times (compilation
@@ -218,13 +219,15 @@ def run_case(case, prec, count, profile, flash):
 def run_changing_shapes(case, prec, count, skip, repeats, time_limit, flash):
     """--changing-shapes (the module docstring) for a case and precision: printed; the figures as a dict."""
     steps = contenders(case, prec, flash)
-    shapes = batches(case, count)
+    names = list(steps(batches(case, 1)[0]))
+    every = batches(case, count * len(names))
 
     def new_and_repeated(step):
         new_ms = cuda_call(step)[0]
         return new_ms, min(cuda_call(step)[0] for _ in range(repeats))
     out = {}
-    for name in steps(shapes[0]):
+    for k, name in enumerate(names):
+        shapes = every[k * count:(k + 1) * count]  # batches of its own: no shape another contender met first
         torch.cuda.empty_cache()
         new, repeated, failed = [], [], None
         start = time.perf_counter()

@@ -96,17 +96,21 @@ def test_step_scripts_batches_on_the_cpu():
 
 def test_changing_shapes_figures(no_gpu, monkeypatch):
     """fused_step.py --changing-shapes: a step's first time on a batch is its new-shape time, the least of the
-    repeats its repeated-shape time; the means leave out the first ``skip`` steps."""
-    shapes = fused_step.batches("protocol-a", 6)
+    repeats its repeated-shape time; the means leave out the first ``skip`` steps; each contender has batches of
+    its own."""
+    shapes = fused_step.batches("protocol-a", 12)
     index = {int(T.sum()): i for i, (T, _) in enumerate(shapes)}
+    seen = {"ours fused": set(), "fails": set()}
 
     def contenders(case, prec, flash):
         def steps(batch):
             i = index[int(batch[0].sum())]
-            queues = {"ours fused": iter([100.0 if i == 0 else 10.0 + i, 9.0 + i, 8.0 + i, 8.5 + i]),
-                      "fails": iter([20.0, 10.0, 10.0, 10.0] if i < 4 else [])}
+            j = i % 6  # the step's place in its contender's batches
+            queues = {"ours fused": iter([100.0 if j == 0 else 10.0 + j, 9.0 + j, 8.0 + j, 8.5 + j]),
+                      "fails": iter([20.0, 10.0, 10.0, 10.0] if j < 4 else [])}
 
             def step(name):
+                seen[name].add(i)
                 ms = next(queues[name], None)
                 if ms is None:
                     raise torch.cuda.OutOfMemoryError("CUDA out of memory")
@@ -122,6 +126,7 @@ def test_changing_shapes_figures(no_gpu, monkeypatch):
     assert ours["ratio"] == pytest.approx(13.5 / 11.5)
     fails = out["contenders"]["fails"]
     assert fails["steps"] == 4 and fails["failed"] == "out of memory" and fails["new_shape_ms"] == 20.0
+    assert seen == {"ours fused": set(range(6)), "fails": set(range(6, 11))}
     stopped = fused_step.run_changing_shapes("protocol-a", "bf16", 6, skip=2, repeats=3, time_limit=0, flash=None)
     assert stopped["contenders"]["ours fused"]["steps"] == 0
     assert stopped["contenders"]["ours fused"]["new_shape_ms"] is None

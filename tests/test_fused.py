@@ -78,6 +78,45 @@ def test_float64_equals_unfused(device, case):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
 
 
+def test_gemm_rows_are_few_shapes_of_little_padding():
+    from transducer.fused import _gemm_rows
+    for rows in list(range(1, 5000)) + list(range(100_000, 140_000, 7)):
+        got = _gemm_rows(rows, "cuda")
+        assert rows <= got <= max(rows * 33 / 32, rows + 7) and got % 8 == 0, rows
+    # Protocol A's tiles (110,672 to 131,432 rows over 40 batches) in at most 12 shapes
+    assert len({_gemm_rows(rows, "cuda") for rows in range(110_000, 131_433)}) <= 12
+    assert _gemm_rows(12345, "cpu") == 12345
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("options", [{}, dict(bias=False), dict(durations=[0, 1, 2])])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_padded_gemm_rows_change_nothing(device, options, dtype, monkeypatch):
+    """The tiles' GEMMs over rows padded with zero hidden rows (_gemm_rows: on CUDA by default) give the loss and
+    gradients of unpadded ones; bf16 under autocast (the Hopper kernels where they run)."""
+    if dtype == torch.bfloat16 and device == "cpu":
+        pytest.skip("bf16 GEMMs: CUDA")
+    import transducer.fused as fused
+    options = dict(options)
+    bias = options.pop("bias", True)
+    enc, pred, weight, b, targets, T, U, w = joiner_batch(530, device=device)
+    if "durations" in options:
+        targets = targets % 14 + (targets % 14 == 0)  # 17 - 3 token columns, no blank (0)
+    b = b if bias else None
+    params = (enc, pred, weight) + ((b,) if bias else ())
+
+    def run(pad):
+        monkeypatch.setattr(fused, "_gemm_rows", lambda rows, device_type: rows + pad)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype != torch.float64):
+            loss = fused_joiner_loss(enc, pred, weight, b, targets, T, U, max_rows=9, reduction="none", **options)
+        return loss.detach(), torch.autograd.grad((loss * w.to(loss.dtype)).sum(), params)
+    (padded, padded_grads), (plain, plain_grads) = run(13), run(0)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(padded, plain, **tol)
+    for got, want in zip(padded_grads, plain_grads):
+        torch.testing.assert_close(got, want, **tol)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_equals_unfused(device):
     (fused, fused_grads), (want, want_grads) = both(520, device, dtype=torch.float32, max_rows=9)

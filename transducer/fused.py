@@ -79,6 +79,18 @@ def _tiles(num_rows, max_rows):
             yield start, end
 
 
+def _gemm_rows(rows, device_type):
+    """The row count a tile's torch GEMMs run on: on CUDA ``rows`` rounded up to a multiple of 1/32 of its
+    power of two (at least 8; at most 3.2% more rows, zeros), elsewhere ``rows``. cuBLAS picks its kernel once
+    per shape, at a host cost of up to milliseconds a GEMM, so that tiles whose row counts change every step
+    would pay it every step; rounded, a training run's tiles come in a few shapes (DESIGN.md: Few GEMM shapes
+    across steps)."""
+    if device_type != "cuda":
+        return rows
+    granule = max(8, 1 << max(0, rows.bit_length() - 6))
+    return -(-rows // granule) * granule
+
+
 def _utterances(row_splits, start, end):
     """The utterances [first, last + 1) whose rows meet [start, end) (row_splits: a host list)."""
     return bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1)
@@ -144,11 +156,14 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
         statistics = encoder_out.new_empty(3, num_rows, dtype=torch.float32)
         projection = hopper.projection(Wx, bias)
     for start, end in _tiles(num_rows, max_rows):
-        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
-        if hopper_tiles:
+        if hopper_tiles:  # no torch GEMM in forward
+            hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
             hopper.statistics_tile(projection, hx, labels[start:end], options.blank, statistics[:, start:end])
         else:
-            z = F.linear(hx, Wx)
+            rows = end - start
+            hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx,
+                         _gemm_rows(rows, encoder_out.device.type))
+            z = F.linear(hx, Wx)[:rows]
             kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
             del z
         del hx
@@ -186,17 +201,21 @@ def _projection(weight, bias, compute_dtype):
     return Wx, Wx[:, :J]
 
 
-def _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx):
+def _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx, gemm_rows=None):
     """The GEMMs' operand against Wx (_projection) for the rows [start, end), in Wx's dtype: h = dropout(act(
     encoder_out[b, t] + predictor_out[b, u])) (``joiner`` = (activation, Dropout or None); the sum and act in
     the inputs' promoted dtype, as the unfused composition computes them, then rounded to Wx's dtype by the
-    pack pass itself: no tile of the promoted dtype), then with a bias columns of ones. The backward
-    recomputes act'(a) and the mask from the inputs (pack_backward_add), so h is not kept."""
+    pack pass itself: no tile of the promoted dtype), then with a bias columns of ones; ``gemm_rows`` rows
+    (_gemm_rows; default end - start), those past end - start zeros in every column, so that their logits are
+    zeros and give dW nothing. The backward recomputes act'(a) and the mask from the inputs
+    (pack_backward_add), so h is not kept."""
     J, rows = encoder_out.size(2), end - start
-    hx = encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
+    hx = encoder_out.new_empty(gemm_rows or rows, Wx.size(1), dtype=Wx.dtype)
+    if hx.size(0) > rows:
+        hx[rows:] = 0
     if Wx.size(1) > J:  # a bias: its columns of ones
-        hx[:, J:] = 1
-    stages.pack_forward(encoder_out, predictor_out, layout, rows, start, joiner[0], hx[:, :J], joiner[1])
+        hx[:rows, J:] = 1
+    stages.pack_forward(encoder_out, predictor_out, layout, rows, start, joiner[0], hx[:rows, :J], joiner[1])
     return hx
 
 
@@ -236,16 +255,18 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     if hopper_tiles:  # every row's label and gradient coefficients, for the tiles' kernels
         coefficients, labels = cuda_stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
     for start, end in _tiles(row_splits[-1], max_rows):
-        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
+        tile_rows = end - start
+        hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx,
+                     _gemm_rows(tile_rows, encoder_out.device.type))
         width = Wx.size(0)
         if hopper_tiles:  # the gradient from the recompute's epilogue; it and Wx are zeros past V
-            dz = hopper.gradient_tile(projection, hx[:, :J], labels[start:end], options.blank,
-                                      coefficients[:, start:end], max(options.clamp, 0.0))
+            dz = hopper.gradient_tile(projection, hx[:tile_rows, :J], labels[start:end], options.blank,
+                                      coefficients[:, start:end], max(options.clamp, 0.0), hx.size(0))
             width = min(dz.size(1), width)
             dz = dz[:, :width]
         else:
-            dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place
-            tokens, extra = dz[:, :V], dz[:, V:V + D] if D else None
+            dz = F.linear(hx, Wx)  # the tile's logits, turned into their gradient in place; zeros past tile_rows
+            tokens, extra = dz[:tile_rows, :V], dz[:tile_rows, V:V + D] if D else None
             kind.gradient(stages, tokens, extra, targets, lattice, scale, options, tokens, extra, start)
             del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
             if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
@@ -255,8 +276,8 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         dh = dz.mm(W[:width])
         del dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
-        stages.pack_backward_add(dh, layout, start, _utterances(row_splits, start, end), grad_enc, grad_pred,
-                                 (encoder_out, predictor_out), *joiner)
+        stages.pack_backward_add(dh[:tile_rows], layout, start, _utterances(row_splits, start, end), grad_enc,
+                                 grad_pred, (encoder_out, predictor_out), *joiner)
         del dh
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()

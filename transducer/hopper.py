@@ -266,7 +266,7 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
 
 
 def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int, coefficients: Tensor,
-                  clamp: float) -> Tensor:
+                  clamp: float, rows: int = 0) -> Tensor:
     """logits_gradient of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
     gives what logits_gradient checks (as statistics_tile's, and ``coefficients`` float32 (5, N) of unit column
     stride, ``clamp`` >= 0).
@@ -278,18 +278,23 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
         blank (int): the blank's column.
         coefficients (Tensor): ``(5, N)`` float32: each row's den, occupancy, blank arc, label arc and scale.
         clamp (float): the clamp, or 0 for none.
+        rows (int): the rows of G returned, if more than N: those past N are zeros (the fused loss's GEMM rows).
+            Default: ``0``.
 
     Returns:
-        Tensor: as logits_gradient.
+        Tensor: as logits_gradient, with ``max(N, rows)`` rows.
     """
     N, J = H.shape
     tile_m = 64 * projection.config.warpgroups
     # whole row tiles, so that the epilogue's stores are whole subtiles; the rows past N are not returned
-    G = torch.empty(-(-N // tile_m) * tile_m, projection.col_bias.size(0), device=H.device, dtype=H.dtype)
+    G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.col_bias.size(0), device=H.device,
+                    dtype=H.dtype)
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0)
         _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp)
-    return G[:N]
+    if rows > N:
+        G[N:rows] = 0
+    return G[:max(N, rows)]
 
 
 def _arguments(H, projection, labels, row_values, G):
