@@ -58,13 +58,17 @@ KERNELS = {
         "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 8, 0, false>",
         "pack_forward_kernel<float, float, float, float, 1, 2, false>",
         "pack_forward_kernel<float, ops::bf16_t, float, ops::bf16_t, 8, 3, false>",
-        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8, true, false, 0, false>",
-        "pack_grad_kernel<float, float, float, float, float, 4, false, false, 2, false>",
-        "pack_grad_kernel<ops::bf16_t, float, ops::bf16_t, float, float, 8, true, true, 3, false>",
-        "pack_grad_kernel<ops::bf16_t, float, float, float, float, 8, false, true, 1, false>",
-        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, true, true, 0, true>",
-        "pack_grad_kernel<ops::half_t, float, float, float, float, 4, false, true, 2, true>",
-        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, true, false, 6, false>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8, 0, false>",
+        "pack_grad_kernel<float, float, float, float, float, 4, 2, false>",
+        "pack_grad_kernel<ops::bf16_t, float, ops::bf16_t, float, float, 8, 3, false>",
+        "pack_grad_kernel<ops::bf16_t, float, float, float, float, 8, 1, false>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, 0, true>",
+        "pack_grad_kernel<ops::half_t, float, float, float, float, 4, 2, true>",
+        "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8, 6, false>",
+        "pack_grad_pred_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 8>",
+        "pack_grad_pred_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8>",
+        "pack_grad_pred_kernel<float, float, float, float, float, 4>",
+        "pack_grad_pred_kernel<double, double, double, double, double, 2>",
     ],
     "transducer/tdt.cu": [
         "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true, 8>", "tdt_log_probs_kernel<float, int, 1, 8, true, 4>",
@@ -91,9 +95,9 @@ PACK_ACTIVATIONS = [
         ("pack_forward_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8", "true"),
         ("pack_forward_kernel", "float, float, float, ops::half_t, 4", "true"),
         ("pack_forward_kernel", "double, double, double, double, 2", "true"),
-        ("pack_grad_kernel", "ops::half_t, ops::half_t, ops::half_t, ops::half_t, float, 8, false, true", "true"),
-        ("pack_grad_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 2, false, true", "true"),
-        ("pack_grad_kernel", "double, double, double, double, double, 1, true, true", "true"))
+        ("pack_grad_kernel", "ops::half_t, ops::half_t, ops::half_t, ops::half_t, float, 8", "true"),
+        ("pack_grad_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 2", "true"),
+        ("pack_grad_kernel", "double, double, double, double, double, 1", "true"))
 ]
 KERNELS["transducer/pack.cu"] += PACK_ACTIVATIONS
 

@@ -2,6 +2,7 @@
 the RNN-T and RNA stages of CUDA against the CPU twin, bit for bit where they must be; the TDT stages of every
 device against the float64 reference; layout, pack and the tile arguments the fused loss uses, on both devices."""
 
+import bisect
 import inspect
 import itertools
 import math
@@ -16,6 +17,7 @@ from transducer.layout import NUM_STATS, Layout, Stats
 from transducer.lattices import Lattice
 from transducer.options import LossOptions
 from transducer.custom_ops import make_layout
+from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
 
 
 def test_both_backends_implement_the_stage_contract():
@@ -669,6 +671,38 @@ def test_pack_forward_into_a_wider_matrix(device):
     for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].long()):
         with pytest.raises(ValueError, match="pack_forward: out must be"):
             stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("D, activation, p", [(40, "tanh", 0.0), (136, "gelu", 0.3), (20, "identity", 0.0),
+                                              (24, "identity", 0.5)])
+def test_pack_backward_add_over_tiles_of_long_utterances(device, D, activation, p):
+    """The stages' pack_backward_add over tiles that cut utterances of up to 70 frames and 13 labels (the CUDA
+    kernel's frame blocks of 32 frames and its vectors of a row, cut by the tiles' ends), added up, equal autograd's
+    gradient of sum(dropout(act(pack(...))) * grad_rows) in float64; T_b = 1 and U_b = 0 among the lengths."""
+    gen = torch.Generator().manual_seed(D)
+    T, U = torch.tensor([70, 1, 33, 64, 5, 40]), torch.tensor([12, 0, 3, 0, 7, 9])
+    enc, pred = (torch.randn(6, n, D, generator=gen, dtype=torch.float64) for n in (72, 14))
+    N = int((T * (U + 1)).sum())
+    grad_rows = torch.randn(N, D, generator=gen, dtype=torch.float64)
+    dropout = Dropout(p, 12345) if p else None
+    e, q = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+    h = ACTIVATIONS[activation].forward(pack(e, q, T, U))
+    if dropout:
+        h = h * dropout_mask(dropout, N, D, 0, h.dtype)
+    (h * grad_rows).sum().backward()
+    enc, pred, T, U, grad_rows = to_device(device, enc, pred, T, U, grad_rows)
+    stages = stages_for(enc.device)
+    layout = stages.layout(T, U, pred.size(1))
+    row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
+    grad_enc, grad_pred = torch.zeros_like(enc), torch.zeros_like(pred)
+    bounds = [0, 5, 333, 334, 900, 1003, N]  # cuts inside frames, frame blocks and utterances
+    for start, end in zip(bounds, bounds[1:]):
+        utterances = (bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1))
+        stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, grad_enc, grad_pred, (enc, pred),
+                                 activation, dropout)
+    torch.testing.assert_close(grad_enc.cpu(), e.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_pred.cpu(), q.grad, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -34,6 +34,8 @@ THREADS = 256  # block size of the per-row kernels and the pack kernels (row_pas
 # kMaxBlockThreads)
 MAX_BLOCK_THREADS = 1024
 PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
+PACK_FRAMES = 32  # frames a block of pack_grad_kernel sums (pack.cu: kSumFrames)
+PACK_LANES = 8  # vectors of a row a block of pack_grad_kernel takes (pack.cu: kSumLanes)
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
 # steps of log-probs tdt_walk_kernel reads ahead (DESIGN.md: The TDT walk is bound by its instructions, not its loads)
@@ -94,8 +96,8 @@ PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("ld_out", "long long")])
 PACK_GRAD_PARAMS = struct("PackGradParams", [
     ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
-    ("per_b", FAST_DIVMOD), ("item_start", "int"), ("num_items", "int"), ("row_start", "int"), ("row_end", "int"),
-    ("nvec", "int"), ("log_tpr", "int"), ("log_split", "int"), ("dropout", DROPOUT), ("grad", "ptr")])
+    ("b0", "int"), ("frame_blocks", "int"), ("row_start", "int"), ("row_end", "int"), ("nvec", "int"),
+    ("dropout", DROPOUT), ("scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments
@@ -437,17 +439,17 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     return out
 
 
-def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inputs=None, activation="identity",
-               dropout=None):
-    """The launches of pack_grad_kernel: for each of grads = (grad_enc, grad_pred), the sums over u and
-    over t of the rows [row_start, row_start + len(grad_rows)) (times the dropout mask and act'(a), a and h
-    recomputed from ``inputs`` = (encoder_out, predictor_out)), items of `utterances` = (first, end)."""
+def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity", dropout=None):
+    """The launches of pack_grad_kernel and pack_grad_pred_kernel: grads = (grad_enc, grad_pred) += the sums over u
+    and over t of the rows [row_start, row_start + len(grad_rows)) (times the dropout mask and act'(a), a and h
+    recomputed from ``inputs`` = (encoder_out, predictor_out)) of `utterances` = (first, end)."""
     D = grad_rows.size(1)
     act = ACTIVATIONS[activation].code
     drop = _dropout_struct(dropout)
+    grad_enc, grad_pred = grads
     if act or drop is not _NO_DROPOUT:  # the inputs are read (an activation), or give the hidden's dtype
         enc, prd = inputs if inputs is not None else (None, None)
-        if (enc is None or prd is None or enc.shape != grads[0].shape or prd.shape != grads[1].shape
+        if (enc is None or prd is None or enc.shape != grad_enc.shape or prd.shape != grad_pred.shape
                 or enc.device != grad_rows.device or prd.device != grad_rows.device):
             raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) on grad_rows' device, "
                              "of the shapes of grad_enc and grad_pred")
@@ -462,36 +464,37 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, accumulate, inpu
     pred_dtype = prd.dtype if prd is not None else grad_rows.dtype
     nvec = D // vec
     b0, b1 = utterances
-    grids = _grids(layout, padded_grid=False)
-    for grad, pred in zip(grads, (False, True)):
-        # an encoder item sums U_b + 1 contiguous rows: a group of threads each; a predictor item sums T_b
-        # rows a stride apart, many: a warp-sized group takes one row in 8 and the block's 8 groups meet
-        tpr, split = (32, 8) if pred else (_threads_per_item(nvec), 1)
-        items_per_block = THREADS // tpr // split
-        per_b = grad.size(1)
-        num_items = (b1 - b0) * per_b
-        if num_items == 0:
-            continue
-        if layout.batch_size * per_b >= 1 << 31:
-            raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31")
-        params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=grads[0].size(1),
-                                  max_u1=grads[1].size(1), grids=grids, per_b=FastDivmod(per_b).params(),
-                                  item_start=b0 * per_b, num_items=num_items, row_start=row_start,
-                                  row_end=row_start + grad_rows.size(0), nvec=nvec, log_tpr=tpr.bit_length() - 1,
-                                  log_split=split.bit_length() - 1, dropout=drop, grad=grad)
-        name = _name("pack_grad_kernel", grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad.dtype, vec, pred,
-                     bool(accumulate), act, drop is not _NO_DROPOUT)
-        launch(_PACK, name, grad, (ceil_div(num_items, items_per_block),), (THREADS,), (params,))
+    max_t, max_u1 = grad_enc.size(1), grad_pred.size(1)
+    if b1 <= b0:
+        return
+    if layout.batch_size * max(max_t, max_u1) >= 1 << 31 or b1 - b0 > 65535:
+        raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31, and a tile's utterances "
+                         "below 65536")
+    # the scratch: per frame block that meets the rows, min(U_b + 1, max_u1) rows of D sums; at most this many
+    # (pack.cu: FrameBlocks, a block per PACK_FRAMES frames, two blocks of an utterance cut by the rows' ends)
+    scratch_rows = ceil_div(grad_rows.size(0), PACK_FRAMES) + 2 * (b1 - b0) * max_u1
+    scratch = grad_rows.new_empty(scratch_rows, D, dtype=accumulate_dtype(promoted))
+    frame_blocks = ceil_div(max(max_t, 1), PACK_FRAMES)
+    params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=max_t, max_u1=max_u1,
+                              grids=_grids(layout, padded_grid=False), b0=b0, frame_blocks=frame_blocks,
+                              row_start=row_start, row_end=row_start + grad_rows.size(0), nvec=nvec, dropout=drop,
+                              scratch=scratch, grad_enc=grad_enc, grad_pred=grad_pred)
+    types = (grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad_enc.dtype, vec)
+    launch(_PACK, _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT), grad_enc,
+           ((b1 - b0) * frame_blocks, ceil_div(nvec, PACK_LANES)), (THREADS,), (params,))
+    if max_u1 > 0:
+        launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred, (ceil_div(max_u1 * nvec, THREADS), b1 - b0),
+               (THREADS,), (params,))
 
 
 def pack_backward(grad_rows, layout, max_t, max_u1):
     _check_cuda(grad_rows)
     grad_rows = grad_rows.contiguous()
     B, D = layout.batch_size, grad_rows.size(1)
-    grad_enc = torch.empty(B, int(max_t), D, dtype=grad_rows.dtype, device=grad_rows.device)
-    grad_pred = torch.empty(B, int(max_u1), D, dtype=grad_rows.dtype, device=grad_rows.device)
-    if D > 0 and B > 0:
-        _pack_grad(grad_rows, layout, 0, (0, B), (grad_enc, grad_pred), False)
+    grad_enc = torch.zeros(B, int(max_t), D, dtype=grad_rows.dtype, device=grad_rows.device)
+    grad_pred = torch.zeros(B, int(max_u1), D, dtype=grad_rows.dtype, device=grad_rows.device)
+    if D > 0 and B > 0 and grad_rows.size(0) > 0:
+        _pack_grad(grad_rows, layout, 0, (0, B), (grad_enc, grad_pred))
     return grad_enc, grad_pred
 
 
@@ -499,7 +502,7 @@ def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_p
                       activation="identity", dropout=None):
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
-        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), True, inputs,
+        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), inputs,
                    activation, dropout)
     return grad_enc, grad_pred
 

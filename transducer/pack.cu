@@ -5,8 +5,9 @@
 //   pack_forward_kernel            out[r - row_start] = dropout(act(a)), a = enc[b, t] + pred[b, u], for
 //                                  row r = (b, t, u) (out's rows ld_out apart: the fused loss packs into a
 //                                  wider matrix)
-//   pack_grad_kernel<..., false>   grad_enc[b, t]  (+)= sum_{u <= U_b}  d(b, t, u) in range   (t < T_b)
-//   pack_grad_kernel<..., true>    grad_pred[b, u] (+)= sum_{t < T_b}   d(b, t, u) in range   (u <= U_b)
+//   pack_grad_kernel               grad_enc[b, t] += sum_{u <= U_b} d(b, t, u) in range   (t < T_b), and
+//                                  scratch[b, frame block, u] = sum_{t in the block} d(b, t, u) in range
+//   pack_grad_pred_kernel          grad_pred[b, u] += sum over b's frame blocks of the scratch (u <= U_b)
 //
 // with d = grad_rows * mask * act'(a), a and h = act(a) recomputed as pack_forward_kernel computes them (the
 // same h), or, for the identity without dropout, d = grad_rows: the fused joiner loss's activation, dropout
@@ -17,9 +18,9 @@
 // The inputs may have different types (TE, TP: an fp32 encoder output beside a 16-bit predictor output
 // under autocast): the sum and the activation are rounded to their promoted type P, as `enc + pred` and
 // act compute them, and the forward writes the result in the GEMMs' type TO (16 bits under autocast), with
-// no tile of type P. Each output row of the backward is owned by one group of TPR threads (a power of
-// two), each thread one VEC-wide slice of D at a time: no atomics, sums in P's accumulation type. With
-// ACCUMULATE the sums are added to the output (of the accumulation type), else they overwrite it.
+// no tile of type P. The backward reads each row of grad_rows once (both sums from one load, DESIGN.md: Both
+// sums of pack's backward in one pass) and adds to its outputs, in P's accumulation type, in a fixed order:
+// no atomics, the same sums every run.
 
 #include "transducer/layout.cuh"
 #include "transducer/row_pass.cuh"  // kThreads: the pack kernels' block too
@@ -299,7 +300,50 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
   }
 }
 
-template <typename T, typename TE, typename TP, typename O>
+namespace td {
+// pack_grad_kernel's geometry: a block of kThreads threads (8 warps) takes a frame block of kSumFrames frames of one
+// utterance, every u of them, and kSumLanes vectors of D: a warp is 4 frames x kSumLanes lanes (lane = frame * 8 +
+// vector), so that a row's kSumLanes vectors are one warp load; kSumSteps values of u go together (their loads in
+// flight, one barrier).
+constexpr int kSumFrames = 32;  // transducer/cuda_stages.py: PACK_FRAMES
+constexpr int kSumLanes = 8;    // transducer/cuda_stages.py: PACK_LANES
+constexpr int kSumSteps = 4;
+
+// The frame blocks [lo, hi) of utterance b whose rows meet [row_start, row_end) (none where they do not), its rows
+// per frame (U_b + 1) and frames, and the predictor rows each frame block sums into the scratch: min(U_b + 1, max_u1).
+struct FrameBlocks {
+  int lo, hi, rows_per_frame, frames, pred_rows;
+  long long base, st;
+  __device__ __forceinline__ FrameBlocks(const Grids& g, int b, long long row_start, long long row_end, int max_u1) {
+    frames = (int)g.T(b);
+    rows_per_frame = (int)g.U(b) + 1;
+    base = g.split(b);
+    st = g.stride(b);
+    pred_rows = rows_per_frame < max_u1 ? rows_per_frame : max_u1;
+    const long long first = row_start > base ? row_start : base;
+    const long long end = base + (long long)frames * st, last = row_end < end ? row_end : end;
+    lo = hi = 0;
+    if (frames > 0 && st > 0 && rows_per_frame > 0 && first < last) {
+      lo = (int)((first - base) / (kSumFrames * st));
+      hi = (int)((last - 1 - base) / (kSumFrames * st)) + 1;
+    }
+  }
+};
+
+// The scratch row of (utterance b, frame block lo_b) (pack_grad_kernel writes, pack_grad_pred_kernel reads): the
+// frame blocks of utterances [b0, b) that meet the rows, pred_rows rows each, come first.
+__device__ __forceinline__ long long scratch_row(const Grids& g, int b0, int b, long long row_start, long long row_end,
+                                                 int max_u1) {
+  long long row = 0;
+  for (int c = b0; c < b; ++c) {
+    const FrameBlocks f(g, c, row_start, row_end, max_u1);
+    row += (long long)(f.hi - f.lo) * f.pred_rows;
+  }
+  return row;
+}
+}  // namespace td
+
+template <typename T, typename TE, typename TP, typename S, typename O>
 struct PackGradParams {
   const T* grad_rows;  // the rows [row_start, row_end), D wide
   const TE* enc;       // (B, max_t, D): read for an activation only
@@ -307,94 +351,79 @@ struct PackGradParams {
   int max_t;
   int max_u1;
   td::Grids grids;
-  FastDivmod per_b;    // items per utterance: max_t (encoder) or max_u1 (predictor)
-  int item_start;
-  int num_items;
+  int b0;             // the utterances whose rows meet the rows: [b0, b0 + gridDim.x / frame_blocks)
+  int frame_blocks;   // blocks along x per utterance
   int row_start;
   int row_end;
-  int nvec;       // D / VEC
-  int log_tpr;    // log2 of the threads of a group
-  int log_split;  // log2 of the groups of an item
+  int nvec;           // D / VEC
   td::Dropout dropout;  // DROPOUT
-  O* grad;        // (B, max_t or max_u1, D)
+  S* scratch;         // the predictor sums of each frame block (td::scratch_row), D wide
+  O* grad_enc;        // (B, max_t, D)
+  O* grad_pred;       // (B, max_u1, D)
 };
 
-// PRED == false: item = b * max_t + t, summing over u; PRED == true: item = b * max_u1 + u, summing over t. Items
-// [item_start, item_start + num_items); rows [row_start, row_end), grad_rows holding them; enc (B, max_t, D) and pred
-// (B, max_u1, D) are read only for an activation (a and h; a row whose t or u lies past them, possible with unchecked
-// lengths, had a = h = 0 in forward, as here); DROPOUT: the mask too. A block of kThreads threads is kThreads >>
-// log_tpr groups of 1 << log_tpr threads; the 1 << log_split groups of an item take every (1 << log_split)-th of its
-// rows and their sums meet in shared memory, in a fixed order (deterministic): the launcher splits an item whose rows
-// are many and far apart (the predictor's sums over t) and keeps an item to one group when its rows are few and
-// contiguous. P: the promoted type of TE and TP.
-template <typename T, typename TE, typename TP, typename P, typename O, int VEC, bool PRED, bool ACCUMULATE,
-          int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(td::kThreads) pack_grad_kernel(const PackGradParams<T, TE, TP, O> p) {
+// One pass over the rows [row_start, row_end) (grad_rows holding them) of utterances [b0, ...): d = grad_rows *
+// mask * act'(a), a and h recomputed from enc and pred (a row whose t or u lies past them, possible with unchecked
+// lengths, had a = h = 0 in forward, as here); grad_enc[b, t] += sum_u d(b, t, u), whole, as a block holds every u
+// of its frames; the sums over the block's frames of d(b, t, u) go to the scratch, whose rows pack_grad_pred_kernel
+// then adds into grad_pred[b, u] in frame block order. Sums in a fixed order (deterministic): over a warp's 4 frames by
+// shuffles, over its 8 warps in shared memory. Block (x, y): utterance b0 + x / frame_blocks, its frame blocks lo +
+// x % frame_blocks + k * frame_blocks, the vectors [y * kSumLanes, (y + 1) * kSumLanes). P: the promoted type of TE
+// and TP, S its accumulation type.
+template <typename T, typename TE, typename TP, typename P, typename O, int VEC, int ACT, bool DROPOUT>
+__global__ void __launch_bounds__(td::kThreads) pack_grad_kernel(
+    const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
-  typedef Vec<T, VEC> V;
-  typedef Vec<O, VEC> VO;
-  __shared__ Acc partial[td::kThreads][VEC];
+  constexpr int W = td::kThreads / 32, COLS = td::kSumLanes * VEC;
+  static_assert(W * 4 == td::kSumFrames && td::kSumLanes * 4 == 32, "a warp is 4 frames x kSumLanes vectors");
+  __shared__ Acc partial[2][td::kSumSteps][W][COLS];
   const T* __restrict__ grad_rows = p.grad_rows;
-  const TE* __restrict__ enc = p.enc;
-  const TP* __restrict__ pred = p.pred;
-  O* __restrict__ grad = p.grad;
-  const int max_t = p.max_t, max_u1 = p.max_u1, nvec = p.nvec, row_start = p.row_start, row_end = p.row_end;
-  const int tpr = 1 << p.log_tpr, lane = threadIdx.x & (tpr - 1), group = threadIdx.x >> p.log_tpr;
-  const int split = 1 << p.log_split, part = group & (split - 1);
-  const int local = blockIdx.x * (td::kThreads >> p.log_tpr >> p.log_split) + (group >> p.log_split);
-  const bool active = local < p.num_items;  // every thread reaches the barriers below
-  const int item = p.item_start + (active ? local : 0);
-  int b, k;  // k = t (enc) or u (pred)
-  p.per_b.divmod(item, b, k);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, vec = lane & (td::kSumLanes - 1), sub = lane >> 3;
+  const int b = p.b0 + (int)blockIdx.x / p.frame_blocks;
   const td::Grids& g = p.grids;
-  const int Tb = (int)g.T(b), Ub = (int)g.U(b);
-  const long long st = g.stride(b);
-  const long long D = (long long)nvec * VEC;
-  // the rows summed: first + c * step for c in [0, count), then only those in [row_start, row_end)
-  const long long first = PRED ? g.split(b) + k : g.split(b) + (long long)k * st;
-  const long long step = PRED ? st : 1;
-  const long long count = active ? (PRED ? (k <= Ub ? Tb : 0) : (k < Tb ? Ub + 1 : 0)) : 0;
-  long long c0 = row_start > first ? (row_start - first + step - 1) / step : 0;
-  long long c1 = row_end > first ? (row_end - first + step - 1) / step : 0;
-  c1 = c1 < count ? c1 : count;
-  VO* po = reinterpret_cast<VO*>(grad + (long long)item * D);
-  for (int i0 = 0; i0 < nvec; i0 += tpr) {
-    const int i = i0 + lane;
+  const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
+  const long long D = (long long)p.nvec * VEC;
+  const int i = (int)blockIdx.y * td::kSumLanes + vec;  // the lane's vector
+  const bool live_vec = i < p.nvec;
+  const long long first_row = td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1);
+  const Acc scale = DROPOUT ? td::round_to<P>((Acc)p.dropout.scale) : Acc(1);
+  int step = 0;  // the steps of every frame block, alternating between the two buffers
+  for (int fb = f.lo + (int)blockIdx.x % p.frame_blocks; fb < f.hi; fb += p.frame_blocks) {
+    const int t = fb * td::kSumFrames + warp * 4 + sub;
+    const bool live = live_vec && t < f.frames;
+    const long long row0 = f.base + (long long)t * f.st;  // the row of (t, 0)
+    Vec<TE, VEC> e;
+    if (ACT != td::kIdentity && live && t < p.max_t)
+      e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(p.enc + ((long long)b * p.max_t + t) * D) + i);
     Acc acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
-    if (i < nvec) {
-      const T* rows = grad_rows + (first - row_start) * D + (long long)i * VEC;
-      // the item's own encoder (predictor) row, and the other input's rows, c being the other coordinate
-      // (u or t): row first + c * step of the layout is (b, k, c) or (b, c, k); unread for the identity
-      const int other_rows = PRED ? max_t : max_u1;
-      Vec<TE, VEC> e;
-      Vec<TP, VEC> q;
-      const TE* enc_rows = enc + (long long)b * max_t * D + (long long)i * VEC;
-      const TP* pred_rows = pred + (long long)b * max_u1 * D + (long long)i * VEC;
-      if (ACT != td::kIdentity) {
-        if (PRED)
-          q = ldg(reinterpret_cast<const Vec<TP, VEC>*>(pred_rows + (long long)k * D));
-        else
-          e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + (long long)k * D));
-      }
-      const Acc scale = DROPOUT ? td::round_to<P>((Acc)p.dropout.scale) : Acc(1);
-#pragma unroll 4
-      for (long long c = c0 + part; c < c1; c += split) {
-        const V x = ldg(reinterpret_cast<const V*>(rows + c * step * D));
-        Acc slope[VEC];
-        if (ACT == td::kIdentity) {
+    Acc* scratch = p.scratch + (first_row + (long long)(fb - f.lo) * f.pred_rows) * D;
+    for (int u0 = 0; u0 < f.rows_per_frame; u0 += td::kSumSteps, ++step) {
+      Vec<T, VEC> x[td::kSumSteps];
+      Vec<TP, VEC> q[td::kSumSteps];
+      bool in[td::kSumSteps];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) slope[j] = Acc(1);
-        } else {
+      for (int k = 0; k < td::kSumSteps; ++k) {
+        const int u = u0 + k;
+        const long long r = row0 + u;
+        in[k] = live && u < f.rows_per_frame && r >= p.row_start && r < p.row_end;
+        if (in[k]) x[k] = ldg(reinterpret_cast<const Vec<T, VEC>*>(grad_rows + (r - p.row_start) * D) + i);
+        if (ACT != td::kIdentity && in[k] && u < p.max_u1)
+          q[k] = ldg(reinterpret_cast<const Vec<TP, VEC>*>(p.pred + ((long long)b * p.max_u1 + u) * D) + i);
+      }
+      Acc sum[td::kSumSteps][VEC];
+#pragma unroll
+      for (int k = 0; k < td::kSumSteps; ++k) {
+        const int u = u0 + k;
+        Acc slope[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) slope[j] = Acc(1);
+        if (ACT != td::kIdentity && in[k]) {
           Acc a[VEC], h[VEC];
-          if (c < other_rows) {
-            if (PRED)
-              e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(enc_rows + c * D));
-            else
-              q = ldg(reinterpret_cast<const Vec<TP, VEC>*>(pred_rows + c * D));
-            td::joiner_input<ACT, sizeof(T) == 2, P>(e, q, a, h);
+          if (t < p.max_t && u < p.max_u1) {
+            td::joiner_input<ACT, sizeof(T) == 2, P>(e, q[k], a, h);
           } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) a[j] = h[j] = Acc(0);
@@ -402,38 +431,86 @@ __global__ void __launch_bounds__(td::kThreads) pack_grad_kernel(const PackGradP
 #pragma unroll
           for (int j = 0; j < VEC; ++j) slope[j] = td::activation_slope<ACT>(a[j], h[j]);
         }
-        if (DROPOUT) {
-          const unsigned int row = (unsigned int)(first + c * step);
+        if (DROPOUT && in[k]) {
+          const unsigned int row = (unsigned int)(row0 + u);
 #pragma unroll
           for (int j = 0; j < VEC; ++j)
             slope[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? slope[j] * scale : Acc(0);
         }
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          acc[j] += ACT == td::kIdentity && !DROPOUT ? (Acc)to_acc(x.v[j]) : (Acc)to_acc(x.v[j]) * slope[j];
+        for (int j = 0; j < VEC; ++j) {
+          const Acc d = !in[k] ? Acc(0)
+                        : ACT == td::kIdentity && !DROPOUT ? (Acc)to_acc(x[k].v[j])
+                                                            : (Acc)to_acc(x[k].v[j]) * slope[j];
+          acc[j] += d;
+          sum[k][j] = d;
+        }
+      }
+      // the warp's 4 frames (lanes vec, vec + 8, vec + 16, vec + 24), then the block's 8 warps
+#pragma unroll
+      for (int k = 0; k < td::kSumSteps; ++k)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          sum[k][j] += __shfl_xor_sync(0xffffffffu, sum[k][j], 8);
+          sum[k][j] += __shfl_xor_sync(0xffffffffu, sum[k][j], 16);
+        }
+      const int buf = step & 1;  // two buffers: one barrier a step (the next step writes the other)
+      if (sub == 0) {
+#pragma unroll
+        for (int k = 0; k < td::kSumSteps; ++k)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) partial[buf][k][warp][vec * VEC + j] = sum[k][j];
+      }
+      __syncthreads();
+      for (int o = threadIdx.x; o < td::kSumSteps * COLS; o += td::kThreads) {
+        const int k = o / COLS, c = o % COLS, u = u0 + k;
+        const long long col = (long long)blockIdx.y * COLS + c;
+        if (u < f.pred_rows && col < D) {
+          Acc v = partial[buf][k][0][c];
+#pragma unroll
+          for (int w = 1; w < W; ++w) v += partial[buf][k][w][c];
+          scratch[u * D + col] = v;
+        }
       }
     }
-    if (split > 1) {  // the item's parts meet in part 0, in order
+    // the frame's sum over u, whole: added where the frame has rows in range
+    if (live && t < p.max_t && row0 + f.rows_per_frame > p.row_start && row0 < p.row_end) {
+      Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_enc + ((long long)b * p.max_t + t) * D) + i;
+      Vec<O, VEC> o = *out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) partial[threadIdx.x][j] = acc[j];
-      __syncthreads();
-      if (part == 0) {
-        for (int q = 1; q < split; ++q)
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[j] += partial[threadIdx.x + q * tpr][j];
-      }
-      __syncthreads();
+      for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>((Acc)to_acc(o.v[j]) + acc[j]);
+      *out = o;
     }
-    if (!active || part != 0 || i >= nvec) continue;
-    VO o;
-    if constexpr (ACCUMULATE) {
-      o = po[i];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] += (O)acc[j];
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>(acc[j]);
-    }
-    po[i] = o;
   }
+}
+
+// grad_pred[b, u] += the scratch rows of (b, u) over b's frame blocks that meet the rows, in their order: a thread a
+// vector of a predictor row, blocks (x, y): (u, vector) along x, utterance b0 + y.
+template <typename T, typename TE, typename TP, typename P, typename O, int VEC>
+__global__ void __launch_bounds__(td::kThreads) pack_grad_pred_kernel(
+    const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
+  using namespace ops;
+  typedef typename AccOf<P>::type Acc;
+  const long long id = (long long)blockIdx.x * td::kThreads + threadIdx.x;  // u * nvec + i
+  const int b = p.b0 + (int)blockIdx.y, i = (int)(id % p.nvec);
+  if (id / p.nvec >= p.max_u1) return;
+  const int u = (int)(id / p.nvec);
+  const td::Grids& g = p.grids;
+  const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
+  if (u >= f.pred_rows || f.hi <= f.lo) return;
+  const long long D = (long long)p.nvec * VEC;
+  const Acc* scratch = p.scratch + td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1) * D + u * D +
+                       (long long)i * VEC;
+  Acc v[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = Acc(0);
+  for (int fb = f.lo; fb < f.hi; ++fb, scratch += f.pred_rows * D) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] += scratch[j];
+  }
+  Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_pred + ((long long)b * p.max_u1 + u) * D) + i;
+  Vec<O, VEC> o = *out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>((Acc)to_acc(o.v[j]) + v[j]);
+  *out = o;
 }
