@@ -137,6 +137,7 @@ def test_constants_agree():
     assert c["kMaxBlockThreads"] == cuda.MAX_BLOCK_THREADS
     assert c["kPackRows"] == cuda.PACK_ROWS
     assert c["kSumFrames"] == cuda.PACK_FRAMES and c["kSumLanes"] == cuda.PACK_LANES
+    assert c["kSumThreads"] == cuda.PACK_SUM_THREADS
     assert c["kMaxDurations"] == layout.MAX_DURATIONS
     assert c["kWalkMaxThreads"] == cuda.WALK_MAX_THREADS
     assert c["kWalkMaxDurations"] == cuda.WALK_MAX_DURATIONS

@@ -34,8 +34,9 @@ THREADS = 256  # block size of the per-row kernels and the pack kernels (row_pas
 # kMaxBlockThreads)
 MAX_BLOCK_THREADS = 1024
 PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
-PACK_FRAMES = 32  # frames a block of pack_grad_kernel sums (pack.cu: kSumFrames)
-PACK_LANES = 8  # vectors of a row a block of pack_grad_kernel takes (pack.cu: kSumLanes)
+PACK_FRAMES = 8  # frames a warp of pack_grad_kernel sums (pack.cu: kSumFrames)
+PACK_LANES = 8  # vectors of a row a warp of pack_grad_kernel takes (pack.cu: kSumLanes)
+PACK_SUM_THREADS = 128  # pack_grad_kernel's block (pack.cu: kSumThreads)
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
 # steps of log-probs tdt_walk_kernel reads ahead (DESIGN.md: The TDT walk is bound by its instructions, not its loads)
@@ -471,17 +472,18 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
         raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31, and a tile's utterances "
                          "below 65536")
     # the scratch: per frame block that meets the rows, min(U_b + 1, max_u1) rows of D sums; at most this many
-    # (pack.cu: FrameBlocks, a block per PACK_FRAMES frames, two blocks of an utterance cut by the rows' ends)
+    # (pack.cu: FrameBlocks, a frame block per PACK_FRAMES frames, two of an utterance cut by the rows' ends)
     scratch_rows = ceil_div(grad_rows.size(0), PACK_FRAMES) + 2 * (b1 - b0) * max_u1
     scratch = grad_rows.new_empty(scratch_rows, D, dtype=accumulate_dtype(promoted))
-    frame_blocks = ceil_div(max(max_t, 1), PACK_FRAMES)
+    warps = PACK_SUM_THREADS // 32  # a warp per frame block, a block per warps consecutive ones
+    frame_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES), warps) * warps
     params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=max_t, max_u1=max_u1,
                               grids=_grids(layout, padded_grid=False), b0=b0, frame_blocks=frame_blocks,
                               row_start=row_start, row_end=row_start + grad_rows.size(0), nvec=nvec, dropout=drop,
                               scratch=scratch, grad_enc=grad_enc, grad_pred=grad_pred)
     types = (grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad_enc.dtype, vec)
     launch(_PACK, _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT), grad_enc,
-           ((b1 - b0) * frame_blocks, ceil_div(nvec, PACK_LANES)), (THREADS,), (params,))
+           ((b1 - b0) * frame_blocks // warps, ceil_div(nvec, PACK_LANES)), (PACK_SUM_THREADS,), (params,))
     if max_u1 > 0:
         launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred, (ceil_div(max_u1 * nvec, THREADS), b1 - b0),
                (THREADS,), (params,))

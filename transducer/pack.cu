@@ -153,6 +153,12 @@ struct Packed<ops::bf16_t> {
     if (ACT == kRelu) asm("max.bf16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(0u));
     return a;
   }
+  // lo and hi rounded to bf16 in one instruction (the low half lo's)
+  static __device__ __forceinline__ unsigned int round(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
 };
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -166,31 +172,44 @@ struct Packed<ops::half_t> {
     if (ACT == kRelu) asm("max.f16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(0u));
     return a;
   }
+  static __device__ __forceinline__ unsigned int round(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
 };
 #endif
+
+// Whether joiner_input takes the packed path (and gives h's words in P)
+template <typename P, typename TE, typename TP, int VEC, int ACT>
+struct PackedInput {
+  static constexpr bool value = SameType<TE, TP>::value && SameType<TE, P>::value && sizeof(P) == 2 &&
+                                VEC % 2 == 0 && Packed<P>::kOn && (ACT == kIdentity || ACT == kTanh || ACT == kRelu);
+};
 
 template <int ACT, bool FAST, typename P, typename TE, typename TP, int VEC>
 __device__ __forceinline__ void joiner_input(const ops::Vec<TE, VEC>& e, const ops::Vec<TP, VEC>& p,
                                              typename ops::AccOf<P>::type (&a)[VEC],
-                                             typename ops::AccOf<P>::type (&h)[VEC]) {
+                                             typename ops::AccOf<P>::type (&h)[VEC], unsigned int* bits = nullptr) {
   typedef typename ops::AccOf<P>::type A;
-  if constexpr (SameType<TE, TP>::value && SameType<TE, P>::value && sizeof(P) == 2 && VEC % 2 == 0 &&
-                Packed<P>::kOn && (ACT == kIdentity || ACT == kTanh || ACT == kRelu)) {
+  if constexpr (PackedInput<P, TE, TP, VEC, ACT>::value) {
     // a is not kept: these activations' slopes read h alone
     const unsigned int* pe = reinterpret_cast<const unsigned int*>(&e);
     const unsigned int* pp = reinterpret_cast<const unsigned int*>(&p);
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j) {
-      const unsigned int a = Packed<P>::template act<ACT>(pe[j], pp[j]);
+      unsigned int w = Packed<P>::template act<ACT>(pe[j], pp[j]);
       P lo, hi;
-      lo.bits = (unsigned short)(a & 0xffffu);
-      hi.bits = (unsigned short)(a >> 16);
+      lo.bits = (unsigned short)(w & 0xffffu);
+      hi.bits = (unsigned short)(w >> 16);
+      if (ACT == kTanh) {  // both rounded by one conversion: conversions share a narrow pipe with tanh.approx
+        w = Packed<P>::round(activate<kTanh, true>((float)ops::to_acc(lo)), activate<kTanh, true>((float)ops::to_acc(hi)));
+        lo.bits = (unsigned short)(w & 0xffffu);
+        hi.bits = (unsigned short)(w >> 16);
+      }
       h[2 * j] = (A)ops::to_acc(lo);
       h[2 * j + 1] = (A)ops::to_acc(hi);
-      if (ACT == kTanh) {
-        h[2 * j] = round_to<P>(activate<kTanh, true>(h[2 * j]));
-        h[2 * j + 1] = round_to<P>(activate<kTanh, true>(h[2 * j + 1]));
-      }
+      if (bits != nullptr) bits[j] = w;  // h in P, two elements a word
     }
   } else {
 #pragma unroll
@@ -279,11 +298,21 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
     for (int k = 0; k < R; ++k) {
       if (!inside[k]) continue;
       A a[VEC], h[VEC];
+      // h's words as joiner_input rounded them, where they are the output: no conversion of the output's own
+      constexpr bool kWords = td::PackedInput<P, TE, TP, VEC, ACT>::value && td::SameType<P, TO>::value && !DROPOUT;
+      unsigned int words[VEC / 2 > 0 ? VEC / 2 : 1];
       if (cell[k]) {
-        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], a, h);
+        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], a, h, kWords ? words : nullptr);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h[j] = A(0);
+#pragma unroll
+        for (int j = 0; j < (VEC / 2 > 0 ? VEC / 2 : 1); ++j) words[j] = 0u;
+      }
+      if constexpr (kWords) {
+        reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] =
+            *reinterpret_cast<const Vec<TO, VEC>*>(words);
+        continue;
       }
       if (DROPOUT) {
         const A scale = td::round_to<P>((A)p.dropout.scale);
@@ -293,21 +322,31 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
           h[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? td::round_to<P>(h[j] * scale) : A(0);
       }
       Vec<TO, VEC> o;
+      if constexpr (sizeof(TO) == 2 && VEC % 2 == 0 && td::Packed<TO>::kOn && td::SameType<A, float>::value) {
+        unsigned int* w = reinterpret_cast<unsigned int*>(&o);  // two elements a conversion
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<TO>(h[j]);
+        for (int j = 0; j < VEC / 2; ++j) w[j] = td::Packed<TO>::round(h[2 * j], h[2 * j + 1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<TO>(h[j]);
+      }
       reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] = o;
     }
   }
 }
 
 namespace td {
-// pack_grad_kernel's geometry: a block of kThreads threads (8 warps) takes a frame block of kSumFrames frames of one
-// utterance, every u of them, and kSumLanes vectors of D: a warp is 4 frames x kSumLanes lanes (lane = frame * 8 +
-// vector), so that a row's kSumLanes vectors are one warp load; kSumSteps values of u go together (their loads in
-// flight, one barrier).
-constexpr int kSumFrames = 32;  // transducer/cuda_stages.py: PACK_FRAMES
-constexpr int kSumLanes = 8;    // transducer/cuda_stages.py: PACK_LANES
-constexpr int kSumSteps = 4;
+// pack_grad_kernel's geometry: a warp takes a frame block of kSumFrames frames of one utterance, every u of them, and
+// kSumLanes vectors of D: its lanes are 4 frames x kSumLanes vectors (lane = frame * 8 + vector), each lane kLaneFrames
+// frames 4 apart, so that a row's kSumLanes vectors are one warp load and a block's sums over its frames meet in
+// registers and shuffles, no barrier; kSumSteps values of u go together (their loads in flight). A block is
+// kSumThreads / 32 warps, independent: consecutive frame blocks of one utterance (small blocks: a warp holds many
+// registers, and the warps of a tile's few utterances must spread over the SMs).
+constexpr int kSumThreads = 128;             // transducer/cuda_stages.py: PACK_SUM_THREADS
+constexpr int kLaneFrames = 2;
+constexpr int kSumFrames = 8;                // 4 * kLaneFrames; transducer/cuda_stages.py: PACK_FRAMES
+constexpr int kSumLanes = 8;                 // transducer/cuda_stages.py: PACK_LANES
+constexpr int kSumSteps = 2;
 
 // The frame blocks [lo, hi) of utterance b whose rows meet [row_start, row_end) (none where they do not), its rows
 // per frame (U_b + 1) and frames, and the predictor rows each frame block sums into the scratch: min(U_b + 1, max_u1).
@@ -352,7 +391,7 @@ struct PackGradParams {
   int max_u1;
   td::Grids grids;
   int b0;             // the utterances whose rows meet the rows: [b0, b0 + gridDim.x / frame_blocks)
-  int frame_blocks;   // blocks along x per utterance
+  int frame_blocks;   // warps along x per utterance (a multiple of kSumThreads / 32)
   int row_start;
   int row_end;
   int nvec;           // D / VEC
@@ -364,23 +403,23 @@ struct PackGradParams {
 
 // One pass over the rows [row_start, row_end) (grad_rows holding them) of utterances [b0, ...): d = grad_rows *
 // mask * act'(a), a and h recomputed from enc and pred (a row whose t or u lies past them, possible with unchecked
-// lengths, had a = h = 0 in forward, as here); grad_enc[b, t] += sum_u d(b, t, u), whole, as a block holds every u
-// of its frames; the sums over the block's frames of d(b, t, u) go to the scratch, whose rows pack_grad_pred_kernel
-// then adds into grad_pred[b, u] in frame block order. Sums in a fixed order (deterministic): over a warp's 4 frames by
-// shuffles, over its 8 warps in shared memory. Block (x, y): utterance b0 + x / frame_blocks, its frame blocks lo +
-// x % frame_blocks + k * frame_blocks, the vectors [y * kSumLanes, (y + 1) * kSumLanes). P: the promoted type of TE
-// and TP, S its accumulation type.
+// lengths, had a = h = 0 in forward, as here); grad_enc[b, t] += sum_u d(b, t, u), whole, as a warp holds every u
+// of its frames; the sums over a frame block's frames of d(b, t, u) go to the scratch, whose rows
+// pack_grad_pred_kernel then adds into grad_pred[b, u] in frame block order. Sums in a fixed order (deterministic):
+// a lane's frames in registers, the warp's 4 lanes of a vector by shuffles. Warp w of block (x, y): utterance b0 +
+// x / blocks_per_b, its frame blocks lo + (x % blocks_per_b) * W + w + k * frame_blocks, the vectors
+// [y * kSumLanes, (y + 1) * kSumLanes). P: the promoted type of TE and TP.
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(td::kThreads) pack_grad_kernel(
+__global__ void __launch_bounds__(td::kSumThreads, 4) pack_grad_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
-  constexpr int W = td::kThreads / 32, COLS = td::kSumLanes * VEC;
-  static_assert(W * 4 == td::kSumFrames && td::kSumLanes * 4 == 32, "a warp is 4 frames x kSumLanes vectors");
-  __shared__ Acc partial[2][td::kSumSteps][W][COLS];
+  constexpr int W = td::kSumThreads / 32, F = td::kLaneFrames, S = td::kSumSteps;
+  static_assert(td::kSumLanes * 4 == 32 && td::kSumFrames == 4 * F, "a warp is 4 lanes x kSumLanes vectors");
   const T* __restrict__ grad_rows = p.grad_rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, vec = lane & (td::kSumLanes - 1), sub = lane >> 3;
-  const int b = p.b0 + (int)blockIdx.x / p.frame_blocks;
+  const int blocks_per_b = (p.frame_blocks + W - 1) / W;
+  const int b = p.b0 + (int)blockIdx.x / blocks_per_b;
   const td::Grids& g = p.grids;
   const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
   const long long D = (long long)p.nvec * VEC;
@@ -388,98 +427,98 @@ __global__ void __launch_bounds__(td::kThreads) pack_grad_kernel(
   const bool live_vec = i < p.nvec;
   const long long first_row = td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1);
   const Acc scale = DROPOUT ? td::round_to<P>((Acc)p.dropout.scale) : Acc(1);
-  int step = 0;  // the steps of every frame block, alternating between the two buffers
-  for (int fb = f.lo + (int)blockIdx.x % p.frame_blocks; fb < f.hi; fb += p.frame_blocks) {
-    const int t = fb * td::kSumFrames + warp * 4 + sub;
-    const bool live = live_vec && t < f.frames;
-    const long long row0 = f.base + (long long)t * f.st;  // the row of (t, 0)
-    Vec<TE, VEC> e;
-    if (ACT != td::kIdentity && live && t < p.max_t)
-      e = ldg(reinterpret_cast<const Vec<TE, VEC>*>(p.enc + ((long long)b * p.max_t + t) * D) + i);
-    Acc acc[VEC];
+  for (int fb = f.lo + ((int)blockIdx.x % blocks_per_b) * W + warp; fb < f.hi; fb += p.frame_blocks) {
+    int t[F];
+    bool live[F];
+    long long row0[F];  // the row of (t, 0)
+    Vec<TE, VEC> e[F];
+    Acc acc[F][VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[j] = Acc(0);
-    Acc* scratch = p.scratch + (first_row + (long long)(fb - f.lo) * f.pred_rows) * D;
-    for (int u0 = 0; u0 < f.rows_per_frame; u0 += td::kSumSteps, ++step) {
-      Vec<T, VEC> x[td::kSumSteps];
-      Vec<TP, VEC> q[td::kSumSteps];
-      bool in[td::kSumSteps];
+    for (int m = 0; m < F; ++m) {
+      t[m] = fb * td::kSumFrames + 4 * m + sub;
+      live[m] = live_vec && t[m] < f.frames;
+      row0[m] = f.base + (long long)t[m] * f.st;
+      if (ACT != td::kIdentity && live[m] && t[m] < p.max_t)
+        e[m] = ldg(reinterpret_cast<const Vec<TE, VEC>*>(p.enc + ((long long)b * p.max_t + t[m]) * D) + i);
 #pragma unroll
-      for (int k = 0; k < td::kSumSteps; ++k) {
+      for (int j = 0; j < VEC; ++j) acc[m][j] = Acc(0);
+    }
+    Acc* scratch = p.scratch + (first_row + (long long)(fb - f.lo) * f.pred_rows) * D + (long long)i * VEC;
+    for (int u0 = 0; u0 < f.rows_per_frame; u0 += S) {
+      Vec<T, VEC> x[S][F];
+      Vec<TP, VEC> q[S];
+      bool in[S][F];
+#pragma unroll
+      for (int k = 0; k < S; ++k) {
         const int u = u0 + k;
-        const long long r = row0 + u;
-        in[k] = live && u < f.rows_per_frame && r >= p.row_start && r < p.row_end;
-        if (in[k]) x[k] = ldg(reinterpret_cast<const Vec<T, VEC>*>(grad_rows + (r - p.row_start) * D) + i);
-        if (ACT != td::kIdentity && in[k] && u < p.max_u1)
+#pragma unroll
+        for (int m = 0; m < F; ++m) {
+          const long long r = row0[m] + u;
+          in[k][m] = live[m] && u < f.rows_per_frame && r >= p.row_start && r < p.row_end;
+          if (in[k][m]) x[k][m] = ldg(reinterpret_cast<const Vec<T, VEC>*>(grad_rows + (r - p.row_start) * D) + i);
+        }
+        if (ACT != td::kIdentity && live_vec && u < p.max_u1 && u < f.rows_per_frame)
           q[k] = ldg(reinterpret_cast<const Vec<TP, VEC>*>(p.pred + ((long long)b * p.max_u1 + u) * D) + i);
       }
-      Acc sum[td::kSumSteps][VEC];
 #pragma unroll
-      for (int k = 0; k < td::kSumSteps; ++k) {
+      for (int k = 0; k < S; ++k) {
         const int u = u0 + k;
-        Acc slope[VEC];
+        Acc sum[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) slope[j] = Acc(1);
-        if (ACT != td::kIdentity && in[k]) {
-          Acc a[VEC], h[VEC];
-          if (t < p.max_t && u < p.max_u1) {
-            td::joiner_input<ACT, sizeof(T) == 2, P>(e, q[k], a, h);
-          } else {
+        for (int j = 0; j < VEC; ++j) sum[j] = Acc(0);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) a[j] = h[j] = Acc(0);
+        for (int m = 0; m < F; ++m) {
+          if (!in[k][m]) continue;
+          Acc slope[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) slope[j] = Acc(1);
+          if (ACT != td::kIdentity) {
+            Acc a[VEC], h[VEC];
+            if (t[m] < p.max_t && u < p.max_u1) {
+              td::joiner_input<ACT, sizeof(T) == 2, P>(e[m], q[k], a, h);
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) a[j] = h[j] = Acc(0);
+            }
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) slope[j] = td::activation_slope<ACT>(a[j], h[j]);
+          }
+          if (DROPOUT) {
+            const unsigned int row = (unsigned int)(row0[m] + u);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j)
+              slope[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? slope[j] * scale : Acc(0);
           }
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) slope[j] = td::activation_slope<ACT>(a[j], h[j]);
+          for (int j = 0; j < VEC; ++j) {
+            const Acc d = ACT == td::kIdentity && !DROPOUT ? (Acc)to_acc(x[k][m].v[j])
+                                                           : (Acc)to_acc(x[k][m].v[j]) * slope[j];
+            acc[m][j] += d;
+            sum[j] += d;
+          }
         }
-        if (DROPOUT && in[k]) {
-          const unsigned int row = (unsigned int)(row0 + u);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j)
-            slope[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? slope[j] * scale : Acc(0);
-        }
+        // the warp's 4 lanes of the vector (lanes vec, vec + 8, vec + 16, vec + 24)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const Acc d = !in[k] ? Acc(0)
-                        : ACT == td::kIdentity && !DROPOUT ? (Acc)to_acc(x[k].v[j])
-                                                            : (Acc)to_acc(x[k].v[j]) * slope[j];
-          acc[j] += d;
-          sum[k][j] = d;
+          sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 8);
+          sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 16);
         }
-      }
-      // the warp's 4 frames (lanes vec, vec + 8, vec + 16, vec + 24), then the block's 8 warps
+        if (sub == 0 && live_vec && u < f.pred_rows) {
 #pragma unroll
-      for (int k = 0; k < td::kSumSteps; ++k)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          sum[k][j] += __shfl_xor_sync(0xffffffffu, sum[k][j], 8);
-          sum[k][j] += __shfl_xor_sync(0xffffffffu, sum[k][j], 16);
-        }
-      const int buf = step & 1;  // two buffers: one barrier a step (the next step writes the other)
-      if (sub == 0) {
-#pragma unroll
-        for (int k = 0; k < td::kSumSteps; ++k)
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) partial[buf][k][warp][vec * VEC + j] = sum[k][j];
-      }
-      __syncthreads();
-      for (int o = threadIdx.x; o < td::kSumSteps * COLS; o += td::kThreads) {
-        const int k = o / COLS, c = o % COLS, u = u0 + k;
-        const long long col = (long long)blockIdx.y * COLS + c;
-        if (u < f.pred_rows && col < D) {
-          Acc v = partial[buf][k][0][c];
-#pragma unroll
-          for (int w = 1; w < W; ++w) v += partial[buf][k][w][c];
-          scratch[u * D + col] = v;
+          for (int j = 0; j < VEC; ++j) scratch[u * D + j] = sum[j];
         }
       }
     }
-    // the frame's sum over u, whole: added where the frame has rows in range
-    if (live && t < p.max_t && row0 + f.rows_per_frame > p.row_start && row0 < p.row_end) {
-      Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_enc + ((long long)b * p.max_t + t) * D) + i;
-      Vec<O, VEC> o = *out;
+    // each frame's sum over u, whole: added where the frame has rows in range
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>((Acc)to_acc(o.v[j]) + acc[j]);
-      *out = o;
+    for (int m = 0; m < F; ++m) {
+      if (live[m] && t[m] < p.max_t && row0[m] + f.rows_per_frame > p.row_start && row0[m] < p.row_end) {
+        Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_enc + ((long long)b * p.max_t + t[m]) * D) + i;
+        Vec<O, VEC> o = *out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>((Acc)to_acc(o.v[j]) + acc[m][j]);
+        *out = o;
+      }
     }
   }
 }
@@ -499,14 +538,28 @@ __global__ void __launch_bounds__(td::kThreads) pack_grad_pred_kernel(
   const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
   if (u >= f.pred_rows || f.hi <= f.lo) return;
   const long long D = (long long)p.nvec * VEC;
-  const Acc* scratch = p.scratch + td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1) * D + u * D +
-                       (long long)i * VEC;
+  // the frame blocks' rows of (b, u), pred_rows rows apart; eight loads in flight, added in frame block order
+  const Vec<Acc, VEC>* scratch = reinterpret_cast<const Vec<Acc, VEC>*>(
+      p.scratch + (td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1) + u) * D) + i;
+  const long long stride = (long long)f.pred_rows * p.nvec;
+  const int n = f.hi - f.lo;
   Acc v[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) v[j] = Acc(0);
-  for (int fb = f.lo; fb < f.hi; ++fb, scratch += f.pred_rows * D) {
+  int k = 0;
+  for (; k + 8 <= n; k += 8) {
+    Vec<Acc, VEC> s[8];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] += scratch[j];
+    for (int m = 0; m < 8; ++m) s[m] = ldg(scratch + (k + m) * stride);
+#pragma unroll
+    for (int m = 0; m < 8; ++m)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] += s[m].v[j];
+  }
+  for (; k < n; ++k) {
+    const Vec<Acc, VEC> s = ldg(scratch + k * stride);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] += s.v[j];
   }
   Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_pred + ((long long)b * p.max_u1 + u) * D) + i;
   Vec<O, VEC> o = *out;
