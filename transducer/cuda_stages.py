@@ -37,6 +37,7 @@ PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPa
 PACK_FRAMES = 8  # frames a warp of pack_grad_kernel sums (pack.cu: kSumFrames)
 PACK_LANES = 8  # vectors of a row a warp of pack_grad_kernel takes (pack.cu: kSumLanes)
 PACK_SUM_THREADS = 128  # pack_grad_kernel's block (pack.cu: kSumThreads)
+PACK_PRED_PARTS = 8  # lanes a vector of pack_grad_pred_kernel (pack.cu: kPredParts)
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
 # steps of log-probs tdt_walk_kernel reads ahead (DESIGN.md: The TDT walk is bound by its instructions, not its loads)
@@ -485,8 +486,8 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
     launch(_PACK, _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT), grad_enc,
            ((b1 - b0) * frame_blocks // warps, ceil_div(nvec, PACK_LANES)), (PACK_SUM_THREADS,), (params,))
     if max_u1 > 0:
-        launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred, (ceil_div(max_u1 * nvec, THREADS), b1 - b0),
-               (THREADS,), (params,))
+        launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred,
+               (ceil_div(max_u1 * nvec * PACK_PRED_PARTS, THREADS), b1 - b0), (THREADS,), (params,))
 
 
 def pack_backward(grad_rows, layout, max_t, max_u1):

@@ -343,10 +343,12 @@ namespace td {
 // kSumThreads / 32 warps, independent: consecutive frame blocks of one utterance (small blocks: a warp holds many
 // registers, and the warps of a tile's few utterances must spread over the SMs).
 constexpr int kSumThreads = 128;             // transducer/cuda_stages.py: PACK_SUM_THREADS
+constexpr int kSumMinBlocks = 4;             // blocks an SM holds at least: at most 128 registers a thread
 constexpr int kLaneFrames = 2;
 constexpr int kSumFrames = 8;                // 4 * kLaneFrames; transducer/cuda_stages.py: PACK_FRAMES
 constexpr int kSumLanes = 8;                 // transducer/cuda_stages.py: PACK_LANES
 constexpr int kSumSteps = 2;
+constexpr int kPredParts = 8;                // lanes a vector of pack_grad_pred_kernel; PACK_PRED_PARTS
 
 // The frame blocks [lo, hi) of utterance b whose rows meet [row_start, row_end) (none where they do not), its rows
 // per frame (U_b + 1) and frames, and the predictor rows each frame block sums into the scratch: min(U_b + 1, max_u1).
@@ -410,7 +412,7 @@ struct PackGradParams {
 // x / blocks_per_b, its frame blocks lo + (x % blocks_per_b) * W + w + k * frame_blocks, the vectors
 // [y * kSumLanes, (y + 1) * kSumLanes). P: the promoted type of TE and TP.
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(td::kSumThreads, 4) pack_grad_kernel(
+__global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
@@ -523,44 +525,47 @@ __global__ void __launch_bounds__(td::kSumThreads, 4) pack_grad_kernel(
   }
 }
 
-// grad_pred[b, u] += the scratch rows of (b, u) over b's frame blocks that meet the rows, in their order: a thread a
-// vector of a predictor row, blocks (x, y): (u, vector) along x, utterance b0 + y.
+// grad_pred[b, u] += the scratch rows of (b, u) over b's frame blocks that meet the rows: kPredParts lanes a vector of
+// a predictor row, lane l adding the frame blocks l, l + kPredParts, ... in order, the lanes' sums then meeting by
+// shuffles in a fixed order (the loads of a long utterance's many frame blocks in flight together); blocks (x, y):
+// (u, vector, lane) along x, utterance b0 + y.
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC>
 __global__ void __launch_bounds__(td::kThreads) pack_grad_pred_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
-  const long long id = (long long)blockIdx.x * td::kThreads + threadIdx.x;  // u * nvec + i
+  constexpr int L = td::kPredParts;
+  const long long id = ((long long)blockIdx.x * td::kThreads + threadIdx.x) / L;  // u * nvec + i
+  const int part = (int)threadIdx.x % L;
   const int b = p.b0 + (int)blockIdx.y, i = (int)(id % p.nvec);
-  if (id / p.nvec >= p.max_u1) return;
-  const int u = (int)(id / p.nvec);
+  const int u = id / p.nvec < p.max_u1 ? (int)(id / p.nvec) : p.max_u1;  // max_u1: no row (the lanes stay for the shuffles)
   const td::Grids& g = p.grids;
   const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
-  if (u >= f.pred_rows || f.hi <= f.lo) return;
+  const bool live = u < f.pred_rows;
   const long long D = (long long)p.nvec * VEC;
-  // the frame blocks' rows of (b, u), pred_rows rows apart; eight loads in flight, added in frame block order
   const Vec<Acc, VEC>* scratch = reinterpret_cast<const Vec<Acc, VEC>*>(
-      p.scratch + (td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1) + u) * D) + i;
-  const long long stride = (long long)f.pred_rows * p.nvec;
-  const int n = f.hi - f.lo;
+      p.scratch + (td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1) + (live ? u : 0)) * D) + i;
+  const long long stride = (long long)f.pred_rows * p.nvec;  // vectors from a frame block's row to the next's
   Acc v[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) v[j] = Acc(0);
-  int k = 0;
-  for (; k + 8 <= n; k += 8) {
-    Vec<Acc, VEC> s[8];
+  const int n = live ? f.hi - f.lo : 0;
+  int k = part;
+  for (; k + L < n; k += 2 * L) {
+    const Vec<Acc, VEC> s0 = ldg(scratch + k * stride), s1 = ldg(scratch + (k + L) * stride);
 #pragma unroll
-    for (int m = 0; m < 8; ++m) s[m] = ldg(scratch + (k + m) * stride);
-#pragma unroll
-    for (int m = 0; m < 8; ++m)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] += s[m].v[j];
+    for (int j = 0; j < VEC; ++j) v[j] += s0.v[j], v[j] += s1.v[j];
   }
-  for (; k < n; ++k) {
-    const Vec<Acc, VEC> s = ldg(scratch + k * stride);
+  if (k < n) {
+    const Vec<Acc, VEC> s0 = ldg(scratch + k * stride);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] += s.v[j];
+    for (int j = 0; j < VEC; ++j) v[j] += s0.v[j];
   }
+#pragma unroll
+  for (int m = L / 2; m > 0; m /= 2)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], m);
+  if (!live || part != 0) return;
   Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_pred + ((long long)b * p.max_u1 + u) * D) + i;
   Vec<O, VEC> o = *out;
 #pragma unroll
