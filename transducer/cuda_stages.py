@@ -98,7 +98,8 @@ PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("ld_out", "long long")])
 PACK_GRAD_PARAMS = struct("PackGradParams", [
     ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
-    ("b0", "int"), ("frame_blocks", "int"), ("row_start", "int"), ("row_end", "int"), ("nvec", "int"),
+    ("b0", "int"), ("frame_blocks", "int"), ("pred_blocks", "int"), ("row_start", "int"), ("row_end", "int"),
+    ("nvec", "int"),
     ("dropout", DROPOUT), ("scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
 
 
@@ -469,25 +470,26 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
     max_t, max_u1 = grad_enc.size(1), grad_pred.size(1)
     if b1 <= b0:
         return
-    if layout.batch_size * max(max_t, max_u1) >= 1 << 31 or b1 - b0 > 65535:
-        raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31, and a tile's utterances "
-                         "below 65536")
-    # the scratch: per frame block that meets the rows, min(U_b + 1, max_u1) rows of D sums; at most this many
-    # (pack.cu: FrameBlocks, a frame block per PACK_FRAMES frames, two of an utterance cut by the rows' ends)
-    scratch_rows = ceil_div(grad_rows.size(0), PACK_FRAMES) + 2 * (b1 - b0) * max_u1
+    chunks = ceil_div(nvec, PACK_LANES)
+    if layout.batch_size * max(max_t, max_u1) >= 1 << 31 or chunks > 65535:
+        raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31, and D below 2^22 elements")
+    # the scratch: per frame block that meets the rows, min(U_b + 1, max_u1) rows of D sums, placed as pack.cu's
+    # scratch_row places them: at most this many rows
+    scratch_rows = ceil_div(grad_rows.size(0), PACK_FRAMES) + (b1 - b0) * (2 * max_u1 + 1)
     scratch = grad_rows.new_empty(scratch_rows, D, dtype=accumulate_dtype(promoted))
     warps = PACK_SUM_THREADS // 32  # a warp per frame block, a block per warps consecutive ones
     frame_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES), warps) * warps
+    pred_blocks = ceil_div(max(max_u1, 1) * nvec * PACK_PRED_PARTS, THREADS)
     params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=max_t, max_u1=max_u1,
                               grids=_grids(layout, padded_grid=False), b0=b0, frame_blocks=frame_blocks,
-                              row_start=row_start, row_end=row_start + grad_rows.size(0), nvec=nvec, dropout=drop,
-                              scratch=scratch, grad_enc=grad_enc, grad_pred=grad_pred)
+                              pred_blocks=pred_blocks, row_start=row_start, row_end=row_start + grad_rows.size(0),
+                              nvec=nvec, dropout=drop, scratch=scratch, grad_enc=grad_enc, grad_pred=grad_pred)
     types = (grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad_enc.dtype, vec)
     launch(_PACK, _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT), grad_enc,
-           ((b1 - b0) * frame_blocks // warps, ceil_div(nvec, PACK_LANES)), (PACK_SUM_THREADS,), (params,))
+           ((b1 - b0) * frame_blocks // warps, chunks), (PACK_SUM_THREADS,), (params,))
     if max_u1 > 0:
-        launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred,
-               (ceil_div(max_u1 * nvec * PACK_PRED_PARTS, THREADS), b1 - b0), (THREADS,), (params,))
+        launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred, ((b1 - b0) * pred_blocks,), (THREADS,),
+               (params,))
 
 
 def pack_backward(grad_rows, layout, max_t, max_u1):

@@ -81,7 +81,7 @@ def _tiles(num_rows, max_rows):
 
 def _gemm_rows(rows, device_type):
     """The row count a tile's torch GEMMs run on: on CUDA ``rows`` rounded up to a multiple of 1/32 of its
-    power of two (at least 8; at most 3.2% more rows, zeros), elsewhere ``rows``. cuBLAS picks its kernel once
+    power of two, and of 8 (the rows past ``rows`` zeros: at most 3.2% more from 256 rows on), elsewhere ``rows``. cuBLAS picks its kernel once
     per shape, at a host cost of up to milliseconds a GEMM, so that tiles whose row counts change every step
     would pay it every step; rounded, a training run's tiles come in a few shapes (DESIGN.md: Few GEMM shapes
     across steps)."""

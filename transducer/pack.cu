@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
       A a[VEC], h[VEC];
       // h's words as joiner_input rounded them, where they are the output: no conversion of the output's own
       constexpr bool kWords = td::PackedInput<P, TE, TP, VEC, ACT>::value && td::SameType<P, TO>::value && !DROPOUT;
-      unsigned int words[VEC / 2 > 0 ? VEC / 2 : 1];
+      alignas(sizeof(Vec<TO, VEC>)) unsigned int words[VEC / 2 > 0 ? VEC / 2 : 1];
       if (cell[k]) {
         td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], a, h, kWords ? words : nullptr);
       } else {
@@ -371,16 +371,16 @@ struct FrameBlocks {
   }
 };
 
-// The scratch row of (utterance b, frame block lo_b) (pack_grad_kernel writes, pack_grad_pred_kernel reads): the
-// frame blocks of utterances [b0, b) that meet the rows, pred_rows rows each, come first.
-__device__ __forceinline__ long long scratch_row(const Grids& g, int b0, int b, long long row_start, long long row_end,
+// The scratch row of (utterance b, frame block lo_b) (pack_grad_kernel writes, pack_grad_pred_kernel reads): b's
+// first row of the rows, over kSumFrames, plus 2 max_u1 + 1 rows for each utterance of the rows before it. b's frame
+// blocks need at most (its rows among the rows) / kSumFrames + 2 max_u1 scratch rows (the blocks whole within the
+// rows hold kSumFrames * st rows each, pred_rows <= st, max_u1; two more at the ends), so that utterances never meet
+// and the rows [row_start, row_end) of utterances [b0, b1) need at most ceil((row_end - row_start) / kSumFrames) +
+// (b1 - b0) (2 max_u1 + 1) scratch rows (transducer/cuda_stages.py sizes it so).
+__device__ __forceinline__ long long scratch_row(const FrameBlocks& f, int b0, int b, long long row_start,
                                                  int max_u1) {
-  long long row = 0;
-  for (int c = b0; c < b; ++c) {
-    const FrameBlocks f(g, c, row_start, row_end, max_u1);
-    row += (long long)(f.hi - f.lo) * f.pred_rows;
-  }
-  return row;
+  const long long rows_before = f.base > row_start ? f.base - row_start : 0;
+  return rows_before / kSumFrames + (long long)(b - b0) * (2 * max_u1 + 1);
 }
 }  // namespace td
 
@@ -392,8 +392,9 @@ struct PackGradParams {
   int max_t;
   int max_u1;
   td::Grids grids;
-  int b0;             // the utterances whose rows meet the rows: [b0, b0 + gridDim.x / frame_blocks)
-  int frame_blocks;   // warps along x per utterance (a multiple of kSumThreads / 32)
+  int b0;             // the first of the utterances whose rows meet the rows
+  int frame_blocks;   // pack_grad_kernel's warps per utterance (a multiple of kSumThreads / 32)
+  int pred_blocks;    // pack_grad_pred_kernel's blocks per utterance
   int row_start;
   int row_end;
   int nvec;           // D / VEC
@@ -427,7 +428,7 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
   const long long D = (long long)p.nvec * VEC;
   const int i = (int)blockIdx.y * td::kSumLanes + vec;  // the lane's vector
   const bool live_vec = i < p.nvec;
-  const long long first_row = td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1);
+  const long long first_row = td::scratch_row(f, p.b0, b, p.row_start, p.max_u1);
   const Acc scale = DROPOUT ? td::round_to<P>((Acc)p.dropout.scale) : Acc(1);
   for (int fb = f.lo + ((int)blockIdx.x % blocks_per_b) * W + warp; fb < f.hi; fb += p.frame_blocks) {
     int t[F];
@@ -527,24 +528,24 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
 
 // grad_pred[b, u] += the scratch rows of (b, u) over b's frame blocks that meet the rows: kPredParts lanes a vector of
 // a predictor row, lane l adding the frame blocks l, l + kPredParts, ... in order, the lanes' sums then meeting by
-// shuffles in a fixed order (the loads of a long utterance's many frame blocks in flight together); blocks (x, y):
-// (u, vector, lane) along x, utterance b0 + y.
+// shuffles in a fixed order (the loads of a long utterance's many frame blocks in flight together); block x: utterance
+// b0 + x / pred_blocks, its (u, vector, lane) from (x % pred_blocks) * kThreads.
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC>
 __global__ void __launch_bounds__(td::kThreads) pack_grad_pred_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
   constexpr int L = td::kPredParts;
-  const long long id = ((long long)blockIdx.x * td::kThreads + threadIdx.x) / L;  // u * nvec + i
+  const long long id = ((long long)(blockIdx.x % p.pred_blocks) * td::kThreads + threadIdx.x) / L;  // u * nvec + i
   const int part = (int)threadIdx.x % L;
-  const int b = p.b0 + (int)blockIdx.y, i = (int)(id % p.nvec);
+  const int b = p.b0 + (int)(blockIdx.x / p.pred_blocks), i = (int)(id % p.nvec);
   const int u = id / p.nvec < p.max_u1 ? (int)(id / p.nvec) : p.max_u1;  // max_u1: no row (the lanes stay for the shuffles)
   const td::Grids& g = p.grids;
   const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
   const bool live = u < f.pred_rows;
   const long long D = (long long)p.nvec * VEC;
   const Vec<Acc, VEC>* scratch = reinterpret_cast<const Vec<Acc, VEC>*>(
-      p.scratch + (td::scratch_row(g, p.b0, b, p.row_start, p.row_end, p.max_u1) + (live ? u : 0)) * D) + i;
+      p.scratch + (td::scratch_row(f, p.b0, b, p.row_start, p.max_u1) + (live ? u : 0)) * D) + i;
   const long long stride = (long long)f.pred_rows * p.nvec;  // vectors from a frame block's row to the next's
   Acc v[VEC];
 #pragma unroll
