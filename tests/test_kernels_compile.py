@@ -58,6 +58,8 @@ KERNELS = {
         "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 8, 0, false>",
         "pack_forward_kernel<float, float, float, float, 1, 2, false>",
         "pack_forward_kernel<float, ops::bf16_t, float, ops::bf16_t, 8, 3, false>",
+        "pack_forward_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 1, 1, false>",
+        "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 2, 1, false>",
         "pack_grad_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8, 0, false>",
         "pack_grad_kernel<float, float, float, float, float, 4, 2, false>",
         "pack_grad_kernel<ops::bf16_t, float, ops::bf16_t, float, float, 8, 3, false>",

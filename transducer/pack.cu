@@ -300,18 +300,20 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
       A a[VEC], h[VEC];
       // h's words as joiner_input rounded them, where they are the output: no conversion of the output's own
       constexpr bool kWords = td::PackedInput<P, TE, TP, VEC, ACT>::value && td::SameType<P, TO>::value && !DROPOUT;
-      alignas(sizeof(Vec<TO, VEC>)) unsigned int words[VEC / 2 > 0 ? VEC / 2 : 1];
+      Vec<TO, VEC> words;  // the output vector, written word by word (kWords)
       if (cell[k]) {
-        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], a, h, kWords ? words : nullptr);
+        td::joiner_input<ACT, sizeof(TO) == 2, P>(e[k], q[k], a, h,
+                                                  kWords ? reinterpret_cast<unsigned int*>(&words) : nullptr);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h[j] = A(0);
+        if constexpr (kWords) {
 #pragma unroll
-        for (int j = 0; j < (VEC / 2 > 0 ? VEC / 2 : 1); ++j) words[j] = 0u;
+          for (int j = 0; j < VEC / 2; ++j) reinterpret_cast<unsigned int*>(&words)[j] = 0u;
+        }
       }
       if constexpr (kWords) {
-        reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] =
-            *reinterpret_cast<const Vec<TO, VEC>*>(words);
+        reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] = words;
         continue;
       }
       if (DROPOUT) {
