@@ -99,8 +99,7 @@ PACK_FORWARD_PARAMS = struct("PackForwardParams", [
 PACK_GRAD_PARAMS = struct("PackGradParams", [
     ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
     ("b0", "int"), ("frame_blocks", "int"), ("pred_blocks", "int"), ("row_start", "int"), ("row_end", "int"),
-    ("nvec", "int"),
-    ("dropout", DROPOUT), ("scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
+    ("nvec", "int"), ("dropout", DROPOUT), ("scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments

@@ -27,8 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection",
-           "statistics_tile",
-           "gradient_tile"]
+           "statistics_tile", "gradient_tile"]
 
 
 class Config(NamedTuple):

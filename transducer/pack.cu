@@ -23,7 +23,7 @@
 // no atomics, the same sums every run.
 
 #include "transducer/layout.cuh"
-#include "transducer/row_pass.cuh"  // kThreads: the pack kernels' block too
+#include "transducer/row_pass.cuh"  // kThreads: pack_forward_kernel's and pack_grad_pred_kernel's block too
 
 namespace td {
 // transducer/joiner.py: ACTIVATIONS (each one's code)
