@@ -4,7 +4,8 @@ multiple of the row tile, J not a multiple of the K tile, rows of a wider stride
 without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the other
 path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=0 turns the Hopper path off) and the float64 composition: RNN-T and
 RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
-and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz). The argument checks and the choice of
+and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz); TDT, its duration scores in extra
+columns of the projection. The argument checks and the choice of
 path run anywhere."""
 
 import logging
@@ -78,10 +79,43 @@ def test_large_logits_and_reuse():
             torch.testing.assert_close(g, w, atol=1e-3, rtol=2e-5)
 
 
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("N, J, V, D, blank, with_bias", [
+    (300, 640, 8193, 5, 8192, True),  # Parakeet-TDT's joint: the durations in the last of 33 vocabulary tiles
+    (200, 64, 126, 5, 0, True),  # the durations across two 128-column tiles
+    (130, 72, 40, 16, 39, False),  # the most durations, V + D under one tile
+])
+def test_extra_columns(N, J, V, D, blank, with_bias):
+    """A projection of V token rows and D more (TDT's durations): the statistics over the V columns and the D extra
+    columns' entries of H W^T (no bias), the gradient over the V columns and zeros in the D."""
+    H, W, bias, labels = random_inputs(N, J, V + D, torch.bfloat16, with_bias, seed=N + D)
+    labels = torch.where(labels >= 0, labels % V, labels)
+    projection = hopper.projection(W, bias, tokens=V)
+    assert projection.extra == D and projection.n_tiles * projection.config.tile_n >= V + D
+    den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
+    token_bias = None if bias is None else bias[:V]
+    for got, want in zip((den, z_blank, z_label), reference(H, W[:V], token_bias, labels, blank)):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-5)
+    assert len(extra) == D
+    torch.testing.assert_close(torch.stack(extra), (H.float() @ W[V:].float().t()).t(), atol=2e-4, rtol=2e-5)
+    terms = torch.rand(4, N, device="cuda", generator=torch.Generator("cuda").manual_seed(D))
+    coefficients = torch.cat([den[None], terms])
+    G = hopper.gradient_tile(projection, H, labels, blank, coefficients, 0.0)
+    assert (G[:, V:] == 0).all()
+    want = gradient_reference(H, W[:V], token_bias, labels, blank, coefficients, 0.0)
+    torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
+
+
 def test_argument_checks():
     H = torch.zeros(4, 8, dtype=torch.bfloat16)
     W = torch.zeros(6, 8, dtype=torch.bfloat16)
     labels = torch.zeros(4, dtype=torch.int32)
+    for tokens in (0, 7):
+        with pytest.raises(ValueError, match=r"tokens: expected a count in \[max\(1, V - 16\), V = 6\]"):
+            hopper.projection(W, None, tokens=tokens)
+    with pytest.raises(ValueError, match="tokens: expected a count"):
+        hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16), None, tokens=20)  # 20 extra columns
     with pytest.raises(ValueError, match="H: expected a 2-D bfloat16 or float16"):
         hopper.logits_statistics(H.float(), W, None, labels, 0)
     with pytest.raises(ValueError, match="H: expected a CUDA tensor of unit column stride"):
@@ -220,6 +254,36 @@ def assert_within_todays_bound(new, today, ref):
         assert (got - want).abs().max() <= 2 * (other - want).abs().max() + 1e-3 * want.abs().max()
 
 
+def tdt_inputs(seed, D, V=100, J=64, blank=0):
+    """fused_inputs with V token rows and D duration rows in the weight: labels in [0, V), not the blank."""
+    enc, pred, weight, bias, targets, T, U, w = fused_inputs(seed, J=J, V=V + D)
+    targets = targets % V
+    targets[targets == blank] = (blank + 1) % V
+    return enc, pred, weight, bias, targets, T, U, w
+
+
+TDT_HOPPER_CASES = [  # id, durations, V, with_bias, activation, dropout, options
+    ("tdt", [0, 1, 2, 3, 4], 100, True, "relu", 0.0, dict(sigma=0.05)),
+    ("tdt-omega-clamp-fastemit-delay", [0, 1, 2], 60, True, "tanh", 0.0,
+     dict(sigma=0.02, omega=0.3, clamp=0.02, fastemit_lambda=0.2, delay_penalty=0.1)),
+    ("tdt-no-duration-0", [1, 2], 40, False, "tanh", 0.2, dict(blank=5)),  # utterances without alignments
+    ("tdt-across-tiles", [0, 1, 2, 3, 4], 126, True, "gelu", 0.0, dict(blank=-1, omega=0.1)),  # columns 126..130
+]
+
+
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("case", TDT_HOPPER_CASES, ids=[c[0] for c in TDT_HOPPER_CASES])
+def test_fused_tdt_on_hopper(monkeypatch, case):
+    """TDT on the Hopper kernels (the duration scores from the statistics' extra columns, their gradient written into
+    the kernel's G) against the other path and the float64 tdt_loss composition."""
+    _, durations, V, with_bias, activation, dropout, options = case
+    blank = options.get("blank", 0) % V
+    inputs = tdt_inputs(640 + TDT_HOPPER_CASES.index(case), len(durations), V, blank=blank)
+    assert_within_todays_bound(*three_ways(monkeypatch, inputs, with_bias, activation, dropout, max_rows=70,
+                                           durations=durations, **options))
+
+
 FUSED_CASES = [  # id, rna, with_bias, activation, dropout, options
     ("rnnt", False, True, "tanh", 0.0, {}),
     ("rna", True, True, "tanh", 0.0, {}),
@@ -296,9 +360,9 @@ def test_hopper_backward_reads_nothing_back(monkeypatch):
 
 
 def test_which_path_runs(monkeypatch, caplog):
-    """The Hopper kernels take RNN-T and RNA with 16-bit GEMMs on sm_90 only, J a multiple of 8, where they pass their
-    self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
-    a warning."""
+    """The Hopper kernels take RNN-T, RNA and TDT (not multi-blank) with 16-bit GEMMs on sm_90 only, J a multiple of
+    8, where they pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer
+    logger, a failed self-test as a warning."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
@@ -311,7 +375,7 @@ def test_which_path_runs(monkeypatch, caplog):
         assert use_hopper(RNNT, torch.float16, cuda, 64)
         monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
         assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
-        assert not use_hopper(TDT, torch.bfloat16, cuda, 64)
+        assert use_hopper(TDT, torch.bfloat16, cuda, 64)
         assert not use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
         assert not use_hopper(RNNT, torch.float32, cuda, 64)
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 60)
@@ -326,7 +390,8 @@ def test_which_path_runs(monkeypatch, caplog):
     records = [r for r in caplog.records if r.name == "transducer"]
     lines = [r.getMessage() for r in records]
     assert len(lines) == 9  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
-    assert "Hopper kernels" in lines[0] and "TRANSDUCER_HOPPER=off" in lines[-2]
+    assert "Hopper kernels" in lines[0] and "the TDT lattice" in lines[1] and "Hopper kernels" in lines[1]
+    assert "multi-blank" in lines[2] and "cuBLAS" in lines[2] and "TRANSDUCER_HOPPER=off" in lines[-2]
     assert "TRANSDUCER_HOPPER=0" in lines[-1]
     assert [r.levelno for r in records].count(logging.WARNING) == 1
     warning = next(r.getMessage() for r in records if r.levelno == logging.WARNING)

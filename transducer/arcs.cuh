@@ -42,6 +42,13 @@ struct BlankAndLabel {
   }
 };
 
+// The label column of row r's cell, y_{u+1} for u < U_b, else -1 (the column the Hopper kernels' statistics pick).
+template <typename I>
+__device__ __forceinline__ int row_label(const RowInfo& ri, const Labels<I>& labels) {
+  if (!ri.cell || ri.u >= ri.U || ri.u >= labels.cols) return -1;
+  return (int)__ldg(labels.targets + (long long)ri.b * labels.cols + ri.u);
+}
+
 // The RNN-T arcs leaving the cell of row r, as both gradient kernels need them (tdt.cu's for its omega term):
 // with lognorm = alpha(r) + loss, the log of the cell's posterior, lognorm + beta(r), and the posteriors of its
 // blank arc (to (t + 1, u), or the end from (T - 1, U)) and its label arc (to (t, u + 1); RNA: (t + 1, u + 1)),

@@ -92,6 +92,14 @@ ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
 ROW_COEFFICIENTS_PARAMS = struct("RowCoefficientsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("fastemit_lambda", "double"),
     ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr")])
+TDT_ROW_LOG_PROBS_PARAMS = struct("TdtRowLogProbsParams", [
+    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("D", "int"), ("statistics", "ptr"),
+    ("ld_statistics", "long long"), ("duration_bias", "ptr"), ("sigma", "double"), ("delay_penalty", "double"),
+    ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
+TDT_ROW_COEFFICIENTS_PARAMS = struct("TdtRowCoefficientsParams", [
+    ("grids", GRIDS), ("labels", LABELS), ("durations", DURATIONS), ("lattice", LATTICE), ("lp_arcs", "ptr"),
+    ("rnnt", WALKS), ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"),
+    ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr"), ("duration_gradient", "ptr")])
 PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
     ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("dropout", DROPOUT), ("out", "ptr"),
@@ -374,6 +382,49 @@ def row_coefficients(targets, lattice, scale, options, num_rows):
         launch(_STAGES, _name("row_coefficients_kernel", targets.dtype, bool(options.one_sym_per_frame)), labels,
                (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
     return coefficients, labels
+
+
+def tdt_row_log_probs(statistics, duration_bias, targets, layout, options, out):
+    """Writes the rows' TDT log-probs ``out`` = (lp, den, lp_arcs, den_arcs) (float32, tdt_log_probs's) from
+    ``statistics`` (3 + D, N) float32 = each row's den, z_blank, z_label and D duration scores without their bias
+    (hopper.statistics_tile over a projection whose extra columns are the durations') and ``duration_bias`` (D,)
+    float32 or None (tdt.cu's tdt_row_log_probs_kernel)."""
+    lp, den, lp_arcs, den_arcs = out
+    num_rows = statistics.size(1)
+    if num_rows:
+        params = TDT_ROW_LOG_PROBS_PARAMS(
+            grids=_grids(layout), labels=_labels_struct(targets, options.blank), num_rows=num_rows,
+            D=len(options.durations), statistics=statistics, ld_statistics=statistics.stride(0),
+            duration_bias=duration_bias, sigma=options.sigma, delay_penalty=options.delay_penalty, lp=lp,
+            lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
+        launch(_TDT, _name("tdt_row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
+               (THREADS,), (params,))
+
+
+def tdt_row_coefficients(targets, lattice, scale, options, num_rows):
+    """((5, num_rows) float32, (num_rows,) int32, (num_rows, D) float32): the coefficients of each row's token
+    scores' gradient (as row_coefficients'), its label and its duration scores' gradient, from a float32 TDT lattice
+    and the incoming scale (B,) (tdt.cu's tdt_row_coefficients_kernel: tdt_gradient_kernel's per-row terms)."""
+    D = len(options.durations)
+    coefficients = torch.empty(5, num_rows, dtype=torch.float32, device=targets.device)
+    labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
+    duration_gradient = torch.empty(num_rows, D, dtype=torch.float32, device=targets.device)
+    if num_rows:
+        omega = options.omega
+        if omega and lattice.rnnt is None:
+            raise ValueError("transducer.cuda_stages.tdt_row_coefficients: omega > 0 needs the RNN-T walks "
+                             "(lattice.rnnt)")
+        rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
+        scale = scale.to(torch.float32)
+        params = TDT_ROW_COEFFICIENTS_PARAMS(
+            grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
+            durations=_durations(tuple(options.durations)), lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs,
+            rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
+            fastemit_lambda=options.fastemit_lambda, omega=omega, num_rows=num_rows, coefficients=coefficients,
+            labels_out=labels, duration_gradient=duration_gradient)
+        launch(_TDT, _name("tdt_row_coefficients_kernel", targets.dtype, bool(omega)), labels,
+               (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
+    return coefficients, labels, duration_gradient
 
 
 # --------------------------------------------------------------------------- pack

@@ -81,10 +81,10 @@ def _tiles(num_rows, max_rows):
 
 def _gemm_rows(rows, device_type):
     """The row count a tile's torch GEMMs run on: on CUDA ``rows`` rounded up to a multiple of 1/32 of its
-    power of two, and of 8 (the rows past ``rows`` zeros: at most 3.2% more from 256 rows on), elsewhere ``rows``. cuBLAS picks its kernel once
-    per shape, at a host cost of up to milliseconds a GEMM, so that tiles whose row counts change every step
-    would pay it every step; rounded, a training run's tiles come in a few shapes (DESIGN.md: Few GEMM shapes
-    across steps)."""
+    power of two, and of 8 (the rows past ``rows`` zeros: at most 3.2% more from 256 rows on), elsewhere
+    ``rows``. cuBLAS picks its kernel once per shape, at a host cost of up to milliseconds a GEMM, so that tiles
+    whose row counts change every step would pay it every step; rounded, a training run's tiles come in a few
+    shapes (DESIGN.md: Few GEMM shapes across steps)."""
     if device_type != "cuda":
         return rows
     granule = max(8, 1 << max(0, rows.bit_length() - 6))
@@ -151,10 +151,10 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
     arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
-    if hopper_tiles:  # each row's den, z_blank and z_label from the tiles, then lp and den from them
+    if hopper_tiles:  # each row's den, z_blank, z_label (and duration scores) from the tiles, then lp and den
         labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
-        statistics = encoder_out.new_empty(3, num_rows, dtype=torch.float32)
-        projection = hopper.projection(Wx, bias)
+        statistics = encoder_out.new_empty(3 + D, num_rows, dtype=torch.float32)
+        projection = hopper.projection(Wx, bias, tokens=V)
     for start, end in _tiles(num_rows, max_rows):
         if hopper_tiles:  # no torch GEMM in forward
             hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
@@ -167,7 +167,10 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
             del z
         del hx
-    if hopper_tiles:
+    if hopper_tiles and D:  # the duration scores' bias: the kernel's statistics have none
+        duration_bias = None if bias is None else bias[V:].to(torch.float32).contiguous()
+        cuda_stages.tdt_row_log_probs(statistics, duration_bias, targets, layout, options, arrays)
+    elif hopper_tiles:
         cuda_stages.row_log_probs(statistics, targets, layout, options, arrays.lp, arrays.den)
     lattice = kind.lattice(stages, layout, arrays, options)
     if capacity > num_rows:
@@ -246,13 +249,16 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     Wx, W = _projection(weight, bias, compute_dtype)
     hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, J)
     if hopper_tiles:  # the kernel's operand; it adds the bias itself
-        projection = hopper.projection(weight.to(compute_dtype), bias)
+        projection = hopper.projection(weight.to(compute_dtype), bias, tokens=V)
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
     if row_splits is None:
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
-    if hopper_tiles:  # every row's label and gradient coefficients, for the tiles' kernels
+    if hopper_tiles and D:  # every row's label and gradient coefficients, for the tiles' kernels, and TDT's
+        coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(targets, lattice, scale, options,
+                                                                                     row_splits[-1])
+    elif hopper_tiles:
         coefficients, labels = cuda_stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
     for start, end in _tiles(row_splits[-1], max_rows):
         tile_rows = end - start
@@ -262,6 +268,8 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         if hopper_tiles:  # the gradient from the recompute's epilogue; it and Wx are zeros past V
             dz = hopper.gradient_tile(projection, hx[:tile_rows, :J], labels[start:end], options.blank,
                                       coefficients[:, start:end], max(options.clamp, 0.0), hx.size(0))
+            if D:  # the duration columns, zeros from the kernel
+                dz[:tile_rows, V:V + D] = duration_gradient[start:end]
             width = min(dz.size(1), width)
             dz = dz[:, :width]
         else:

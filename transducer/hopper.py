@@ -41,6 +41,8 @@ class Config(NamedTuple):
 
 
 DTYPES = (torch.bfloat16, torch.float16)
+# the most extra columns a projection may have (the statistics store each in its tile): TDT's durations on CUDA
+MAX_EXTRA = 16
 
 
 def default_config(V):
@@ -207,18 +209,25 @@ def _check_rows(name, x, count, H):
 
 class Projection(NamedTuple):
     """What both kernels take of the output projection, made once for the tiles of a pass (``projection``): W
-    ``(V, J)``, the column bias ``col_bias`` (the bias, 0 without one, for the V columns, then -inf up to whole
-    vocabulary tiles; fp32) and the kernels' shape."""
+    ``(V, J)``, the column bias ``col_bias`` (the bias, 0 without one, for the softmax's ``tokens`` columns, then
+    -inf up to whole vocabulary tiles; fp32), the kernels' shape and ``tokens``: W's rows past it are extra columns
+    (TDT's duration scores), outside the softmax, whose entries of H W^T the statistics return."""
     W: Tensor
     col_bias: Tensor
     config: Config
+    tokens: int
 
     @property
     def n_tiles(self):
         return self.col_bias.size(0) // self.config.tile_n
 
+    @property
+    def extra(self):
+        return self.W.size(0) - self.tokens
 
-def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None) -> Projection:
+
+def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None,
+               tokens: Optional[int] = None) -> Projection:
     """What the kernels take of the output projection, made once for the tiles of a pass.
 
     Args:
@@ -226,41 +235,49 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
             on a 16-byte boundary (TMA's operands do).
         bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32), or None.
         config (Config or None): the kernels' shape, or None for ``default_config(V)``. Default: None.
+        tokens (int or None): the softmax's columns, W's first rows: the rest are extra columns (statistics_tile
+            returns their entries of H W^T, without the bias; gradient_tile gives them zeros), at most
+            ``MAX_EXTRA``; None for V. Default: None.
 
     Returns:
-        Projection: W, the column bias and the shape.
+        Projection: W, the column bias, the shape and the token count.
     """
     if not W.is_contiguous() or W.data_ptr() % 16:
         W = W.clone(memory_format=torch.contiguous_format)
     V = W.size(0)
+    tokens = V if tokens is None else tokens
+    if not 1 <= tokens <= V or V - tokens > MAX_EXTRA:
+        raise ValueError(f"tokens: expected a count in [max(1, V - {MAX_EXTRA}), V = {V}], got {tokens}")
     config = default_config(V) if config is None else config
     col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
-    col_bias[:V] = 0 if bias is None else bias
-    return Projection(W, col_bias, config)
+    col_bias[:tokens] = 0 if bias is None else bias[:tokens]
+    return Projection(W, col_bias, config, tokens)
 
 
 def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
-                    out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                    out: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
     """logits_statistics of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
     gives what logits_statistics checks (H of W's dtype and J, rows on 16-byte boundaries and a row stride that is
-    a multiple of 8, labels int32 (N,), ``out`` float32 (3, N) of unit column stride, all on W's device).
+    a multiple of 8, labels int32 (N,), ``out`` float32 (3 + E, N) of unit column stride, all on W's device).
 
     Args:
-        projection (Projection): ``projection(W, bias)``.
+        projection (Projection): ``projection(W, bias, tokens=...)``, with E = ``projection.extra`` extra columns.
         H (Tensor): ``(N, J)``: the hidden rows.
         labels (Tensor): ``(N,)`` int32: each row's label column, or -1.
         blank (int): the blank's column.
-        out (Tensor or None): ``(3, N)`` float32 to write into, or None for a new one. Default: None.
+        out (Tensor or None): ``(3 + E, N)`` float32 to write into, or None for a new one. Default: None.
 
     Returns:
-        (den, z_blank, z_label), each ``(N,)`` float32: as logits_statistics.
+        (den, z_blank, z_label, *extra), each ``(N,)`` float32: as logits_statistics over the softmax's columns,
+        then ``(H W^T)[r, tokens + i]`` for each extra column i (no bias).
     """
     N, J = H.shape
-    statistics = torch.empty(3, N, device=H.device, dtype=torch.float32) if out is None else out
+    extra = projection.extra
+    statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
-        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False)
-        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
+        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.tokens)
     return tuple(statistics)
 
 
@@ -289,8 +306,8 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
     G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.col_bias.size(0), device=H.device,
                     dtype=H.dtype)
     if N > 0:
-        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0)
-        _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0, 0)
+        _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.tokens)
     if rows > N:
         G[N:rows] = 0
     return G[:max(N, rows)]
@@ -334,16 +351,17 @@ def _launch(kernel, H, *arguments):
             kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
 
 
-def _compiled(J, n_tiles, dtype, config, gradient, clamp):
+def _compiled(J, n_tiles, dtype, config, gradient, clamp, extra):
     """_compile's kernel, compiled once per process, one thread at a time."""
     with _lock:
-        return _compile(J, n_tiles, dtype, config, gradient, clamp)
+        return _compile(J, n_tiles, dtype, config, gradient, clamp, extra)
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(J, n_tiles, dtype, config, gradient, clamp):
+def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
-    count, V, blank and clamp), with the gradient epilogue (clamping or not) or the statistics: compiled on first use,
+    count, V, blank, clamp and token count), with the gradient epilogue (clamping or not) or the statistics (with
+    ``extra`` extra columns): compiled on first use,
     kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes
     addresses, numbers and the stream's handle as Python ints and floats, which costs the host far less than the
     DSL's own argument handling (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
@@ -356,8 +374,8 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp):
     make_ptr, gmem, types = _runtime()
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
-    kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp)
+    kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp, extra=extra)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
-                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0),
+                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), cutlass.Int32(1),
                         cuda.CUstream(torch.cuda.current_stream().cuda_stream),
                         options="--enable-tvm-ffi")

@@ -1,7 +1,8 @@
 """The fused loss's logits GEMMs for Hopper (sm_90a), written in CuTe DSL: Z = H W^T + bias with one of two epilogues,
 
 - statistics (forward): for each row r, a running max and sum of exp over the vocabulary tiles, and Z[r, blank] and
-  Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip;
+  Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip; with ``extra`` columns past the
+  softmax's (TDT's duration scores), their entries of (H W^T)[r] stored as their tile passes;
 - gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/stages.cu's
   gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H:
   through shared-memory subtiles (stmatrix), each stored by TMA while the next is written, as CUTLASS's Hopper
@@ -55,10 +56,11 @@ class LogitsGemm:
     """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
     (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
     CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages;
-    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied."""
+    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied, ``extra``: the
+    statistics' extra columns (the E columns from ``extra_start`` on, their entries of H W^T stored)."""
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
-                 occupancy: int = 1, gradient: bool = False, clamp: bool = False):
+                 occupancy: int = 1, gradient: bool = False, clamp: bool = False, extra: int = 0):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
@@ -74,6 +76,7 @@ class LogitsGemm:
         self.occupancy = occupancy
         self.gradient = gradient
         self.clamp = clamp
+        self.extra = extra
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
 
@@ -105,11 +108,12 @@ class LogitsGemm:
     def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
                  row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
                  h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
-                 blank: cutlass.Int32, clamp: cutlass.Float32, stream: cuda.CUstream):
+                 blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
         """The tensors from their pointers (pointers and sizes cost the host less to pass than tensors): h (n_rows,
         J) of row stride ``h_stride`` (a multiple of 8) and w (n_cols, J), both K-major; col_bias (n_tiles *
-        tile_n,) fp32; labels (n_rows,) int32; row_values (3, n_rows) fp32: the statistics den, z_blank, z_label
-        (written), or (5, n_rows): the gradient's den, occupancy, blank arc, label arc and scale of each row (read);
+        tile_n,) fp32; labels (n_rows,) int32; row_values (3 + extra, n_rows) fp32: the statistics den, z_blank,
+        z_label and (H W^T)[r, extra_start + i] for i < extra (written), or (5, n_rows): the gradient's den,
+        occupancy, blank arc, label arc and scale of each row (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
         multiple of 8): the gradient (written; the statistics never touch it)."""
         J, width = self.J, self.n_tiles * self.tile_n
@@ -117,7 +121,8 @@ class LogitsGemm:
         w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
         col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
         labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout((5 if self.gradient else 3, n_rows),
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout((5 if self.gradient else 3 + self.extra,
+                                                                        n_rows),
                                                                        stride=(row_values_stride, 1)))
         if cutlass.const_expr(self.gradient):
             g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
@@ -152,14 +157,16 @@ class LogitsGemm:
         m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
         clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
         self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
-                    blank, clamp, self.tiled_mma, self.h_smem_layout, self.w_smem_layout, self.g_smem_layout).launch(
+                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
+                    self.g_smem_layout).launch(
             grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
             stream=stream)
 
     @cute.kernel
     def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
                col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
-               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, tiled_mma: cute.TiledMma,
+               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
+               tiled_mma: cute.TiledMma,
                h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
                g_smem_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
@@ -293,6 +300,9 @@ class LogitsGemm:
             # loops over the accumulators unrolled at trace time, so that every register index is a constant (a
             # run-time index would move the accumulators to local memory)
             first_col = n_tile * self.tile_n
+            if cutlass.const_expr(self.extra > 0):  # before the bias, which is -inf at the extra columns
+                if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
+                    self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
             for c in cutlass.range_constexpr(cols):
                 b = col_bias[first_col + coords_rc[0, c][1]]
                 for r in cutlass.range_constexpr(rows):
@@ -340,6 +350,20 @@ class LogitsGemm:
                 col = coords_rc[r, c][1]
                 values[PICK_LABEL, r] = acc_rc[r, c] if col == label_at else values[PICK_LABEL, r]
                 values[PICK_BLANK, r] = acc_rc[r, c] if col == blank_at else values[PICK_BLANK, r]
+
+    @cute.jit
+    def _store_extra(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, row_values: cute.Tensor,
+                     m_block: cutlass.Int32, n_rows: cutlass.Int32, extra_at: cutlass.Int32):
+        """The entries of the extra columns in this tile (from its column ``extra_at`` on) into row_values[3 + i],
+        each by the one thread holding it (the caller runs it on the tiles holding any)."""
+        rows = cute.size(acc_rc, mode=[0])
+        cols = cute.size(acc_rc, mode=[1])
+        for r in cutlass.range_constexpr(rows):
+            row = m_block * self.tile_m + coords_rc[r, 0][0]
+            for c in cutlass.range_constexpr(cols):
+                i = coords_rc[r, c][1] - extra_at
+                if i >= 0 and i < self.extra and row < n_rows:
+                    row_values[3 + i, row] = acc_rc[r, c]
 
     @cute.jit
     def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,

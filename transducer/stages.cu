@@ -508,14 +508,6 @@ struct RowLabelsParams {
   int* out;  // (num_rows,)
 };
 
-namespace td {
-template <typename I>
-__device__ __forceinline__ int row_label(const RowInfo& ri, const Labels<I>& labels) {
-  if (!ri.cell || ri.u >= ri.U || ri.u >= labels.cols) return -1;
-  return (int)__ldg(labels.targets + (long long)ri.b * labels.cols + ri.u);
-}
-}  // namespace td
-
 template <typename I>
 __global__ void __launch_bounds__(td::kThreads) row_labels_kernel(const RowLabelsParams<I> p) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;

@@ -11,6 +11,9 @@
 //   tdt_alpha_beta_kernel  the same for any U + 1 and D (a block loops over u; no read-ahead)
 //   tdt_gradient_kernel    one warp (or block) per row: one read of the scores, one write of the gradient
 //                          (TdtGradientParams)
+//   tdt_row_log_probs_kernel, tdt_row_coefficients_kernel
+//                          the fused loss's rows on the Hopper kernels, one thread per row
+//                          (TdtRowLogProbsParams, TdtRowCoefficientsParams)
 //
 // Token scores and duration scores are two row-major arrays with their own row strides (two views of
 // NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
@@ -89,6 +92,56 @@ struct Arcs {
     return lp[2 * i + 1] + lp_arcs[i * D + k];
   }
 };
+
+// The posteriors of the two arcs of duration d leaving the cell of row r (blank: to (t + d, u), or the end from
+// (T - d, U); label: to (t + d, u + 1)), whose token log-probs are lp_b and lp_l and duration log-prob lp_dur, with
+// lognorm = alpha(r) + loss: the TDT gradient's per-row terms (tdt_gradient_kernel, tdt_row_coefficients_kernel).
+template <typename Acc>
+struct TdtArcPair {
+  Acc blank, label;
+};
+
+template <typename Acc>
+__device__ __forceinline__ TdtArcPair<Acc> tdt_arcs(const ReadOnly<Acc>& beta, Acc lp_dur, int d, long long r,
+                                                    const RowInfo& ri, Acc lognorm, Acc lp_b, Acc lp_l) {
+  TdtArcPair<Acc> a{Acc(0), Acc(0)};
+  const int s = ri.t + d;
+  const long long st = ri.st;
+  const Acc w = lognorm + lp_dur;
+  if (d >= 1) {
+    if (s < ri.T)
+      a.blank = exp_acc(w + lp_b + beta[r + d * st]);
+    else if (s == ri.T && ri.u == ri.U)
+      a.blank = exp_acc(w + lp_b);
+  }
+  if (ri.u < ri.U && s < ri.T) a.label = exp_acc(w + lp_l + beta[r + d * st + 1]);
+  return a;
+}
+
+// The token gradient's terms of a row (TokenGradient's coef = log(factor) - den, sub_blank, sub_label) from its
+// posterior gamma and its arcs' sums over the durations, weighted (1 - omega), and with OMEGA the plain RNN-T
+// loss's (walks alpha_r, beta_r, loss l_r over the log-probs lp + sigma), weighted omega; FastEmit's lambda in both.
+template <typename Acc>
+struct TdtTokenTerms {
+  Acc factor, sub_blank, sub_label;
+};
+
+template <typename Acc, bool OMEGA>
+__device__ __forceinline__ TdtTokenTerms<Acc> tdt_token_terms(Acc gamma, Acc sum_blank, Acc sum_label, Acc lam,
+                                                              Acc omega, Acc sigma, const ReadOnly<Acc>& beta_r,
+                                                              const ReadOnly<Acc>& alpha_r, Acc l_r, long long r,
+                                                              const RowInfo& ri, Acc lp_b, Acc lp_l) {
+  const Acc keep = Acc(1) - omega;
+  TdtTokenTerms<Acc> t{keep * (gamma + lam * sum_label), keep * sum_blank, keep * sum_label};
+  if (OMEGA) {
+    const RnntArcs<Acc> rnnt = rnnt_arcs<Acc, false>(beta_r, r, ri, alpha_r[r] + l_r, lp_b + sigma, lp_l + sigma);
+    t.factor += omega * (exp_acc(rnnt.log_gamma) + lam * rnnt.label);
+    t.sub_blank += omega * rnnt.blank;
+    t.sub_label += omega * rnnt.label;
+  }
+  t.sub_label *= Acc(1) + lam;
+  return t;
+}
 
 // tdt_walk_kernel's limits: a thread per u, and D a template parameter
 constexpr int kWalkMaxThreads = 512;  // transducer/cuda_stages.py: WALK_MAX_THREADS
@@ -501,22 +554,12 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   const Acc lognorm = alpha[r] + l;
   const Acc gamma = exp_acc(lognorm + beta[r]);
   const Acc lp_b = lp[2ll * r], lp_l = lp[2ll * r + 1];
-  const long long st = ri.st;
   // the arcs of duration d_k: lane k of the row's first warp computes them, a warp sum shares them
-  Acc arc_b = Acc(0), arc_l = Acc(0);
-  if (lane < D) {
-    const int d = duration(durs, lane), s = ri.t + d;
-    const Acc w = lognorm + lp_arcs[(long long)r * D + lane];
-    if (d >= 1) {
-      if (s < ri.T)
-        arc_b = exp_acc(w + lp_b + beta[r + d * st]);
-      else if (s == ri.T && ri.u == ri.U)
-        arc_b = exp_acc(w + lp_b);
-    }
-    if (ri.u < ri.U && s < ri.T) arc_l = exp_acc(w + lp_l + beta[r + d * st + 1]);
-  }
-  const Acc own = arc_b + arc_l;  // B_j + L_j of this lane's duration j
-  Acc sum_blank = arc_b, sum_label = arc_l;  // sums over the durations, on warp 0's lanes
+  TdtArcPair<Acc> arc{Acc(0), Acc(0)};
+  if (lane < D)
+    arc = tdt_arcs(beta, lp_arcs[(long long)r * D + lane], duration(durs, lane), r, ri, lognorm, lp_b, lp_l);
+  const Acc own = arc.blank + arc.label;  // B_j + L_j of this lane's duration j
+  Acc sum_blank = arc.blank, sum_label = arc.label;  // sums over the durations, on warp 0's lanes
   if (threadIdx.x < 32 || WPR == 1) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -535,17 +578,12 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
     sum_label = shared_sums[1];
   }
   const Acc lam = fastemit_lambda, keep = Acc(1) - omega;
-  Acc factor = keep * (gamma + lam * sum_label), sub_blank = keep * sum_blank, sub_label = keep * sum_label;
-  if (OMEGA) {  // the plain RNN-T loss of the token scores (log-probs lp + sigma)
-    const RnntArcs<Acc> rnnt = rnnt_arcs<Acc, false>(beta_r, r, ri, alpha_r[r] + l_r, lp_b + sigma, lp_l + sigma);
-    factor += omega * (exp_acc(rnnt.log_gamma) + lam * rnnt.label);
-    sub_blank += omega * rnnt.blank;
-    sub_label += omega * rnnt.label;
-  }
+  const TdtTokenTerms<Acc> terms = tdt_token_terms<Acc, OMEGA>(gamma, sum_blank, sum_label, lam, omega, sigma, beta_r,
+                                                               alpha_r, l_r, r, ri, lp_b, lp_l);
   TokenGradient<Acc, true, CLAMP> grad;
-  grad.coef = log_acc(factor) - den[r];
-  grad.sub_blank = sub_blank;
-  grad.sub_label = (Acc(1) + lam) * sub_label;
+  grad.coef = log_acc(terms.factor) - den[r];
+  grad.sub_blank = terms.sub_blank;
+  grad.sub_label = terms.sub_label;
   grad.clamp = clamp;
   grad.scale = sc;
   grad.blank = blank;
@@ -556,4 +594,137 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
     const Acc g = keep * (exp_acc(x - den_arcs[r]) * gamma - own);  // not clamped (NeMo's TDT clamp)
     qd[lane] = from_acc<T>(g * sc);
   }
+}
+
+// ---------------------------------------------------------------------------
+// The fused TDT loss's rows on the Hopper kernels (transducer/hopper.py), one thread per row r of [0, num_rows),
+// as stages.cu's row kernels for RNN-T (Acc = float: the kernels' GEMMs are 16-bit):
+//   tdt_row_log_probs_kernel     lp, den, lp_arcs and den_arcs from the statistics (den, z_blank, z_label and the
+//                                D duration scores without their bias), as tdt_log_probs_kernel stores them
+//   tdt_row_coefficients_kernel  the token gradient's coefficients (den, occupancy, blank arc, label arc, scale)
+//                                and label, and the duration scores' gradient: tdt_gradient_kernel's per-row terms
+//                                (a row without a gradient getting den = +inf and zeros)
+template <typename I>
+struct TdtRowLogProbsParams {
+  td::Grids grids;
+  td::Labels<I> labels;
+  int num_rows;
+  int D;
+  const float* statistics;  // (3 + D, ld_statistics): den, z_blank, z_label, then the duration scores less their bias
+  long long ld_statistics;
+  const float* duration_bias;  // (D,), or null
+  double sigma;
+  double delay_penalty;
+  float* lp;        // (N, 2)
+  float* lp_arcs;   // (N, D)
+  float* den;       // (N,)
+  float* den_arcs;  // (N,)
+};
+
+template <typename I>
+__global__ void __launch_bounds__(td::kThreads) tdt_row_log_probs_kernel(const TdtRowLogProbsParams<I> p) {
+  using namespace td;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= p.num_rows) return;
+  const int D = p.D;
+  const long long ld = p.ld_statistics;
+  const RowInfo ri = row_info(r, p.grids);
+  float* lp_arcs = p.lp_arcs + (long long)r * D;
+  if (!ri.cell) {  // padding, as tdt_log_probs_kernel writes it
+    p.lp[2ll * r] = neg_inf<float>();
+    p.lp[2ll * r + 1] = neg_inf<float>();
+    p.den[r] = 0.0f;
+    p.den_arcs[r] = 0.0f;
+    for (int k = 0; k < D; ++k) lp_arcs[k] = neg_inf<float>();
+    return;
+  }
+  BlankAndLabel<float> picks;
+  picks.has_label = row_label(ri, p.labels) >= 0;
+  picks.x_blank = __ldg(p.statistics + ld + r);
+  picks.x_label = picks.has_label ? __ldg(p.statistics + 2 * ld + r) : neg_inf<float>();
+  const float d_tok = __ldg(p.statistics + r);
+  ReduceState<float> lsd = identity<kLogSumExp, float>();
+  for (int k = 0; k < D; ++k) {
+    const float x = __ldg(p.statistics + (3 + k) * ld + r) + (p.duration_bias ? __ldg(p.duration_bias + k) : 0.0f);
+    push<kLogSumExp, float, AccurateExp, true>(lsd, x);
+    lsd.s += x - x;  // NaN for a non-finite score
+    lp_arcs[k] = x;
+  }
+  const float d_dur = finish<kLogSumExp, float, true>(lsd);
+  const float bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
+  p.den[r] = d_tok + bad;
+  p.den_arcs[r] = d_dur + bad;
+  picks.store(p.lp, r, ri, d_tok, float(p.sigma), p.delay_penalty, bad);
+  for (int k = 0; k < D; ++k) lp_arcs[k] = lp_arcs[k] - d_dur + bad;
+}
+
+template <typename I>
+struct TdtRowCoefficientsParams {
+  td::Grids grids;
+  td::Labels<I> labels;
+  td::Durations durations;
+  td::Lattice<float> lattice;
+  const float* lp_arcs;     // (N, D)
+  td::Walks<const float> rnnt;  // OMEGA: the plain RNN-T loss of the token scores
+  td::Scale<float> scale;
+  double sigma;
+  double fastemit_lambda;
+  double omega;
+  int num_rows;
+  float* coefficients;       // (5, num_rows): den, occupancy, blank arc, label arc, scale
+  int* labels_out;           // (num_rows,)
+  float* duration_gradient;  // (num_rows, D)
+};
+
+template <typename I, bool OMEGA>
+__global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(const TdtRowCoefficientsParams<I> p) {
+  using namespace td;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = p.num_rows;
+  if (r >= n) return;
+  const int D = p.durations.n;
+  const RowInfo ri = row_info(r, p.grids);
+  p.labels_out[r] = row_label(ri, p.labels);
+  bool live = ri.cell;
+  float l = 0.0f, sc = 0.0f, l_r = 0.0f;
+  if (live) {
+    l = __ldg(p.lattice.nll + ri.b);
+    sc = p.scale[ri.b];
+    live = is_finite(l) && sc != 0.0f;
+    if (OMEGA) {
+      l_r = __ldg(p.rnnt.nll + ri.b);
+      live = live && is_finite(l_r);
+    }
+  }
+  float* c = p.coefficients;
+  float* g = p.duration_gradient + (long long)r * D;
+  if (!live) {
+    c[r] = -neg_inf<float>();
+    for (int i = 1; i < 5; ++i) c[(long long)i * n + r] = 0.0f;
+    for (int k = 0; k < D; ++k) g[k] = 0.0f;
+    return;
+  }
+  const ReadOnly<float> beta{p.lattice.beta}, lp_arcs{p.lp_arcs}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta};
+  const float lognorm = __ldg(p.lattice.alpha + r) + l;
+  const float gamma = exp_acc(lognorm + beta[r]);
+  const float lp_b = __ldg(p.lattice.lp + 2ll * r), lp_l = __ldg(p.lattice.lp + 2ll * r + 1);
+  float sum_blank = 0.0f, sum_label = 0.0f;
+  for (int k = 0; k < D; ++k) {
+    const TdtArcPair<float> arc =
+        tdt_arcs(beta, lp_arcs[(long long)r * D + k], duration(p.durations, k), r, ri, lognorm, lp_b, lp_l);
+    sum_blank += arc.blank;
+    sum_label += arc.label;
+    g[k] = arc.blank + arc.label;  // this duration's own arcs, for its gradient below
+  }
+  const float omega = float(p.omega), keep = 1.0f - omega;
+  const TdtTokenTerms<float> terms = tdt_token_terms<float, OMEGA>(
+      gamma, sum_blank, sum_label, float(p.fastemit_lambda), omega, float(p.sigma), beta_r, alpha_r, l_r, r, ri,
+      lp_b, lp_l);
+  c[r] = __ldg(p.lattice.den + r);
+  c[(long long)n + r] = terms.factor;
+  c[2ll * n + r] = terms.sub_blank;
+  c[3ll * n + r] = terms.sub_label;
+  c[4ll * n + r] = sc;
+  for (int k = 0; k < D; ++k)  // not clamped (NeMo's TDT clamp)
+    g[k] = keep * (exp_acc(lp_arcs[(long long)r * D + k]) * gamma - g[k]) * sc;
 }
