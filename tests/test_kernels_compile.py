@@ -84,7 +84,8 @@ KERNELS = {
         "tdt_gradient_kernel<float, long long, 4, 1, true, false, false, true>",
         "tdt_gradient_kernel<double, int, 1, 8, false, true, true, false>",
         "tdt_row_log_probs_kernel<int>", "tdt_row_log_probs_kernel<long long>",
-        "tdt_row_coefficients_kernel<int, false>", "tdt_row_coefficients_kernel<long long, true>",
+        "tdt_row_coefficients_kernel<ops::bf16_t, int, false>",
+        "tdt_row_coefficients_kernel<ops::half_t, long long, true>",
     ],
 }
 

@@ -401,14 +401,15 @@ def tdt_row_log_probs(statistics, duration_bias, targets, layout, options, out):
                (THREADS,), (params,))
 
 
-def tdt_row_coefficients(targets, lattice, scale, options, num_rows):
-    """((5, num_rows) float32, (num_rows,) int32, (num_rows, D) float32): the coefficients of each row's token
-    scores' gradient (as row_coefficients'), its label and its duration scores' gradient, from a float32 TDT lattice
-    and the incoming scale (B,) (tdt.cu's tdt_row_coefficients_kernel: tdt_gradient_kernel's per-row terms)."""
+def tdt_row_coefficients(targets, lattice, scale, options, num_rows, dtype):
+    """((5, num_rows) float32, (num_rows,) int32, (num_rows, D) of ``dtype``): the coefficients of each row's token
+    scores' gradient (as row_coefficients'), its label and its duration scores' gradient in the GEMMs' dtype, from a
+    float32 TDT lattice and the incoming scale (B,) (tdt.cu's tdt_row_coefficients_kernel: tdt_gradient_kernel's
+    per-row terms)."""
     D = len(options.durations)
     coefficients = torch.empty(5, num_rows, dtype=torch.float32, device=targets.device)
     labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
-    duration_gradient = torch.empty(num_rows, D, dtype=torch.float32, device=targets.device)
+    duration_gradient = torch.empty(num_rows, D, dtype=dtype, device=targets.device)
     if num_rows:
         omega = options.omega
         if omega and lattice.rnnt is None:
@@ -422,7 +423,7 @@ def tdt_row_coefficients(targets, lattice, scale, options, num_rows):
             rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
             fastemit_lambda=options.fastemit_lambda, omega=omega, num_rows=num_rows, coefficients=coefficients,
             labels_out=labels, duration_gradient=duration_gradient)
-        launch(_TDT, _name("tdt_row_coefficients_kernel", targets.dtype, bool(omega)), labels,
+        launch(_TDT, _name("tdt_row_coefficients_kernel", dtype, targets.dtype, bool(omega)), labels,
                (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
     return coefficients, labels, duration_gradient
 

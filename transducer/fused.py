@@ -257,7 +257,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles and D:  # every row's label and gradient coefficients, for the tiles' kernels, and TDT's
         coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(targets, lattice, scale, options,
-                                                                                     row_splits[-1])
+                                                                                     row_splits[-1], compute_dtype)
     elif hopper_tiles:
         coefficients, labels = cuda_stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
     for start, end in _tiles(row_splits[-1], max_rows):

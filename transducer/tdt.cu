@@ -658,7 +658,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_log_probs_kernel(const T
   for (int k = 0; k < D; ++k) lp_arcs[k] = lp_arcs[k] - d_dur + bad;
 }
 
-template <typename I>
+template <typename T, typename I>
 struct TdtRowCoefficientsParams {
   td::Grids grids;
   td::Labels<I> labels;
@@ -673,11 +673,11 @@ struct TdtRowCoefficientsParams {
   int num_rows;
   float* coefficients;       // (5, num_rows): den, occupancy, blank arc, label arc, scale
   int* labels_out;           // (num_rows,)
-  float* duration_gradient;  // (num_rows, D)
+  T* duration_gradient;      // (num_rows, D), in the GEMMs' dtype
 };
 
-template <typename I, bool OMEGA>
-__global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(const TdtRowCoefficientsParams<I> p) {
+template <typename T, typename I, bool OMEGA>
+__global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(const TdtRowCoefficientsParams<T, I> p) {
   using namespace td;
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = p.num_rows;
@@ -697,11 +697,11 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
     }
   }
   float* c = p.coefficients;
-  float* g = p.duration_gradient + (long long)r * D;
+  T* g = p.duration_gradient + (long long)r * D;
   if (!live) {
     c[r] = -neg_inf<float>();
     for (int i = 1; i < 5; ++i) c[(long long)i * n + r] = 0.0f;
-    for (int k = 0; k < D; ++k) g[k] = 0.0f;
+    for (int k = 0; k < D; ++k) g[k] = from_acc<T>(0.0f);
     return;
   }
   const ReadOnly<float> beta{p.lattice.beta}, lp_arcs{p.lp_arcs}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta};
@@ -714,7 +714,6 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
         tdt_arcs(beta, lp_arcs[(long long)r * D + k], duration(p.durations, k), r, ri, lognorm, lp_b, lp_l);
     sum_blank += arc.blank;
     sum_label += arc.label;
-    g[k] = arc.blank + arc.label;  // this duration's own arcs, for its gradient below
   }
   const float omega = float(p.omega), keep = 1.0f - omega;
   const TdtTokenTerms<float> terms = tdt_token_terms<float, OMEGA>(
@@ -725,6 +724,9 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
   c[2ll * n + r] = terms.sub_blank;
   c[3ll * n + r] = terms.sub_label;
   c[4ll * n + r] = sc;
-  for (int k = 0; k < D; ++k)  // not clamped (NeMo's TDT clamp)
-    g[k] = keep * (exp_acc(lp_arcs[(long long)r * D + k]) * gamma - g[k]) * sc;
+  for (int k = 0; k < D; ++k) {  // this duration's own arcs again (no array of D in registers); not clamped (NeMo's)
+    const float lp_dur = lp_arcs[(long long)r * D + k];
+    const TdtArcPair<float> arc = tdt_arcs(beta, lp_dur, duration(p.durations, k), r, ri, lognorm, lp_b, lp_l);
+    g[k] = from_acc<T>(keep * (exp_acc(lp_dur) * gamma - (arc.blank + arc.label)) * sc);
+  }
 }
