@@ -163,12 +163,14 @@ def test_bf16_autocast_within_the_unfused_bound(device):
 
 def composed(enc, pred, weight, bias, targets, T, U, activation, dropout, seed, durations=None, **options):
     """transducer_loss(F.linear(dropout(act(pack(...))), weight, bias)) with the fused loss's mask for ``seed``; with
-    ``durations``, tdt_loss of the same logits."""
+    ``durations``, tdt_loss of the same logits, with ``big_blank_durations`` multiblank_loss."""
     h = ACTIVATIONS[activation].forward(pack(enc, pred, T, U))
     if dropout:
         h = h * dropout_mask(Dropout(dropout, seed), h.size(0), h.size(1), dtype=h.dtype, device=h.device)
     if durations:
         return tdt_loss(F.linear(h, weight, bias), targets, T, U, durations, **options)
+    if options.get("big_blank_durations"):
+        return multiblank_loss(F.linear(h, weight, bias), targets, T, U, **options)
     return transducer_loss(F.linear(h, weight, bias), targets, T, U, **options)
 
 

@@ -4,8 +4,8 @@ multiple of the row tile, J not a multiple of the K tile, rows of a wider stride
 without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the other
 path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=0 turns the Hopper path off) and the float64 composition: RNN-T and
 RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
-and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz); TDT, its duration scores in extra
-columns of the projection. The argument checks and the choice of
+and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz); TDT and multi-blank RNN-T, the
+duration scores and the big blanks in extra columns of the projection. The argument checks and the choice of
 path run anywhere."""
 
 import logging
@@ -107,15 +107,49 @@ def test_extra_columns(N, J, V, D, blank, with_bias):
     torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
 
 
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("N, J, V, start, K, clamp", [
+    (300, 128, 1500, 1496, 3, 0.0),  # multi-blank's big blanks before a last-column blank, 256-column tiles
+    (200, 64, 300, 125, 4, 0.05),  # across two 128-column tiles; the clamp after their terms
+])
+def test_extra_columns_in_the_softmax(N, J, V, start, K, clamp):
+    """Extra columns among the softmax's (multi-blank's big blanks): the statistics return their entries of H W^T
+    (no bias), and the gradient subtracts each row's K more terms on them before the clamp."""
+    H, W, bias, labels = random_inputs(N, J, V, torch.bfloat16, True, seed=N + K)
+    blank = start + K
+    projection = hopper.projection(W, bias, extra=(start, K))
+    den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
+    for got, want in zip((den, z_blank, z_label), reference(H, W, bias, labels, blank)):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-5)
+    torch.testing.assert_close(torch.stack(extra), (H.float() @ W[start:blank].float().t()).t(), atol=2e-4,
+                               rtol=2e-5)
+    terms = torch.rand(4 + K, N, device="cuda", generator=torch.Generator("cuda").manual_seed(K))
+    coefficients = torch.cat([den[None], terms])
+    coefficients[:, ::5] = 0
+    coefficients[0, ::5] = float("inf")
+    G = hopper.gradient_tile(projection, H, labels, blank, coefficients, clamp)
+    want = gradient_reference(H, W, bias, labels, blank, coefficients[:5], 0.0)
+    want[:, start:blank] -= coefficients[5:].t() * coefficients[4, :, None]
+    if clamp:
+        scale = coefficients[4, :, None]
+        want = torch.where(scale > 0, (want / scale.clamp(min=1e-30)).clamp(-clamp, clamp) * scale, 0.0)
+    assert (G[::5] == 0).all() and (G[:, V:] == 0).all()
+    torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
+
+
 def test_argument_checks():
     H = torch.zeros(4, 8, dtype=torch.bfloat16)
     W = torch.zeros(6, 8, dtype=torch.bfloat16)
     labels = torch.zeros(4, dtype=torch.int32)
     for tokens in (0, 7):
-        with pytest.raises(ValueError, match=r"tokens: expected a count in \[max\(1, V - 16\), V = 6\]"):
+        with pytest.raises(ValueError, match=r"tokens: expected a count in \[1, V = 6\], got"):
             hopper.projection(W, None, tokens=tokens)
-    with pytest.raises(ValueError, match="tokens: expected a count"):
+    with pytest.raises(ValueError, match=r"extra: expected \(start, count\), count <= 16 columns of the V = 40"):
         hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16), None, tokens=20)  # 20 extra columns
+    for extra in ((-1, 2), (5, 2), (0, 17)):
+        with pytest.raises(ValueError, match=r"extra: expected \(start, count\)"):
+            hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16)[:6], None, extra=extra)
     with pytest.raises(ValueError, match="H: expected a 2-D bfloat16 or float16"):
         hopper.logits_statistics(H.float(), W, None, labels, 0)
     with pytest.raises(ValueError, match="H: expected a CUDA tensor of unit column stride"):
@@ -284,6 +318,35 @@ def test_fused_tdt_on_hopper(monkeypatch, case):
                                            durations=durations, **options))
 
 
+def multiblank_inputs(seed, K, V=100, J=64, blank=-1):
+    """fused_inputs for the multi-blank loss: labels in [0, V) off the blank and its K big blanks' columns."""
+    enc, pred, weight, bias, targets, T, U, w = fused_inputs(seed, J=J, V=V)
+    blank %= V
+    allowed = torch.tensor([v for v in range(V) if not blank - K <= v <= blank], device=targets.device)
+    return enc, pred, weight, bias, allowed[targets % allowed.numel()], T, U, w
+
+
+MULTIBLANK_HOPPER_CASES = [  # id, big_blank_durations, V, with_bias, activation, dropout, options
+    ("multiblank", [2, 3], 100, True, "tanh", 0.0, dict(blank=-1, sigma=0.05)),
+    ("multiblank-clamp-fastemit-delay", [2, 4, 8], 60, False, "relu", 0.2,
+     dict(blank=-1, sigma=0.02, clamp=0.02, fastemit_lambda=0.2, delay_penalty=0.1)),
+    ("multiblank-across-tiles", [2, 3, 4, 5], 200, True, "gelu", 0.0, dict(blank=129)),  # columns 125..128
+]
+
+
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("case", MULTIBLANK_HOPPER_CASES, ids=[c[0] for c in MULTIBLANK_HOPPER_CASES])
+def test_fused_multiblank_on_hopper(monkeypatch, case):
+    """The multi-blank loss on the Hopper kernels (the big blanks' logits from the statistics' extra columns, their
+    arcs subtracted in the gradient's epilogue) against the other path and the float64 multiblank_loss
+    composition."""
+    _, durations, V, with_bias, activation, dropout, options = case
+    inputs = multiblank_inputs(660 + MULTIBLANK_HOPPER_CASES.index(case), len(durations), V, blank=options["blank"])
+    assert_within_todays_bound(*three_ways(monkeypatch, inputs, with_bias, activation, dropout, max_rows=70,
+                                           big_blank_durations=durations, **options))
+
+
 FUSED_CASES = [  # id, rna, with_bias, activation, dropout, options
     ("rnnt", False, True, "tanh", 0.0, {}),
     ("rna", True, True, "tanh", 0.0, {}),
@@ -360,9 +423,9 @@ def test_hopper_backward_reads_nothing_back(monkeypatch):
 
 
 def test_which_path_runs(monkeypatch, caplog):
-    """The Hopper kernels take RNN-T, RNA and TDT (not multi-blank) with 16-bit GEMMs on sm_90 only, J a multiple of
-    8, where they pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer
-    logger, a failed self-test as a warning."""
+    """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a multiple of 8, where they pass their
+    self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
+    a warning."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
@@ -376,7 +439,7 @@ def test_which_path_runs(monkeypatch, caplog):
         monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
         assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
         assert use_hopper(TDT, torch.bfloat16, cuda, 64)
-        assert not use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
+        assert use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
         assert not use_hopper(RNNT, torch.float32, cuda, 64)
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 60)
         assert not use_hopper(RNNT, torch.bfloat16, torch.device("cpu"), 64)
@@ -390,8 +453,8 @@ def test_which_path_runs(monkeypatch, caplog):
     records = [r for r in caplog.records if r.name == "transducer"]
     lines = [r.getMessage() for r in records]
     assert len(lines) == 9  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
-    assert "Hopper kernels" in lines[0] and "the TDT lattice" in lines[1] and "Hopper kernels" in lines[1]
-    assert "multi-blank" in lines[2] and "cuBLAS" in lines[2] and "TRANSDUCER_HOPPER=off" in lines[-2]
+    assert all("Hopper kernels" in line for line in lines[:3]) and "the TDT lattice" in lines[1]
+    assert "the multi-blank RNN-T lattice" in lines[2] and "TRANSDUCER_HOPPER=off" in lines[-2]
     assert "TRANSDUCER_HOPPER=0" in lines[-1]
     assert [r.levelno for r in records].count(logging.WARNING) == 1
     warning = next(r.getMessage() for r in records if r.levelno == logging.WARNING)

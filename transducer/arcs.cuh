@@ -42,6 +42,17 @@ struct BlankAndLabel {
   }
 };
 
+// The posterior of a blank arc of duration d >= 2 leaving row r's cell (to (t + d, u), or the end from (T - d, U)),
+// whose log-prob is lp_arc, with lognorm = alpha(r) + loss: the multi-blank loss's big blank arcs (gradient_kernel,
+// row_coefficients_kernel).
+template <typename Acc>
+__device__ __forceinline__ Acc big_blank_arc(const ReadOnly<Acc>& beta, Acc lp_arc, int d, long long r,
+                                             const RowInfo& ri, Acc lognorm) {
+  const int s = ri.t + d;
+  const Acc after = s < ri.T ? beta[r + (long long)d * ri.st] : (s == ri.T && ri.u == ri.U ? Acc(0) : neg_inf<Acc>());
+  return exp_acc(lognorm + lp_arc + after);
+}
+
 // The label column of row r's cell, y_{u+1} for u < U_b, else -1 (the column the Hopper kernels' statistics pick).
 template <typename I>
 __device__ __forceinline__ int row_label(const RowInfo& ri, const Labels<I>& labels) {

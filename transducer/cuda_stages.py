@@ -87,11 +87,13 @@ TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
 ROW_LABELS_PARAMS = struct("RowLabelsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")])
 ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("statistics", "ptr"), ("ld_statistics", "long long"),
-    ("delay_penalty", "double"), ("lp", "ptr"), ("den", "ptr")])
+    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("big_blanks", "int"), ("statistics", "ptr"),
+    ("ld_statistics", "long long"), ("big_blank_bias", "ptr"), ("delay_penalty", "double"), ("sigma", "double"),
+    ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
 ROW_COEFFICIENTS_PARAMS = struct("RowCoefficientsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("fastemit_lambda", "double"),
-    ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr")])
+    ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS), ("num_rows", "int"), ("coefficients", "ptr"),
+    ("labels_out", "ptr")])
 TDT_ROW_LOG_PROBS_PARAMS = struct("TdtRowLogProbsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("D", "int"), ("statistics", "ptr"),
     ("ld_statistics", "long long"), ("duration_bias", "ptr"), ("sigma", "double"), ("delay_penalty", "double"),
@@ -353,32 +355,39 @@ def row_labels(targets, layout, blank, num_rows):
     return out
 
 
-def row_log_probs(statistics, targets, layout, options, lp, den):
+def row_log_probs(statistics, targets, layout, options, lp, den, lp_arcs=None, big_blank_bias=None):
     """Writes the rows' lp and den (float32, log_probs's) from ``statistics`` (3, N) float32 = each row's den,
     z_blank and z_label (hopper.statistics_tile), as log_probs_kernel would from the logits (stages.cu's
-    row_log_probs_kernel)."""
+    row_log_probs_kernel); with K big blanks (the multi-blank loss), also their lp_arcs (N, K), from statistics
+    (3 + K, N) whose last K rows are the logits of the columns blank - K ... blank - 1 less their bias
+    ``big_blank_bias`` (K,) float32 (None: no bias)."""
     num_rows = statistics.size(1)
     if num_rows:
         params = ROW_LOG_PROBS_PARAMS(grids=_grids(layout), labels=_labels_struct(targets, options.blank),
-                                      num_rows=num_rows, statistics=statistics, ld_statistics=statistics.stride(0),
-                                      delay_penalty=options.delay_penalty, lp=lp, den=den)
+                                      num_rows=num_rows, big_blanks=len(options.big_blank_durations),
+                                      statistics=statistics, ld_statistics=statistics.stride(0),
+                                      big_blank_bias=big_blank_bias, delay_penalty=options.delay_penalty,
+                                      sigma=options.sigma, lp=lp, den=den, lp_arcs=lp_arcs)
         launch(_STAGES, _name("row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
                (THREADS,), (params,))
 
 
 def row_coefficients(targets, lattice, scale, options, num_rows):
-    """((5, num_rows) float32, (num_rows,) int32): the coefficients of each row's logits' gradient (den, occupancy,
-    blank arc, label arc, scale: hopper.logits_gradient's) and its label, from a float32 lattice and the incoming
-    scale (B,) (stages.cu's row_coefficients_kernel: gradient_kernel's per-row terms)."""
-    coefficients = torch.empty(5, num_rows, dtype=torch.float32, device=targets.device)
+    """((5 + K, num_rows) float32, (num_rows,) int32): the coefficients of each row's logits' gradient (den,
+    occupancy, blank arc, label arc, scale: hopper.logits_gradient's; then the arcs of the K big blanks' columns
+    blank - K ... blank - 1, for hopper.gradient_tile's extra columns) and its label, from a float32 lattice and
+    the incoming scale (B,) (stages.cu's row_coefficients_kernel: gradient_kernel's per-row terms)."""
+    K = len(options.big_blank_durations)
+    coefficients = torch.empty(5 + K, num_rows, dtype=torch.float32, device=targets.device)
     labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
     if num_rows:
         scale = scale.to(torch.float32)
         params = ROW_COEFFICIENTS_PARAMS(grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
                                          lattice=_lattice_struct(lattice),
                                          scale=SCALE(values=scale, stride=scale.stride(0)),
-                                         fastemit_lambda=options.fastemit_lambda, num_rows=num_rows,
-                                         coefficients=coefficients, labels_out=labels)
+                                         fastemit_lambda=options.fastemit_lambda, lp_arcs=lattice.lp_arcs,
+                                         big_blank_durations=_durations(tuple(options.big_blank_durations)),
+                                         num_rows=num_rows, coefficients=coefficients, labels_out=labels)
         launch(_STAGES, _name("row_coefficients_kernel", targets.dtype, bool(options.one_sym_per_frame)), labels,
                (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
     return coefficients, labels

@@ -151,10 +151,10 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
     arrays = kind.new_arrays(functools.partial(new, dtype=accumulate_dtype(compute_dtype)), capacity, options)
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
-    if hopper_tiles:  # each row's den, z_blank, z_label (and duration scores) from the tiles, then lp and den
+    if hopper_tiles:  # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs
         labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
-        statistics = encoder_out.new_empty(3 + D, num_rows, dtype=torch.float32)
-        projection = hopper.projection(Wx, bias, tokens=V)
+        statistics = encoder_out.new_empty(3 + D + big, num_rows, dtype=torch.float32)
+        projection = hopper.projection(Wx, bias, tokens=V, extra=_extra_columns(V, D, options))
     for start, end in _tiles(num_rows, max_rows):
         if hopper_tiles:  # no torch GEMM in forward
             hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
@@ -167,11 +167,14 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             kind.log_probs(stages, z[:, :V], z[:, V:V + D] if D else None, targets, layout, options, start, arrays)
             del z
         del hx
-    if hopper_tiles and D:  # the duration scores' bias: the kernel's statistics have none
-        duration_bias = None if bias is None else bias[V:].to(torch.float32).contiguous()
-        cuda_stages.tdt_row_log_probs(statistics, duration_bias, targets, layout, options, arrays)
-    elif hopper_tiles:
-        cuda_stages.row_log_probs(statistics, targets, layout, options, arrays.lp, arrays.den)
+    if hopper_tiles:  # the extra columns' bias: the kernel's statistics have none
+        start, count = projection.extra_start, projection.extra
+        extra_bias = None if bias is None or not count else bias[start:start + count].to(torch.float32).contiguous()
+        if D:
+            cuda_stages.tdt_row_log_probs(statistics, extra_bias, targets, layout, options, arrays)
+        else:
+            cuda_stages.row_log_probs(statistics, targets, layout, options, arrays.lp, arrays.den, arrays.lp_arcs,
+                                      extra_bias)
     lattice = kind.lattice(stages, layout, arrays, options)
     if capacity > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
@@ -180,6 +183,13 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
 
 
 _ROW_MULTIPLES = (128, 8)  # the projection's rows are padded to a multiple of the first that costs <= 3%
+
+
+def _extra_columns(V, D, options):
+    """The Hopper kernels' extra columns (hopper.projection's ``extra``): TDT's D duration scores after the V token
+    columns, or the multi-blank loss's K big blanks, the columns blank - K ... blank - 1; else none."""
+    K = len(options.big_blank_durations)
+    return (V, D) if D else (options.blank - K, K)
 
 
 def _projection(weight, bias, compute_dtype):
@@ -249,7 +259,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     Wx, W = _projection(weight, bias, compute_dtype)
     hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, J)
     if hopper_tiles:  # the kernel's operand; it adds the bias itself
-        projection = hopper.projection(weight.to(compute_dtype), bias, tokens=V)
+        projection = hopper.projection(weight.to(compute_dtype), bias, tokens=V, extra=_extra_columns(V, D, options))
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)
     scale = grad_nll.to(acc)
     if row_splits is None:

@@ -3,15 +3,16 @@ by the CuTe DSL kernels of transducer.hopper, so that no tile of logits is writt
 
 Forward: ``hopper.statistics_tile`` gives each tile's rows' den and blank and label logits, against the rows' labels
 (cuda_stages.row_labels), and cuda_stages.row_log_probs writes every row's lp and den from them as the log-probs stage
-would; for TDT the statistics also give each row's duration scores (the projection's rows past the V token rows,
-outside the softmax) and cuda_stages.tdt_row_log_probs writes the TDT log-probs. Backward: cuda_stages.row_coefficients
-(tdt_row_coefficients) forms every row's label and gradient coefficients (stages.cu: gradient_kernel's per-row terms;
-tdt.cu: tdt_gradient_kernel's, and the duration scores' gradient) and ``hopper.gradient_tile`` writes each tile's
-gradient G = dL/dz once, in the GEMMs' dtype (TDT's duration columns written into it after), for cuBLAS's dh = G W
-and dW = G^T h. The logits are fp32 accumulators here (not rounded to the GEMMs'
-dtype as in the other path) and the bias is added to them in fp32.
+would; the statistics also give each row's entries of the projection's extra columns: TDT's duration scores (its rows
+past the V token rows, outside the softmax; cuda_stages.tdt_row_log_probs writes the TDT log-probs) or the
+multi-blank loss's big blanks' logits (columns blank - K ... blank - 1). Backward: cuda_stages.row_coefficients
+(tdt_row_coefficients) forms every row's label and gradient coefficients (stages.cu: gradient_kernel's per-row terms,
+the big blanks' arcs among them; tdt.cu: tdt_gradient_kernel's, and the duration scores' gradient) and
+``hopper.gradient_tile`` writes each tile's gradient G = dL/dz once, in the GEMMs' dtype (TDT's duration columns
+written into it after), for cuBLAS's dh = G W and dW = G^T h. The logits are fp32 accumulators here (not rounded to
+the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
 
-The path runs where ``use_hopper`` says: RNN-T, RNA and TDT lattices, bf16 or fp16 GEMMs, an sm_90 GPU with
+The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, an sm_90 GPU with
 ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their self-test,
 unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused step on
 Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
@@ -24,7 +25,6 @@ import os
 import torch
 
 from . import hopper
-from .lattices import RNNT, TDT
 
 __all__ = ["use_hopper"]
 
@@ -34,17 +34,17 @@ _available = functools.lru_cache(maxsize=None)(hopper.available)
 
 
 def use_hopper(kind, compute_dtype, device, J):
-    """Whether the fused loss's tiles run on the Hopper kernels: ``kind`` the RNN-T lattice (RNN-T or RNA) or TDT's,
-    GEMMs in bf16 or fp16 on an sm_90 GPU where transducer.hopper's kernels are available and pass their self-test,
-    the joiner's width J a multiple of 8 (16-byte rows for TMA), unless ``TRANSDUCER_HOPPER`` is 0 (or false, off,
-    no) in the environment (multi-blank RNN-T runs on the other path).
+    """Whether the fused loss's tiles run on the Hopper kernels: GEMMs in bf16 or fp16 on an sm_90 GPU where
+    transducer.hopper's kernels are available and pass their self-test, the joiner's width J a multiple of 8 (16-byte
+    rows for TMA), unless ``TRANSDUCER_HOPPER`` is 0 (or false, off, no) in the environment; ``kind``, the lattice
+    (RNN-T and RNA, TDT, multi-blank: all run there), is named in the log line.
     Says once per process and answer which path runs (an info line on the ``transducer`` logger; a warning where the
     kernels are available and fail their self-test)."""
     on = os.environ.get("TRANSDUCER_HOPPER", "1").strip().lower() not in ("0", "false", "off", "no")
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():  # one key a device
         device = torch.device("cuda", torch.cuda.current_device())
     hopper_gpu = on and device.type == "cuda" and _available(device)
-    takes = kind in (RNNT, TDT) and compute_dtype in hopper.DTYPES and J % 8 == 0
+    takes = compute_dtype in hopper.DTYPES and J % 8 == 0
     failed = hopper.self_test(device) if hopper_gpu and takes else None
     use = hopper_gpu and takes and failed is None
     if use:
@@ -56,8 +56,7 @@ def use_hopper(kind, compute_dtype, device, J):
     elif failed:
         why = f"the Hopper kernels did not pass their self-test on {device}: {failed}"
     else:
-        why = (f"the {kind.name} lattice, {compute_dtype} GEMMs, J = {J}: the Hopper kernels take RNN-T, RNA and "
-               f"TDT, 16-bit GEMMs and J a multiple of 8")
+        why = f"{compute_dtype} GEMMs, J = {J}: the Hopper kernels take 16-bit GEMMs and J a multiple of 8"
     if (use, why) not in _said:
         _said.add((use, why))
         path = "the Hopper kernels (transducer.hopper)" if use else "cuBLAS GEMMs and the CUDA stages"

@@ -210,24 +210,23 @@ def _check_rows(name, x, count, H):
 class Projection(NamedTuple):
     """What both kernels take of the output projection, made once for the tiles of a pass (``projection``): W
     ``(V, J)``, the column bias ``col_bias`` (the bias, 0 without one, for the softmax's ``tokens`` columns, then
-    -inf up to whole vocabulary tiles; fp32), the kernels' shape and ``tokens``: W's rows past it are extra columns
-    (TDT's duration scores), outside the softmax, whose entries of H W^T the statistics return."""
+    -inf up to whole vocabulary tiles; fp32), the kernels' shape, and ``extra`` extra columns from ``extra_start``
+    on, whose entries of H W^T the statistics return (TDT's duration scores, past the softmax's columns; multi-blank's
+    big blanks, among them)."""
     W: Tensor
     col_bias: Tensor
     config: Config
     tokens: int
+    extra_start: int
+    extra: int
 
     @property
     def n_tiles(self):
         return self.col_bias.size(0) // self.config.tile_n
 
-    @property
-    def extra(self):
-        return self.W.size(0) - self.tokens
 
-
-def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None,
-               tokens: Optional[int] = None) -> Projection:
+def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None, tokens: Optional[int] = None,
+               extra: Optional[Tuple[int, int]] = None) -> Projection:
     """What the kernels take of the output projection, made once for the tiles of a pass.
 
     Args:
@@ -235,24 +234,30 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
             on a 16-byte boundary (TMA's operands do).
         bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32), or None.
         config (Config or None): the kernels' shape, or None for ``default_config(V)``. Default: None.
-        tokens (int or None): the softmax's columns, W's first rows: the rest are extra columns (statistics_tile
-            returns their entries of H W^T, without the bias; gradient_tile gives them zeros), at most
-            ``MAX_EXTRA``; None for V. Default: None.
+        tokens (int or None): the softmax's columns, W's first rows (gradient_tile gives the rest zeros); None for
+            V. Default: None.
+        extra ((int, int) or None): (start, count): ``count`` columns from ``start`` on, at most ``MAX_EXTRA``, whose
+            entries of H W^T (without the bias) statistics_tile returns, and on which gradient_tile subtracts a term
+            of each row if given; None for the columns past ``tokens``. Default: None.
 
     Returns:
-        Projection: W, the column bias, the shape and the token count.
+        Projection: W, the column bias, the shape, the token count and the extra columns.
     """
     if not W.is_contiguous() or W.data_ptr() % 16:
         W = W.clone(memory_format=torch.contiguous_format)
     V = W.size(0)
     tokens = V if tokens is None else tokens
-    if not 1 <= tokens <= V or V - tokens > MAX_EXTRA:
-        raise ValueError(f"tokens: expected a count in [max(1, V - {MAX_EXTRA}), V = {V}], got {tokens}")
+    if not 1 <= tokens <= V:
+        raise ValueError(f"tokens: expected a count in [1, V = {V}], got {tokens}")
+    start, count = (tokens, V - tokens) if extra is None else extra
+    if not (0 <= start and 0 <= count <= MAX_EXTRA and start + count <= V):
+        raise ValueError(f"extra: expected (start, count), count <= {MAX_EXTRA} columns of the V = {V}, got "
+                         f"{(start, count)}")
     config = default_config(V) if config is None else config
     col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
-    return Projection(W, col_bias, config, tokens)
+    return Projection(W, col_bias, config, tokens, start, count)
 
 
 def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
@@ -262,7 +267,7 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
     a multiple of 8, labels int32 (N,), ``out`` float32 (3 + E, N) of unit column stride, all on W's device).
 
     Args:
-        projection (Projection): ``projection(W, bias, tokens=...)``, with E = ``projection.extra`` extra columns.
+        projection (Projection): ``projection(W, bias, ...)``, with E = ``projection.extra`` extra columns.
         H (Tensor): ``(N, J)``: the hidden rows.
         labels (Tensor): ``(N,)`` int32: each row's label column, or -1.
         blank (int): the blank's column.
@@ -270,29 +275,31 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
 
     Returns:
         (den, z_blank, z_label, *extra), each ``(N,)`` float32: as logits_statistics over the softmax's columns,
-        then ``(H W^T)[r, tokens + i]`` for each extra column i (no bias).
+        then ``(H W^T)[r, extra_start + i]`` for each extra column i (no bias).
     """
     N, J = H.shape
     extra = projection.extra
     statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
-        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.tokens)
+        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.extra_start)
     return tuple(statistics)
 
 
 def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int, coefficients: Tensor,
                   clamp: float, rows: int = 0) -> Tensor:
     """logits_gradient of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
-    gives what logits_gradient checks (as statistics_tile's, and ``coefficients`` float32 (5, N) of unit column
-    stride, ``clamp`` >= 0).
+    gives what logits_gradient checks (as statistics_tile's, and ``coefficients`` float32 (5, N) or (5 + E, N) of
+    unit column stride, ``clamp`` >= 0).
 
     Args:
-        projection (Projection): ``projection(W, bias)``.
+        projection (Projection): ``projection(W, bias, ...)``, with E = ``projection.extra`` extra columns.
         H (Tensor): ``(N, J)``: the hidden rows.
         labels (Tensor): ``(N,)`` int32: each row's label column, or -1.
         blank (int): the blank's column.
-        coefficients (Tensor): ``(5, N)`` float32: each row's den, occupancy, blank arc, label arc and scale.
+        coefficients (Tensor): ``(5, N)`` float32: each row's den, occupancy, blank arc, label arc and scale; or
+            ``(5 + E, N)``: then also each row's term subtracted on extra column i (before the clamp), as the
+            blank's and the label's arcs are (multi-blank's big blank arcs).
         clamp (float): the clamp, or 0 for none.
         rows (int): the rows of G returned, if more than N: those past N are zeros (the fused loss's GEMM rows).
             Default: ``0``.
@@ -306,8 +313,9 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
     G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.col_bias.size(0), device=H.device,
                     dtype=H.dtype)
     if N > 0:
-        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0, 0)
-        _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.tokens)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0,
+                           coefficients.size(0) - 5)
+        _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.extra_start)
     if rows > N:
         G[N:rows] = 0
     return G[:max(N, rows)]

@@ -1,8 +1,9 @@
 """The fused loss's logits GEMMs for Hopper (sm_90a), written in CuTe DSL: Z = H W^T + bias with one of two epilogues,
 
 - statistics (forward): for each row r, a running max and sum of exp over the vocabulary tiles, and Z[r, blank] and
-  Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip; with ``extra`` columns past the
-  softmax's (TDT's duration scores), their entries of (H W^T)[r] stored as their tile passes;
+  Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip; with ``extra`` columns (TDT's
+  duration scores past the softmax's columns, multi-blank's big blanks among them), their entries of (H W^T)[r]
+  stored as their tile passes;
 - gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/stages.cu's
   gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H:
   through shared-memory subtiles (stmatrix), each stored by TMA while the next is written, as CUTLASS's Hopper
@@ -56,8 +57,9 @@ class LogitsGemm:
     """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
     (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
     CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages;
-    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied, ``extra``: the
-    statistics' extra columns (the E columns from ``extra_start`` on, their entries of H W^T stored)."""
+    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied, ``extra``: E
+    extra columns from ``extra_start`` on (the statistics store their entries of H W^T; the gradient subtracts a term
+    of each row on them)."""
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
                  occupancy: int = 1, gradient: bool = False, clamp: bool = False, extra: int = 0):
@@ -112,8 +114,9 @@ class LogitsGemm:
         """The tensors from their pointers (pointers and sizes cost the host less to pass than tensors): h (n_rows,
         J) of row stride ``h_stride`` (a multiple of 8) and w (n_cols, J), both K-major; col_bias (n_tiles *
         tile_n,) fp32; labels (n_rows,) int32; row_values (3 + extra, n_rows) fp32: the statistics den, z_blank,
-        z_label and (H W^T)[r, extra_start + i] for i < extra (written), or (5, n_rows): the gradient's den,
-        occupancy, blank arc, label arc and scale of each row (read);
+        z_label and (H W^T)[r, extra_start + i] for i < extra (written), or (5 + extra, n_rows): the gradient's den,
+        occupancy, blank arc, label arc and scale of each row and the arc subtracted on column extra_start + i
+        (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
         multiple of 8): the gradient (written; the statistics never touch it)."""
         J, width = self.J, self.n_tiles * self.tile_n
@@ -121,7 +124,7 @@ class LogitsGemm:
         w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
         col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
         labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout((5 if self.gradient else 3 + self.extra,
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
                                                                         n_rows),
                                                                        stride=(row_values_stride, 1)))
         if cutlass.const_expr(self.gradient):
@@ -308,7 +311,17 @@ class LogitsGemm:
                 for r in cutlass.range_constexpr(rows):
                     acc_rc[r, c] = acc_rc[r, c] + b
             if cutlass.const_expr(self.gradient):
-                self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col)
+                extra_at = extra_start - first_col
+                if cutlass.const_expr(self.extra > 0):  # the extra columns' terms, in the tiles holding any
+                    if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
+                        self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, row_values,
+                                            m_block, n_rows, extra_at, True)
+                    else:
+                        self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, row_values,
+                                            m_block, n_rows, extra_at, False)
+                else:
+                    self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, row_values,
+                                        m_block, n_rows, extra_at, False)
                 self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
                                           warp_idx, m_block, n_tile)
             else:
@@ -393,20 +406,28 @@ class LogitsGemm:
 
     @cute.jit
     def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                       blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32):
+                       blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
+                       row_values: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32,
+                       extra_at: cutlass.Int32, with_extra: cutlass.Constexpr):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
-        vocabulary tile (stages.cu's TokenGradient), in place of the tile's logits in the accumulators."""
+        vocabulary tile (stages.cu's TokenGradient), in place of the tile's logits in the accumulators; ``with_extra``:
+        less row_values[5 + i, row] on the tile's column extra_at + i too (multi-blank's big blank arcs)."""
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
             scaled_den = values[DEN, r] * LOG2E
             label_at = label[r] - first_col
             blank_at = blank - first_col
+            row = m_block * self.tile_m + coords_rc[r, 0][0]
             for c in cutlass.range_constexpr(cols):
                 col = coords_rc[r, c][1]
                 g = cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_den, approx=True, ftz=True) * values[OCCUPANCY, r]
                 g = g - values[BLANK_ARC, r] if col == blank_at else g
                 g = g - values[LABEL_ARC, r] if col == label_at else g
+                if cutlass.const_expr(with_extra):
+                    i = col - extra_at
+                    if i >= 0 and i < self.extra and row < n_rows:
+                        g = g - row_values[5 + i, row]
                 if cutlass.const_expr(self.clamp):
                     g = cute.arch.fmin(cute.arch.fmax(g, -clamp), clamp)
                 acc_rc[r, c] = g * values[SCALE, r]

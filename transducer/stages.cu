@@ -355,11 +355,9 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
   const int K = BIG_BLANKS ? p.big_blank_durations.n : 0;
   Acc* row_big = sub_big[BIG_BLANKS ? threadIdx.x >> Geo::LOG_G : 0];
   if (BIG_BLANKS) {
-    if (pass.lane < K) {
-      const int d = duration(p.big_blank_durations, pass.lane), s = ri.t + d;
-      const Acc after = s < ri.T ? beta[r + (long long)d * ri.st] : (s == ri.T && ri.u == ri.U ? Acc(0) : NINF);
-      row_big[pass.lane] = exp_acc(lognorm + ldg(p.lp_arcs + (long long)r * K + pass.lane) + after);
-    }
+    if (pass.lane < K)
+      row_big[pass.lane] = big_blank_arc(beta, ldg(p.lp_arcs + (long long)r * K + pass.lane),
+                                         duration(p.big_blank_durations, pass.lane), r, ri, lognorm);
     if (WPR == 1)
       __syncwarp();
     else
@@ -494,12 +492,13 @@ __global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const Layo
 // keep the logits on the chip, so these kernels hand them each row's label and take from them each row's
 // statistics, one thread per row r of [0, num_rows) (Acc = float: the kernels' GEMMs are 16-bit):
 //   row_labels_kernel        labels[r] = y_{u+1} for u < U_b, else -1: the column the statistics pick
-//   row_log_probs_kernel     den and lp from the statistics (den, z_blank, z_label), as log_probs_kernel
-//                            stores them (BlankAndLabel)
+//   row_log_probs_kernel     den and lp (and multi-blank's lp_arcs) from the statistics (den, z_blank, z_label,
+//                            and the big blanks' logits less their bias), as log_probs_kernel stores them
+//                            (BlankAndLabel)
 //   row_coefficients_kernel  the label and the gradient's coefficients (den, occupancy, blank arc, label arc,
-//                            scale): gradient_kernel's per-row terms (rnnt_arcs; FastEmit as TokenGradient's
-//                            coef), a row without a gradient (a loss not finite, a zero scale, off RNA's band)
-//                            getting den = +inf and zeros
+//                            scale, and the big blank arcs): gradient_kernel's per-row terms (rnnt_arcs,
+//                            big_blank_arc; FastEmit as TokenGradient's coef), a row without a gradient (a loss not
+//                            finite, a zero scale, off RNA's band) getting den = +inf and zeros
 template <typename I>
 struct RowLabelsParams {
   td::Grids grids;
@@ -520,11 +519,16 @@ struct RowLogProbsParams {
   td::Grids grids;
   td::Labels<I> labels;
   int num_rows;
-  const float* statistics;  // (3, ld_statistics): den, z_blank, z_label of each row
+  int big_blanks;           // K
+  const float* statistics;  // (3 + K, ld_statistics): den, z_blank, z_label, then the logits of the columns
+                            // blank - K ... blank - 1 (big blanks K - 1 ... 0) less their bias
   long long ld_statistics;
+  const float* big_blank_bias;  // (K,): the bias of those columns, or null
   double delay_penalty;
-  float* lp;   // (N, 2)
-  float* den;  // (N,)
+  double sigma;
+  float* lp;       // (N, 2)
+  float* den;      // (N,)
+  float* lp_arcs;  // (N, K)
 };
 
 template <typename I>
@@ -533,19 +537,27 @@ __global__ void __launch_bounds__(td::kThreads) row_log_probs_kernel(const RowLo
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= p.num_rows) return;
   const RowInfo ri = row_info(r, p.grids);
+  const int K = p.big_blanks;
   if (!ri.cell) {  // padding, as log_probs_kernel writes it
     p.lp[2ll * r] = neg_inf<float>();
     p.lp[2ll * r + 1] = neg_inf<float>();
     p.den[r] = 0.0f;
+    for (int i = 0; i < K; ++i) p.lp_arcs[(long long)r * K + i] = neg_inf<float>();
     return;
   }
   BlankAndLabel<float> picks;
   picks.has_label = row_label(ri, p.labels) >= 0;
   picks.x_blank = __ldg(p.statistics + p.ld_statistics + r);
   picks.x_label = picks.has_label ? __ldg(p.statistics + 2 * p.ld_statistics + r) : neg_inf<float>();
-  const float d = __ldg(p.statistics + r);
+  const float d = __ldg(p.statistics + r), sigma = float(p.sigma);
   p.den[r] = d;
-  picks.store(p.lp, r, ri, d, 0.0f, p.delay_penalty);
+  picks.store(p.lp, r, ri, d, sigma, p.delay_penalty);
+  for (int i = 0; i < K; ++i) {  // big blank i: column blank - 1 - i, the statistics' extra entry K - 1 - i
+    const int e = K - 1 - i;
+    const float bias = p.big_blank_bias ? __ldg(p.big_blank_bias + e) : 0.0f;
+    const float x = __ldg(p.statistics + (3 + e) * p.ld_statistics + r) + bias;
+    p.lp_arcs[(long long)r * K + i] = x - d - sigma;
+  }
 }
 
 template <typename I>
@@ -555,8 +567,11 @@ struct RowCoefficientsParams {
   td::Lattice<float> lattice;
   td::Scale<float> scale;
   double fastemit_lambda;
+  const float* lp_arcs;          // (N, K): the big blanks' log-probs
+  td::Durations big_blank_durations;  // K = big_blank_durations.n, and their durations
   int num_rows;
-  float* coefficients;  // (5, num_rows): den, occupancy, blank arc, label arc, scale
+  float* coefficients;  // (5 + K, num_rows): den, occupancy, blank arc, label arc, scale, then the arcs of the
+                        // columns blank - K ... blank - 1 (big blanks K - 1 ... 0)
   int* labels_out;      // (num_rows,)
 };
 
@@ -577,9 +592,10 @@ __global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const Ro
     if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
   }
   float* c = p.coefficients;
+  const int K = p.big_blank_durations.n;
   if (!live) {
     c[r] = -neg_inf<float>();
-    for (int i = 1; i < 5; ++i) c[(long long)i * n + r] = 0.0f;
+    for (int i = 1; i < 5 + K; ++i) c[(long long)i * n + r] = 0.0f;
     return;
   }
   const ReadOnly<float> beta{p.lattice.beta};
@@ -592,4 +608,8 @@ __global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const Ro
   c[2ll * n + r] = arcs.blank;
   c[3ll * n + r] = (1.0f + lambda) * arcs.label;
   c[4ll * n + r] = sc;
+  for (int i = 0; i < K; ++i)
+    c[(long long)(4 + K - i) * n + r] =
+        big_blank_arc(beta, __ldg(p.lp_arcs + (long long)r * K + i), duration(p.big_blank_durations, i), r, ri,
+                      lognorm);
 }
