@@ -2,7 +2,8 @@
 """The fused joiner + loss step against its floor, the four GEMMs it cannot avoid, and NeMo's Flash RNN-T.
 
     python benchmarks/fused_step.py                       # every case
-    python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt, wide-rnnt)
+    python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt, wide-rnnt,
+                                                          # wide-multiblank)
     python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
     python benchmarks/fused_step.py --changing-shapes     # shapes that change every step, as in training
@@ -32,13 +33,14 @@ cost: the allocator's blocks, a kernel compiled or tuned per shape), and the fir
 and the allocator's first segments, of whatever the process has not yet run). Each time is one step's CUDA-event
 time (common.cuda_call), which takes in the host's time where the GPU waits for it. A contender is stopped after
 --time-limit seconds (Flash RNN-T's Triton kernels compile for new shapes) and the steps it ran are given.
-Parakeet-TDT's and wide-rnnt's batches all have one shape: the mode takes protocol-a and flash.
+Parakeet-TDT's and the wide joints' batches all have one shape: the mode takes protocol-a and flash.
 
 Cases (bf16: autocast, the encoder and predictor outputs in bf16 or fp32; fp32: no autocast):
     protocol-a     LibriSpeech train-clean-100 batches of 30 (benchmarks/data), 512 -> 500, tanh
     flash          Flash RNN-T's own benchmark shape: B 32, T <= 400, U <= 128, 640 -> 1024, tanh
     parakeet-tdt   Parakeet-TDT-0.6B's joint: B 16, T 375, U 100, 640 -> 8193 + 5 durations, relu
     wide-rnnt      the same joint for RNN-T (no durations): 640 -> 8193, relu (the Hopper kernels' wide tiles)
+    wide-multiblank  the same joint for the multi-blank loss: big blanks of durations 2, 4, 8 before the blank
 """
 
 import argparse
@@ -109,7 +111,9 @@ CASES = {  # J, token columns, durations, activation, precisions
     "flash": (640, 1024, None, "tanh", ("bf16", "fp32")),
     "parakeet-tdt": (640, 8193, [0, 1, 2, 3, 4], "relu", ("bf16",)),
     "wide-rnnt": (640, 8193, None, "relu", ("bf16",)),
+    "wide-multiblank": (640, 8193, None, "relu", ("bf16",)),
 }
+BIG_BLANKS = {"wide-multiblank": [2, 4, 8]}  # the multi-blank cases' big blanks, in the columns before the blank
 
 
 FLOOR, DEFAULT, HOPPER, FLASH = "floor (4 GEMMs)", "ours fused", "ours fused, Hopper kernels", "Flash RNN-T"
@@ -122,27 +126,29 @@ def gemm_dtype(prec):
 
 def contenders(case, prec, flash):
     """steps(batch) for a batch (T, U) of the case: {name: step()} of ours on cuBLAS, on the Hopper kernels where
-    they run (use_hopper) and Flash RNN-T's where ``flash`` is its loss class and the case has no durations. Each
+    they run (use_hopper) and Flash RNN-T's where ``flash`` is its loss class and the case is RNN-T's. Each
     batch's tensors are made once, shared by the steps."""
     J, V, durations, activation, _ = CASES[case]
+    big_blanks = BIG_BLANKS.get(case, [])
     in_dtype = torch.float32 if prec != "bf16" else torch.bfloat16
     autocast = prec != "fp32"
     blank = V - 1  # Flash RNN-T's blank is the last token column
     torch.manual_seed(0)
     linear = torch.nn.Linear(J, V + len(durations or []), device="cuda")
     joint = NemoLikeJoint(linear, activation)
-    flash_mod = flash(blank=blank) if flash and not durations else None
-    options = dict(durations=durations, sigma=0.05) if durations else {}
+    flash_mod = flash(blank=blank) if flash and not durations and not big_blanks else None
+    options = (dict(durations=durations, sigma=0.05) if durations else
+               dict(big_blank_durations=big_blanks, sigma=0.05) if big_blanks else {})
     os.environ["TRANSDUCER_HOPPER"] = "1"
-    hopper = use_hopper(kind_of(LossOptions(durations=tuple(durations or ()))), gemm_dtype(prec),
-                        torch.device("cuda"), J)
+    hopper = use_hopper(kind_of(LossOptions(durations=tuple(durations or ()), big_blank_durations=tuple(big_blanks))),
+                        gemm_dtype(prec), torch.device("cuda"), J)
     os.environ["TRANSDUCER_HOPPER"] = "0"
 
     def steps(batch):
         T, U = batch
         B = len(T)
         Tt, Ut = torch.tensor(T, device="cuda"), torch.tensor(U, device="cuda")
-        y = torch.randint(0, V - 1, (B, int(U.max())), device="cuda")
+        y = torch.randint(0, V - 1 - len(big_blanks), (B, int(U.max())), device="cuda")  # no blank, no big blank
         enc = torch.randn(B, int(T.max()), J, device="cuda", dtype=in_dtype, requires_grad=True)
         pred = torch.randn(B, int(U.max()) + 1, J, device="cuda", dtype=in_dtype, requires_grad=True)
 
@@ -273,8 +279,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="--changing-shapes: steps repeated on a batch's shapes")
     p.add_argument("--time-limit", type=float, default=60.0, help="--changing-shapes: seconds a contender runs")
     a = p.parse_args()
-    if a.changing_shapes and {"parakeet-tdt", "wide-rnnt"} & set(a.cases or []):
-        p.error("--changing-shapes: parakeet-tdt's and wide-rnnt's batches all have one shape")
+    if a.changing_shapes and {"parakeet-tdt", "wide-rnnt", "wide-multiblank"} & set(a.cases or []):
+        p.error("--changing-shapes: parakeet-tdt's and the wide joints' batches all have one shape")
     cases = a.cases or (["protocol-a", "flash"] if a.changing_shapes else list(CASES))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {gpu_clock()}")
     flash = None if a.no_flash else flash_loss()
