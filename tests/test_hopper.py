@@ -128,7 +128,9 @@ def test_extra_columns_in_the_softmax(N, J, V, start, K, clamp):
     coefficients = torch.cat([den[None], terms])
     coefficients[:, ::5] = 0
     coefficients[0, ::5] = float("inf")
+    given = coefficients.clone()
     G = hopper.gradient_tile(projection, H, labels, blank, coefficients, clamp)
+    assert torch.equal(coefficients, given)  # read, never written
     want = gradient_reference(H, W, bias, labels, blank, coefficients[:5], 0.0)
     want[:, start:blank] -= coefficients[5:].t() * coefficients[4, :, None]
     if clamp:

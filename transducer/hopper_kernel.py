@@ -48,9 +48,9 @@ G_BUFFERS = 2
 # the named barrier the epilogue's threads meet at between writing a subtile and storing it (0 is __syncthreads)
 G_BARRIER = 1
 # each row's values in registers: the statistics' running max and sum and picked logits; the gradient's den and
-# coefficients, in the order of their (5, N) array
+# coefficients (and extra columns' arcs), in the order of their (5 + E, N) array
 ROW_MAX, ROW_SUM, PICK_BLANK, PICK_LABEL = range(4)
-DEN, OCCUPANCY, BLANK_ARC, LABEL_ARC, SCALE = range(5)
+DEN, OCCUPANCY, BLANK_ARC, LABEL_ARC, SCALE, EXTRA_ARCS = range(6)
 
 
 class LogitsGemm:
@@ -241,7 +241,7 @@ class LogitsGemm:
 
         # each row's values: the statistics' running max and sum and picks; the gradient's coefficients, read once
         # (rows past N: den = +inf and the rest 0, so that their gradient is 0)
-        n_values = 5 if self.gradient else 4
+        n_values = EXTRA_ARCS + self.extra if self.gradient else 4
         values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
         label = cute.make_rmem_tensor((rows,), cutlass.Int32)
         for r in cutlass.range_constexpr(rows):
@@ -303,7 +303,7 @@ class LogitsGemm:
             # loops over the accumulators unrolled at trace time, so that every register index is a constant (a
             # run-time index would move the accumulators to local memory)
             first_col = n_tile * self.tile_n
-            if cutlass.const_expr(self.extra > 0):  # before the bias, which is -inf at the extra columns
+            if cutlass.const_expr(self.extra > 0 and not self.gradient):  # before the bias (-inf past the softmax)
                 if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
                     self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
             for c in cutlass.range_constexpr(cols):
@@ -311,17 +311,7 @@ class LogitsGemm:
                 for r in cutlass.range_constexpr(rows):
                     acc_rc[r, c] = acc_rc[r, c] + b
             if cutlass.const_expr(self.gradient):
-                extra_at = extra_start - first_col
-                if cutlass.const_expr(self.extra > 0):  # the extra columns' terms, in the tiles holding any
-                    if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                        self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, row_values,
-                                            m_block, n_rows, extra_at, True)
-                    else:
-                        self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, row_values,
-                                            m_block, n_rows, extra_at, False)
-                else:
-                    self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, row_values,
-                                        m_block, n_rows, extra_at, False)
+                self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
                 self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
                                           warp_idx, m_block, n_tile)
             else:
@@ -407,27 +397,24 @@ class LogitsGemm:
     @cute.jit
     def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
                        blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
-                       row_values: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32,
-                       extra_at: cutlass.Int32, with_extra: cutlass.Constexpr):
+                       extra_start: cutlass.Int32):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
-        vocabulary tile (stages.cu's TokenGradient), in place of the tile's logits in the accumulators; ``with_extra``:
-        less row_values[5 + i, row] on the tile's column extra_at + i too (multi-blank's big blank arcs)."""
+        vocabulary tile (stages.cu's TokenGradient), in place of the tile's logits in the accumulators; with extra
+        columns, less each row's term i on column extra_start + i too (multi-blank's big blank arcs)."""
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
             scaled_den = values[DEN, r] * LOG2E
             label_at = label[r] - first_col
             blank_at = blank - first_col
-            row = m_block * self.tile_m + coords_rc[r, 0][0]
+            extra_at = extra_start - first_col
             for c in cutlass.range_constexpr(cols):
                 col = coords_rc[r, c][1]
                 g = cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_den, approx=True, ftz=True) * values[OCCUPANCY, r]
                 g = g - values[BLANK_ARC, r] if col == blank_at else g
                 g = g - values[LABEL_ARC, r] if col == label_at else g
-                if cutlass.const_expr(with_extra):
-                    i = col - extra_at
-                    if i >= 0 and i < self.extra and row < n_rows:
-                        g = g - row_values[5 + i, row]
+                for i in cutlass.range_constexpr(self.extra):
+                    g = g - values[EXTRA_ARCS + i, r] if col == extra_at + i else g
                 if cutlass.const_expr(self.clamp):
                     g = cute.arch.fmin(cute.arch.fmax(g, -clamp), clamp)
                 acc_rc[r, c] = g * values[SCALE, r]
