@@ -92,8 +92,8 @@ ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
     ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
 ROW_COEFFICIENTS_PARAMS = struct("RowCoefficientsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("fastemit_lambda", "double"),
-    ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS), ("num_rows", "int"), ("coefficients", "ptr"),
-    ("labels_out", "ptr")])
+    ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS), ("row_start", "int"), ("num_rows", "int"),
+    ("coefficients", "ptr"), ("labels_out", "ptr")])
 TDT_ROW_LOG_PROBS_PARAMS = struct("TdtRowLogProbsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("D", "int"), ("statistics", "ptr"),
     ("ld_statistics", "long long"), ("duration_bias", "ptr"), ("sigma", "double"), ("delay_penalty", "double"),
@@ -101,7 +101,8 @@ TDT_ROW_LOG_PROBS_PARAMS = struct("TdtRowLogProbsParams", [
 TDT_ROW_COEFFICIENTS_PARAMS = struct("TdtRowCoefficientsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("durations", DURATIONS), ("lattice", LATTICE), ("lp_arcs", "ptr"),
     ("rnnt", WALKS), ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"),
-    ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr"), ("duration_gradient", "ptr")])
+    ("row_start", "int"), ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr"),
+    ("duration_gradient", "ptr")])
 PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
     ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("dropout", DROPOUT), ("out", "ptr"),
@@ -372,11 +373,12 @@ def row_log_probs(statistics, targets, layout, options, lp, den, lp_arcs=None, b
                (THREADS,), (params,))
 
 
-def row_coefficients(targets, lattice, scale, options, num_rows):
-    """((5 + K, num_rows) float32, (num_rows,) int32): the coefficients of each row's logits' gradient (den,
-    occupancy, blank arc, label arc, scale: hopper.logits_gradient's; then the arcs of the K big blanks' columns
-    blank - K ... blank - 1, for hopper.gradient_tile's extra columns) and its label, from a float32 lattice and
-    the incoming scale (B,) (stages.cu's row_coefficients_kernel: gradient_kernel's per-row terms)."""
+def row_coefficients(targets, lattice, scale, options, row_start, num_rows):
+    """((5 + K, num_rows) float32, (num_rows,) int32): the coefficients of the logits' gradient (den, occupancy,
+    blank arc, label arc, scale: hopper.logits_gradient's; then the arcs of the K big blanks' columns blank - K ...
+    blank - 1, for hopper.gradient_tile's extra columns) and the label of each row of [row_start, row_start +
+    num_rows) (a tile's), from a float32 lattice and the incoming scale (B,) (stages.cu's row_coefficients_kernel:
+    gradient_kernel's per-row terms)."""
     K = len(options.big_blank_durations)
     coefficients = torch.empty(5 + K, num_rows, dtype=torch.float32, device=targets.device)
     labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
@@ -387,7 +389,8 @@ def row_coefficients(targets, lattice, scale, options, num_rows):
                                          scale=SCALE(values=scale, stride=scale.stride(0)),
                                          fastemit_lambda=options.fastemit_lambda, lp_arcs=lattice.lp_arcs,
                                          big_blank_durations=_durations(tuple(options.big_blank_durations)),
-                                         num_rows=num_rows, coefficients=coefficients, labels_out=labels)
+                                         row_start=row_start, num_rows=num_rows, coefficients=coefficients,
+                                         labels_out=labels)
         launch(_STAGES, _name("row_coefficients_kernel", targets.dtype, bool(options.one_sym_per_frame)), labels,
                (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
     return coefficients, labels
@@ -410,11 +413,11 @@ def tdt_row_log_probs(statistics, duration_bias, targets, layout, options, out):
                (THREADS,), (params,))
 
 
-def tdt_row_coefficients(targets, lattice, scale, options, num_rows, dtype):
-    """((5, num_rows) float32, (num_rows,) int32, (num_rows, D) of ``dtype``): the coefficients of each row's token
-    scores' gradient (as row_coefficients'), its label and its duration scores' gradient in the GEMMs' dtype, from a
-    float32 TDT lattice and the incoming scale (B,) (tdt.cu's tdt_row_coefficients_kernel: tdt_gradient_kernel's
-    per-row terms)."""
+def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, dtype):
+    """((5, num_rows) float32, (num_rows,) int32, (num_rows, D) of ``dtype``): the coefficients of the token scores'
+    gradient (as row_coefficients'), the label and the duration scores' gradient in the GEMMs' dtype of each row of
+    [row_start, row_start + num_rows), from a float32 TDT lattice and the incoming scale (B,) (tdt.cu's
+    tdt_row_coefficients_kernel: tdt_gradient_kernel's per-row terms)."""
     D = len(options.durations)
     coefficients = torch.empty(5, num_rows, dtype=torch.float32, device=targets.device)
     labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
@@ -430,8 +433,8 @@ def tdt_row_coefficients(targets, lattice, scale, options, num_rows, dtype):
             grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
             durations=_durations(tuple(options.durations)), lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs,
             rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
-            fastemit_lambda=options.fastemit_lambda, omega=omega, num_rows=num_rows, coefficients=coefficients,
-            labels_out=labels, duration_gradient=duration_gradient)
+            fastemit_lambda=options.fastemit_lambda, omega=omega, row_start=row_start, num_rows=num_rows,
+            coefficients=coefficients, labels_out=labels, duration_gradient=duration_gradient)
         launch(_TDT, _name("tdt_row_coefficients_kernel", dtype, targets.dtype, bool(omega)), labels,
                (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
     return coefficients, labels, duration_gradient

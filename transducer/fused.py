@@ -265,21 +265,21 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     if row_splits is None:
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
-    if hopper_tiles and D:  # every row's label and gradient coefficients, for the tiles' kernels, and TDT's
-        coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(targets, lattice, scale, options,
-                                                                                     row_splits[-1], compute_dtype)
-    elif hopper_tiles:
-        coefficients, labels = cuda_stages.row_coefficients(targets, lattice, scale, options, row_splits[-1])
     for start, end in _tiles(row_splits[-1], max_rows):
         tile_rows = end - start
+        if hopper_tiles and D:  # the tile's rows' labels and gradient coefficients for the kernel, and TDT's
+            coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(
+                targets, lattice, scale, options, start, tile_rows, compute_dtype)
+        elif hopper_tiles:
+            coefficients, labels = cuda_stages.row_coefficients(targets, lattice, scale, options, start, tile_rows)
         hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx,
                      _gemm_rows(tile_rows, encoder_out.device.type))
         width = Wx.size(0)
         if hopper_tiles:  # the gradient from the recompute's epilogue; it and Wx are zeros past V
-            dz = hopper.gradient_tile(projection, hx[:tile_rows, :J], labels[start:end], options.blank,
-                                      coefficients[:, start:end], max(options.clamp, 0.0), hx.size(0))
+            dz = hopper.gradient_tile(projection, hx[:tile_rows, :J], labels, options.blank, coefficients,
+                                      max(options.clamp, 0.0), hx.size(0))
             if D:  # the duration columns, zeros from the kernel
-                dz[:tile_rows, V:V + D] = duration_gradient[start:end]
+                dz[:tile_rows, V:V + D] = duration_gradient
             width = min(dz.size(1), width)
             dz = dz[:, :width]
         else:

@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const Layo
 //   row_log_probs_kernel     den and lp (and multi-blank's lp_arcs) from the statistics (den, z_blank, z_label,
 //                            and the big blanks' logits less their bias), as log_probs_kernel stores them
 //                            (BlankAndLabel)
-//   row_coefficients_kernel  the label and the gradient's coefficients (den, occupancy, blank arc, label arc,
+//   row_coefficients_kernel  a tile's rows' labels and gradient coefficients (den, occupancy, blank arc, label arc,
 //                            scale, and the big blank arcs): gradient_kernel's per-row terms (rnnt_arcs,
 //                            big_blank_arc; FastEmit as TokenGradient's coef), a row without a gradient (a loss not
 //                            finite, a zero scale, off RNA's band) getting den = +inf and zeros
@@ -569,6 +569,7 @@ struct RowCoefficientsParams {
   double fastemit_lambda;
   const float* lp_arcs;          // (N, K): the big blanks' log-probs
   td::Durations big_blank_durations;  // K = big_blank_durations.n, and their durations
+  int row_start;        // the rows [row_start, row_start + num_rows): a tile's
   int num_rows;
   float* coefficients;  // (5 + K, num_rows): den, occupancy, blank arc, label arc, scale, then the arcs of the
                         // columns blank - K ... blank - 1 (big blanks K - 1 ... 0)
@@ -578,11 +579,12 @@ struct RowCoefficientsParams {
 template <typename I, bool RNA>
 __global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const RowCoefficientsParams<I> p) {
   using namespace td;
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;  // the tile's row k, the layout's row r
   const int n = p.num_rows;
-  if (r >= n) return;
+  if (k >= n) return;
+  const int r = p.row_start + k;
   const RowInfo ri = row_info(r, p.grids);
-  p.labels_out[r] = row_label(ri, p.labels);
+  p.labels_out[k] = row_label(ri, p.labels);
   bool live = ri.cell;
   float l = 0.0f, sc = 0.0f;
   if (live) {
@@ -591,11 +593,11 @@ __global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const Ro
     live = is_finite(l) && sc != 0.0f;
     if (RNA) live = live && ri.u <= ri.t && ri.t - ri.u <= ri.T - 1 - ri.U;
   }
-  float* c = p.coefficients;
+  float* c = p.coefficients + k;  // c[i * n]: the row's coefficient i
   const int K = p.big_blank_durations.n;
   if (!live) {
-    c[r] = -neg_inf<float>();
-    for (int i = 1; i < 5 + K; ++i) c[(long long)i * n + r] = 0.0f;
+    c[0] = -neg_inf<float>();
+    for (int i = 1; i < 5 + K; ++i) c[(long long)i * n] = 0.0f;
     return;
   }
   const ReadOnly<float> beta{p.lattice.beta};
@@ -603,13 +605,13 @@ __global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const Ro
   const RnntArcs<float> arcs =
       rnnt_arcs<float, RNA>(beta, r, ri, lognorm, __ldg(p.lattice.lp + 2ll * r), __ldg(p.lattice.lp + 2ll * r + 1));
   const float lambda = (float)p.fastemit_lambda;
-  c[r] = __ldg(p.lattice.den + r);
-  c[(long long)n + r] = exp_acc(arcs.log_gamma) + lambda * arcs.label;
-  c[2ll * n + r] = arcs.blank;
-  c[3ll * n + r] = (1.0f + lambda) * arcs.label;
-  c[4ll * n + r] = sc;
+  c[0] = __ldg(p.lattice.den + r);
+  c[n] = exp_acc(arcs.log_gamma) + lambda * arcs.label;
+  c[2ll * n] = arcs.blank;
+  c[3ll * n] = (1.0f + lambda) * arcs.label;
+  c[4ll * n] = sc;
   for (int i = 0; i < K; ++i)
-    c[(long long)(4 + K - i) * n + r] =
+    c[(long long)(4 + K - i) * n] =
         big_blank_arc(beta, __ldg(p.lp_arcs + (long long)r * K + i), duration(p.big_blank_durations, i), r, ri,
                       lognorm);
 }

@@ -601,8 +601,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
 // as stages.cu's row kernels for RNN-T (Acc = float: the kernels' GEMMs are 16-bit):
 //   tdt_row_log_probs_kernel     lp, den, lp_arcs and den_arcs from the statistics (den, z_blank, z_label and the
 //                                D duration scores without their bias), as tdt_log_probs_kernel stores them
-//   tdt_row_coefficients_kernel  the token gradient's coefficients (den, occupancy, blank arc, label arc, scale)
-//                                and label, and the duration scores' gradient: tdt_gradient_kernel's per-row terms
+//   tdt_row_coefficients_kernel  a tile's rows' token gradient coefficients (den, occupancy, blank arc, label arc,
+//                                scale), labels and duration scores' gradient: tdt_gradient_kernel's per-row terms
 //                                (a row without a gradient getting den = +inf and zeros)
 template <typename I>
 struct TdtRowLogProbsParams {
@@ -670,6 +670,7 @@ struct TdtRowCoefficientsParams {
   double sigma;
   double fastemit_lambda;
   double omega;
+  int row_start;             // the rows [row_start, row_start + num_rows): a tile's
   int num_rows;
   float* coefficients;       // (5, num_rows): den, occupancy, blank arc, label arc, scale
   int* labels_out;           // (num_rows,)
@@ -679,12 +680,13 @@ struct TdtRowCoefficientsParams {
 template <typename T, typename I, bool OMEGA>
 __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(const TdtRowCoefficientsParams<T, I> p) {
   using namespace td;
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;  // the tile's row j, the layout's row r
   const int n = p.num_rows;
-  if (r >= n) return;
+  if (j >= n) return;
+  const int r = p.row_start + j;
   const int D = p.durations.n;
   const RowInfo ri = row_info(r, p.grids);
-  p.labels_out[r] = row_label(ri, p.labels);
+  p.labels_out[j] = row_label(ri, p.labels);
   bool live = ri.cell;
   float l = 0.0f, sc = 0.0f, l_r = 0.0f;
   if (live) {
@@ -696,11 +698,11 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
       live = live && is_finite(l_r);
     }
   }
-  float* c = p.coefficients;
-  T* g = p.duration_gradient + (long long)r * D;
+  float* c = p.coefficients + j;  // c[i * n]: the row's coefficient i
+  T* g = p.duration_gradient + (long long)j * D;
   if (!live) {
-    c[r] = -neg_inf<float>();
-    for (int i = 1; i < 5; ++i) c[(long long)i * n + r] = 0.0f;
+    c[0] = -neg_inf<float>();
+    for (int i = 1; i < 5; ++i) c[(long long)i * n] = 0.0f;
     for (int k = 0; k < D; ++k) g[k] = from_acc<T>(0.0f);
     return;
   }
@@ -719,11 +721,11 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
   const TdtTokenTerms<float> terms = tdt_token_terms<float, OMEGA>(
       gamma, sum_blank, sum_label, float(p.fastemit_lambda), omega, float(p.sigma), beta_r, alpha_r, l_r, r, ri,
       lp_b, lp_l);
-  c[r] = __ldg(p.lattice.den + r);
-  c[(long long)n + r] = terms.factor;
-  c[2ll * n + r] = terms.sub_blank;
-  c[3ll * n + r] = terms.sub_label;
-  c[4ll * n + r] = sc;
+  c[0] = __ldg(p.lattice.den + r);
+  c[n] = terms.factor;
+  c[2ll * n] = terms.sub_blank;
+  c[3ll * n] = terms.sub_label;
+  c[4ll * n] = sc;
   for (int k = 0; k < D; ++k) {  // this duration's own arcs again (no array of D in registers); not clamped (NeMo's)
     const float lp_dur = lp_arcs[(long long)r * D + k];
     const TdtArcPair<float> arc = tdt_arcs(beta, lp_dur, duration(p.durations, k), r, ri, lognorm, lp_b, lp_l);
