@@ -232,6 +232,22 @@ def _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx, 
     return hx
 
 
+# torch's addmm with a float32 output of 16-bit operands (CUDA, torch >= 2.8)
+_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
+
+
+def _add_product(acc, a, b):
+    """acc += a @ b, accumulated by the GEMM into ``acc`` (its epilogue's beta = 1) where it can: operands of acc's
+    dtype, or 16-bit ones on CUDA with a float32 ``acc``; else the product in the operands' dtype, then added. A
+    tile's weight gradient then costs no pass of its own over dW, nor a rounding to 16 bits."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif _ADDMM_OUT_DTYPE and acc.is_cuda and acc.dtype == torch.float32:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc += a.mm(b)
+
+
 def _capacity(encoder_out, predictor_out):
     return encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
 
@@ -289,7 +305,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
             if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
                 dz[:, weight.size(0):] = 0
-        grad_wx[:width] += dz.t().mm(hx)
+        _add_product(grad_wx[:width], dz.t(), hx)
         del hx  # a tile holds two of (hidden, logits, dh) at a time: default_max_rows
         dh = dz.mm(W[:width])
         del dz
