@@ -152,6 +152,10 @@ def test_argument_checks():
     for extra in ((-1, 2), (5, 2), (0, 17)):
         with pytest.raises(ValueError, match=r"extra: expected \(start, count\)"):
             hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16)[:6], None, extra=extra)
+    projection = hopper.projection(W, None, extra=(2, 3))
+    with pytest.raises(ValueError, match=r"coefficients: expected 5 or 5 \+ 3 rows \(the projection's extra columns\), "
+                                         r"got 7"):
+        hopper.gradient_tile(projection, H, labels, 0, torch.zeros(7, 4), 0.0)
     with pytest.raises(ValueError, match="H: expected a 2-D bfloat16 or float16"):
         hopper.logits_statistics(H.float(), W, None, labels, 0)
     with pytest.raises(ValueError, match="H: expected a CUDA tensor of unit column stride"):

@@ -24,8 +24,9 @@ SOURCES = ["ops/fast_divmod.cuh", "transducer/layout.cuh", "transducer/params.cu
 PARAMS = [cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
           cuda.TDT_LOG_PROBS_PARAMS, cuda.TDT_WALK_PARAMS, cuda.TDT_GRADIENT_PARAMS, cuda.PACK_FORWARD_PARAMS,
           cuda.PACK_GRAD_PARAMS, cuda.ROW_LABELS_PARAMS, cuda.ROW_LOG_PROBS_PARAMS, cuda.ROW_COEFFICIENTS_PARAMS,
-          gather_cuda.GATHER_PARAMS, reduce_cuda.REDUCE_PARAMS, reduce_cuda.FINALIZE_PARAMS,
-          ragged_cuda.ROW_IDS_PARAMS, ragged_cuda.ROW_SPLITS_PARAMS]
+          cuda.TDT_ROW_LOG_PROBS_PARAMS, cuda.TDT_ROW_COEFFICIENTS_PARAMS, gather_cuda.GATHER_PARAMS,
+          reduce_cuda.REDUCE_PARAMS, reduce_cuda.FINALIZE_PARAMS, ragged_cuda.ROW_IDS_PARAMS,
+          ragged_cuda.ROW_SPLITS_PARAMS]
 _SCALARS = {"int": "int", "long long": "long long", "bool": "bool", "double": "double", "float": "float",
             "uint32_t": "unsigned int", "unsigned int": "unsigned int"}
 

@@ -232,8 +232,10 @@ def _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx, 
     return hx
 
 
-# torch's addmm with a float32 output of 16-bit operands (CUDA, torch >= 2.8)
-_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
+# torch's addmm accumulating 16-bit operands' product into a float32 tensor on CUDA: out_dtype came in torch 2.8, but
+# a float32 ``self`` beside 16-bit operands was refused there (pytorch/pytorch#154086); used from 2.11, the release
+# this runs on in its GPU tests
+_ADDMM_OUT_DTYPE = torch.__version__ >= "2.11" and hasattr(torch.ops.aten.addmm, "dtype_out")
 
 
 def _add_product(acc, a, b):

@@ -12,9 +12,10 @@ Z = H W^T + bias whose epilogues replace the logits:
 
 The kernels need ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` (the ``hopper`` extra), imported only when a kernel is
 first compiled: importing this module, or ``transducer``, never needs them. Kernels are compiled once per (J,
-vocabulary tiles, dtype, kernel shape, epilogue) for TVM FFI's calling convention (a launch costs the host a few
-microseconds) and kept for the process; the row count, V, the bias, the blank and the clamp are run-time
-arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape) once a pass and calls
+vocabulary tiles, dtype, kernel shape, epilogue, extra columns) for TVM FFI's calling convention (a launch costs the
+host a few microseconds) and kept for the process; the row count, V, the bias, the blank, the clamp and the first
+extra column are run-time arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape,
+the softmax's columns and the extra ones: TDT's duration scores, multi-blank's big blanks) once a pass and calls
 ``statistics_tile`` and ``gradient_tile`` on its tiles; ``self_test`` checks once per device that the kernels run.
 """
 
@@ -308,13 +309,16 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
         Tensor: as logits_gradient, with ``max(N, rows)`` rows.
     """
     N, J = H.shape
+    extra = coefficients.size(0) - 5
+    if extra not in (0, projection.extra):
+        raise ValueError(f"coefficients: expected 5 or 5 + {projection.extra} rows (the projection's extra columns), "
+                         f"got {coefficients.size(0)}")
     tile_m = 64 * projection.config.warpgroups
     # whole row tiles, so that the epilogue's stores are whole subtiles; the rows past N are not returned
     G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.col_bias.size(0), device=H.device,
                     dtype=H.dtype)
     if N > 0:
-        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0,
-                           coefficients.size(0) - 5)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0, extra)
         _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.extra_start)
     if rows > N:
         G[N:rows] = 0
@@ -368,11 +372,11 @@ def _compiled(J, n_tiles, dtype, config, gradient, clamp, extra):
 @functools.lru_cache(maxsize=None)
 def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
-    count, V, blank, clamp and token count), with the gradient epilogue (clamping or not) or the statistics (with
-    ``extra`` extra columns): compiled on first use,
-    kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes
-    addresses, numbers and the stream's handle as Python ints and floats, which costs the host far less than the
-    DSL's own argument handling (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
+    count, V, blank, clamp and first extra column), with the gradient epilogue (clamping or not) or the statistics,
+    and ``extra`` extra columns (stored by the statistics, their terms subtracted by the gradient): compiled on first
+    use, kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call
+    takes addresses, numbers and the stream's handle as Python ints and floats, which costs the host far less than
+    the DSL's own argument handling (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute

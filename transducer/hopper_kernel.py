@@ -21,9 +21,9 @@ ring runs across the vocabulary tiles, so the next tile's loads overlap the epil
 The epilogues read each accumulator with its (row, column) in the tile (an identity tensor partitioned like the
 accumulators, the accumulators viewed as (rows, columns) as quack's ``layout_utils.make_acc_tensor_mn_view`` does);
 the statistics' threads keep their own max and sum over the columns they hold, and the four threads holding a row
-merge theirs once at the end. Columns at and past V get -inf from the column bias (``col_bias``: the bias, 0 without
-one, then -inf up to the padded width), so they add nothing to the sum, their gradient is 0, and the GEMM needs no
-padded W (TMA fills the rows of W past V with zeros).
+merge theirs once at the end. Columns past the softmax's get -inf from the column bias (``col_bias``: the bias, 0
+without one, then -inf up to the padded width), so they add nothing to the sum, their gradient is 0, and the GEMM
+needs no padded W (TMA fills the rows of W past its last with zeros).
 """
 
 import math
@@ -399,7 +399,7 @@ class LogitsGemm:
                        blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
                        extra_start: cutlass.Int32):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
-        vocabulary tile (stages.cu's TokenGradient), in place of the tile's logits in the accumulators; with extra
+        vocabulary tile (arcs.cuh's TokenGradient), in place of the tile's logits in the accumulators; with extra
         columns, less each row's term i on column extra_start + i too (multi-blank's big blank arcs)."""
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])

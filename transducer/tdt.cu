@@ -672,7 +672,8 @@ struct TdtRowCoefficientsParams {
   double omega;
   int row_start;             // the rows [row_start, row_start + num_rows): a tile's
   int num_rows;
-  float* coefficients;       // (5, num_rows): den, occupancy, blank arc, label arc, scale
+  float* coefficients;       // (5, num_rows): den, the softmax term's factor (tdt_token_terms), blank arc, label
+                             // arc, scale: hopper.gradient_tile's den, occupancy, blank arc, label arc, scale
   int* labels_out;           // (num_rows,)
   T* duration_gradient;      // (num_rows, D), in the GEMMs' dtype
 };
