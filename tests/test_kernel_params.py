@@ -139,6 +139,7 @@ def test_constants_agree():
     assert c["kPackRows"] == cuda.PACK_ROWS
     assert c["kSumFrames"] == cuda.PACK_FRAMES and c["kSumLanes"] == cuda.PACK_LANES
     assert c["kSumThreads"] == cuda.PACK_SUM_THREADS and c["kPredParts"] == cuda.PACK_PRED_PARTS
+    assert cuda.PACK_U_CHUNK > 0 and cuda.PACK_U_CHUNK % c["kSumSteps"] == 0  # a chunk of u: whole steps of u
     assert c["kMaxDurations"] == layout.MAX_DURATIONS
     assert c["kWalkMaxThreads"] == cuda.WALK_MAX_THREADS
     assert c["kWalkMaxDurations"] == cuda.WALK_MAX_DURATIONS

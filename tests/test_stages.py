@@ -713,6 +713,45 @@ def test_pack_backward_add_over_tiles_of_long_utterances(device, D, activation, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("u_chunk, activation, p, dtype", [(32, "tanh", 0.0, torch.float64),
+                                                          (32, "gelu", 0.3, torch.float64),
+                                                          (4, "relu", 0.2, torch.float64),
+                                                          (32, "tanh", 0.0, torch.bfloat16)])
+def test_pack_backward_add_over_chunks_of_u(monkeypatch, device, u_chunk, activation, p, dtype):
+    """pack_backward_add over tiles of utterances of many labels, whose u the CUDA kernel splits into chunks of
+    u_chunk values (cuda_stages.PACK_U_CHUNK; the chunks' sums over u added in order by pack_grad_enc_kernel), equals
+    autograd's gradient in float64: U_b + 1 = 96 (3 chunks of 32), 71, 34 (a chunk of 2), 32 (one chunk) and 1;
+    tiles cutting frames, frame blocks and utterances."""
+    monkeypatch.setattr(cuda, "PACK_U_CHUNK", u_chunk)
+    gen = torch.Generator().manual_seed(u_chunk)
+    D = 40 if dtype == torch.float64 else 64
+    T, U = torch.tensor([20, 11, 9, 3, 13, 17]), torch.tensor([95, 70, 33, 31, 0, 95])
+    enc, pred = (torch.randn(6, n, D, generator=gen, dtype=torch.float64).to(dtype) for n in (21, 96))
+    N = int((T * (U + 1)).sum())
+    grad_rows = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)
+    dropout = Dropout(p, 777) if p else None
+    e, q = enc.double().requires_grad_(), pred.double().requires_grad_()
+    h = ACTIVATIONS[activation].forward(pack(e, q, T, U))
+    if dropout:
+        h = h * dropout_mask(dropout, N, D, 0, h.dtype)
+    (h * grad_rows.double()).sum().backward()
+    enc, pred, T, U, grad_rows = to_device(device, enc, pred, T, U, grad_rows)
+    stages = stages_for(enc.device)
+    layout = stages.layout(T, U, pred.size(1))
+    row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    grad_enc, grad_pred = torch.zeros_like(enc, dtype=acc), torch.zeros_like(pred, dtype=acc)
+    bounds = [0, 50, 1000, 1921, 2500, 3333, N]  # cuts inside frames, frame blocks and utterances
+    for start, end in zip(bounds, bounds[1:]):
+        utterances = (bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1))
+        stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, grad_enc, grad_pred, (enc, pred),
+                                 activation, dropout)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=3e-2, atol=0.3)
+    torch.testing.assert_close(grad_enc.cpu().double(), e.grad, **tol)
+    torch.testing.assert_close(grad_pred.cpu().double(), q.grad, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_pack_backward_add_recomputes_the_activation(device, activation):
     """The stages' pack_backward_add over a tile that splits utterances: the sums of grad_rows * act'(h), h

@@ -38,6 +38,9 @@ PACK_FRAMES = 8  # frames a warp of pack_grad_kernel sums (pack.cu: kSumFrames)
 PACK_LANES = 8  # vectors of a row a warp of pack_grad_kernel takes (pack.cu: kSumLanes)
 PACK_SUM_THREADS = 128  # pack_grad_kernel's block (pack.cu: kSumThreads)
 PACK_PRED_PARTS = 8  # lanes a vector of pack_grad_pred_kernel (pack.cu: kPredParts)
+# values of u a warp of pack_grad_kernel takes where utterances have more rows a frame (a multiple of pack.cu's
+# kSumSteps): a tile of a few long utterances has few frame blocks, too few warps to fill the GPU without chunks of u
+PACK_U_CHUNK = 32
 WALK_MAX_DURATIONS = 8  # tdt_walk_kernel: D is a template parameter (its cells' log-probs stay in registers)
 WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThreads)
 # steps of log-probs tdt_walk_kernel reads ahead (DESIGN.md: The TDT walk is bound by its instructions, not its loads)
@@ -109,8 +112,9 @@ PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("ld_out", "long long")])
 PACK_GRAD_PARAMS = struct("PackGradParams", [
     ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
-    ("b0", "int"), ("frame_blocks", "int"), ("pred_blocks", "int"), ("row_start", "int"), ("row_end", "int"),
-    ("nvec", "int"), ("dropout", DROPOUT), ("scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
+    ("b0", "int"), ("frame_blocks", "int"), ("u_chunk", "int"), ("pred_blocks", "int"), ("enc_blocks", "int"),
+    ("row_start", "int"), ("row_end", "int"), ("nvec", "int"), ("dropout", DROPOUT), ("scratch", "ptr"),
+    ("enc_scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments
@@ -543,13 +547,26 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
     warps = PACK_SUM_THREADS // 32  # a warp per frame block, a block per warps consecutive ones
     frame_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES), warps) * warps
     pred_blocks = ceil_div(max(max_u1, 1) * nvec * PACK_PRED_PARTS, THREADS)
+    # chunks of u (pack.cu's grid_chunks) and their sums over u: at most as many rows as pack.cu's enc_scratch_row
+    # places
+    u_chunk = PACK_U_CHUNK if 0 < PACK_U_CHUNK < max_u1 else 0
+    u_chunks = ceil_div(max_u1, u_chunk) if u_chunk else 1
+    enc_scratch, enc_blocks = None, 1
+    if u_chunks > 1:
+        enc_rows = 2 * grad_rows.size(0) // u_chunk + 1 + (b1 - b0) * (16 * u_chunks + 1)
+        enc_scratch = grad_rows.new_empty(enc_rows, D, dtype=accumulate_dtype(promoted))
+        enc_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES) * PACK_FRAMES * nvec, THREADS)
     params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=max_t, max_u1=max_u1,
                               grids=_grids(layout, padded_grid=False), b0=b0, frame_blocks=frame_blocks,
-                              pred_blocks=pred_blocks, row_start=row_start, row_end=row_start + grad_rows.size(0),
-                              nvec=nvec, dropout=drop, scratch=scratch, grad_enc=grad_enc, grad_pred=grad_pred)
+                              u_chunk=u_chunk, pred_blocks=pred_blocks, enc_blocks=enc_blocks, row_start=row_start,
+                              row_end=row_start + grad_rows.size(0), nvec=nvec, dropout=drop, scratch=scratch,
+                              enc_scratch=enc_scratch, grad_enc=grad_enc, grad_pred=grad_pred)
     types = (grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad_enc.dtype, vec)
     launch(_PACK, _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT), grad_enc,
-           ((b1 - b0) * frame_blocks // warps, chunks), (PACK_SUM_THREADS,), (params,))
+           ((b1 - b0) * frame_blocks // warps, chunks, u_chunks), (PACK_SUM_THREADS,), (params,))
+    if u_chunks > 1:
+        launch(_PACK, _name("pack_grad_enc_kernel", *types), grad_enc, ((b1 - b0) * enc_blocks,), (THREADS,),
+               (params,))
     if max_u1 > 0:
         launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred, ((b1 - b0) * pred_blocks,), (THREADS,),
                (params,))

@@ -6,7 +6,10 @@
 //                                  row r = (b, t, u) (out's rows ld_out apart: the fused loss packs into a
 //                                  wider matrix)
 //   pack_grad_kernel               grad_enc[b, t] += sum_{u <= U_b} d(b, t, u) in range   (t < T_b), and
-//                                  scratch[b, frame block, u] = sum_{t in the block} d(b, t, u) in range
+//                                  scratch[b, frame block, u] = sum_{t in the block} d(b, t, u) in range; for
+//                                  an utterance of more than u_chunk rows a frame, each chunk of u_chunk values
+//                                  of u its own warps, their sums over u to enc_scratch
+//   pack_grad_enc_kernel           grad_enc[b, t] += the chunks' sums in enc_scratch, in chunk order
 //   pack_grad_pred_kernel          grad_pred[b, u] += sum over b's frame blocks of the scratch (u <= U_b)
 //
 // with d = grad_rows * mask * act'(a), a and h = act(a) recomputed as pack_forward_kernel computes them (the
@@ -384,6 +387,32 @@ __device__ __forceinline__ long long scratch_row(const FrameBlocks& f, int b0, i
   const long long rows_before = f.base > row_start ? f.base - row_start : 0;
   return rows_before / kSumFrames + (long long)(b - b0) * (2 * max_u1 + 1);
 }
+
+// The chunks of u of pack_grad_kernel's grid (its z): max_u1 in chunks of u_chunk values (1: u_chunk = 0, no split).
+__device__ __forceinline__ int grid_chunks(int u_chunk, int max_u1) {
+  return u_chunk > 0 && max_u1 > u_chunk ? (max_u1 + u_chunk - 1) / u_chunk : 1;
+}
+
+// The chunks that utterance b's rows per frame fall in (1: not split), at most the grid's `chunks` (the last takes
+// the rest of u).
+__device__ __forceinline__ int u_chunks(const FrameBlocks& f, int u_chunk, int chunks) {
+  if (chunks <= 1) return 1;
+  const int n = (f.rows_per_frame + u_chunk - 1) / u_chunk;
+  return n < chunks ? (n > 1 ? n : 1) : chunks;
+}
+
+// The enc_scratch row of (utterance b, frame block lo_b, chunk 0, the block's frame 0) (pack_grad_kernel writes,
+// pack_grad_enc_kernel reads), for an utterance of n > 1 chunks: its frame blocks' rows, frame block by frame
+// block, n chunks of kSumFrames rows each. A chunk holds u_chunk values of u (rows_per_frame > u_chunk), so that
+// b's (at most) R_b / (kSumFrames rows_per_frame) + 2 frame blocks among its R_b rows of the rows need at most
+// 2 R_b / u_chunk + 16 n <= 2 R_b / u_chunk + 16 chunks rows; placed 2 rows_before / u_chunk + (b - b0) (16 chunks +
+// 1) on, the rows of utterances [b0, b1) need at most 2 (row_end - row_start) / u_chunk + (b1 - b0) (16 chunks + 1)
+// (transducer/cuda_stages.py sizes it so).
+__device__ __forceinline__ long long enc_scratch_row(const FrameBlocks& f, int b0, int b, long long row_start,
+                                                     int u_chunk, int chunks) {
+  const long long rows_before = f.base > row_start ? f.base - row_start : 0;
+  return 2 * rows_before / u_chunk + (long long)(b - b0) * (16 * chunks + 1);
+}
 }  // namespace td
 
 template <typename T, typename TE, typename TP, typename S, typename O>
@@ -396,24 +425,30 @@ struct PackGradParams {
   td::Grids grids;
   int b0;             // the first of the utterances whose rows meet the rows
   int frame_blocks;   // pack_grad_kernel's warps per utterance (a multiple of kSumThreads / 32)
+  int u_chunk;        // the values of u a warp of pack_grad_kernel takes (grid z: its chunks), 0: all of them
   int pred_blocks;    // pack_grad_pred_kernel's blocks per utterance
+  int enc_blocks;     // pack_grad_enc_kernel's blocks per utterance
   int row_start;
   int row_end;
   int nvec;           // D / VEC
   td::Dropout dropout;  // DROPOUT
   S* scratch;         // the predictor sums of each frame block (td::scratch_row), D wide
+  S* enc_scratch;     // the encoder sums of each frame and chunk of u (td::enc_scratch_row), D wide
   O* grad_enc;        // (B, max_t, D)
   O* grad_pred;       // (B, max_u1, D)
 };
 
 // One pass over the rows [row_start, row_end) (grad_rows holding them) of utterances [b0, ...): d = grad_rows *
 // mask * act'(a), a and h recomputed from enc and pred (a row whose t or u lies past them, possible with unchecked
-// lengths, had a = h = 0 in forward, as here); grad_enc[b, t] += sum_u d(b, t, u), whole, as a warp holds every u
-// of its frames; the sums over a frame block's frames of d(b, t, u) go to the scratch, whose rows
+// lengths, had a = h = 0 in forward, as here); grad_enc[b, t] += sum_u d(b, t, u), whole, where a warp holds every u
+// of its frames, else each chunk's sum to enc_scratch, which pack_grad_enc_kernel then adds into grad_enc[b, t] in
+// chunk order; the sums over a frame block's frames of d(b, t, u) go to the scratch, whose rows
 // pack_grad_pred_kernel then adds into grad_pred[b, u] in frame block order. Sums in a fixed order (deterministic):
-// a lane's frames in registers, the warp's 4 lanes of a vector by shuffles. Warp w of block (x, y): utterance b0 +
-// x / blocks_per_b, its frame blocks lo + (x % blocks_per_b) * W + w + k * frame_blocks, the vectors
-// [y * kSumLanes, (y + 1) * kSumLanes). P: the promoted type of TE and TP.
+// a lane's frames in registers, the warp's 4 lanes of a vector by shuffles. Warp w of block (x, y, z): utterance
+// b0 + x / blocks_per_b, its frame blocks lo + (x % blocks_per_b) * W + w + k * frame_blocks, the vectors
+// [y * kSumLanes, (y + 1) * kSumLanes), the u of chunk z (all of them when the utterance has one). P: the promoted
+// type of TE and TP. (Chunks of u give a tile of few long utterances, whose frame blocks are few, warps enough to
+// fill the GPU.)
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, int ACT, bool DROPOUT>
 __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
@@ -431,6 +466,11 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
   const int i = (int)blockIdx.y * td::kSumLanes + vec;  // the lane's vector
   const bool live_vec = i < p.nvec;
   const long long first_row = td::scratch_row(f, p.b0, b, p.row_start, p.max_u1);
+  const int all_chunks = td::grid_chunks(p.u_chunk, p.max_u1);
+  const int chunks = td::u_chunks(f, p.u_chunk, all_chunks), z = (int)blockIdx.z;
+  if (z >= chunks) return;  // uniform over the block: no u of this utterance in chunk z
+  const int u_lo = chunks > 1 ? z * p.u_chunk : 0;
+  const int u_hi = chunks > 1 && z + 1 < chunks ? u_lo + p.u_chunk : f.rows_per_frame;
   const Acc scale = DROPOUT ? td::round_to<P>((Acc)p.dropout.scale) : Acc(1);
   for (int fb = f.lo + ((int)blockIdx.x % blocks_per_b) * W + warp; fb < f.hi; fb += p.frame_blocks) {
     int t[F];
@@ -449,7 +489,7 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
       for (int j = 0; j < VEC; ++j) acc[m][j] = Acc(0);
     }
     Acc* scratch = p.scratch + (first_row + (long long)(fb - f.lo) * f.pred_rows) * D + (long long)i * VEC;
-    for (int u0 = 0; u0 < f.rows_per_frame; u0 += S) {
+    for (int u0 = u_lo; u0 < u_hi; u0 += S) {
       Vec<T, VEC> x[S][F];
       Vec<TP, VEC> q[S];
       bool in[S][F];
@@ -459,10 +499,10 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
 #pragma unroll
         for (int m = 0; m < F; ++m) {
           const long long r = row0[m] + u;
-          in[k][m] = live[m] && u < f.rows_per_frame && r >= p.row_start && r < p.row_end;
+          in[k][m] = live[m] && u < u_hi && r >= p.row_start && r < p.row_end;
           if (in[k][m]) x[k][m] = ldg(reinterpret_cast<const Vec<T, VEC>*>(grad_rows + (r - p.row_start) * D) + i);
         }
-        if (ACT != td::kIdentity && live_vec && u < p.max_u1 && u < f.rows_per_frame)
+        if (ACT != td::kIdentity && live_vec && u < p.max_u1 && u < u_hi)
           q[k] = ldg(reinterpret_cast<const Vec<TP, VEC>*>(p.pred + ((long long)b * p.max_u1 + u) * D) + i);
       }
 #pragma unroll
@@ -508,11 +548,24 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
           sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 8);
           sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 16);
         }
-        if (sub == 0 && live_vec && u < f.pred_rows) {
+        if (sub == 0 && live_vec && u < f.pred_rows && u < u_hi) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) scratch[u * D + j] = sum[j];
         }
       }
+    }
+    if (chunks > 1) {  // this chunk's sums over u, for pack_grad_enc_kernel
+      Acc* enc_sums = p.enc_scratch + (td::enc_scratch_row(f, p.b0, b, p.row_start, p.u_chunk, all_chunks) +
+                                       ((long long)(fb - f.lo) * chunks + z) * td::kSumFrames) * D + (long long)i * VEC;
+#pragma unroll
+      for (int m = 0; m < F; ++m) {
+        if (!live_vec) continue;
+        Vec<Acc, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = acc[m][j];
+        *reinterpret_cast<Vec<Acc, VEC>*>(enc_sums + (4 * m + sub) * D) = o;
+      }
+      continue;
     }
     // each frame's sum over u, whole: added where the frame has rows in range
 #pragma unroll
@@ -526,6 +579,45 @@ __global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_
       }
     }
   }
+}
+
+// grad_enc[b, t] += the enc_scratch rows of (b, t) over the chunks of u, in chunk order, for the utterances of more
+// than one chunk (the others' sums went to grad_enc whole): a thread a vector of a frame; block x: utterance b0 + x /
+// enc_blocks, its (frame from b's first frame block's first, vector) from (x % enc_blocks) * kThreads. A frame is
+// added where it has rows in range, as pack_grad_kernel adds it.
+template <typename T, typename TE, typename TP, typename P, typename O, int VEC>
+__global__ void __launch_bounds__(td::kThreads) pack_grad_enc_kernel(
+    const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
+  using namespace ops;
+  typedef typename AccOf<P>::type Acc;
+  const long long id = (long long)(blockIdx.x % p.enc_blocks) * td::kThreads + threadIdx.x;  // frame * nvec + i
+  const int b = p.b0 + (int)(blockIdx.x / p.enc_blocks), i = (int)(id % p.nvec);
+  const td::Grids& g = p.grids;
+  const td::FrameBlocks f(g, b, p.row_start, p.row_end, p.max_u1);
+  const int all_chunks = td::grid_chunks(p.u_chunk, p.max_u1);
+  const int chunks = td::u_chunks(f, p.u_chunk, all_chunks);
+  const long long k = id / p.nvec;  // the frame from the first frame block's first
+  const int t = f.lo * td::kSumFrames + (int)k;
+  if (chunks <= 1 || k >= (long long)(f.hi - f.lo) * td::kSumFrames || t >= f.frames || t >= p.max_t) return;
+  const long long row0 = f.base + (long long)t * f.st;
+  if (row0 + f.rows_per_frame <= p.row_start || row0 >= p.row_end) return;
+  const long long D = (long long)p.nvec * VEC;
+  const int fb = (int)(k / td::kSumFrames), frame = (int)(k % td::kSumFrames);
+  const Acc* sums = p.enc_scratch + (td::enc_scratch_row(f, p.b0, b, p.row_start, p.u_chunk, all_chunks) +
+                                     (long long)fb * chunks * td::kSumFrames + frame) * D + (long long)i * VEC;
+  Acc v[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = Acc(0);
+  for (int z = 0; z < chunks; ++z) {
+    const Vec<Acc, VEC> s = ldg(reinterpret_cast<const Vec<Acc, VEC>*>(sums + (long long)z * td::kSumFrames * D));
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] += s.v[j];
+  }
+  Vec<O, VEC>* out = reinterpret_cast<Vec<O, VEC>*>(p.grad_enc + ((long long)b * p.max_t + t) * D) + i;
+  Vec<O, VEC> o = *out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<O>((Acc)to_acc(o.v[j]) + v[j]);
+  *out = o;
 }
 
 // grad_pred[b, u] += the scratch rows of (b, u) over b's frame blocks that meet the rows: kPredParts lanes a vector of
