@@ -673,22 +673,15 @@ def test_pack_forward_into_a_wider_matrix(device):
             stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("D, activation, p, dtype", [(40, "tanh", 0.0, torch.float64), (136, "gelu", 0.3, torch.float64),
-                                                     (20, "identity", 0.0, torch.float64),
-                                                     (24, "identity", 0.5, torch.float64),
-                                                     (64, "tanh", 0.0, torch.bfloat16), (72, "relu", 0.2, torch.float32)])
-def test_pack_backward_add_over_tiles_of_long_utterances(device, D, activation, p, dtype):
-    """The stages' pack_backward_add over tiles that cut utterances of up to 70 frames and 13 labels (the CUDA
-    kernel's frame blocks of 8 frames and its vectors of a row, cut by the tiles' ends), added up, equal autograd's
-    gradient of sum(dropout(act(pack(...))) * grad_rows) in float64 (inputs and rows of ``dtype``, sums in its
-    accumulation type); T_b = 1 and U_b = 0 among the lengths."""
-    gen = torch.Generator().manual_seed(D)
-    T, U = torch.tensor([70, 1, 33, 64, 5, 40]), torch.tensor([12, 0, 3, 0, 7, 9])
-    enc, pred = (torch.randn(6, n, D, generator=gen, dtype=torch.float64).to(dtype) for n in (72, 14))
+def pack_backward_over_tiles(device, T, U, max_t, max_u1, D, activation, p, dtype, bounds, seed):
+    """(grad_enc, grad_pred) of the stages' pack_backward_add over the tiles between ``bounds`` (sums in ``dtype``'s
+    accumulation type), and autograd's gradients of sum(dropout(act(pack(...))) * grad_rows) in float64, for random
+    inputs and rows of ``dtype``."""
+    gen = torch.Generator().manual_seed(seed)
+    enc, pred = (torch.randn(len(T), n, D, generator=gen, dtype=torch.float64).to(dtype) for n in (max_t, max_u1))
     N = int((T * (U + 1)).sum())
     grad_rows = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)
-    dropout = Dropout(p, 12345) if p else None
+    dropout = Dropout(p, seed + 12345) if p else None
     e, q = enc.double().requires_grad_(), pred.double().requires_grad_()
     h = ACTIVATIONS[activation].forward(pack(e, q, T, U))
     if dropout:
@@ -700,16 +693,31 @@ def test_pack_backward_add_over_tiles_of_long_utterances(device, D, activation, 
     row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     grad_enc, grad_pred = torch.zeros_like(enc, dtype=acc), torch.zeros_like(pred, dtype=acc)
-    bounds = [0, 5, 333, 334, 900, 1003, N]  # cuts inside frames, frame blocks and utterances
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in zip(bounds, bounds[1:] + [N]):
         utterances = (bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1))
         stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, grad_enc, grad_pred, (enc, pred),
                                  activation, dropout)
+    return (grad_enc.cpu().double(), grad_pred.cpu().double()), (e.grad, q.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("D, activation, p, dtype", [(40, "tanh", 0.0, torch.float64), (136, "gelu", 0.3, torch.float64),
+                                                     (20, "identity", 0.0, torch.float64),
+                                                     (24, "identity", 0.5, torch.float64),
+                                                     (64, "tanh", 0.0, torch.bfloat16), (72, "relu", 0.2, torch.float32)])
+def test_pack_backward_add_over_tiles_of_long_utterances(device, D, activation, p, dtype):
+    """The stages' pack_backward_add over tiles that cut utterances of up to 70 frames and 13 labels (the CUDA
+    kernel's frame blocks of 8 frames and its vectors of a row, cut by the tiles' ends), added up, equal autograd's
+    gradient of sum(dropout(act(pack(...))) * grad_rows) in float64 (inputs and rows of ``dtype``, sums in its
+    accumulation type); T_b = 1 and U_b = 0 among the lengths."""
+    T, U = torch.tensor([70, 1, 33, 64, 5, 40]), torch.tensor([12, 0, 3, 0, 7, 9])
+    got, want = pack_backward_over_tiles(device, T, U, 72, 14, D, activation, p, dtype,
+                                         [0, 5, 333, 334, 900, 1003], seed=D)  # cuts frames, blocks, utterances
     # bf16: h rounded to bf16 before act' (the pack passes' h): sums of up to 70 rows, errors of a few 1e-2
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else \
         dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=0.15)
-    torch.testing.assert_close(grad_enc.cpu().double(), e.grad, **tol)
-    torch.testing.assert_close(grad_pred.cpu().double(), q.grad, **tol)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -723,32 +731,12 @@ def test_pack_backward_add_over_chunks_of_u(monkeypatch, device, u_chunk, activa
     autograd's gradient in float64: U_b + 1 = 96 (3 chunks of 32), 71, 34 (a chunk of 2), 32 (one chunk) and 1;
     tiles cutting frames, frame blocks and utterances."""
     monkeypatch.setattr(cuda, "PACK_U_CHUNK", u_chunk)
-    gen = torch.Generator().manual_seed(u_chunk)
-    D = 40 if dtype == torch.float64 else 64
     T, U = torch.tensor([20, 11, 9, 3, 13, 17]), torch.tensor([95, 70, 33, 31, 0, 95])
-    enc, pred = (torch.randn(6, n, D, generator=gen, dtype=torch.float64).to(dtype) for n in (21, 96))
-    N = int((T * (U + 1)).sum())
-    grad_rows = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)
-    dropout = Dropout(p, 777) if p else None
-    e, q = enc.double().requires_grad_(), pred.double().requires_grad_()
-    h = ACTIVATIONS[activation].forward(pack(e, q, T, U))
-    if dropout:
-        h = h * dropout_mask(dropout, N, D, 0, h.dtype)
-    (h * grad_rows.double()).sum().backward()
-    enc, pred, T, U, grad_rows = to_device(device, enc, pred, T, U, grad_rows)
-    stages = stages_for(enc.device)
-    layout = stages.layout(T, U, pred.size(1))
-    row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    grad_enc, grad_pred = torch.zeros_like(enc, dtype=acc), torch.zeros_like(pred, dtype=acc)
-    bounds = [0, 50, 1000, 1921, 2500, 3333, N]  # cuts inside frames, frame blocks and utterances
-    for start, end in zip(bounds, bounds[1:]):
-        utterances = (bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1))
-        stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, grad_enc, grad_pred, (enc, pred),
-                                 activation, dropout)
+    got, want = pack_backward_over_tiles(device, T, U, 21, 96, 40 if dtype == torch.float64 else 64, activation, p,
+                                         dtype, [0, 50, 1000, 1921, 2500, 3333], seed=u_chunk)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=3e-2, atol=0.3)
-    torch.testing.assert_close(grad_enc.cpu().double(), e.grad, **tol)
-    torch.testing.assert_close(grad_pred.cpu().double(), q.grad, **tol)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
