@@ -153,8 +153,8 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles:  # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs
         labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
-        statistics = encoder_out.new_empty(3 + D + big, num_rows, dtype=torch.float32)
         projection = hopper.projection(Wx, bias, tokens=V, extra=_extra_columns(V, D, options))
+        statistics = encoder_out.new_empty(3 + projection.extra, num_rows, dtype=torch.float32)
     for start, end in _tiles(num_rows, max_rows):
         if hopper_tiles:  # no torch GEMM in forward
             hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
@@ -168,8 +168,8 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
             del z
         del hx
     if hopper_tiles:  # the extra columns' bias: the kernel's statistics have none
-        start, count = projection.extra_start, projection.extra
-        extra_bias = None if bias is None or not count else bias[start:start + count].to(torch.float32).contiguous()
+        first, count = projection.extra_start, projection.extra
+        extra_bias = None if bias is None or not count else bias[first:first + count].to(torch.float32).contiguous()
         if D:
             cuda_stages.tdt_row_log_probs(statistics, extra_bias, targets, layout, options, arrays)
         else:
