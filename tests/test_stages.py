@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
+from ops.cuda import launch
 from transducer import cpu_stages as cpu, cuda_stages as cuda, pack, tdt_loss_reference
 from transducer.backend import Stages, stages_for
 from transducer.layout import NUM_STATS, Layout, Stats
@@ -731,9 +732,14 @@ def test_pack_backward_add_over_chunks_of_u(monkeypatch, device, u_chunk, activa
     autograd's gradient in float64: U_b + 1 = 96 (3 chunks of 32), 71, 34 (a chunk of 2), 32 (one chunk) and 1;
     tiles cutting frames, frame blocks and utterances."""
     monkeypatch.setattr(cuda, "PACK_U_CHUNK", u_chunk)
+    launched = []
+    monkeypatch.setattr(cuda, "launch",
+                        lambda path, name, *args, **kw: launched.append(name) or launch(path, name, *args, **kw))
     T, U = torch.tensor([20, 11, 9, 3, 13, 17]), torch.tensor([95, 70, 33, 31, 0, 95])
     got, want = pack_backward_over_tiles(device, T, U, 21, 96, 40 if dtype == torch.float64 else 64, activation, p,
                                          dtype, [0, 50, 1000, 1921, 2500, 3333], seed=u_chunk)
+    if device == "cuda":  # the chunks ran
+        assert any(name.startswith("pack_grad_enc_kernel") for name in launched)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=3e-2, atol=0.3)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **tol)
