@@ -34,14 +34,11 @@ __all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Pr
 class Config(NamedTuple):
     """A kernel's shape (transducer.hopper_kernel.LogitsGemm): vocabulary tiles of ``tile_n`` columns,
     ``warpgroups`` warpgroups of 64 rows each, clusters of ``cluster_m`` CTAs along the rows, ``occupancy`` CTAs per
-    SM sizing the ring of loads; or with ``pingpong`` 1, LogitsGemmPingpong's (128 rows a CTA, H kept in shared
-    memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
-    2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed."""
+    SM sizing the ring of loads."""
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
     occupancy: int = 1
-    pingpong: int = 0
 
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -49,20 +46,12 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_EXTRA = 16
 
 
-# the widest rows whose tile of 128 rows stays in the ping-pong kernel's shared memory beside three stages of W
-PINGPONG_MAX_J = 640
-
-
-def default_config(V, J):
-    """The kernels' shape for V columns of rows of J entries: the ping-pong kernel (two consumer warpgroups taking
-    turns, one's epilogue beside the other's MMAs; tiles of 128 x 128): up to 1024 columns over two row blocks a CTA,
-    one a consumer, H streamed with W; wider, for J up to PINGPONG_MAX_J, one row block a CTA whose tile of H stays
-    in shared memory for every vocabulary tile, the consumers taking the vocabulary tiles in turns; wider rows,
-    tiles of 128 x 256 and one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper
-    GEMM) (DESIGN.md: The logits kernels in ping-pong)."""
-    if V <= 1024:
-        return Config(128, 2, 1, 1, 2)
-    return Config(128, 2, 1, 1, 1) if J <= PINGPONG_MAX_J else Config(256, 2, 1, 1)
+def default_config(V):
+    """The kernel's shape for V columns: up to 1024, tiles of 128 x 128 and two CTAs per SM, so that one CTA's
+    epilogue overlaps the other's MMAs; wider, tiles of 128 x 256 and one CTA per SM with the deepest ring of loads
+    that fits (CUTLASS's cooperative Hopper GEMM), where the epilogue weighs less against the longer main loop
+    (DESIGN.md: The logits statistics on Hopper)."""
+    return Config(128, 2, 1, 2) if V <= 1024 else Config(256, 2, 1, 1)
 
 
 def available(device=None) -> bool:
@@ -86,11 +75,10 @@ _self_tests = {}
 
 def self_test(device: torch.device) -> Optional[str]:
     """Whether the kernels run on ``device`` (an sm_90 GPU where ``available`` says they can): None if both compile
-    and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024, and the statistics
-    kernel of wider V), else why not (the exception, or the largest error). It finds a machine whose
-    driver or toolkit cannot run what the DSL builds, once per device and process, before a fused step relies on the
-    kernels (three small kernels compiled, and host reads). Not run, and not kept, during CUDA graph capture; an
-    out-of-memory error is raised.
+    and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024), else why not (the
+    exception, or the largest error). It finds a machine whose driver or toolkit cannot run what the DSL builds,
+    once per device and process, before a fused step relies on the kernels (two small kernels compiled, and host
+    reads). Not run, and not kept, during CUDA graph capture; an out-of-memory error is raised.
 
     Args:
         device (torch.device): the CUDA device.
@@ -112,15 +100,13 @@ def self_test(device: torch.device) -> Optional[str]:
             W = (torch.randn(40, 64, device=H.device, generator=g) / 8).to(torch.bfloat16)
             labels = torch.randint(-1, 40, (200,), device=H.device, generator=g, dtype=torch.int32)
             den, z_blank, z_label = logits_statistics(H, W, None, labels, 0)
-            pingpong = statistics_tile(projection(W, None, Config(128, 2, 1, 1, 1)), H, labels, 0)
             coefficients = torch.stack([den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den),
                                         torch.ones_like(den)])
             G = logits_gradient(H, W, None, labels, 0, coefficients)[:, :40].double()
             Z = H.double() @ W.double().t()
             picked = torch.where(labels >= 0, Z[torch.arange(200, device=H.device), labels.clamp(min=0).long()], 0)
             error = max(float((den - torch.logsumexp(Z, 1)).abs().max()), float((z_blank - Z[:, 0]).abs().max()),
-                        float((z_label - picked).abs().max()), float((G - torch.softmax(Z, 1)).abs().max()),
-                        max(float((a - b).abs().max()) for a, b in zip(pingpong, (den, z_blank, z_label))))
+                        float((z_label - picked).abs().max()), float((G - torch.softmax(Z, 1)).abs().max()))
             result = None if error < 1e-2 else f"their results are off by {error:.3g}"
         except torch.cuda.OutOfMemoryError:
             raise
@@ -248,7 +234,7 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
         W (Tensor): ``(V, J)`` bfloat16 or float16 on the GPU: copied where it is not contiguous or does not start
             on a 16-byte boundary (TMA's operands do).
         bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32), or None.
-        config (Config or None): the kernels' shape, or None for ``default_config(V, J)``. Default: None.
+        config (Config or None): the kernels' shape, or None for ``default_config(V)``. Default: None.
         tokens (int or None): the softmax's columns, W's first rows (gradient_tile gives the rest zeros); None for
             V. Default: None.
         extra ((int, int) or None): (start, count): ``count`` columns from ``start`` on, at most ``MAX_EXTRA``, whose
@@ -268,7 +254,7 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
     if not (0 <= start and 0 <= count <= MAX_EXTRA and start + count <= V):
         raise ValueError(f"extra: expected (start, count), count <= {MAX_EXTRA} columns of the V = {V}, got "
                          f"{(start, count)}")
-    config = default_config(V, W.size(1)) if config is None else config
+    config = default_config(V) if config is None else config
     col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
@@ -395,16 +381,12 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     import cutlass
     import cutlass.cute as cute
 
-    from .hopper_kernel import LogitsGemm, LogitsGemmPingpong
+    from .hopper_kernel import LogitsGemm
 
     make_ptr, gmem, types = _runtime()
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
-    if config.pingpong:
-        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1)
-    else:
-        kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
+    kernel = LogitsGemm(J, n_tiles, *config, gradient=gradient, clamp=clamp, extra=extra)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
                         cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), cutlass.Int32(1),
                         cuda.CUstream(torch.cuda.current_stream().cuda_stream),

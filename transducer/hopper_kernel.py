@@ -24,11 +24,6 @@ the statistics' threads keep their own max and sum over the columns they hold, a
 merge theirs once at the end. Columns past the softmax's get -inf from the column bias (``col_bias``: the bias, 0
 without one, then -inf up to the padded width), so they add nothing to the sum, their gradient is 0, and the GEMM
 needs no padded W (TMA fills the rows of W past its last with zeros).
-
-``LogitsGemmPingpong`` runs the same epilogues on CUTLASS's ping-pong schedule (its sm90 warp-specialized ping-pong
-GEMM; the warpgroup roles of examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py): a
-producer warp issues the loads, two consumer warpgroups take turns, and one's epilogue runs while the other's MMAs
-do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_config picks).
 """
 
 import math
@@ -86,7 +81,6 @@ class LogitsGemm:
         self.extra = extra
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
-        self.g_buffers = G_BUFFERS
 
     def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
         self.ab_dtype = h.element_type
@@ -319,12 +313,11 @@ class LogitsGemm:
             if cutlass.const_expr(self.gradient):
                 self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
                 self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                          warp_idx == 0, m_block, n_tile)
+                                          warp_idx, m_block, n_tile)
             else:
                 self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
         if cutlass.const_expr(not self.gradient):
-            self._merge_quad_statistics(values)
             self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
         else:
             if warp_idx == 0:
@@ -376,10 +369,12 @@ class LogitsGemm:
                     row_values[3 + i, row] = acc_rc[r, c]
 
     @cute.jit
-    def _merge_quad_statistics(self, values: cute.Tensor):
-        """The four threads of a quad hold a row's columns between them: each ends with the row's max, sum and
-        picks over the quad's columns."""
-        rows = cute.size(values, mode=[1])
+    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
+                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
+        """The four threads of a quad hold a row's columns between them: they merge their statistics and picks,
+        and the first writes the row's den, z_blank and z_label."""
+        rows = cute.size(coords_rc, mode=[0])
+        lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(rows):
             quad_max = values[ROW_MAX, r]
             for offset in cutlass.range_constexpr(2):
@@ -392,25 +387,12 @@ class LogitsGemm:
                 total_sum += cute.arch.shuffle_sync_bfly(total_sum, offset=1 << offset)
                 z_b += cute.arch.shuffle_sync_bfly(z_b, offset=1 << offset)
                 z_l += cute.arch.shuffle_sync_bfly(z_l, offset=1 << offset)
-            values[ROW_MAX, r] = quad_max
-            values[ROW_SUM, r] = total_sum
-            values[PICK_BLANK, r] = z_b
-            values[PICK_LABEL, r] = z_l
-
-    @cute.jit
-    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
-                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
-        """Each row's den, z_blank and z_label from its quad-merged statistics (_merge_quad_statistics), written by
-        the quad's first thread."""
-        rows = cute.size(coords_rc, mode=[0])
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(rows):
             row = m_block * self.tile_m + coords_rc[r, 0][0]
             if lane % 4 == 0:
                 if row < n_rows:
-                    row_values[0, row] = values[ROW_MAX, r] + cute.math.log(values[ROW_SUM, r])
-                    row_values[1, row] = values[PICK_BLANK, r]
-                    row_values[2, row] = values[PICK_LABEL, r]
+                    row_values[0, row] = quad_max + cute.math.log(total_sum)
+                    row_values[1, row] = z_b
+                    row_values[2, row] = z_l
 
     @cute.jit
     def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
@@ -440,41 +422,33 @@ class LogitsGemm:
     @cute.jit
     def _store_gradient_tile(self, g_copy: cute.TiledCopy, g_copy_acc: cute.Tensor, g_copy_smem: cute.Tensor,
                              g_copy_regs: cute.Layout, sG: cute.Tensor, tma_g: cute.CopyAtom, mG: cute.Tensor,
-                             g_stores: pipeline.PipelineTmaStore, storing: cutlass.Boolean, m_block: cutlass.Int32,
-                             n_tile: cutlass.Int32, first_buffer: cutlass.Int32 = 0, barrier_id: int = G_BARRIER,
-                             threads: int = 0):
+                             g_stores: pipeline.PipelineTmaStore, warp_idx: cutlass.Int32, m_block: cutlass.Int32,
+                             n_tile: cutlass.Int32):
         """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
-        buffer in mG's dtype by the ``threads`` threads holding the tile (default: the CTA's), then stored by TMA
-        from the warp where ``storing`` is true while the next subtile is written; a buffer is written again only
-        once its previous store has read it (``g_stores``); the last subtile's store runs on into the next tile's
-        MMAs. The threads use the g_buffers buffers from ``first_buffer`` on, and meet at named barrier
-        ``barrier_id``."""
-        threads = threads if threads else self.threads
+        buffer in mG's dtype by every thread, then stored by warp 0's TMA while the next subtile is written; a buffer
+        is written again only once its previous store has read it (``g_stores``); the last subtile's store runs on
+        into the next tile's MMAs."""
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
         smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
             tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)
         subtiles = cute.size(gG, mode=[1])
         subtile_grid = cute.make_layout(gG.shape[1], stride=(gG.shape[1][1], 1))
-        # a subtile's registers (values, row blocks, column groups): of each row block, the values of the
-        # accumulators' copy (values, row blocks, 1) after s subtiles' worth
-        values, row_blocks, groups = (cute.size(g_copy_regs, mode=[i]) for i in range(3))
+        per_subtile = cute.size(g_copy_regs)
         for s in cutlass.range_constexpr(subtiles):
             regs = cute.make_rmem_tensor(g_copy_regs, self.acc_dtype)
-            for m in cutlass.range_constexpr(row_blocks):
-                for n in cutlass.range_constexpr(groups):
-                    for i in cutlass.range_constexpr(values):
-                        regs[i, m, n] = g_copy_acc[(s * groups + n) * values + i, m, 0]
+            for i in cutlass.range_constexpr(per_subtile):
+                regs[i] = g_copy_acc[s * per_subtile + i]
             out = cute.make_rmem_tensor(g_copy_regs, self.ab_dtype)
             out.store(regs.load().to(self.ab_dtype))
-            buffer = first_buffer + s % self.g_buffers  # subtiles is a multiple of g_buffers: they alternate across tiles
+            buffer = s % G_BUFFERS  # subtiles is a multiple of G_BUFFERS: the buffers alternate across tiles too
             cute.copy(g_copy, out, g_copy_smem[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")  # the writes, seen by the TMA unit
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-            if storing:
+            cute.arch.barrier(barrier_id=G_BARRIER)
+            if warp_idx == 0:
                 cute.copy(tma_g, smem_subtiles[(None, buffer)], gmem_subtiles[(None, subtile_grid.get_hier_coord(s))])
                 g_stores.producer_commit()
                 g_stores.producer_acquire()  # the other buffer's store has read it
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+            cute.arch.barrier(barrier_id=G_BARRIER)
 
     def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
@@ -496,353 +470,3 @@ def _rows_by_columns(acc_layout):
     shape = ((plain.shape[0][1], plain.shape[1]), (plain.shape[0][0], *plain.shape[0][2:], plain.shape[2]))
     stride = ((plain.stride[0][1], plain.stride[1]), (plain.stride[0][0], *plain.stride[0][2:], plain.stride[2]))
     return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
-
-
-# the ping-pong kernel's warpgroups: a producer (its first warp issues the loads) and two consumers; registers moved
-# from the producer to the consumers (CUTLASS's Hopper warp-specialized GEMMs: 40 and 232)
-PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232
-# named barriers: each consumer's gradient subtiles (1 + consumer), the consumers' final merge of statistics, and
-# the turns of their main loops (ORDER_BARRIER + consumer: the other consumer's turn is over)
-MERGE_BARRIER = 3
-ORDER_BARRIER = 4
-
-
-class LogitsGemmPingpong(LogitsGemm):
-    """The same GEMM and epilogues with the epilogue of one consumer's turn run while the MMAs of the other's do (the
-    schedule of CUTLASS's ping-pong Hopper GEMM): a producer warp fills a ring of stages, and two consumer warpgroups,
-    each with its own accumulators for 128 x ``tile_n``, take turns, their main loops ordered by two named barriers.
-    With ``resident``, a CTA owns 128 rows whose tile of H is loaded once and kept in shared memory for every
-    vocabulary tile, the stages hold W's k tiles, and the consumers take the vocabulary tiles in turns (their
-    statistics of each row merged through shared memory at the end); it fits where the tile of H (128 x J) leaves
-    room for ``MIN_STAGES`` stages. Else a CTA owns two row blocks of 128, one a consumer, each walking every
-    vocabulary tile, and the stages hold H's k tiles beside W's. Each consumer stores its own tiles of G."""
-
-    MIN_STAGES = 3
-
-    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, gradient: bool = False, clamp: bool = False,
-                 extra: int = 0, g_subtile_n: int = 16, resident: bool = True):
-        if tile_n not in (64, 128):
-            raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
-        super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
-        self.tile_m = 128
-        self.threads = 3 * THREADS_PER_WARPGROUP
-        self.g_subtile_n = g_subtile_n
-        self.resident = resident
-
-    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
-        self.ab_dtype = h.element_type
-        self.h_layout = utils.LayoutEnum.from_tensor(h)
-        self.w_layout = utils.LayoutEnum.from_tensor(w)
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
-            self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_n))
-        tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
-        self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
-        self.k_tiles = -(-self.J // tile_k)
-        element = self.ab_dtype.width // 8
-        self.g_subtile = (self.tile_m, min(self.g_subtile_n, self.tile_n))
-        h_bytes = self.tile_m * tile_k * self.k_tiles * element if self.resident else 0
-        stage_bytes = (self.tile_n + (0 if self.resident else self.tile_m)) * tile_k * element
-        # the barriers (at most 8 stages) and the statistics' merge buffer before the 1024-byte aligned tiles, and
-        # the statistics' unused 1024-byte slot of G
-        merge = 4 * self.tile_m * 4 if self.resident and not self.gradient else 0
-        fixed = -(-((2 * 8 + 2) * 8 + merge) // 1024) * 1024
-        fixed += 0 if self.gradient else 1024
-        # four subtile buffers a consumer where they leave MIN_STAGES stages of W (a subtile's store then waits for
-        # the one three subtiles before it), else two
-        for buffers in (4, 2):
-            if (self.tile_n // self.g_subtile[1]) % buffers:
-                continue
-            g_bytes = 2 * buffers * self.g_subtile[0] * self.g_subtile[1] * element if self.gradient else 0
-            self.g_buffers = buffers
-            self.stages = min(8, (utils.get_smem_capacity_in_bytes("sm_90") - fixed - h_bytes - g_bytes)
-                              // stage_bytes)
-            if self.stages >= self.MIN_STAGES:
-                break
-        if self.stages < self.MIN_STAGES:
-            raise ValueError(f"J: the tile of H (128 x {self.J}) leaves room for {self.stages} stages of W, "
-                             f"expected at least {self.MIN_STAGES}")
-        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
-                                                             self.g_subtile, 2 * self.g_buffers)
-        self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype,
-                                                           self.k_tiles if self.resident else self.stages)
-        self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
-
-    @cute.jit
-    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
-                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
-                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
-                 blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
-        """As LogitsGemm's."""
-        J, width = self.J, self.n_tiles * self.tile_n
-        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
-        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
-        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
-        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
-                                                                        n_rows),
-                                                                       stride=(row_values_stride, 1)))
-        if cutlass.const_expr(self.gradient):
-            g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
-            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
-        else:
-            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
-        self._setup(h, w, g)
-        tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
-            (self.tile_m, self.tile_mnk[2]))
-        tma_w, tma_w_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_layout, (None, None, 0)),
-            (self.tile_n, self.tile_mnk[2]))
-        tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
-            self.g_subtile)
-        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
-        merge_values = 4 * self.tile_m if self.resident and not self.gradient else 4
-
-        @cute.struct
-        class SharedStorage:
-            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            h_barriers: cute.struct.MemRange[cutlass.Int64, 2]
-            merge: cute.struct.MemRange[cutlass.Float32, merge_values]
-            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
-            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
-
-        self.shared_storage = SharedStorage
-        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
-        ctas = m_blocks if self.resident else (m_blocks + 1) // 2
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
-                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
-                    self.g_smem_layout).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
-               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
-               tiled_mma: cute.TiledMma,
-               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
-               g_smem_layout: cute.ComposedLayout):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warpgroup = cute.arch.make_warp_uniform(warp_idx // 4)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-        n_rows = mH.shape[0]
-        m_block = bidx
-        k_tiles = self.k_tiles
-
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
-        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
-        h_bytes = cute.size_in_bytes(self.ab_dtype, h_smem_layout)
-        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
-        if cutlass.const_expr(not self.resident):  # a stage holds a k tile of H beside W's
-            stage_bytes += cute.size_in_bytes(self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0)))
-        cta = cute.make_layout((1, 1, 1, 1))
-        h_load = None
-        if cutlass.const_expr(self.resident):  # the tile of H: loaded once, waited for by both consumers, kept
-            h_load = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.h_barriers.data_ptr(), num_stages=1,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=h_bytes,
-                cta_layout_vmnk=cta, defer_sync=True)
-        # the turns' stages (W's k tiles, and H's unless resident), each read by the consumer whose turn it is
-        loads = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4), tx_count=stage_bytes,
-            cta_layout_vmnk=cta, defer_sync=True)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (None, None))  # (rows, k, row blocks, k tiles)
-        m_blocks = cute.size(gH, mode=[2])
-        gW = cute.local_tile(mW, (self.tile_n, self.tile_mnk[2]), (None, None))
-        tHsH, tHgH = cute.nvgpu.cpasync.tma_partition(
-            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2))
-        tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
-            tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
-            if warp_idx == 0:
-                if cutlass.const_expr(self.resident):
-                    h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                    h_load.producer_acquire(h_state)
-                    for k_tile in cutlass.range(k_tiles, unroll=1):
-                        cute.copy(tma_h, tHgH[(None, m_block, k_tile)], tHsH[(None, k_tile)],
-                                  tma_bar_ptr=h_load.producer_get_barrier(h_state))
-                    h_load.producer_commit(h_state)
-                produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                # the turns' loads in order: resident, W's k tiles of each vocabulary tile; else those of each
-                # vocabulary tile twice, with the k tiles of H of each of the CTA's two row blocks (the second one
-                # past the last is the last again: its rows are never written)
-                turns = self.n_tiles if self.resident else 2 * self.n_tiles
-                for i in cutlass.range(turns * k_tiles, unroll=1):
-                    turn, k_tile = i // k_tiles, i % k_tiles
-                    n_tile = turn if self.resident else turn // 2
-                    loads.producer_acquire(produced)
-                    barrier = loads.producer_get_barrier(produced)
-                    if cutlass.const_expr(not self.resident):
-                        block = cutlass.min(2 * m_block + turn % 2, m_blocks - 1)
-                        cute.copy(tma_h, tHgH[(None, block, k_tile)], tHsH[(None, produced.index)],
-                                  tma_bar_ptr=barrier)
-                    cute.copy(tma_w, tWgW[(None, n_tile, k_tile)], tWsW[(None, produced.index)], tma_bar_ptr=barrier)
-                    loads.producer_commit(produced)
-                    produced.advance()
-                loads.producer_tail(produced)
-        else:
-            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
-            # resident, consumer 0 or 1 takes the vocabulary tiles consumer, consumer + 2, ... of the CTA's rows;
-            # else every vocabulary tile of the CTA's row block 2 * m_block + consumer; the consumers' turns
-            # alternate: the MMAs of one's turn run beside the epilogue of the other's
-            consumer = warpgroup - 1
-            tidx = tidx % THREADS_PER_WARPGROUP
-            row_block = m_block
-            if cutlass.const_expr(not self.resident):
-                row_block = 2 * m_block + consumer
-            k_tiles = self.k_tiles
-            thread_mma = tiled_mma.get_slice(tidx)
-            tCrH = tiled_mma.make_fragment_A(thread_mma.partition_A(sH))
-            tCrW = tiled_mma.make_fragment_B(thread_mma.partition_B(sW))
-            tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            tCcC = thread_mma.partition_C(tile_coords)
-            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
-            coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
-            rows = cute.size(acc_rc, mode=[0])
-            cols = cute.size(acc_rc, mode=[1])
-
-            if cutlass.const_expr(self.gradient):
-                sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # g_buffers each
-                g_copy = cute.make_tiled_copy_S(
-                    sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
-                                                      elem_ty_acc=self.acc_dtype),
-                    cute.make_tiled_copy_C_atom(
-                        cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
-                thread_g_copy = g_copy.get_slice(tidx)
-                g_copy_smem = thread_g_copy.partition_D(sG)
-                g_copy_acc = g_copy.retile(acc)
-                g_copy_regs = cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3])
-                g_stores = pipeline.PipelineTmaStore.create(
-                    num_stages=self.g_buffers,
-                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
-
-            n_values = EXTRA_ARCS + self.extra if self.gradient else 4
-            values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
-            label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-            for r in cutlass.range_constexpr(rows):
-                row = row_block * self.tile_m + coords_rc[r, 0][0]
-                label[r] = -1
-                if cutlass.const_expr(self.gradient):
-                    values[0, r] = float("inf")
-                    for i in cutlass.range_constexpr(1, n_values):
-                        values[i, r] = 0.0
-                    if row < n_rows:
-                        for i in cutlass.range_constexpr(n_values):
-                            values[i, r] = row_values[i, row]
-                else:
-                    values[ROW_MAX, r] = NO_MAX
-                    for i in cutlass.range_constexpr(1, n_values):
-                        values[i, r] = 0.0
-                if row < n_rows:
-                    label[r] = labels[row]
-
-            if cutlass.const_expr(self.resident):
-                h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-                h_load.consumer_wait(h_state)
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            for _ in cutlass.range(consumer * k_tiles, unroll=1):  # the other consumer's first tile
-                read.advance()
-                release.advance()
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            k_blocks = cute.size(tCrH, mode=[2])
-            turns = self.n_tiles if self.resident else 2 * self.n_tiles
-            for n_tile in cutlass.range(consumer if self.resident else 0, self.n_tiles, 2 if self.resident else 1,
-                                        unroll=1):
-                turn = n_tile
-                if cutlass.const_expr(not self.resident):
-                    turn = 2 * n_tile + consumer
-                # the consumers' main loops in turns (CUTLASS's ordered math warpgroups): the other has waited for
-                # every load of the tile before this one, so that a wait on a stage's barrier is never more than one
-                # phase ahead of it (an mbarrier's parity tells only the current phase from the one before)
-                if turn > 0:
-                    cute.arch.barrier(barrier_id=ORDER_BARRIER + consumer, number_of_threads=2 * THREADS_PER_WARPGROUP)
-                acc.fill(0.0)
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    loads.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    h_index = k_tile
-                    if cutlass.const_expr(not self.resident):
-                        h_index = read.index
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
-                                  tCrW[(None, None, k_block, read.index)], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
-                    if k_tile > 0:
-                        loads.consumer_release(release)
-                        release.advance()
-                    read.advance()
-                if turn + 1 < turns:  # the other consumer's turn
-                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - consumer,
-                                             number_of_threads=2 * THREADS_PER_WARPGROUP)
-                cute.nvgpu.warpgroup.wait_group(0)
-                loads.consumer_release(release)
-                release.advance()
-                for _ in cutlass.range(k_tiles, unroll=1):  # the other consumer's next tile
-                    read.advance()
-                    release.advance()
-
-                first_col = n_tile * self.tile_n
-                if cutlass.const_expr(self.extra > 0 and not self.gradient):
-                    if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                        self._store_extra(acc_rc, coords_rc, row_values, row_block, n_rows, extra_start - first_col)
-                for c in cutlass.range_constexpr(cols):
-                    b = col_bias[first_col + coords_rc[0, c][1]]
-                    for r in cutlass.range_constexpr(rows):
-                        acc_rc[r, c] = acc_rc[r, c] + b
-                if cutlass.const_expr(self.gradient):
-                    self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
-                    self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                              warp_idx % 4 == 0, row_block, n_tile, self.g_buffers * consumer,
-                                              1 + consumer, THREADS_PER_WARPGROUP)
-                else:
-                    self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
-
-            if cutlass.const_expr(not self.gradient and not self.resident):
-                self._merge_quad_statistics(values)
-                self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
-            elif cutlass.const_expr(not self.gradient):
-                # the second consumer's statistics of each row through shared memory, merged into the first's
-                self._merge_quad_statistics(values)
-                merge = storage.merge.get_tensor(cute.make_layout((4, self.tile_m), stride=(self.tile_m, 1)))
-                lane = cute.arch.lane_idx()
-                if consumer == 1:
-                    if lane % 4 == 0:
-                        for r in cutlass.range_constexpr(rows):
-                            for i in cutlass.range_constexpr(4):
-                                merge[i, coords_rc[r, 0][0]] = values[i, r]
-                cute.arch.barrier(barrier_id=MERGE_BARRIER, number_of_threads=2 * THREADS_PER_WARPGROUP)
-                if consumer == 0:
-                    for r in cutlass.range_constexpr(rows):
-                        other_max = merge[ROW_MAX, coords_rc[r, 0][0]]
-                        new_max = cute.arch.fmax(values[ROW_MAX, r], other_max)
-                        values[ROW_SUM, r] = (
-                            values[ROW_SUM, r] * cute.math.exp2((values[ROW_MAX, r] - new_max) * LOG2E, approx=True,
-                                                                ftz=True)
-                            + merge[ROW_SUM, coords_rc[r, 0][0]] * cute.math.exp2((other_max - new_max) * LOG2E,
-                                                                                   approx=True, ftz=True))
-                        values[ROW_MAX, r] = new_max
-                        values[PICK_BLANK, r] = values[PICK_BLANK, r] + merge[PICK_BLANK, coords_rc[r, 0][0]]
-                        values[PICK_LABEL, r] = values[PICK_LABEL, r] + merge[PICK_LABEL, coords_rc[r, 0][0]]
-                    self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
-            else:
-                if warp_idx % 4 == 0:
-                    g_stores.producer_tail()
