@@ -162,6 +162,8 @@ def test_argument_checks():
         hopper.logits_statistics(H, W, None, labels, 0)
     if torch.cuda.is_available():
         H, W, labels = H.cuda(), W.cuda(), labels.cuda()
+        with pytest.raises(ValueError, match="W: expected at least 8 rows"):
+            hopper.logits_statistics(H, W, None, labels, 0)
         with pytest.raises(ValueError, match="W: expected"):
             hopper.logits_statistics(H, W[:, :4], None, labels, 0)
         with pytest.raises(ValueError, match="labels: expected an int32"):
@@ -397,6 +399,24 @@ def test_fused_loss_on_hopper_unaligned_bf16_weight(monkeypatch):
 
 @pytest.mark.cuda
 @needs_hopper
+def test_fused_loss_few_token_columns_on_the_other_path(monkeypatch):
+    """Fewer token columns than hopper.MIN_COLUMNS (the statistics kernel needs a softmax column in every thread's
+    part of the first vocabulary tile): the fused loss runs on the other path, with its loss to the bit."""
+    enc, pred, weight, bias, targets, T, U, _ = fused_inputs(650, V=hopper.MIN_COLUMNS - 3)
+    calls = []
+    kernel = hopper.statistics_tile
+    monkeypatch.setattr(hopper, "statistics_tile", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+
+    def loss(path):
+        monkeypatch.setenv("TRANSDUCER_HOPPER", path)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return fused_joiner_loss(enc, pred, weight, bias, targets, T, U, reduction="none")
+    got, other = loss("1"), loss("0")
+    assert not calls and torch.isfinite(got).all() and torch.equal(got, other)
+
+
+@pytest.mark.cuda
+@needs_hopper
 def test_fuzz_against_todays_path(monkeypatch):
     """Random ragged batches and options: lengths, V from 2 to 256, the blank, RNN-T or RNA, clamp, FastEmit, the
     delay penalty, dropout, the activation, the bias and the tile size."""
@@ -429,8 +449,8 @@ def test_hopper_backward_reads_nothing_back(monkeypatch):
 
 
 def test_which_path_runs(monkeypatch, caplog):
-    """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a multiple of 8, where they pass their
-    self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
+    """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a multiple of 8 and at least
+    hopper.MIN_COLUMNS token columns, where they pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
     a warning."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
@@ -440,25 +460,27 @@ def test_which_path_runs(monkeypatch, caplog):
     monkeypatch.delenv("TRANSDUCER_HOPPER", raising=False)
     cuda = torch.device("cuda")
     with caplog.at_level(logging.INFO, logger="transducer"):
-        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)  # on by default
-        assert use_hopper(RNNT, torch.float16, cuda, 64)
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64, 100)  # on by default
+        assert use_hopper(RNNT, torch.float16, cuda, 64, 100)
         monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
-        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
-        assert use_hopper(TDT, torch.bfloat16, cuda, 64)
-        assert use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
-        assert not use_hopper(RNNT, torch.float32, cuda, 64)
-        assert not use_hopper(RNNT, torch.bfloat16, cuda, 60)
-        assert not use_hopper(RNNT, torch.bfloat16, torch.device("cpu"), 64)
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64, 100)
+        assert use_hopper(TDT, torch.bfloat16, cuda, 64, 100)
+        assert use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64, 100)
+        assert not use_hopper(RNNT, torch.float32, cuda, 64, 100)
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 60, 100)
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64, hopper.MIN_COLUMNS - 1)
+        assert not use_hopper(RNNT, torch.bfloat16, torch.device("cpu"), 64, 100)
         failure[1] = "RuntimeError: no kernel image"
-        assert not use_hopper(RNNT, torch.bfloat16, torch.device("cuda:1"), 64)
-        assert use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        assert not use_hopper(RNNT, torch.bfloat16, torch.device("cuda:1"), 64, 100)
+        assert use_hopper(RNNT, torch.bfloat16, cuda, 64, 100)
         monkeypatch.setenv("TRANSDUCER_HOPPER", "off")
-        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64, 100)
         monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
-        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 64, 100)
     records = [r for r in caplog.records if r.name == "transducer"]
     lines = [r.getMessage() for r in records]
-    assert len(lines) == 9  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
+    assert len(lines) == 10  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
+    assert any(f"V = {hopper.MIN_COLUMNS - 1}" in line and f"V >= {hopper.MIN_COLUMNS}" in line for line in lines)
     assert all("Hopper kernels" in line for line in lines[:3]) and "the TDT lattice" in lines[1]
     assert "the multi-blank RNN-T lattice" in lines[2] and "TRANSDUCER_HOPPER=off" in lines[-2]
     assert "TRANSDUCER_HOPPER=0" in lines[-1]
