@@ -450,8 +450,8 @@ def test_hopper_backward_reads_nothing_back(monkeypatch):
 
 def test_which_path_runs(monkeypatch, caplog):
     """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a multiple of 8 and at least
-    hopper.MIN_COLUMNS token columns, where they pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
-    a warning."""
+    hopper.MIN_COLUMNS token columns, where they pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is
+    logged once on the transducer logger, a failed self-test as a warning."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")

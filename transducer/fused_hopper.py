@@ -14,8 +14,9 @@ the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
 
 The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, at least 8 token columns, an sm_90 GPU
 with ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their
-self-test, unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused step on
-Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
+self-test, unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused
+step on Hopper's kernels; At least 8 softmax columns on the Hopper kernels). Which path runs is logged once per
+process on the ``transducer`` logger.
 """
 
 import functools
