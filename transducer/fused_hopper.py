@@ -38,8 +38,8 @@ def use_hopper(kind, compute_dtype, device, J, V):
     """Whether the fused loss's tiles run on the Hopper kernels: GEMMs in bf16 or fp16 on an sm_90 GPU where
     transducer.hopper's kernels are available and pass their self-test, the joiner's width J a multiple of 8 (16-byte
     rows for TMA) and V token columns (the softmax's) at least hopper.MIN_COLUMNS, unless ``TRANSDUCER_HOPPER`` is 0
-    (or false, off, no) in the environment; ``kind``, the lattice
-    (RNN-T and RNA, TDT, multi-blank: all run there), is named in the log line.
+    (or false, off, no) in the environment; ``kind``, the lattice (RNN-T and RNA, TDT, multi-blank: all run there),
+    is named in the log line.
     Says once per process and answer which path runs (an info line on the ``transducer`` logger; a warning where the
     kernels are available and fail their self-test)."""
     on = os.environ.get("TRANSDUCER_HOPPER", "1").strip().lower() not in ("0", "false", "off", "no")
