@@ -141,7 +141,7 @@ def contenders(case, prec, flash):
                dict(big_blank_durations=big_blanks, sigma=0.05) if big_blanks else {})
     os.environ["TRANSDUCER_HOPPER"] = "1"
     hopper = use_hopper(kind_of(LossOptions(durations=tuple(durations or ()), big_blank_durations=tuple(big_blanks))),
-                        gemm_dtype(prec), torch.device("cuda"), J, V)
+                        gemm_dtype(prec), torch.device("cuda"), J)
     os.environ["TRANSDUCER_HOPPER"] = "0"
 
     def steps(batch):

@@ -129,7 +129,7 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     big = len(options.big_blank_durations)
     layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, options.blank,
                            check_inputs, big)
-    hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, encoder_out.size(2), V)
+    hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, encoder_out.size(2))
     if hopper_tiles:  # Wx = W: the kernel adds the bias in its epilogue
         Wx = weight.to(compute_dtype).contiguous()  # launched before the wait below
     else:
@@ -275,7 +275,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
     grad_enc = encoder_out.new_zeros(B, max_t, J, dtype=acc)
     grad_pred = predictor_out.new_zeros(B, predictor_out.size(1), J, dtype=acc)
     Wx, W = _projection(weight, bias, compute_dtype)
-    hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, J, V)
+    hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, J)
     if hopper_tiles:  # the kernel's operand; it adds the bias itself
         projection = hopper.projection(weight.to(compute_dtype), bias, tokens=V, extra=_extra_columns(V, D, options))
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...] (_projection)

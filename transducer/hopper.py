@@ -42,10 +42,6 @@ class Config(NamedTuple):
 
 
 DTYPES = (torch.bfloat16, torch.float16)
-# the fewest softmax columns the statistics take: each thread of its epilogue holds columns 2 (t mod 4) + 8 j of a row
-# (WGMMA's accumulator layout), and one whose first vocabulary tile holds none of the softmax's would rescale its
-# empty sum by exp2 of a rounding residual of its starting max (an infinity: NaN)
-MIN_COLUMNS = 8
 # the most extra columns a projection may have (the statistics store each in its tile): TDT's durations on CUDA
 MAX_EXTRA = 16
 
@@ -127,7 +123,7 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
     Args:
         H (Tensor): ``(N, J)`` bfloat16 or float16, unit column stride, rows starting on 16-byte boundaries (a row
             stride that is a multiple of 8), ``J`` a multiple of 8: the joiner's hidden rows.
-        W (Tensor): ``(V, J)``, H's dtype, contiguous, V >= MIN_COLUMNS (8): the output projection.
+        W (Tensor): ``(V, J)``, H's dtype, contiguous: the output projection.
         bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32).
         labels (Tensor): ``(N,)`` int32: each row's label column in ``[0, V)``, or -1 for none.
         blank (int): the blank's column, in ``[0, V)``.
@@ -140,9 +136,6 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
         in fp32.
     """
     _check(H, W, bias, labels, blank)
-    if W.size(0) < MIN_COLUMNS:
-        raise ValueError(f"W: expected at least {MIN_COLUMNS} rows (columns of the logits) for the statistics, got "
-                         f"{W.size(0)}")
     if out is not None:
         _check_rows("out", out, 3, H)
     return statistics_tile(projection(W, bias), H, labels, blank, out)
@@ -272,8 +265,7 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
                     out: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
     """logits_statistics of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
     gives what logits_statistics checks (H of W's dtype and J, rows on 16-byte boundaries and a row stride that is
-    a multiple of 8, at least MIN_COLUMNS softmax columns (``projection.tokens``), labels int32 (N,), ``out`` float32
-    (3 + E, N) of unit column stride, all on W's device).
+    a multiple of 8, labels int32 (N,), ``out`` float32 (3 + E, N) of unit column stride, all on W's device).
 
     Args:
         projection (Projection): ``projection(W, bias, ...)``, with E = ``projection.extra`` extra columns.

@@ -344,7 +344,10 @@ class LogitsGemm:
             tile_sum = cutlass.Float32(0.0)
             for c in cutlass.range_constexpr(cols):
                 tile_sum += cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_max, approx=True, ftz=True)
-            rescale = cute.math.exp2(values[ROW_MAX, r] * LOG2E - scaled_max, approx=True, ftz=True)
+            # the difference of the maxima first: as old * LOG2E - scaled_max, ptxas's multiply-add leaves the
+            # rounding residual of NO_MAX * LOG2E (+6.4e21: an infinite rescale of an empty sum, NaN) while a
+            # thread's tiles so far hold none of its softmax columns
+            rescale = cute.math.exp2((values[ROW_MAX, r] - new_max) * LOG2E, approx=True, ftz=True)
             values[ROW_SUM, r] = values[ROW_SUM, r] * rescale + tile_sum
             values[ROW_MAX, r] = new_max
             label_at = label[r] - first_col
