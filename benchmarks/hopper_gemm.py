@@ -6,8 +6,9 @@ gradient kernel (the GEMM whose epilogue writes the logits' gradient G once in b
 
     python benchmarks/hopper_gemm.py                         # every case, the default kernel
     python benchmarks/hopper_gemm.py --cases protocol-a      # some of them (protocol-a, flash, parakeet-tdt)
-    python benchmarks/hopper_gemm.py --configs default 256,2,1,1 128,2,1,2   # and kernels of other shapes
-                                                             # (tile_n,warpgroups,cluster_m,occupancy: hopper.Config)
+    python benchmarks/hopper_gemm.py --configs default 256,2,1,1 128,2,1,1,1   # and kernels of other shapes
+                                                             # (tile_n,warpgroups,cluster_m,occupancy[,pingpong]:
+                                                             # hopper.Config)
 
 Cases (bf16, uniform lengths giving the row counts of fused_step.py's cases):
     protocol-a     B 30, T 400, U 59: 720,000 rows, 512 -> 500 (GEMMs at 512)
@@ -118,7 +119,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     p.add_argument("--configs", nargs="*", default=["default"],
-                   help="kernel shapes: default (hopper.default_config) or tile_n,warpgroups,cluster_m,occupancy")
+                   help="kernel shapes: default (hopper.default_config) or tile_n,warpgroups,cluster_m,occupancy[,pingpong]")
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, available: {hopper.available()}")
     for name in a.cases:

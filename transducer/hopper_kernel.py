@@ -313,11 +313,12 @@ class LogitsGemm:
             if cutlass.const_expr(self.gradient):
                 self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
                 self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                          warp_idx, m_block, n_tile)
+                                          warp_idx == 0, m_block, n_tile)
             else:
                 self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
         if cutlass.const_expr(not self.gradient):
+            self._merge_quad_statistics(values)
             self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
         else:
             if warp_idx == 0:
@@ -372,12 +373,10 @@ class LogitsGemm:
                     row_values[3 + i, row] = acc_rc[r, c]
 
     @cute.jit
-    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
-                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
-        """The four threads of a quad hold a row's columns between them: they merge their statistics and picks,
-        and the first writes the row's den, z_blank and z_label."""
-        rows = cute.size(coords_rc, mode=[0])
-        lane = cute.arch.lane_idx()
+    def _merge_quad_statistics(self, values: cute.Tensor):
+        """The four threads of a quad hold a row's columns between them: each ends with the row's max, sum and
+        picks over the quad's columns."""
+        rows = cute.size(values, mode=[1])
         for r in cutlass.range_constexpr(rows):
             quad_max = values[ROW_MAX, r]
             for offset in cutlass.range_constexpr(2):
@@ -390,12 +389,25 @@ class LogitsGemm:
                 total_sum += cute.arch.shuffle_sync_bfly(total_sum, offset=1 << offset)
                 z_b += cute.arch.shuffle_sync_bfly(z_b, offset=1 << offset)
                 z_l += cute.arch.shuffle_sync_bfly(z_l, offset=1 << offset)
+            values[ROW_MAX, r] = quad_max
+            values[ROW_SUM, r] = total_sum
+            values[PICK_BLANK, r] = z_b
+            values[PICK_LABEL, r] = z_l
+
+    @cute.jit
+    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
+                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
+        """Each row's den, z_blank and z_label from its quad-merged statistics (_merge_quad_statistics), written by
+        the quad's first thread."""
+        rows = cute.size(coords_rc, mode=[0])
+        lane = cute.arch.lane_idx()
+        for r in cutlass.range_constexpr(rows):
             row = m_block * self.tile_m + coords_rc[r, 0][0]
             if lane % 4 == 0:
                 if row < n_rows:
-                    row_values[0, row] = quad_max + cute.math.log(total_sum)
-                    row_values[1, row] = z_b
-                    row_values[2, row] = z_l
+                    row_values[0, row] = values[ROW_MAX, r] + cute.math.log(values[ROW_SUM, r])
+                    row_values[1, row] = values[PICK_BLANK, r]
+                    row_values[2, row] = values[PICK_LABEL, r]
 
     @cute.jit
     def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
@@ -425,33 +437,41 @@ class LogitsGemm:
     @cute.jit
     def _store_gradient_tile(self, g_copy: cute.TiledCopy, g_copy_acc: cute.Tensor, g_copy_smem: cute.Tensor,
                              g_copy_regs: cute.Layout, sG: cute.Tensor, tma_g: cute.CopyAtom, mG: cute.Tensor,
-                             g_stores: pipeline.PipelineTmaStore, warp_idx: cutlass.Int32, m_block: cutlass.Int32,
-                             n_tile: cutlass.Int32):
+                             g_stores: pipeline.PipelineTmaStore, storing: cutlass.Boolean, m_block: cutlass.Int32,
+                             n_tile: cutlass.Int32, first_buffer: cutlass.Int32 = 0, barrier_id: int = G_BARRIER,
+                             threads: int = 0):
         """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
-        buffer in mG's dtype by every thread, then stored by warp 0's TMA while the next subtile is written; a buffer
-        is written again only once its previous store has read it (``g_stores``); the last subtile's store runs on
-        into the next tile's MMAs."""
+        buffer in mG's dtype by the ``threads`` threads holding the tile (default: the CTA's), then stored by TMA
+        from the warp where ``storing`` is true while the next subtile is written; a buffer is written again only
+        once its previous store has read it (``g_stores``); the last subtile's store runs on into the next tile's
+        MMAs. The threads use the G_BUFFERS buffers from ``first_buffer`` on, and meet at named barrier
+        ``barrier_id``."""
+        threads = threads if threads else self.threads
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
         smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
             tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)
         subtiles = cute.size(gG, mode=[1])
         subtile_grid = cute.make_layout(gG.shape[1], stride=(gG.shape[1][1], 1))
-        per_subtile = cute.size(g_copy_regs)
+        # a subtile's registers (values, row blocks, column groups): of each row block, the values of the
+        # accumulators' copy (values, row blocks, 1) after s subtiles' worth
+        values, row_blocks, groups = (cute.size(g_copy_regs, mode=[i]) for i in range(3))
         for s in cutlass.range_constexpr(subtiles):
             regs = cute.make_rmem_tensor(g_copy_regs, self.acc_dtype)
-            for i in cutlass.range_constexpr(per_subtile):
-                regs[i] = g_copy_acc[s * per_subtile + i]
+            for m in cutlass.range_constexpr(row_blocks):
+                for n in cutlass.range_constexpr(groups):
+                    for i in cutlass.range_constexpr(values):
+                        regs[i, m, n] = g_copy_acc[(s * groups + n) * values + i, m, 0]
             out = cute.make_rmem_tensor(g_copy_regs, self.ab_dtype)
             out.store(regs.load().to(self.ab_dtype))
-            buffer = s % G_BUFFERS  # subtiles is a multiple of G_BUFFERS: the buffers alternate across tiles too
+            buffer = first_buffer + s % G_BUFFERS  # subtiles is a multiple of G_BUFFERS: they alternate across tiles
             cute.copy(g_copy, out, g_copy_smem[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")  # the writes, seen by the TMA unit
-            cute.arch.barrier(barrier_id=G_BARRIER)
-            if warp_idx == 0:
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+            if storing:
                 cute.copy(tma_g, smem_subtiles[(None, buffer)], gmem_subtiles[(None, subtile_grid.get_hier_coord(s))])
                 g_stores.producer_commit()
                 g_stores.producer_acquire()  # the other buffer's store has read it
-            cute.arch.barrier(barrier_id=G_BARRIER)
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
     def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
@@ -473,3 +493,311 @@ def _rows_by_columns(acc_layout):
     shape = ((plain.shape[0][1], plain.shape[1]), (plain.shape[0][0], *plain.shape[0][2:], plain.shape[2]))
     stride = ((plain.stride[0][1], plain.stride[1]), (plain.stride[0][0], *plain.stride[0][2:], plain.stride[2]))
     return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+# the ping-pong kernel's warpgroups: a producer (its first warp issues the loads) and two consumers; registers moved
+# from the producer to the consumers (CUTLASS's Hopper warp-specialized GEMMs: 40 and 232)
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+# named barriers: each consumer's gradient subtiles (1 + consumer), the consumers' final merge of statistics, and
+# the turns of their main loops (ORDER_BARRIER + consumer: the other consumer's turn is over)
+MERGE_BARRIER = 3
+ORDER_BARRIER = 4
+
+
+class LogitsGemmPingpong(LogitsGemm):
+    """The same GEMM and epilogues with the epilogue of one vocabulary tile run while the MMAs of the next do (the
+    schedule of CUTLASS's ping-pong Hopper GEMM): a CTA owns 128 rows, whose tile of H is loaded once and kept in
+    shared memory for every vocabulary tile; a producer warp streams W's tiles of ``tile_n`` columns through a ring of
+    stages, and two consumer warpgroups take the vocabulary tiles in turns, each with its own accumulators for
+    128 x tile_n. The consumers' statistics of each row are merged through shared memory at the end; each consumer
+    stores its own tiles of G. Fits where the tile of H (128 x J) leaves room for at least ``MIN_STAGES`` stages."""
+
+    MIN_STAGES = 3
+
+    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, gradient: bool = False, clamp: bool = False,
+                 extra: int = 0, g_subtile_n: int = 16):
+        if tile_n not in (64, 128):
+            raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
+        super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
+        self.tile_m = 128
+        self.threads = 3 * THREADS_PER_WARPGROUP
+        self.g_subtile_n = g_subtile_n
+
+    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
+        self.ab_dtype = h.element_type
+        self.h_layout = utils.LayoutEnum.from_tensor(h)
+        self.w_layout = utils.LayoutEnum.from_tensor(w)
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
+            self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_n))
+        tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
+        self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
+        self.k_tiles = -(-self.J // tile_k)
+        element = self.ab_dtype.width // 8
+        self.g_subtile = (self.tile_m, min(self.g_subtile_n, self.tile_n))
+        if (self.tile_n // self.g_subtile[1]) % G_BUFFERS:
+            raise ValueError(f"g_subtile_n: expected tile_n / g_subtile_n a multiple of {G_BUFFERS}")
+        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
+                                                             self.g_subtile, 2 * G_BUFFERS)
+        g_bytes = cute.cosize(self.g_smem_layout) * element if self.gradient else 0
+        h_bytes = self.tile_m * tile_k * self.k_tiles * element
+        stage_bytes = self.tile_n * tile_k * element
+        # the barriers (at most 8 stages) and the statistics' merge buffer before the 1024-byte aligned tiles, and
+        # the statistics' unused 1024-byte slot of G
+        fixed = -(-((2 * 8 + 2) * 8 + (0 if self.gradient else 4 * self.tile_m * 4)) // 1024) * 1024
+        fixed += 0 if self.gradient else 1024
+        capacity = utils.get_smem_capacity_in_bytes("sm_90") - fixed - h_bytes - g_bytes
+        self.stages = min(8, capacity // stage_bytes)
+        if self.stages < self.MIN_STAGES:
+            raise ValueError(f"J: the tile of H (128 x {self.J}) leaves room for {self.stages} stages of W, "
+                             f"expected at least {self.MIN_STAGES}")
+        self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype,
+                                                           self.k_tiles)
+        self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
+
+    @cute.jit
+    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
+                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
+                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
+                 blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
+        """As LogitsGemm's."""
+        J, width = self.J, self.n_tiles * self.tile_n
+        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
+        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
+        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
+        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
+                                                                        n_rows),
+                                                                       stride=(row_values_stride, 1)))
+        if cutlass.const_expr(self.gradient):
+            g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
+            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
+        else:
+            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
+        self._setup(h, w, g)
+        tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
+            (self.tile_m, self.tile_mnk[2]))
+        tma_w, tma_w_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_layout, (None, None, 0)),
+            (self.tile_n, self.tile_mnk[2]))
+        tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
+            self.g_subtile)
+        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
+        merge_values = 4 * self.tile_m if not self.gradient else 4
+
+        @cute.struct
+        class SharedStorage:
+            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            h_barriers: cute.struct.MemRange[cutlass.Int64, 2]
+            merge: cute.struct.MemRange[cutlass.Float32, merge_values]
+            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
+            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
+            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
+
+        self.shared_storage = SharedStorage
+        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
+        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
+                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
+                    self.g_smem_layout).launch(grid=[m_blocks, 1, 1], block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
+               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
+               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
+               tiled_mma: cute.TiledMma,
+               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
+               g_smem_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup = cute.arch.make_warp_uniform(warp_idx // 4)
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+        n_rows = mH.shape[0]
+        m_block = bidx
+        k_tiles = self.k_tiles
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
+        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
+        h_bytes = cute.size_in_bytes(self.ab_dtype, h_smem_layout)
+        w_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
+        cta = cute.make_layout((1, 1, 1, 1))
+        # the tile of H: loaded once, waited for by both consumers, never released
+        h_load = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.h_barriers.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=h_bytes,
+            cta_layout_vmnk=cta, defer_sync=True)
+        # W's tiles: each stage read by the one consumer whose vocabulary tile it holds
+        loads = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4), tx_count=w_bytes,
+            cta_layout_vmnk=cta, defer_sync=True)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (m_block, None))
+        gW = cute.local_tile(mW, (self.tile_n, self.tile_mnk[2]), (None, None))
+        tHsH, tHgH = cute.nvgpu.cpasync.tma_partition(
+            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2))
+        tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
+            tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp_idx == 0:
+                h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                h_load.producer_acquire(h_state)
+                for k_tile in cutlass.range(k_tiles, unroll=1):
+                    cute.copy(tma_h, tHgH[(None, k_tile)], tHsH[(None, k_tile)],
+                              tma_bar_ptr=h_load.producer_get_barrier(h_state))
+                h_load.producer_commit(h_state)
+                produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for i in cutlass.range(self.n_tiles * k_tiles, unroll=1):
+                    loads.producer_acquire(produced)
+                    cute.copy(tma_w, tWgW[(None, i // k_tiles, i % k_tiles)], tWsW[(None, produced.index)],
+                              tma_bar_ptr=loads.producer_get_barrier(produced))
+                    loads.producer_commit(produced)
+                    produced.advance()
+                loads.producer_tail(produced)
+        else:
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+            # consumer 0 or 1 takes the vocabulary tiles consumer, consumer + 2, ...: their MMAs from the ring, then
+            # their epilogue, while the other consumer's MMAs run
+            consumer = warpgroup - 1
+            tidx = tidx % THREADS_PER_WARPGROUP
+            k_tiles = self.k_tiles
+            thread_mma = tiled_mma.get_slice(tidx)
+            tCrH = tiled_mma.make_fragment_A(thread_mma.partition_A(sH))
+            tCrW = tiled_mma.make_fragment_B(thread_mma.partition_B(sW))
+            tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
+            tCcC = thread_mma.partition_C(tile_coords)
+            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
+            coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
+            rows = cute.size(acc_rc, mode=[0])
+            cols = cute.size(acc_rc, mode=[1])
+
+            if cutlass.const_expr(self.gradient):
+                sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # G_BUFFERS each
+                g_copy = cute.make_tiled_copy_S(
+                    sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
+                                                      elem_ty_acc=self.acc_dtype),
+                    cute.make_tiled_copy_C_atom(
+                        cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
+                thread_g_copy = g_copy.get_slice(tidx)
+                g_copy_smem = thread_g_copy.partition_D(sG)
+                g_copy_acc = g_copy.retile(acc)
+                g_copy_regs = cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3])
+                g_stores = pipeline.PipelineTmaStore.create(
+                    num_stages=G_BUFFERS,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
+
+            n_values = EXTRA_ARCS + self.extra if self.gradient else 4
+            values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
+            label = cute.make_rmem_tensor((rows,), cutlass.Int32)
+            for r in cutlass.range_constexpr(rows):
+                row = m_block * self.tile_m + coords_rc[r, 0][0]
+                label[r] = -1
+                if cutlass.const_expr(self.gradient):
+                    values[0, r] = float("inf")
+                    for i in cutlass.range_constexpr(1, n_values):
+                        values[i, r] = 0.0
+                    if row < n_rows:
+                        for i in cutlass.range_constexpr(n_values):
+                            values[i, r] = row_values[i, row]
+                else:
+                    values[ROW_MAX, r] = NO_MAX
+                    for i in cutlass.range_constexpr(1, n_values):
+                        values[i, r] = 0.0
+                if row < n_rows:
+                    label[r] = labels[row]
+
+            h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            h_load.consumer_wait(h_state)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            for _ in cutlass.range(consumer * k_tiles, unroll=1):  # the other consumer's first tile
+                read.advance()
+                release.advance()
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            k_blocks = cute.size(tCrH, mode=[2])
+            for n_tile in cutlass.range(consumer, self.n_tiles, 2, unroll=1):
+                # the consumers' main loops in turns (CUTLASS's ordered math warpgroups): the other has waited for
+                # every load of the tile before this one, so that a wait on a stage's barrier is never more than one
+                # phase ahead of it (an mbarrier's parity tells only the current phase from the one before)
+                if consumer == 1 or n_tile > 0:
+                    cute.arch.barrier(barrier_id=ORDER_BARRIER + consumer, number_of_threads=2 * THREADS_PER_WARPGROUP)
+                acc.fill(0.0)
+                for k_tile in cutlass.range(k_tiles, unroll=1):
+                    loads.consumer_wait(read)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, k_tile)],
+                                  tCrW[(None, None, k_block, read.index)], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
+                    if k_tile > 0:
+                        loads.consumer_release(release)
+                        release.advance()
+                    read.advance()
+                if n_tile + 1 < self.n_tiles:  # the other consumer's turn
+                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - consumer,
+                                             number_of_threads=2 * THREADS_PER_WARPGROUP)
+                cute.nvgpu.warpgroup.wait_group(0)
+                loads.consumer_release(release)
+                release.advance()
+                for _ in cutlass.range(k_tiles, unroll=1):  # the other consumer's next tile
+                    read.advance()
+                    release.advance()
+
+                first_col = n_tile * self.tile_n
+                if cutlass.const_expr(self.extra > 0 and not self.gradient):
+                    if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
+                        self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
+                for c in cutlass.range_constexpr(cols):
+                    b = col_bias[first_col + coords_rc[0, c][1]]
+                    for r in cutlass.range_constexpr(rows):
+                        acc_rc[r, c] = acc_rc[r, c] + b
+                if cutlass.const_expr(self.gradient):
+                    self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
+                    self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
+                                              warp_idx % 4 == 0, m_block, n_tile, G_BUFFERS * consumer,
+                                              1 + consumer, THREADS_PER_WARPGROUP)
+                else:
+                    self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
+
+            if cutlass.const_expr(not self.gradient):
+                # the second consumer's statistics of each row through shared memory, merged into the first's
+                self._merge_quad_statistics(values)
+                merge = storage.merge.get_tensor(cute.make_layout((4, self.tile_m), stride=(self.tile_m, 1)))
+                lane = cute.arch.lane_idx()
+                if consumer == 1:
+                    if lane % 4 == 0:
+                        for r in cutlass.range_constexpr(rows):
+                            for i in cutlass.range_constexpr(4):
+                                merge[i, coords_rc[r, 0][0]] = values[i, r]
+                cute.arch.barrier(barrier_id=MERGE_BARRIER, number_of_threads=2 * THREADS_PER_WARPGROUP)
+                if consumer == 0:
+                    for r in cutlass.range_constexpr(rows):
+                        other_max = merge[ROW_MAX, coords_rc[r, 0][0]]
+                        new_max = cute.arch.fmax(values[ROW_MAX, r], other_max)
+                        values[ROW_SUM, r] = (
+                            values[ROW_SUM, r] * cute.math.exp2((values[ROW_MAX, r] - new_max) * LOG2E, approx=True,
+                                                                ftz=True)
+                            + merge[ROW_SUM, coords_rc[r, 0][0]] * cute.math.exp2((other_max - new_max) * LOG2E,
+                                                                                   approx=True, ftz=True))
+                        values[ROW_MAX, r] = new_max
+                        values[PICK_BLANK, r] = values[PICK_BLANK, r] + merge[PICK_BLANK, coords_rc[r, 0][0]]
+                        values[PICK_LABEL, r] = values[PICK_LABEL, r] + merge[PICK_LABEL, coords_rc[r, 0][0]]
+                    self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
+            else:
+                if warp_idx % 4 == 0:
+                    g_stores.producer_tail()
