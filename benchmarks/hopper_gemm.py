@@ -6,7 +6,7 @@ gradient kernel (the GEMM whose epilogue writes the logits' gradient G once in b
 
     python benchmarks/hopper_gemm.py                         # every case, the default kernel
     python benchmarks/hopper_gemm.py --cases protocol-a      # some of them (protocol-a, flash, parakeet-tdt)
-    python benchmarks/hopper_gemm.py --configs default 256,2,1,1 128,2,1,1,1   # and kernels of other shapes
+    python benchmarks/hopper_gemm.py --configs default 256,2,1,1 128,2,1,2   # and kernels of other shapes
                                                              # (tile_n,warpgroups,cluster_m,occupancy[,pingpong]:
                                                              # hopper.Config)
 
@@ -55,7 +55,7 @@ def timed(fn):
 
 def run_case(name, config_names):
     B, T, U, J, V, Vp = CASES[name]
-    configs = [hopper.default_config(V) if c == "default" else hopper.Config(*map(int, c.split(",")))
+    configs = [hopper.default_config(V, J) if c == "default" else hopper.Config(*map(int, c.split(",")))
                for c in config_names]
     N = B * T * (U + 1)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -119,7 +119,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     p.add_argument("--configs", nargs="*", default=["default"],
-                   help="kernel shapes: default (hopper.default_config) or tile_n,warpgroups,cluster_m,occupancy[,pingpong]")
+                   help="kernel shapes: default (hopper.default_config) or "
+                        "tile_n,warpgroups,cluster_m,occupancy[,pingpong] (hopper.Config)")
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, available: {hopper.available()}")
     for name in a.cases:

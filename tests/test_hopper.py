@@ -236,18 +236,20 @@ def test_gradient_matches_reference(N, J, V, blank, dtype, with_bias, clamp, str
 
 @pytest.mark.cuda
 @needs_hopper
+@pytest.mark.parametrize("pingpong", [1, 2])
 @pytest.mark.parametrize("N, J, V, blank, with_bias, big_blanks, clamp", [
     (1000, 640, 8198, 5, True, 0, 0.0),  # Parakeet-TDT's width: 65 tiles, the two consumers' statistics merged
     (300, 200, 1500, 1499, False, 3, 0.02),  # J not a multiple of the K tile; big blanks; the clamp
-    (129, 8, 300, 0, True, 0, 0.05),  # three tiles: the second consumer takes one fewer
-    (64, 512, 100, 99, True, 0, 0.0),  # one tile: the second consumer takes none
+    (129, 8, 300, 0, True, 0, 0.05),  # three tiles: the second consumer takes one fewer; two row blocks, one past N
+    (64, 512, 100, 99, True, 0, 0.0),  # one tile: the second consumer takes none; one row block of rows
 ])
-def test_pingpong_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp):
-    """The ping-pong kernels (LogitsGemmPingpong: two consumers taking the vocabulary tiles in turns, H's tile kept
-    in shared memory) against the float32 references, the statistics with extra columns in the softmax."""
+def test_pingpong_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, pingpong):
+    """Both ping-pong kernels (LogitsGemmPingpong: two consumers taking turns; H's tile kept in shared memory and the
+    vocabulary tiles in turns, or two row blocks a CTA and H streamed) against the float32 references, the
+    statistics with extra columns in the softmax."""
     H, W, bias, labels = random_inputs(N, J, V, torch.bfloat16, with_bias, seed=N + J)
     start = blank - big_blanks if big_blanks else V
-    projection = hopper.projection(W, bias, hopper.Config(128, 2, 1, 1, True), extra=(start, big_blanks))
+    projection = hopper.projection(W, bias, hopper.Config(128, 2, 1, 1, pingpong), extra=(start, big_blanks))
     den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
     for name, got, want in zip(("den", "z_blank", "z_label"), (den, z_blank, z_label),
                                reference(H, W, bias, labels, blank)):
@@ -262,13 +264,13 @@ def test_pingpong_kernels_match_reference(N, J, V, blank, with_bias, big_blanks,
     torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
 
 
-def test_statistics_config():
-    """The statistics run on the ping-pong kernel past 1024 columns where H's tile of 128 rows fits beside three
-    stages of W; the gradient keeps default_config's."""
-    assert hopper.statistics_config(8193, 640).pingpong
-    assert not hopper.statistics_config(1024, 640).pingpong
-    assert not hopper.statistics_config(8193, hopper.PINGPONG_MAX_J + 8).pingpong
-    assert hopper.statistics_config(500, 512) == hopper.default_config(500)
+def test_default_config():
+    """Two row blocks a CTA up to 1024 columns; H's tile kept past them where it fits beside three stages of W;
+    the cooperative kernel's 128 x 256 tiles for wider rows."""
+    assert hopper.default_config(500, 512) == hopper.Config(128, 2, 1, 1, 2)
+    assert hopper.default_config(1024, 2048) == hopper.Config(128, 2, 1, 1, 2)
+    assert hopper.default_config(8193, hopper.PINGPONG_MAX_J) == hopper.Config(128, 2, 1, 1, 1)
+    assert hopper.default_config(8193, hopper.PINGPONG_MAX_J + 8) == hopper.Config(256, 2, 1, 1)
 
 def fused_inputs(seed, J=64, V=100, rna=False, dtype=torch.float32):
     """joiner_batch's batch on the GPU (T_b = 1 and U_b = 0 among its utterances), the encoder and predictor outputs

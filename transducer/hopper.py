@@ -34,14 +34,14 @@ __all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Pr
 class Config(NamedTuple):
     """A kernel's shape (transducer.hopper_kernel.LogitsGemm): vocabulary tiles of ``tile_n`` columns,
     ``warpgroups`` warpgroups of 64 rows each, clusters of ``cluster_m`` CTAs along the rows, ``occupancy`` CTAs per
-    SM sizing the ring of loads; or with ``pingpong``, LogitsGemmPingpong's (128 rows a CTA, H kept in shared
+    SM sizing the ring of loads; or with ``pingpong`` 1, LogitsGemmPingpong's (128 rows a CTA, H kept in shared
     memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
-    2, 1, 1)."""
+    2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed."""
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
     occupancy: int = 1
-    pingpong: bool = False
+    pingpong: int = 0
 
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -49,24 +49,20 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_EXTRA = 16
 
 
-def default_config(V):
-    """The kernel's shape for V columns: up to 1024, tiles of 128 x 128 and two CTAs per SM, so that one CTA's
-    epilogue overlaps the other's MMAs; wider, tiles of 128 x 256 and one CTA per SM with the deepest ring of loads
-    that fits (CUTLASS's cooperative Hopper GEMM), where the epilogue weighs less against the longer main loop
-    (DESIGN.md: The logits statistics on Hopper)."""
-    return Config(128, 2, 1, 2) if V <= 1024 else Config(256, 2, 1, 1)
-
-
 # the widest rows whose tile of 128 rows stays in the ping-pong kernel's shared memory beside three stages of W
 PINGPONG_MAX_J = 640
 
 
-def statistics_config(V, J):
-    """The statistics kernel's shape for V columns of rows of J entries: past 1024 columns and for J up to
-    PINGPONG_MAX_J, the ping-pong kernel (tiles of 128 x 128, H's tile kept for every vocabulary tile, one
-    consumer's epilogue beside the other's MMAs), else default_config(V) (DESIGN.md: The statistics kernel in
-    ping-pong)."""
-    return Config(128, 2, 1, 1, True) if V > 1024 and J <= PINGPONG_MAX_J else default_config(V)
+def default_config(V, J):
+    """The kernels' shape for V columns of rows of J entries: the ping-pong kernel (two consumer warpgroups taking
+    turns, one's epilogue beside the other's MMAs; tiles of 128 x 128): up to 1024 columns over two row blocks a CTA,
+    one a consumer, H streamed with W; wider, for J up to PINGPONG_MAX_J, one row block a CTA whose tile of H stays
+    in shared memory for every vocabulary tile, the consumers taking the vocabulary tiles in turns; wider rows,
+    tiles of 128 x 256 and one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper
+    GEMM) (DESIGN.md: The logits kernels in ping-pong)."""
+    if V <= 1024:
+        return Config(128, 2, 1, 1, 2)
+    return Config(128, 2, 1, 1, 1) if J <= PINGPONG_MAX_J else Config(256, 2, 1, 1)
 
 
 def available(device=None) -> bool:
@@ -90,8 +86,8 @@ _self_tests = {}
 
 def self_test(device: torch.device) -> Optional[str]:
     """Whether the kernels run on ``device`` (an sm_90 GPU where ``available`` says they can): None if both compile
-    and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024, and the ping-pong
-    statistics kernel of wider V), else why not (the exception, or the largest error). It finds a machine whose
+    and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024, and the statistics
+    kernel of wider V), else why not (the exception, or the largest error). It finds a machine whose
     driver or toolkit cannot run what the DSL builds, once per device and process, before a fused step relies on the
     kernels (three small kernels compiled, and host reads). Not run, and not kept, during CUDA graph capture; an
     out-of-memory error is raised.
@@ -116,7 +112,7 @@ def self_test(device: torch.device) -> Optional[str]:
             W = (torch.randn(40, 64, device=H.device, generator=g) / 8).to(torch.bfloat16)
             labels = torch.randint(-1, 40, (200,), device=H.device, generator=g, dtype=torch.int32)
             den, z_blank, z_label = logits_statistics(H, W, None, labels, 0)
-            pingpong = statistics_tile(projection(W, None, Config(128, 2, 1, 1, True)), H, labels, 0)
+            pingpong = statistics_tile(projection(W, None, Config(128, 2, 1, 1, 1)), H, labels, 0)
             coefficients = torch.stack([den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den),
                                         torch.ones_like(den)])
             G = logits_gradient(H, W, None, labels, 0, coefficients)[:, :40].double()
@@ -229,27 +225,19 @@ def _check_rows(name, x, count, H):
 class Projection(NamedTuple):
     """What both kernels take of the output projection, made once for the tiles of a pass (``projection``): W
     ``(V, J)``, the column bias ``col_bias`` (the bias, 0 without one, for the softmax's ``tokens`` columns, then
-    -inf up to whole vocabulary tiles of either kernel; fp32), the gradient kernel's shape ``config`` and the
-    statistics kernel's ``statistics_config``, and ``extra`` extra columns from ``extra_start`` on, whose entries of
-    H W^T the statistics return (TDT's duration scores, past the softmax's columns; multi-blank's big blanks, among
-    them)."""
+    -inf up to whole vocabulary tiles; fp32), the kernels' shape, and ``extra`` extra columns from ``extra_start``
+    on, whose entries of H W^T the statistics return (TDT's duration scores, past the softmax's columns; multi-blank's
+    big blanks, among them)."""
     W: Tensor
     col_bias: Tensor
     config: Config
-    statistics_config: Config
     tokens: int
     extra_start: int
     extra: int
 
     @property
     def n_tiles(self):
-        """The gradient kernel's vocabulary tiles."""
-        return -(-self.W.size(0) // self.config.tile_n)
-
-    @property
-    def statistics_tiles(self):
-        """The statistics kernel's vocabulary tiles."""
-        return -(-self.W.size(0) // self.statistics_config.tile_n)
+        return self.col_bias.size(0) // self.config.tile_n
 
 
 def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None, tokens: Optional[int] = None,
@@ -260,8 +248,7 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
         W (Tensor): ``(V, J)`` bfloat16 or float16 on the GPU: copied where it is not contiguous or does not start
             on a 16-byte boundary (TMA's operands do).
         bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32), or None.
-        config (Config or None): both kernels' shape, or None for ``default_config(V)`` (the gradient's) and
-            ``statistics_config(V, J)``. Default: None.
+        config (Config or None): the kernels' shape, or None for ``default_config(V, J)``. Default: None.
         tokens (int or None): the softmax's columns, W's first rows (gradient_tile gives the rest zeros); None for
             V. Default: None.
         extra ((int, int) or None): (start, count): ``count`` columns from ``start`` on, at most ``MAX_EXTRA``, whose
@@ -281,12 +268,11 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
     if not (0 <= start and 0 <= count <= MAX_EXTRA and start + count <= V):
         raise ValueError(f"extra: expected (start, count), count <= {MAX_EXTRA} columns of the V = {V}, got "
                          f"{(start, count)}")
-    statistics = statistics_config(V, W.size(1)) if config is None else config
-    config = default_config(V) if config is None else config
-    tile_n = max(config.tile_n, statistics.tile_n)  # a multiple of the other
-    col_bias = torch.full((-(-V // tile_n) * tile_n,), float("-inf"), device=W.device, dtype=torch.float32)
+    config = default_config(V, W.size(1)) if config is None else config
+    col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
+                          dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
-    return Projection(W, col_bias, config, statistics, tokens, start, count)
+    return Projection(W, col_bias, config, tokens, start, count)
 
 
 def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
@@ -310,8 +296,7 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
     extra = projection.extra
     statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
-        kernel = _compiled(J, projection.statistics_tiles, H.dtype, projection.statistics_config, False, False,
-                           extra)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
         _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.extra_start)
     return tuple(statistics)
 
@@ -344,8 +329,8 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
                          f"got {coefficients.size(0)}")
     tile_m = 64 * projection.config.warpgroups
     # whole row tiles, so that the epilogue's stores are whole subtiles; the rows past N are not returned
-    G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.n_tiles * projection.config.tile_n,
-                    device=H.device, dtype=H.dtype)
+    G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.col_bias.size(0), device=H.device,
+                    dtype=H.dtype)
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0, extra)
         _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.extra_start)
@@ -416,7 +401,8 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     if config.pingpong:
-        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra)
+        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
+                                    resident=config.pingpong == 1)
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),

@@ -81,6 +81,7 @@ class LogitsGemm:
         self.extra = extra
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
+        self.g_buffers = G_BUFFERS
 
     def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
         self.ab_dtype = h.element_type
@@ -444,7 +445,7 @@ class LogitsGemm:
         buffer in mG's dtype by the ``threads`` threads holding the tile (default: the CTA's), then stored by TMA
         from the warp where ``storing`` is true while the next subtile is written; a buffer is written again only
         once its previous store has read it (``g_stores``); the last subtile's store runs on into the next tile's
-        MMAs. The threads use the G_BUFFERS buffers from ``first_buffer`` on, and meet at named barrier
+        MMAs. The threads use the g_buffers buffers from ``first_buffer`` on, and meet at named barrier
         ``barrier_id``."""
         threads = threads if threads else self.threads
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
@@ -463,7 +464,7 @@ class LogitsGemm:
                         regs[i, m, n] = g_copy_acc[(s * groups + n) * values + i, m, 0]
             out = cute.make_rmem_tensor(g_copy_regs, self.ab_dtype)
             out.store(regs.load().to(self.ab_dtype))
-            buffer = first_buffer + s % G_BUFFERS  # subtiles is a multiple of G_BUFFERS: they alternate across tiles
+            buffer = first_buffer + s % self.g_buffers  # subtiles is a multiple of g_buffers: they alternate across tiles
             cute.copy(g_copy, out, g_copy_smem[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")  # the writes, seen by the TMA unit
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
@@ -516,13 +517,14 @@ class LogitsGemmPingpong(LogitsGemm):
     MIN_STAGES = 3
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 128, gradient: bool = False, clamp: bool = False,
-                 extra: int = 0, g_subtile_n: int = 16):
+                 extra: int = 0, g_subtile_n: int = 16, resident: bool = True):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
         super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
         self.tile_m = 128
         self.threads = 3 * THREADS_PER_WARPGROUP
         self.g_subtile_n = g_subtile_n
+        self.resident = resident
 
     def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
         self.ab_dtype = h.element_type
@@ -536,24 +538,31 @@ class LogitsGemmPingpong(LogitsGemm):
         self.k_tiles = -(-self.J // tile_k)
         element = self.ab_dtype.width // 8
         self.g_subtile = (self.tile_m, min(self.g_subtile_n, self.tile_n))
-        if (self.tile_n // self.g_subtile[1]) % G_BUFFERS:
-            raise ValueError(f"g_subtile_n: expected tile_n / g_subtile_n a multiple of {G_BUFFERS}")
-        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
-                                                             self.g_subtile, 2 * G_BUFFERS)
-        g_bytes = cute.cosize(self.g_smem_layout) * element if self.gradient else 0
-        h_bytes = self.tile_m * tile_k * self.k_tiles * element
-        stage_bytes = self.tile_n * tile_k * element
+        h_bytes = self.tile_m * tile_k * self.k_tiles * element if self.resident else 0
+        stage_bytes = (self.tile_n + (0 if self.resident else self.tile_m)) * tile_k * element
         # the barriers (at most 8 stages) and the statistics' merge buffer before the 1024-byte aligned tiles, and
         # the statistics' unused 1024-byte slot of G
-        fixed = -(-((2 * 8 + 2) * 8 + (0 if self.gradient else 4 * self.tile_m * 4)) // 1024) * 1024
+        merge = 4 * self.tile_m * 4 if self.resident and not self.gradient else 0
+        fixed = -(-((2 * 8 + 2) * 8 + merge) // 1024) * 1024
         fixed += 0 if self.gradient else 1024
-        capacity = utils.get_smem_capacity_in_bytes("sm_90") - fixed - h_bytes - g_bytes
-        self.stages = min(8, capacity // stage_bytes)
+        # four subtile buffers a consumer where they leave MIN_STAGES stages of W (a subtile's store then waits for
+        # the one three subtiles before it), else two
+        for buffers in (4, 2):
+            if (self.tile_n // self.g_subtile[1]) % buffers:
+                continue
+            g_bytes = 2 * buffers * self.g_subtile[0] * self.g_subtile[1] * element if self.gradient else 0
+            self.g_buffers = buffers
+            self.stages = min(8, (utils.get_smem_capacity_in_bytes("sm_90") - fixed - h_bytes - g_bytes)
+                              // stage_bytes)
+            if self.stages >= self.MIN_STAGES:
+                break
         if self.stages < self.MIN_STAGES:
             raise ValueError(f"J: the tile of H (128 x {self.J}) leaves room for {self.stages} stages of W, "
                              f"expected at least {self.MIN_STAGES}")
+        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
+                                                             self.g_subtile, 2 * self.g_buffers)
         self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype,
-                                                           self.k_tiles)
+                                                           self.k_tiles if self.resident else self.stages)
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
     @cute.jit
@@ -586,7 +595,7 @@ class LogitsGemmPingpong(LogitsGemm):
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
             self.g_subtile)
         g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
-        merge_values = 4 * self.tile_m if not self.gradient else 4
+        merge_values = 4 * self.tile_m if self.resident and not self.gradient else 4
 
         @cute.struct
         class SharedStorage:
@@ -599,9 +608,10 @@ class LogitsGemmPingpong(LogitsGemm):
 
         self.shared_storage = SharedStorage
         m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
+        ctas = m_blocks if self.resident else (m_blocks + 1) // 2
         self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
                     blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
-                    self.g_smem_layout).launch(grid=[m_blocks, 1, 1], block=[self.threads, 1, 1], stream=stream)
+                    self.g_smem_layout).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
@@ -626,23 +636,27 @@ class LogitsGemmPingpong(LogitsGemm):
         sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
         sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
         h_bytes = cute.size_in_bytes(self.ab_dtype, h_smem_layout)
-        w_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
+        stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
+        if cutlass.const_expr(not self.resident):  # a stage holds a k tile of H beside W's
+            stage_bytes += cute.size_in_bytes(self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0)))
         cta = cute.make_layout((1, 1, 1, 1))
-        # the tile of H: loaded once, waited for by both consumers, never released
-        h_load = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.h_barriers.data_ptr(), num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=h_bytes,
-            cta_layout_vmnk=cta, defer_sync=True)
-        # W's tiles: each stage read by the one consumer whose vocabulary tile it holds
+        h_load = None
+        if cutlass.const_expr(self.resident):  # the tile of H: loaded once, waited for by both consumers, kept
+            h_load = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.h_barriers.data_ptr(), num_stages=1,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=h_bytes,
+                cta_layout_vmnk=cta, defer_sync=True)
+        # the turns' stages (W's k tiles, and H's unless resident), each read by the consumer whose turn it is
         loads = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4), tx_count=w_bytes,
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4), tx_count=stage_bytes,
             cta_layout_vmnk=cta, defer_sync=True)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
-        gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (m_block, None))
+        gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (None, None))  # (rows, k, row blocks, k tiles)
+        m_blocks = cute.size(gH, mode=[2])
         gW = cute.local_tile(mW, (self.tile_n, self.tile_mnk[2]), (None, None))
         tHsH, tHgH = cute.nvgpu.cpasync.tma_partition(
             tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2))
@@ -653,26 +667,41 @@ class LogitsGemmPingpong(LogitsGemm):
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
-                h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                h_load.producer_acquire(h_state)
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    cute.copy(tma_h, tHgH[(None, k_tile)], tHsH[(None, k_tile)],
-                              tma_bar_ptr=h_load.producer_get_barrier(h_state))
-                h_load.producer_commit(h_state)
+                if cutlass.const_expr(self.resident):
+                    h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                    h_load.producer_acquire(h_state)
+                    for k_tile in cutlass.range(k_tiles, unroll=1):
+                        cute.copy(tma_h, tHgH[(None, m_block, k_tile)], tHsH[(None, k_tile)],
+                                  tma_bar_ptr=h_load.producer_get_barrier(h_state))
+                    h_load.producer_commit(h_state)
                 produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for i in cutlass.range(self.n_tiles * k_tiles, unroll=1):
+                # the turns' loads in order: resident, W's k tiles of each vocabulary tile; else those of each
+                # vocabulary tile twice, with the k tiles of H of each of the CTA's two row blocks (the second one
+                # past the last is the last again: its rows are never written)
+                turns = self.n_tiles if self.resident else 2 * self.n_tiles
+                for i in cutlass.range(turns * k_tiles, unroll=1):
+                    turn, k_tile = i // k_tiles, i % k_tiles
+                    n_tile = turn if self.resident else turn // 2
                     loads.producer_acquire(produced)
-                    cute.copy(tma_w, tWgW[(None, i // k_tiles, i % k_tiles)], tWsW[(None, produced.index)],
-                              tma_bar_ptr=loads.producer_get_barrier(produced))
+                    barrier = loads.producer_get_barrier(produced)
+                    if cutlass.const_expr(not self.resident):
+                        block = cutlass.min(2 * m_block + turn % 2, m_blocks - 1)
+                        cute.copy(tma_h, tHgH[(None, block, k_tile)], tHsH[(None, produced.index)],
+                                  tma_bar_ptr=barrier)
+                    cute.copy(tma_w, tWgW[(None, n_tile, k_tile)], tWsW[(None, produced.index)], tma_bar_ptr=barrier)
                     loads.producer_commit(produced)
                     produced.advance()
                 loads.producer_tail(produced)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
-            # consumer 0 or 1 takes the vocabulary tiles consumer, consumer + 2, ...: their MMAs from the ring, then
-            # their epilogue, while the other consumer's MMAs run
+            # resident, consumer 0 or 1 takes the vocabulary tiles consumer, consumer + 2, ... of the CTA's rows;
+            # else every vocabulary tile of the CTA's row block 2 * m_block + consumer; the consumers' turns
+            # alternate: the MMAs of one's turn run beside the epilogue of the other's
             consumer = warpgroup - 1
             tidx = tidx % THREADS_PER_WARPGROUP
+            row_block = m_block
+            if cutlass.const_expr(not self.resident):
+                row_block = 2 * m_block + consumer
             k_tiles = self.k_tiles
             thread_mma = tiled_mma.get_slice(tidx)
             tCrH = tiled_mma.make_fragment_A(thread_mma.partition_A(sH))
@@ -686,7 +715,7 @@ class LogitsGemmPingpong(LogitsGemm):
             cols = cute.size(acc_rc, mode=[1])
 
             if cutlass.const_expr(self.gradient):
-                sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # G_BUFFERS each
+                sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # g_buffers each
                 g_copy = cute.make_tiled_copy_S(
                     sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
                                                       elem_ty_acc=self.acc_dtype),
@@ -697,14 +726,14 @@ class LogitsGemmPingpong(LogitsGemm):
                 g_copy_acc = g_copy.retile(acc)
                 g_copy_regs = cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3])
                 g_stores = pipeline.PipelineTmaStore.create(
-                    num_stages=G_BUFFERS,
+                    num_stages=self.g_buffers,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
 
             n_values = EXTRA_ARCS + self.extra if self.gradient else 4
             values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
             label = cute.make_rmem_tensor((rows,), cutlass.Int32)
             for r in cutlass.range_constexpr(rows):
-                row = m_block * self.tile_m + coords_rc[r, 0][0]
+                row = row_block * self.tile_m + coords_rc[r, 0][0]
                 label[r] = -1
                 if cutlass.const_expr(self.gradient):
                     values[0, r] = float("inf")
@@ -720,8 +749,9 @@ class LogitsGemmPingpong(LogitsGemm):
                 if row < n_rows:
                     label[r] = labels[row]
 
-            h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            h_load.consumer_wait(h_state)
+            if cutlass.const_expr(self.resident):
+                h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+                h_load.consumer_wait(h_state)
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             for _ in cutlass.range(consumer * k_tiles, unroll=1):  # the other consumer's first tile
@@ -729,18 +759,26 @@ class LogitsGemmPingpong(LogitsGemm):
                 release.advance()
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             k_blocks = cute.size(tCrH, mode=[2])
-            for n_tile in cutlass.range(consumer, self.n_tiles, 2, unroll=1):
+            turns = self.n_tiles if self.resident else 2 * self.n_tiles
+            for n_tile in cutlass.range(consumer if self.resident else 0, self.n_tiles, 2 if self.resident else 1,
+                                        unroll=1):
+                turn = n_tile
+                if cutlass.const_expr(not self.resident):
+                    turn = 2 * n_tile + consumer
                 # the consumers' main loops in turns (CUTLASS's ordered math warpgroups): the other has waited for
                 # every load of the tile before this one, so that a wait on a stage's barrier is never more than one
                 # phase ahead of it (an mbarrier's parity tells only the current phase from the one before)
-                if consumer == 1 or n_tile > 0:
+                if turn > 0:
                     cute.arch.barrier(barrier_id=ORDER_BARRIER + consumer, number_of_threads=2 * THREADS_PER_WARPGROUP)
                 acc.fill(0.0)
                 for k_tile in cutlass.range(k_tiles, unroll=1):
                     loads.consumer_wait(read)
                     cute.nvgpu.warpgroup.fence()
+                    h_index = k_tile
+                    if cutlass.const_expr(not self.resident):
+                        h_index = read.index
                     for k_block in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, k_tile)],
+                        cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
                                   tCrW[(None, None, k_block, read.index)], acc)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
@@ -748,7 +786,7 @@ class LogitsGemmPingpong(LogitsGemm):
                         loads.consumer_release(release)
                         release.advance()
                     read.advance()
-                if n_tile + 1 < self.n_tiles:  # the other consumer's turn
+                if turn + 1 < turns:  # the other consumer's turn
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - consumer,
                                              number_of_threads=2 * THREADS_PER_WARPGROUP)
                 cute.nvgpu.warpgroup.wait_group(0)
@@ -761,7 +799,7 @@ class LogitsGemmPingpong(LogitsGemm):
                 first_col = n_tile * self.tile_n
                 if cutlass.const_expr(self.extra > 0 and not self.gradient):
                     if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                        self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
+                        self._store_extra(acc_rc, coords_rc, row_values, row_block, n_rows, extra_start - first_col)
                 for c in cutlass.range_constexpr(cols):
                     b = col_bias[first_col + coords_rc[0, c][1]]
                     for r in cutlass.range_constexpr(rows):
@@ -769,12 +807,15 @@ class LogitsGemmPingpong(LogitsGemm):
                 if cutlass.const_expr(self.gradient):
                     self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
                     self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                              warp_idx % 4 == 0, m_block, n_tile, G_BUFFERS * consumer,
+                                              warp_idx % 4 == 0, row_block, n_tile, self.g_buffers * consumer,
                                               1 + consumer, THREADS_PER_WARPGROUP)
                 else:
                     self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
-            if cutlass.const_expr(not self.gradient):
+            if cutlass.const_expr(not self.gradient and not self.resident):
+                self._merge_quad_statistics(values)
+                self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
+            elif cutlass.const_expr(not self.gradient):
                 # the second consumer's statistics of each row through shared memory, merged into the first's
                 self._merge_quad_statistics(values)
                 merge = storage.merge.get_tensor(cute.make_layout((4, self.tile_m), stride=(self.tile_m, 1)))
@@ -797,7 +838,7 @@ class LogitsGemmPingpong(LogitsGemm):
                         values[ROW_MAX, r] = new_max
                         values[PICK_BLANK, r] = values[PICK_BLANK, r] + merge[PICK_BLANK, coords_rc[r, 0][0]]
                         values[PICK_LABEL, r] = values[PICK_LABEL, r] + merge[PICK_LABEL, coords_rc[r, 0][0]]
-                    self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
+                    self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
             else:
                 if warp_idx % 4 == 0:
                     g_stores.producer_tail()
