@@ -24,6 +24,11 @@ the statistics' threads keep their own max and sum over the columns they hold, a
 merge theirs once at the end. Columns past the softmax's get -inf from the column bias (``col_bias``: the bias, 0
 without one, then -inf up to the padded width), so they add nothing to the sum, their gradient is 0, and the GEMM
 needs no padded W (TMA fills the rows of W past its last with zeros).
+
+``LogitsGemmPingpong`` runs the same epilogues on CUTLASS's ping-pong schedule (its sm90 warp-specialized ping-pong
+GEMM; the warpgroup roles of examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py): a
+producer warp issues the loads, two consumer warpgroups take turns, and one's epilogue runs while the other's MMAs
+do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_config picks).
 """
 
 import math
@@ -507,12 +512,14 @@ ORDER_BARRIER = 4
 
 
 class LogitsGemmPingpong(LogitsGemm):
-    """The same GEMM and epilogues with the epilogue of one vocabulary tile run while the MMAs of the next do (the
-    schedule of CUTLASS's ping-pong Hopper GEMM): a CTA owns 128 rows, whose tile of H is loaded once and kept in
-    shared memory for every vocabulary tile; a producer warp streams W's tiles of ``tile_n`` columns through a ring of
-    stages, and two consumer warpgroups take the vocabulary tiles in turns, each with its own accumulators for
-    128 x tile_n. The consumers' statistics of each row are merged through shared memory at the end; each consumer
-    stores its own tiles of G. Fits where the tile of H (128 x J) leaves room for at least ``MIN_STAGES`` stages."""
+    """The same GEMM and epilogues with the epilogue of one consumer's turn run while the MMAs of the other's do (the
+    schedule of CUTLASS's ping-pong Hopper GEMM): a producer warp fills a ring of stages, and two consumer warpgroups,
+    each with its own accumulators for 128 x ``tile_n``, take turns, their main loops ordered by two named barriers.
+    With ``resident``, a CTA owns 128 rows whose tile of H is loaded once and kept in shared memory for every
+    vocabulary tile, the stages hold W's k tiles, and the consumers take the vocabulary tiles in turns (their
+    statistics of each row merged through shared memory at the end); it fits where the tile of H (128 x J) leaves
+    room for ``MIN_STAGES`` stages. Else a CTA owns two row blocks of 128, one a consumer, each walking every
+    vocabulary tile, and the stages hold H's k tiles beside W's. Each consumer stores its own tiles of G."""
 
     MIN_STAGES = 3
 
