@@ -505,9 +505,8 @@ def _rows_by_columns(acc_layout):
 # from the producer to the consumers (CUTLASS's Hopper warp-specialized GEMMs: 40 and 232)
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
-# named barriers: each consumer's gradient subtiles (1 + consumer), the consumers' final merge of statistics, and
-# the turns of their main loops (ORDER_BARRIER + consumer: the other consumer's turn is over)
-MERGE_BARRIER = 3
+# named barriers: each consumer's gradient subtiles (1 + consumer) and the turns of their main loops
+# (ORDER_BARRIER + consumer: the other consumer's turn is over)
 ORDER_BARRIER = 4
 
 
@@ -550,7 +549,7 @@ class LogitsGemmPingpong(LogitsGemm):
         # the barriers (at most 8 stages) and the statistics' merge buffer before the 1024-byte aligned tiles, and
         # the statistics' unused 1024-byte slot of G
         merge = 4 * self.tile_m * 4 if self.resident and not self.gradient else 0
-        fixed = -(-((2 * 8 + 2) * 8 + merge) // 1024) * 1024
+        fixed = -(-((2 * 8 + 3) * 8 + merge) // 1024) * 1024
         fixed += 0 if self.gradient else 1024
         # four subtile buffers a consumer where they leave MIN_STAGES stages of W (a subtile's store then waits for
         # the one three subtiles before it), else two
@@ -608,6 +607,7 @@ class LogitsGemmPingpong(LogitsGemm):
         class SharedStorage:
             barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             h_barriers: cute.struct.MemRange[cutlass.Int64, 2]
+            merge_barrier: cute.struct.MemRange[cutlass.Int64, 1]
             merge: cute.struct.MemRange[cutlass.Float32, merge_values]
             sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
@@ -660,6 +660,12 @@ class LogitsGemmPingpong(LogitsGemm):
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4), tx_count=stage_bytes,
             cta_layout_vmnk=cta, defer_sync=True)
+        # the second consumer's statistics in ``merge``: its threads arrive once they have written them
+        merge_barrier = storage.merge_barrier.data_ptr()
+        if cutlass.const_expr(self.resident and not self.gradient):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(merge_barrier, THREADS_PER_WARPGROUP)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (None, None))  # (rows, k, row blocks, k tiles)
@@ -832,8 +838,9 @@ class LogitsGemmPingpong(LogitsGemm):
                         for r in cutlass.range_constexpr(rows):
                             for i in cutlass.range_constexpr(4):
                                 merge[i, coords_rc[r, 0][0]] = values[i, r]
-                cute.arch.barrier(barrier_id=MERGE_BARRIER, number_of_threads=2 * THREADS_PER_WARPGROUP)
-                if consumer == 0:
+                    cute.arch.mbarrier_arrive(merge_barrier)
+                else:
+                    cute.arch.mbarrier_wait(merge_barrier, 0)
                     for r in cutlass.range_constexpr(rows):
                         other_max = merge[ROW_MAX, coords_rc[r, 0][0]]
                         new_max = cute.arch.fmax(values[ROW_MAX, r], other_max)
