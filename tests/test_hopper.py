@@ -49,7 +49,8 @@ def random_inputs(N, J, V, dtype, with_bias, seed):
 @pytest.mark.parametrize("N, J, V, blank, dtype, with_bias", [
     (1000, 512, 500, 0, torch.bfloat16, False),  # Protocol A's joint; 1000 rows: a partial row tile
     (777, 640, 1024, 1023, torch.bfloat16, True),  # whole vocabulary tiles, the blank last
-    (300, 640, 8198, 5, torch.bfloat16, True),  # Parakeet-TDT's joint width: 33 vocabulary tiles
+    (300, 640, 8198, 5, torch.bfloat16, True),  # Parakeet-TDT's joint width: 65 vocabulary tiles
+    (200, 768, 1100, 7, torch.bfloat16, True),  # rows too wide for H's tile in shared memory: the cooperative kernel
     (129, 200, 37, 36, torch.float16, True),  # V under one tile, J not a multiple of the K tile
     (64, 8, 300, 299, torch.bfloat16, False),  # J of one 16-byte vector
     (130, 64, 5, 4, torch.bfloat16, True),  # fewer columns than a row's four threads hold: some hold none
@@ -84,7 +85,7 @@ def test_large_logits_and_reuse():
 @pytest.mark.cuda
 @needs_hopper
 @pytest.mark.parametrize("N, J, V, D, blank, with_bias", [
-    (300, 640, 8193, 5, 8192, True),  # Parakeet-TDT's joint: the durations in the last of 33 vocabulary tiles
+    (300, 640, 8193, 5, 8192, True),  # Parakeet-TDT's joint: the durations in the last of 65 vocabulary tiles
     (200, 64, 126, 5, 0, True),  # the durations across two 128-column tiles
     (130, 72, 40, 16, 39, False),  # the most durations, V + D under one tile
 ])
@@ -112,7 +113,7 @@ def test_extra_columns(N, J, V, D, blank, with_bias):
 @pytest.mark.cuda
 @needs_hopper
 @pytest.mark.parametrize("N, J, V, start, K, clamp", [
-    (300, 128, 1500, 1496, 3, 0.0),  # multi-blank's big blanks before a last-column blank, 256-column tiles
+    (300, 128, 1500, 1496, 3, 0.0),  # multi-blank's big blanks before a last-column blank, 12 vocabulary tiles
     (200, 64, 300, 125, 4, 0.05),  # across two 128-column tiles; the clamp after their terms
 ])
 def test_extra_columns_in_the_softmax(N, J, V, start, K, clamp):
@@ -151,6 +152,9 @@ def test_argument_checks():
             hopper.projection(W, None, tokens=tokens)
     with pytest.raises(ValueError, match=r"extra: expected \(start, count\), count <= 16 columns of the V = 40"):
         hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16), None, tokens=20)  # 20 extra columns
+    for config in (hopper.Config(128, 1, 1, 1, 2), hopper.Config(256, 2, 1, 1, 1), hopper.Config(128, 2, 1, 1, 3)):
+        with pytest.raises(ValueError, match=r"config: expected a ping-pong shape \(64 or 128, 2, 1, 1, 1 or 2\)"):
+            hopper.projection(W, None, config)
     for extra in ((-1, 2), (5, 2), (0, 17)):
         with pytest.raises(ValueError, match=r"extra: expected \(start, count\)"):
             hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16)[:6], None, extra=extra)
@@ -215,7 +219,7 @@ def random_coefficients(H, W, bias, labels, blank, seed):
 @pytest.mark.parametrize("N, J, V, blank, dtype, with_bias, clamp, stride", [
     (1000, 512, 500, 0, torch.bfloat16, False, 0.0, 512),  # Protocol A's joint; a partial row tile
     (777, 640, 1024, 1023, torch.bfloat16, True, 0.0, 648),  # whole vocabulary tiles; rows of the bias's width
-    (300, 640, 1500, 5, torch.bfloat16, True, 0.02, 640),  # 128 x 256 tiles, V not a multiple of them; clamp
+    (300, 640, 1500, 5, torch.bfloat16, True, 0.02, 640),  # V not a multiple of the tiles; the clamp
     (129, 200, 37, 36, torch.float16, True, 0.05, 208),  # V under one tile, J not a multiple of the K tile
 ])
 def test_gradient_matches_reference(N, J, V, blank, dtype, with_bias, clamp, stride):
@@ -233,23 +237,28 @@ def test_gradient_matches_reference(N, J, V, blank, dtype, with_bias, clamp, str
     torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
 
 
+KERNEL_CASES = [  # N, J, V, blank, with_bias, big_blanks, clamp
+    (1000, 640, 8198, 5, True, 0, 0.0),  # Parakeet-TDT's width: 65 tiles, the two consumers' statistics merged
+    (300, 200, 1500, 1499, False, 3, 0.02),  # J not a multiple of the K tile; big blanks; the clamp
+    (129, 8, 300, 0, True, 0, 0.05),  # three tiles: the second consumer takes one fewer; a CTA's second row block
+    (64, 512, 100, 99, True, 0, 0.0),  # one tile: the second consumer takes none; a row block wholly past N
+    (300, 640, 130, 129, True, 0, 0.0),  # two tiles: the second consumer's holds 2 softmax columns
+]
+
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("pingpong", [1, 2])
-@pytest.mark.parametrize("N, J, V, blank, with_bias, big_blanks, clamp", [
-    (1000, 640, 8198, 5, True, 0, 0.0),  # Parakeet-TDT's width: 65 tiles, the two consumers' statistics merged
-    (300, 200, 1500, 1499, False, 3, 0.02),  # J not a multiple of the K tile; big blanks; the clamp
-    (129, 8, 300, 0, True, 0, 0.05),  # three tiles: the second consumer takes one fewer; two row blocks, one past N
-    (64, 512, 100, 99, True, 0, 0.0),  # one tile: the second consumer takes none; one row block of rows
-])
-def test_pingpong_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, pingpong):
-    """Both ping-pong kernels (LogitsGemmPingpong: two consumers taking turns; H's tile kept in shared memory and the
-    vocabulary tiles in turns, or two row blocks a CTA and H streamed) against the float32 references, the
-    statistics with extra columns in the softmax."""
+@pytest.mark.parametrize("config", [hopper.Config(128, 2, 1, 1, 1), hopper.Config(128, 2, 1, 1, 2),
+                                    hopper.Config(128, 2, 1, 2), hopper.Config(256, 2, 1, 1)],
+                         ids=["resident", "two-row-blocks", "cooperative-128", "cooperative-256"])
+@pytest.mark.parametrize("N, J, V, blank, with_bias, big_blanks, clamp", KERNEL_CASES)
+def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, config):
+    """Every kernel shape (LogitsGemmPingpong: two consumers taking turns, H's tile kept in shared memory and the
+    vocabulary tiles in turns, or two row blocks a CTA and H streamed; LogitsGemm, the cooperative kernel of wider
+    rows) against the float32 references, the statistics with extra columns in the softmax."""
     H, W, bias, labels = random_inputs(N, J, V, torch.bfloat16, with_bias, seed=N + J)
     start = blank - big_blanks if big_blanks else V
-    projection = hopper.projection(W, bias, hopper.Config(128, 2, 1, 1, pingpong), extra=(start, big_blanks))
+    projection = hopper.projection(W, bias, config, extra=(start, big_blanks))
     den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
     for name, got, want in zip(("den", "z_blank", "z_label"), (den, z_blank, z_label),
                                reference(H, W, bias, labels, blank)):
@@ -271,6 +280,7 @@ def test_default_config():
     assert hopper.default_config(1024, 2048) == hopper.Config(128, 2, 1, 1, 2)
     assert hopper.default_config(8193, hopper.PINGPONG_MAX_J) == hopper.Config(128, 2, 1, 1, 1)
     assert hopper.default_config(8193, hopper.PINGPONG_MAX_J + 8) == hopper.Config(256, 2, 1, 1)
+
 
 def fused_inputs(seed, J=64, V=100, rna=False, dtype=torch.float32):
     """joiner_batch's batch on the GPU (T_b = 1 and U_b = 0 among its utterances), the encoder and predictor outputs

@@ -12,7 +12,7 @@ per-row terms, the big blanks' arcs among them; tdt.cu: tdt_gradient_kernel's, a
 written into it after), for cuBLAS's dh = G W and dW = G^T h. The logits are fp32 accumulators here (not rounded to
 the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
 
-The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, an sm_90 GPU with
+The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, J a multiple of 8, an sm_90 GPU with
 ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their self-test,
 unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused step on
 Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.

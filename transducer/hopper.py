@@ -87,7 +87,7 @@ _self_tests = {}
 def self_test(device: torch.device) -> Optional[str]:
     """Whether the kernels run on ``device`` (an sm_90 GPU where ``available`` says they can): None if both compile
     and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024, and the statistics
-    kernel of wider V), else why not (the exception, or the largest error). It finds a machine whose
+    kernel of wider V with J <= PINGPONG_MAX_J), else why not (the exception, or the largest error). It finds a machine whose
     driver or toolkit cannot run what the DSL builds, once per device and process, before a fused step relies on the
     kernels (three small kernels compiled, and host reads). Not run, and not kept, during CUDA graph capture; an
     out-of-memory error is raised.
@@ -269,6 +269,9 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
         raise ValueError(f"extra: expected (start, count), count <= {MAX_EXTRA} columns of the V = {V}, got "
                          f"{(start, count)}")
     config = default_config(V, W.size(1)) if config is None else config
+    pingpong_shape = config.pingpong in (1, 2) and config.tile_n in (64, 128) and config[1:4] == (2, 1, 1)
+    if config.pingpong and not pingpong_shape:
+        raise ValueError(f"config: expected a ping-pong shape (64 or 128, 2, 1, 1, 1 or 2), got {tuple(config)}")
     col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]

@@ -469,7 +469,8 @@ class LogitsGemm:
                         regs[i, m, n] = g_copy_acc[(s * groups + n) * values + i, m, 0]
             out = cute.make_rmem_tensor(g_copy_regs, self.ab_dtype)
             out.store(regs.load().to(self.ab_dtype))
-            buffer = first_buffer + s % self.g_buffers  # subtiles is a multiple of g_buffers: they alternate across tiles
+            # subtiles is a multiple of g_buffers: the buffers alternate across tiles
+            buffer = first_buffer + s % self.g_buffers
             cute.copy(g_copy, out, g_copy_smem[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")  # the writes, seen by the TMA unit
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
