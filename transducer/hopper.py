@@ -87,10 +87,10 @@ _self_tests = {}
 def self_test(device: torch.device) -> Optional[str]:
     """Whether the kernels run on ``device`` (an sm_90 GPU where ``available`` says they can): None if both compile
     and give float64 arithmetic's results on 200 rows there (bf16, the kernels of V <= 1024, and the statistics
-    kernel of wider V with J <= PINGPONG_MAX_J), else why not (the exception, or the largest error). It finds a machine whose
-    driver or toolkit cannot run what the DSL builds, once per device and process, before a fused step relies on the
-    kernels (three small kernels compiled, and host reads). Not run, and not kept, during CUDA graph capture; an
-    out-of-memory error is raised.
+    kernel of wider V with J <= PINGPONG_MAX_J), else why not (the exception, or the largest error). It finds a
+    machine whose driver or toolkit cannot run what the DSL builds, once per device and process, before a fused step
+    relies on the kernels (three small kernels compiled, and host reads). Not run, and not kept, during CUDA graph
+    capture; an out-of-memory error is raised.
 
     Args:
         device (torch.device): the CUDA device.
