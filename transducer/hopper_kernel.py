@@ -227,45 +227,18 @@ class LogitsGemm:
         acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
         coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
         rows = cute.size(acc_rc, mode=[0])
-        cols = cute.size(acc_rc, mode=[1])
 
-        # the gradient's way out: accumulators -> registers of G's dtype -> shared memory (stmatrix) -> TMA store
-        # (CUTLASS's Hopper dense_gemm epilogue), a pipeline of G_BUFFERS subtile buffers kept across the tiles
+        # the gradient's way out (_g_copy), then TMA stores from a pipeline of G_BUFFERS subtile buffers kept across
+        # the tiles
         if cutlass.const_expr(self.gradient):
             sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)
-            g_copy = cute.make_tiled_copy_S(
-                sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
-                                                  elem_ty_acc=self.acc_dtype),
-                cute.make_tiled_copy_C_atom(
-                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
-            thread_g_copy = g_copy.get_slice(tidx)
-            g_copy_smem = thread_g_copy.partition_D(sG)
-            g_copy_acc = g_copy.retile(acc)
-            g_copy_regs = cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3])
+            g_copy, g_copy_smem, g_copy_acc, g_copy_regs = self._g_copy(tiled_mma, tidx, sG, acc)
             g_stores = pipeline.PipelineTmaStore.create(
                 num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads))
 
-        # each row's values: the statistics' running max and sum and picks; the gradient's coefficients, read once
-        # (rows past N: den = +inf and the rest 0, so that their gradient is 0)
-        n_values = EXTRA_ARCS + self.extra if self.gradient else 4
-        values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
+        values = cute.make_rmem_tensor((EXTRA_ARCS + self.extra if self.gradient else 4, rows), cutlass.Float32)
         label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-        for r in cutlass.range_constexpr(rows):
-            row = m_block * self.tile_m + coords_rc[r, 0][0]
-            label[r] = -1
-            if cutlass.const_expr(self.gradient):
-                values[0, r] = float("inf")
-                for i in cutlass.range_constexpr(1, n_values):
-                    values[i, r] = 0.0
-                if row < n_rows:
-                    for i in cutlass.range_constexpr(n_values):
-                        values[i, r] = row_values[i, row]
-            else:
-                values[ROW_MAX, r] = NO_MAX
-                for i in cutlass.range_constexpr(1, n_values):
-                    values[i, r] = 0.0
-            if row < n_rows:
-                label[r] = labels[row]
+        self._read_rows(coords_rc, row_values, labels, values, label, m_block, n_rows)
 
         k_tiles = cute.size(gH, mode=[2])
         total = self.n_tiles * k_tiles
@@ -305,23 +278,11 @@ class LogitsGemm:
                 self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
                 produced.advance()
 
-            # the epilogue of this vocabulary tile: bias (and -inf past V), then the statistics or the gradient;
-            # loops over the accumulators unrolled at trace time, so that every register index is a constant (a
-            # run-time index would move the accumulators to local memory)
-            first_col = n_tile * self.tile_n
-            if cutlass.const_expr(self.extra > 0 and not self.gradient):  # before the bias (-inf past the softmax)
-                if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                    self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
-            for c in cutlass.range_constexpr(cols):
-                b = col_bias[first_col + coords_rc[0, c][1]]
-                for r in cutlass.range_constexpr(rows):
-                    acc_rc[r, c] = acc_rc[r, c] + b
+            self._epilogue_tile(acc_rc, coords_rc, values, label, col_bias, row_values, blank, clamp, extra_start,
+                                m_block, n_rows, n_tile)
             if cutlass.const_expr(self.gradient):
-                self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
                 self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
                                           warp_idx == 0, m_block, n_tile)
-            else:
-                self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
         if cutlass.const_expr(not self.gradient):
             self._merge_quad_statistics(values)
@@ -334,6 +295,69 @@ class LogitsGemm:
         if cutlass.const_expr(self.cluster_m > 1):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    def _g_copy(self, tiled_mma: cute.TiledMma, tidx, sG: cute.Tensor, acc: cute.Tensor):
+        """The gradient's way out of a thread's accumulators: registers of G's dtype, then shared memory by stmatrix
+        (CUTLASS's Hopper dense_gemm epilogue); (the tiled copy, its shared memory, the accumulators retiled, the
+        layout of a subtile's registers)."""
+        g_copy = cute.make_tiled_copy_S(
+            sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
+                                              elem_ty_acc=self.acc_dtype),
+            cute.make_tiled_copy_C_atom(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
+        thread_g_copy = g_copy.get_slice(tidx)
+        return (g_copy, thread_g_copy.partition_D(sG), g_copy.retile(acc),
+                cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3]))
+
+    @cute.jit
+    def _read_rows(self, coords_rc: cute.Tensor, row_values: cute.Tensor, labels: cute.Tensor, values: cute.Tensor,
+                   label: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32):
+        """Each of the thread's rows' values before the tiles: the statistics' running max, sum and picks start
+        empty; the gradient's coefficients are read once (rows past N: den = +inf and the rest 0, so that their
+        gradient is 0); and its label (-1 past N)."""
+        rows = cute.size(coords_rc, mode=[0])
+        n_values = cute.size(values, mode=[0])
+        for r in cutlass.range_constexpr(rows):
+            row = m_block * self.tile_m + coords_rc[r, 0][0]
+            label[r] = -1
+            if cutlass.const_expr(self.gradient):
+                values[0, r] = float("inf")
+                for i in cutlass.range_constexpr(1, n_values):
+                    values[i, r] = 0.0
+                if row < n_rows:
+                    for i in cutlass.range_constexpr(n_values):
+                        values[i, r] = row_values[i, row]
+            else:
+                values[ROW_MAX, r] = NO_MAX
+                for i in cutlass.range_constexpr(1, n_values):
+                    values[i, r] = 0.0
+            if row < n_rows:
+                label[r] = labels[row]
+
+    @cute.jit
+    def _epilogue_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
+                       col_bias: cute.Tensor, row_values: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32,
+                       extra_start: cutlass.Int32, m_block: cutlass.Int32, n_rows: cutlass.Int32,
+                       n_tile: cutlass.Int32):
+        """The epilogue of vocabulary tile ``n_tile`` in the accumulators: the extra columns' entries stored (the
+        statistics; before the bias, -inf past the softmax's columns), the bias added, then the statistics or the
+        gradient (in the accumulators; _store_gradient_tile stores it). The loops over the accumulators are
+        unrolled at trace time, so that every register index is a constant (a run-time index would move the
+        accumulators to local memory)."""
+        rows = cute.size(acc_rc, mode=[0])
+        cols = cute.size(acc_rc, mode=[1])
+        first_col = n_tile * self.tile_n
+        if cutlass.const_expr(self.extra > 0 and not self.gradient):
+            if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
+                self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
+        for c in cutlass.range_constexpr(cols):
+            b = col_bias[first_col + coords_rc[0, c][1]]
+            for r in cutlass.range_constexpr(rows):
+                acc_rc[r, c] = acc_rc[r, c] + b
+        if cutlass.const_expr(self.gradient):
+            self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
+        else:
+            self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
     @cute.jit
     def _statistics_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
@@ -726,42 +750,17 @@ class LogitsGemmPingpong(LogitsGemm):
             acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
             coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
             rows = cute.size(acc_rc, mode=[0])
-            cols = cute.size(acc_rc, mode=[1])
 
             if cutlass.const_expr(self.gradient):
                 sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # g_buffers each
-                g_copy = cute.make_tiled_copy_S(
-                    sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
-                                                      elem_ty_acc=self.acc_dtype),
-                    cute.make_tiled_copy_C_atom(
-                        cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
-                thread_g_copy = g_copy.get_slice(tidx)
-                g_copy_smem = thread_g_copy.partition_D(sG)
-                g_copy_acc = g_copy.retile(acc)
-                g_copy_regs = cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3])
+                g_copy, g_copy_smem, g_copy_acc, g_copy_regs = self._g_copy(tiled_mma, tidx, sG, acc)
                 g_stores = pipeline.PipelineTmaStore.create(
                     num_stages=self.g_buffers,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
 
-            n_values = EXTRA_ARCS + self.extra if self.gradient else 4
-            values = cute.make_rmem_tensor((n_values, rows), cutlass.Float32)
+            values = cute.make_rmem_tensor((EXTRA_ARCS + self.extra if self.gradient else 4, rows), cutlass.Float32)
             label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-            for r in cutlass.range_constexpr(rows):
-                row = row_block * self.tile_m + coords_rc[r, 0][0]
-                label[r] = -1
-                if cutlass.const_expr(self.gradient):
-                    values[0, r] = float("inf")
-                    for i in cutlass.range_constexpr(1, n_values):
-                        values[i, r] = 0.0
-                    if row < n_rows:
-                        for i in cutlass.range_constexpr(n_values):
-                            values[i, r] = row_values[i, row]
-                else:
-                    values[ROW_MAX, r] = NO_MAX
-                    for i in cutlass.range_constexpr(1, n_values):
-                        values[i, r] = 0.0
-                if row < n_rows:
-                    label[r] = labels[row]
+            self._read_rows(coords_rc, row_values, labels, values, label, row_block, n_rows)
 
             if cutlass.const_expr(self.resident):
                 h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -810,21 +809,12 @@ class LogitsGemmPingpong(LogitsGemm):
                     read.advance()
                     release.advance()
 
-                first_col = n_tile * self.tile_n
-                if cutlass.const_expr(self.extra > 0 and not self.gradient):
-                    if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                        self._store_extra(acc_rc, coords_rc, row_values, row_block, n_rows, extra_start - first_col)
-                for c in cutlass.range_constexpr(cols):
-                    b = col_bias[first_col + coords_rc[0, c][1]]
-                    for r in cutlass.range_constexpr(rows):
-                        acc_rc[r, c] = acc_rc[r, c] + b
+                self._epilogue_tile(acc_rc, coords_rc, values, label, col_bias, row_values, blank, clamp,
+                                    extra_start, row_block, n_rows, n_tile)
                 if cutlass.const_expr(self.gradient):
-                    self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
                     self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
                                               warp_idx % 4 == 0, row_block, n_tile, self.g_buffers * consumer,
                                               1 + consumer, THREADS_PER_WARPGROUP)
-                else:
-                    self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
 
             if cutlass.const_expr(not self.gradient and not self.resident):
                 self._merge_quad_statistics(values)
