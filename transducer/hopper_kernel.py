@@ -125,19 +125,9 @@ class LogitsGemm:
         (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
         multiple of 8): the gradient (written; the statistics never touch it)."""
-        J, width = self.J, self.n_tiles * self.tile_n
-        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
-        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
-        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
-        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
-                                                                        n_rows),
-                                                                       stride=(row_values_stride, 1)))
-        if cutlass.const_expr(self.gradient):
-            g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
-            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
-        else:  # never written: one tile, so that the store's TMA descriptor describes memory of a plausible shape
-            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
+        h, w, col_bias, labels, row_values, g = self._tensors(
+            h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride, row_values_stride,
+            g_stride)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
@@ -170,6 +160,24 @@ class LogitsGemm:
                     self.g_smem_layout).launch(
             grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
             stream=stream)
+
+    def _tensors(self, h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride,
+                 row_values_stride, g_stride):
+        """(h, w, col_bias, labels, row_values, g): the tensors of __call__'s pointers, as its docstring says."""
+        J, width = self.J, self.n_tiles * self.tile_n
+        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
+        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
+        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
+        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
+                                                                        n_rows),
+                                                                       stride=(row_values_stride, 1)))
+        if self.gradient:
+            g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
+            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
+        else:  # never written: one tile, so that the store's TMA descriptor describes memory of a plausible shape
+            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
+        return h, w, col_bias, labels, row_values, g
 
     @cute.kernel
     def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
@@ -602,19 +610,9 @@ class LogitsGemmPingpong(LogitsGemm):
                  h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
                  blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
         """As LogitsGemm's."""
-        J, width = self.J, self.n_tiles * self.tile_n
-        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
-        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
-        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
-        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
-                                                                        n_rows),
-                                                                       stride=(row_values_stride, 1)))
-        if cutlass.const_expr(self.gradient):
-            g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
-            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
-        else:
-            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
+        h, w, col_bias, labels, row_values, g = self._tensors(
+            h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride, row_values_stride,
+            g_stride)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
