@@ -312,14 +312,20 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
                                  dropout=dropout, generator=generator.manual_seed(11), max_rows=max_rows,
                                  reduction="none", **options)
 
-    calls = []  # the kernels' launches, by name
+    assert hopper.self_test(enc.device) is None  # before the count below: the self-test's kernels run on 200 rows
+    calls = []  # the kernels' launches: (name, the tile's rows)
     for name in ("statistics_tile", "gradient_tile"):
         kernel = getattr(hopper, name)
-        monkeypatch.setattr(hopper, name,
-                            lambda *a, kernel=kernel, name=name, **k: calls.append(name) or kernel(*a, **k))
+        monkeypatch.setattr(hopper, name, lambda *a, kernel=kernel, name=name, **k:
+                            calls.append((name, a[1].size(0))) or kernel(*a, **k))
     monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     new = run(fused, params, True)
-    assert {"statistics_tile", "gradient_tile"} <= set(calls)
+    assert {"statistics_tile", "gradient_tile"} <= {name for name, _ in calls}
+    # a tile's memory: backward's tiles of max_rows rows; forward's, of the hidden alone, as many rows as fill the
+    # bytes of max_rows rows of hidden and logits
+    J, columns = weight.shape[1], weight.shape[0]
+    limits = {"statistics_tile": max_rows * (J + columns) // J, "gradient_tile": max_rows}
+    assert all(rows <= limits[name] for name, rows in calls), (calls, limits)
     calls.clear()
     monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
     today = run(fused, params, True)

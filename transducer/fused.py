@@ -17,7 +17,8 @@ from the input rows, which stay in cache, rather than kept and read back). GEMMs
 on an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py says where): there the logits GEMM and the
 log-probs stage of forward, and the recompute and the gradient stage of backward, are transducer.hopper's kernels,
 whose epilogues keep the logits on the chip (the first such call compiles them and runs their self-test, with a few
-host reads, once per process and device). The inputs may have different dtypes: the sum and the activation run in
+host reads, once per process and device), and forward's tiles, which hold only the hidden, take as many rows as fill
+the bytes of ``max_rows`` rows of hidden and logits. The inputs may have different dtypes: the sum and the activation run in
 their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the promoted one)
 and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs in their own dtypes and
 write (read) the tiles in the GEMMs' dtype.
@@ -130,8 +131,9 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, options.blank,
                            check_inputs, big)
     hopper_tiles = fused_hopper.use_hopper(kind, compute_dtype, encoder_out.device, encoder_out.size(2))
-    if hopper_tiles:  # Wx = W: the kernel adds the bias in its epilogue
-        Wx = weight.to(compute_dtype).contiguous()  # launched before the wait below
+    if hopper_tiles:  # Wx = W: the kernel adds the bias in its epilogue; both launched before the wait below
+        Wx = weight.to(compute_dtype).contiguous()
+        projection = hopper.projection(Wx, bias, tokens=V, extra=_extra_columns(V, D, options))
     else:
         Wx, _ = _projection(weight, bias, compute_dtype)
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
@@ -153,9 +155,10 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     joiner = (activation, Dropout(dropout, int(seed)) if dropout else None)
     if hopper_tiles:  # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs
         labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
-        projection = hopper.projection(Wx, bias, tokens=V, extra=_extra_columns(V, D, options))
         statistics = encoder_out.new_empty(3 + projection.extra, num_rows, dtype=torch.float32)
-    for start, end in _tiles(num_rows, max_rows):
+    # the Hopper kernels' tiles hold only the hidden: as many rows as fill the bytes of a tile of hidden and logits
+    tile_rows = max_rows * (encoder_out.size(2) + weight.size(0)) // encoder_out.size(2) if hopper_tiles else max_rows
+    for start, end in _tiles(num_rows, tile_rows):
         if hopper_tiles:  # no torch GEMM in forward
             hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
             hopper.statistics_tile(projection, hx, labels[start:end], options.blank, statistics[:, start:end])
