@@ -16,8 +16,8 @@ Cases (bf16, uniform lengths giving the row counts of fused_step.py's cases):
     parakeet-tdt   B 16, T 375, U 100: 606,000 rows, 640 -> 8193 token columns (the statistics' and the log-probs
                    stage's; the GEMMs at 8320, the padded 8198 rows of the joint)
 
-Contenders run in turns, ROUNDS rounds of REPS calls each, and each one's minimum over rounds is kept (a GPU that
-heats up slows all alike); the SM clock is printed before and after each case. The first call of each kernel shape
+Contenders run in turns, ROUNDS rounds of REPS calls each, the round's first contender rotating, and each one's
+minimum over rounds is kept (a GPU that heats up slows all alike, and no contender keeps one place in the rounds); the SM clock is printed before and after each case. The first call of each kernel shape
 includes its compilation, printed as such. Exactness: the kernel's outputs on the first 8192 rows against the
 float32 logits.
 """
@@ -105,9 +105,10 @@ def run_case(name, config_names):
     for fn in contenders.values():
         fn()
     best = {k: float("inf") for k in contenders}
-    for _ in range(ROUNDS):
-        for k, fn in contenders.items():
-            best[k] = min(best[k], timed(fn))
+    names = list(contenders)
+    for r in range(ROUNDS):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            best[k] = min(best[k], timed(contenders[k]))
     floor = best["cuBLAS H W^T (floor)"]
     flops = 2 * N * J * Vp
     for k, ms in best.items():
