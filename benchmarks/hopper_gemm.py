@@ -17,9 +17,9 @@ Cases (bf16, uniform lengths giving the row counts of fused_step.py's cases):
                    stage's; the GEMMs at 8320, the padded 8198 rows of the joint)
 
 Contenders run in turns, ROUNDS rounds of REPS calls each, the round's first contender rotating, and each one's
-minimum over rounds is kept (a GPU that heats up slows all alike, and no contender keeps one place in the rounds); the SM clock is printed before and after each case. The first call of each kernel shape
-includes its compilation, printed as such. Exactness: the kernel's outputs on the first 8192 rows against the
-float32 logits.
+minimum over rounds is kept (a GPU that heats up slows all alike, and no contender keeps one place in the rounds);
+the SM clock is printed before and after each case. The first call of each kernel shape includes its compilation,
+printed as such. Exactness: the kernel's outputs on the first 8192 rows against the float32 logits.
 """
 
 import argparse
