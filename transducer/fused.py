@@ -13,14 +13,14 @@ hidden and logits (a fourth GEMM, the price of not storing them), turns the logi
 gradient stage), and accumulates dW = dz^T h and db = sum dz (one GEMM: a bias rides as a column of the projection
 against a column of ones) and dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
 gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass, h recomputed there
-from the input rows, which stay in cache, rather than kept and read back). GEMMs go through torch (cuBLAS), except
-on an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py says where): there the logits GEMM and the
+from the input rows, which stay in cache, rather than kept and read back). GEMMs go through torch (cuBLAS), except on
+an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py says where): there the logits GEMM and the
 log-probs stage of forward, and the recompute and the gradient stage of backward, are transducer.hopper's kernels,
 whose epilogues keep the logits on the chip (the first such call compiles them and runs their self-test, with a few
 host reads, once per process and device), and forward's tiles, which hold only the hidden, take as many rows as fill
-the bytes of ``max_rows`` rows of hidden and logits. The inputs may have different dtypes: the sum and the activation run in
-their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the promoted one)
-and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs in their own dtypes and
+the bytes of ``max_rows`` rows of hidden and logits. The inputs may have different dtypes: the sum and the activation
+run in their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the promoted
+one) and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs in their own dtypes and
 write (read) the tiles in the GEMMs' dtype.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are

@@ -125,9 +125,9 @@ class LogitsGemm:
         (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
         multiple of 8): the gradient (written; the statistics never touch it)."""
-        h, w, col_bias, labels, row_values, g = self._tensors(
-            h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride, row_values_stride,
-            g_stride)
+        h, w, col_bias, labels, row_values, g = self._tensors(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr,
+                                                              g_ptr, n_rows, n_cols, h_stride, row_values_stride,
+                                                              g_stride)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
@@ -610,9 +610,9 @@ class LogitsGemmPingpong(LogitsGemm):
                  h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
                  blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
         """As LogitsGemm's."""
-        h, w, col_bias, labels, row_values, g = self._tensors(
-            h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride, row_values_stride,
-            g_stride)
+        h, w, col_bias, labels, row_values, g = self._tensors(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr,
+                                                              g_ptr, n_rows, n_cols, h_stride, row_values_stride,
+                                                              g_stride)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
