@@ -295,7 +295,8 @@ def fused_inputs(seed, J=64, V=100, rna=False, dtype=torch.float32):
 
 def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0.0, max_rows=50, **options):
     """(loss, gradients) of the fused loss under bf16 autocast on the Hopper kernels and on the other path, and of
-    the float64 composition with the same dropout mask; the Hopper kernels must have run."""
+    the float64 composition with the same dropout mask; the Hopper kernels must have run, on tiles within max_rows's
+    memory."""
     enc, pred, weight, bias, targets, T, U, w = inputs
     params = (enc, pred, weight) + ((bias,) if with_bias else ())
     bias = bias if with_bias else None
@@ -321,11 +322,13 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
     monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     new = run(fused, params, True)
     assert {"statistics_tile", "gradient_tile"} <= {name for name, _ in calls}
-    # a tile's memory: backward's tiles of max_rows rows; forward's, of the hidden alone, as many rows as fill the
-    # bytes of max_rows rows of hidden and logits
+    # a tile's memory: backward's tiles of at most max_rows rows; forward's, of the hidden alone, at most the bytes of
+    # max_rows rows of hidden and logits
     J, columns = weight.shape[1], weight.shape[0]
-    limits = {"statistics_tile": max_rows * (J + columns) // J, "gradient_tile": max_rows}
-    assert all(rows <= limits[name] for name, rows in calls), (calls, limits)
+    forward = [rows for name, rows in calls if name == "statistics_tile"]
+    backward = [rows for name, rows in calls if name == "gradient_tile"]
+    assert all(rows * J <= max_rows * (J + columns) for rows in forward), (forward, max_rows)
+    assert all(rows <= max_rows for rows in backward), (backward, max_rows)
     calls.clear()
     monkeypatch.setenv("TRANSDUCER_HOPPER", "0")
     today = run(fused, params, True)
@@ -496,9 +499,9 @@ def test_hopper_backward_reads_nothing_back(monkeypatch):
 
 
 def test_which_path_runs(monkeypatch, caplog):
-    """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a multiple of 8, where they pass their
-    self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed self-test as
-    a warning."""
+    """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a positive multiple of 8, where they
+    pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed
+    self-test as a warning."""
     import transducer.fused_hopper as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
@@ -515,6 +518,7 @@ def test_which_path_runs(monkeypatch, caplog):
         assert use_hopper(MULTIBLANK, torch.bfloat16, cuda, 64)
         assert not use_hopper(RNNT, torch.float32, cuda, 64)
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 60)
+        assert not use_hopper(RNNT, torch.bfloat16, cuda, 0)
         assert not use_hopper(RNNT, torch.bfloat16, torch.device("cpu"), 64)
         failure[1] = "RuntimeError: no kernel image"
         assert not use_hopper(RNNT, torch.bfloat16, torch.device("cuda:1"), 64)
@@ -525,7 +529,7 @@ def test_which_path_runs(monkeypatch, caplog):
         assert not use_hopper(RNNT, torch.bfloat16, cuda, 64)
     records = [r for r in caplog.records if r.name == "transducer"]
     lines = [r.getMessage() for r in records]
-    assert len(lines) == 9  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
+    assert len(lines) == 10  # one line an answer: the later bf16 and fp16 RNN-T calls give the first one again
     assert all("Hopper kernels" in line for line in lines[:3]) and "the TDT lattice" in lines[1]
     assert "the multi-blank RNN-T lattice" in lines[2] and "TRANSDUCER_HOPPER=off" in lines[-2]
     assert "TRANSDUCER_HOPPER=0" in lines[-1]

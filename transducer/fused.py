@@ -6,22 +6,22 @@ without the (sum_TU, V) logits or the (sum_TU, J) hidden in memory, in forward o
 Liger-Kernel's fused linear cross-entropy, for the transducer); with ``durations``, likewise
 ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` over a (V + D, J) projection.
 
-Rows are processed in tiles of at most ``max_rows``: forward packs a tile's joiner input with the activation applied
-(one pass), runs the output GEMM, and keeps only the tile's den and blank / label (and duration) log-probabilities
-(the log_probs stage); alpha and beta then run over all rows as in the unfused loss. Backward recomputes each tile's
-hidden and logits (a fourth GEMM, the price of not storing them), turns the logits into their gradient in place (the
-gradient stage), and accumulates dW = dz^T h and db = sum dz (one GEMM: a bias rides as a column of the projection
-against a column of ones) and dh = dz W, whose rows, times act'(h), are summed back into the encoder and predictor
-gradients (pack's backward, tile by tile, in fp32, the activation's derivative in the same pass, h recomputed there
-from the input rows, which stay in cache, rather than kept and read back). GEMMs go through torch (cuBLAS), except on
-an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py says where): there the logits GEMM and the
-log-probs stage of forward, and the recompute and the gradient stage of backward, are transducer.hopper's kernels,
-whose epilogues keep the logits on the chip (the first such call compiles them and runs their self-test, with a few
-host reads, once per process and device), and forward's tiles, which hold only the hidden, take as many rows as fill
-the bytes of ``max_rows`` rows of hidden and logits. The inputs may have different dtypes: the sum and the activation
-run in their promoted dtype, as ``enc + pred`` does, the GEMMs in the autocast dtype under autocast (else the promoted
-one) and the loss arithmetic in fp32, as in the unfused path; the pack passes read the inputs in their own dtypes and
-write (read) the tiles in the GEMMs' dtype.
+Rows are processed in tiles of at most ``max_rows`` (forward's on the Hopper kernels: below): forward packs a tile's
+joiner input with the activation applied (one pass), runs the output GEMM, and keeps only the tile's den and blank /
+label (and duration) log-probabilities (the log_probs stage); alpha and beta then run over all rows as in the unfused
+loss. Backward recomputes each tile's hidden and logits (a fourth GEMM, the price of not storing them), turns the
+logits into their gradient in place (the gradient stage), and accumulates dW = dz^T h and db = sum dz (one GEMM: a
+bias rides as a column of the projection against a column of ones) and dh = dz W, whose rows, times act'(h), are
+summed back into the encoder and predictor gradients (pack's backward, tile by tile, in fp32, the activation's
+derivative in the same pass, h recomputed there from the input rows, which stay in cache, rather than kept and read
+back). GEMMs go through torch (cuBLAS), except on an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py
+says where): there the logits GEMM and the log-probs stage of forward, and the recompute and the gradient stage of
+backward, are transducer.hopper's kernels, whose epilogues keep the logits on the chip (the first such call compiles
+them and runs their self-test, with a few host reads, once per process and device), and forward's tiles, which hold
+only the hidden, take as many rows as fill the bytes of ``max_rows`` rows of hidden and logits. The inputs may have
+different dtypes: the sum and the activation run in their promoted dtype, as ``enc + pred`` does, the GEMMs in the
+autocast dtype under autocast (else the promoted one) and the loss arithmetic in fp32, as in the unfused path; the
+pack passes read the inputs in their own dtypes and write (read) the tiles in the GEMMs' dtype.
 
 The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_joiner_loss_backward`` are
 registered like ``transducer::loss`` (a ``custom_ops.Op``: an eager path skips the op's Python layers), with the
@@ -157,8 +157,8 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
         labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
         statistics = encoder_out.new_empty(3 + projection.extra, num_rows, dtype=torch.float32)
     # the Hopper kernels' tiles hold only the hidden: as many rows as fill the bytes of a tile of hidden and logits
-    tile_rows = max_rows * (encoder_out.size(2) + weight.size(0)) // encoder_out.size(2) if hopper_tiles else max_rows
-    for start, end in _tiles(num_rows, tile_rows):
+    forward_rows = max_rows * (encoder_out.size(2) + weight.size(0)) // encoder_out.size(2) if hopper_tiles else max_rows
+    for start, end in _tiles(num_rows, forward_rows):
         if hopper_tiles:  # no torch GEMM in forward
             hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
             hopper.statistics_tile(projection, hx, labels[start:end], options.blank, statistics[:, start:end])

@@ -12,10 +12,10 @@ per-row terms, the big blanks' arcs among them; tdt.cu: tdt_gradient_kernel's, a
 written into it after), for cuBLAS's dh = G W and dW = G^T h. The logits are fp32 accumulators here (not rounded to
 the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
 
-The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, J a multiple of 8, an sm_90 GPU with
-``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their self-test,
-unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused step on
-Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
+The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, J a positive multiple of 8, an sm_90 GPU
+with ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their
+self-test, unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the other path runs (DESIGN.md: The fused
+step on Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
 """
 
 import functools
@@ -35,16 +35,16 @@ _available = functools.lru_cache(maxsize=None)(hopper.available)
 
 def use_hopper(kind, compute_dtype, device, J):
     """Whether the fused loss's tiles run on the Hopper kernels: GEMMs in bf16 or fp16 on an sm_90 GPU where
-    transducer.hopper's kernels are available and pass their self-test, the joiner's width J a multiple of 8 (16-byte
-    rows for TMA), unless ``TRANSDUCER_HOPPER`` is 0 (or false, off, no) in the environment; ``kind``, the lattice
-    (RNN-T and RNA, TDT, multi-blank: all run there), is named in the log line.
+    transducer.hopper's kernels are available and pass their self-test, the joiner's width J a positive multiple of 8
+    (16-byte rows for TMA), unless ``TRANSDUCER_HOPPER`` is 0 (or false, off, no) in the environment; ``kind``, the
+    lattice (RNN-T and RNA, TDT, multi-blank: all run there), is named in the log line.
     Says once per process and answer which path runs (an info line on the ``transducer`` logger; a warning where the
     kernels are available and fail their self-test)."""
     on = os.environ.get("TRANSDUCER_HOPPER", "1").strip().lower() not in ("0", "false", "off", "no")
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():  # one key a device
         device = torch.device("cuda", torch.cuda.current_device())
     hopper_gpu = on and device.type == "cuda" and _available(device)
-    takes = compute_dtype in hopper.DTYPES and J % 8 == 0
+    takes = compute_dtype in hopper.DTYPES and J > 0 and J % 8 == 0
     failed = hopper.self_test(device) if hopper_gpu and takes else None
     use = hopper_gpu and takes and failed is None
     if use:
@@ -56,7 +56,7 @@ def use_hopper(kind, compute_dtype, device, J):
     elif failed:
         why = f"the Hopper kernels did not pass their self-test on {device}: {failed}"
     else:
-        why = f"{compute_dtype} GEMMs, J = {J}: the Hopper kernels take 16-bit GEMMs and J a multiple of 8"
+        why = f"{compute_dtype} GEMMs, J = {J}: the Hopper kernels take 16-bit GEMMs and J a positive multiple of 8"
     if (use, why) not in _said:
         _said.add((use, why))
         path = "the Hopper kernels (transducer.hopper)" if use else "cuBLAS GEMMs and the CUDA stages"

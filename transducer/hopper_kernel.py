@@ -244,9 +244,10 @@ class LogitsGemm:
             g_stores = pipeline.PipelineTmaStore.create(
                 num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads))
 
-        values = cute.make_rmem_tensor((EXTRA_ARCS + self.extra if self.gradient else 4, rows), cutlass.Float32)
+        # each of the thread's rows' values and label in registers (_init_rows)
+        values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)
         label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-        self._read_rows(coords_rc, row_values, labels, values, label, m_block, n_rows)
+        self._init_rows(coords_rc, row_values, labels, values, label, m_block, n_rows)
 
         k_tiles = cute.size(gH, mode=[2])
         total = self.n_tiles * k_tiles
@@ -317,8 +318,13 @@ class LogitsGemm:
         return (g_copy, thread_g_copy.partition_D(sG), g_copy.retile(acc),
                 cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3]))
 
+    def _row_value_count(self):
+        """The values a row keeps in registers: the statistics' running max and sum and two picks; the gradient's
+        coefficients and its extra columns' arcs."""
+        return EXTRA_ARCS + self.extra if self.gradient else 4
+
     @cute.jit
-    def _read_rows(self, coords_rc: cute.Tensor, row_values: cute.Tensor, labels: cute.Tensor, values: cute.Tensor,
+    def _init_rows(self, coords_rc: cute.Tensor, row_values: cute.Tensor, labels: cute.Tensor, values: cute.Tensor,
                    label: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32):
         """Each of the thread's rows' values before the tiles: the statistics' running max, sum and picks start
         empty; the gradient's coefficients are read once (rows past N: den = +inf and the rest 0, so that their
@@ -347,11 +353,11 @@ class LogitsGemm:
                        col_bias: cute.Tensor, row_values: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32,
                        extra_start: cutlass.Int32, m_block: cutlass.Int32, n_rows: cutlass.Int32,
                        n_tile: cutlass.Int32):
-        """The epilogue of vocabulary tile ``n_tile`` in the accumulators: the extra columns' entries stored (the
-        statistics; before the bias, -inf past the softmax's columns), the bias added, then the statistics or the
-        gradient (in the accumulators; _store_gradient_tile stores it). The loops over the accumulators are
-        unrolled at trace time, so that every register index is a constant (a run-time index would move the
-        accumulators to local memory)."""
+        """The epilogue of vocabulary tile ``n_tile`` in the accumulators: the statistics first store the extra
+        columns' raw entries (the bias added next is -inf past the softmax's columns), then the bias is added, then
+        the statistics or the gradient are formed (the gradient in the accumulators; _store_gradient_tile stores it).
+        The loops over the accumulators are unrolled at trace time, so that every register index is a constant (a
+        run-time index would move the accumulators to local memory)."""
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         first_col = n_tile * self.tile_n
@@ -756,9 +762,9 @@ class LogitsGemmPingpong(LogitsGemm):
                     num_stages=self.g_buffers,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
 
-            values = cute.make_rmem_tensor((EXTRA_ARCS + self.extra if self.gradient else 4, rows), cutlass.Float32)
+            values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)  # as LogitsGemm's
             label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-            self._read_rows(coords_rc, row_values, labels, values, label, row_block, n_rows)
+            self._init_rows(coords_rc, row_values, labels, values, label, row_block, n_rows)
 
             if cutlass.const_expr(self.resident):
                 h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)

@@ -187,7 +187,8 @@ OPTIONS = (
     Option("generator", "torch.Generator", None, "a CPU generator for dropout's seed (None: torch's default one).",
            _generator, entries=("fused_joiner_loss",)),
     Option("max_rows", "int", None, "rows per tile (None: tile buffers of about 256 MiB on CUDA, 16 MiB on the "
-           "CPU).", _max_rows, entries=_FUSED),
+           "CPU); forward's on the Hopper kernels, which hold no logits, take the same bytes.", _max_rows,
+           entries=_FUSED),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 _FIELDS = tuple(option for option in OPTIONS if option.reads is not None)
