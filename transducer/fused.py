@@ -157,7 +157,8 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
         labels = cuda_stages.row_labels(targets, layout, options.blank, num_rows)
         statistics = encoder_out.new_empty(3 + projection.extra, num_rows, dtype=torch.float32)
     # the Hopper kernels' tiles hold only the hidden: as many rows as fill the bytes of a tile of hidden and logits
-    forward_rows = max_rows * (encoder_out.size(2) + weight.size(0)) // encoder_out.size(2) if hopper_tiles else max_rows
+    J = encoder_out.size(2)
+    forward_rows = max_rows * (J + weight.size(0)) // J if hopper_tiles else max_rows
     for start, end in _tiles(num_rows, forward_rows):
         if hopper_tiles:  # no torch GEMM in forward
             hx = _hidden(stages, encoder_out, predictor_out, layout, start, end, joiner, Wx)
