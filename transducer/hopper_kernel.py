@@ -562,10 +562,14 @@ class LogitsGemmPingpong(LogitsGemm):
     MIN_STAGES = 3
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 128, gradient: bool = False, clamp: bool = False,
-                 extra: int = 0, g_subtile_n: int = 16, resident: bool = True):
+                 extra: int = 0, g_subtile_n: int = 16, resident: bool = True, vocab_groups: int = 1):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
+        if vocab_groups > 1 and (resident or not gradient or n_tiles % vocab_groups):
+            raise ValueError(f"vocab_groups: expected 1, or a divisor of n_tiles = {n_tiles} for the gradient over two "
+                             f"row blocks a CTA, got {vocab_groups}")
         super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
+        self.vocab_groups = vocab_groups
         self.tile_m = 128
         self.threads = 3 * THREADS_PER_WARPGROUP
         self.g_subtile_n = g_subtile_n
@@ -644,7 +648,7 @@ class LogitsGemmPingpong(LogitsGemm):
 
         self.shared_storage = SharedStorage
         m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
-        ctas = m_blocks if self.resident else (m_blocks + 1) // 2
+        ctas = (m_blocks if self.resident else (m_blocks + 1) // 2) * self.vocab_groups
         self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
                     blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
                     self.g_smem_layout).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
@@ -665,6 +669,11 @@ class LogitsGemmPingpong(LogitsGemm):
             cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
         n_rows = mH.shape[0]
         m_block = bidx
+        first_tile = 0  # the CTA's vocabulary tiles: [first_tile, first_tile + tiles)
+        tiles = self.n_tiles // self.vocab_groups
+        if cutlass.const_expr(self.vocab_groups > 1):
+            m_block = bidx // self.vocab_groups
+            first_tile = bidx % self.vocab_groups * tiles
         k_tiles = self.k_tiles
 
         smem = utils.SmemAllocator()
@@ -720,10 +729,10 @@ class LogitsGemmPingpong(LogitsGemm):
                 # the turns' loads in order: resident, W's k tiles of each vocabulary tile; else those of each
                 # vocabulary tile twice, with the k tiles of H of each of the CTA's two row blocks (the second one
                 # past the last is the last again: its rows are never written)
-                turns = self.n_tiles if self.resident else 2 * self.n_tiles
+                turns = self.n_tiles if self.resident else 2 * tiles
                 for i in cutlass.range(turns * k_tiles, unroll=1):
                     turn, k_tile = i // k_tiles, i % k_tiles
-                    n_tile = turn if self.resident else turn // 2
+                    n_tile = turn if self.resident else first_tile + turn // 2
                     loads.producer_acquire(produced)
                     barrier = loads.producer_get_barrier(produced)
                     if cutlass.const_expr(not self.resident):
@@ -776,12 +785,13 @@ class LogitsGemmPingpong(LogitsGemm):
                 release.advance()
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             k_blocks = cute.size(tCrH, mode=[2])
-            turns = self.n_tiles if self.resident else 2 * self.n_tiles
-            for n_tile in cutlass.range(consumer if self.resident else 0, self.n_tiles, 2 if self.resident else 1,
+            turns = self.n_tiles if self.resident else 2 * tiles
+            for n_tile in cutlass.range(consumer if self.resident else first_tile,
+                                        self.n_tiles if self.resident else first_tile + tiles, 2 if self.resident else 1,
                                         unroll=1):
                 turn = n_tile
                 if cutlass.const_expr(not self.resident):
-                    turn = 2 * n_tile + consumer
+                    turn = 2 * (n_tile - first_tile) + consumer
                 # the consumers' main loops in turns (CUTLASS's ordered math warpgroups): the other has waited for
                 # every load of the tile before this one, so that a wait on a stage's barrier is never more than one
                 # phase ahead of it (an mbarrier's parity tells only the current phase from the one before)
