@@ -243,6 +243,7 @@ KERNEL_CASES = [  # N, J, V, blank, with_bias, big_blanks, clamp
     (129, 8, 300, 0, True, 0, 0.05),  # three tiles: the second consumer takes one fewer; a CTA's second row block
     (64, 512, 100, 99, True, 0, 0.0),  # one tile: the second consumer takes none; a row block wholly past N
     (300, 640, 130, 129, True, 0, 0.0),  # two tiles: the second consumer's holds 2 softmax columns
+    (1, 64, 256, 3, True, 0, 0.0),  # one row; two tiles, one a CTA where the gradient splits them
 ]
 
 

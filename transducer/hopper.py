@@ -404,8 +404,11 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     if config.pingpong:
+        # the gradient over two row blocks a CTA: a row-block pair's vocabulary tiles split between two CTAs launched
+        # one after the other, where they split evenly, so that the CTAs running at once share rows of H
+        groups = 2 if gradient and config.pingpong == 2 and n_tiles % 2 == 0 else 1
         kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1)
+                                    resident=config.pingpong == 1, vocab_groups=groups)
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
