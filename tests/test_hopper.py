@@ -155,6 +155,13 @@ def test_argument_checks():
     for config in (hopper.Config(128, 1, 1, 1, 2), hopper.Config(256, 2, 1, 1, 1), hopper.Config(128, 2, 1, 1, 3)):
         with pytest.raises(ValueError, match=r"config: expected a ping-pong shape \(64 or 128, 2, 1, 1, 1 or 2\)"):
             hopper.projection(W, None, config)
+    wide = torch.zeros(300, 8, dtype=torch.bfloat16)  # three vocabulary tiles of 128
+    for config in (hopper.Config(128, 2, 1, 1, 2, 2), hopper.Config(128, 2, 1, 1, 2, 0),
+                   hopper.Config(128, 2, 1, 1, 1, 3), hopper.Config(128, 2, 1, 1, 0, 3)):
+        with pytest.raises(ValueError, match=r"config: expected vocab_groups 1, or a divisor of the 3 vocabulary "
+                                             r"tiles with pingpong 2"):
+            hopper.projection(wide, None, config)
+    assert hopper.projection(wide, None, hopper.Config(128, 2, 1, 1, 2, 3)).n_tiles == 3
     for extra in ((-1, 2), (5, 2), (0, 17)):
         with pytest.raises(ValueError, match=r"extra: expected \(start, count\)"):
             hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16)[:6], None, extra=extra)
@@ -243,22 +250,30 @@ KERNEL_CASES = [  # N, J, V, blank, with_bias, big_blanks, clamp
     (129, 8, 300, 0, True, 0, 0.05),  # three tiles: the second consumer takes one fewer; a CTA's second row block
     (64, 512, 100, 99, True, 0, 0.0),  # one tile: the second consumer takes none; a row block wholly past N
     (300, 640, 130, 129, True, 0, 0.0),  # two tiles: the second consumer's holds 2 softmax columns
-    (1, 64, 256, 3, True, 0, 0.0),  # one row; two tiles, one a CTA where the gradient splits them
+    (1, 64, 256, 3, True, 0, 0.0),  # one row; two tiles, one a CTA where they are split
+    (1100, 128, 1000, 999, True, 4, 0.03),  # eight tiles, four a CTA where they are split; big blanks in the last
 ]
 
 
 @pytest.mark.cuda
 @needs_hopper
 @pytest.mark.parametrize("config", [hopper.Config(128, 2, 1, 1, 1), hopper.Config(128, 2, 1, 1, 2),
-                                    hopper.Config(128, 2, 1, 2), hopper.Config(256, 2, 1, 1)],
-                         ids=["resident", "two-row-blocks", "cooperative-128", "cooperative-256"])
+                                    hopper.Config(128, 2, 1, 1, 2, 2), hopper.Config(128, 2, 1, 2),
+                                    hopper.Config(256, 2, 1, 1)],
+                         ids=["resident", "two-row-blocks", "two-row-blocks-split", "cooperative-128",
+                              "cooperative-256"])
 @pytest.mark.parametrize("N, J, V, blank, with_bias, big_blanks, clamp", KERNEL_CASES)
 def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, config):
     """Every kernel shape (LogitsGemmPingpong: two consumers taking turns, H's tile kept in shared memory and the
     vocabulary tiles in turns, or two row blocks a CTA and H streamed; LogitsGemm, the cooperative kernel of wider
-    rows) against the float32 references, the statistics with extra columns in the softmax."""
+    rows) against the float32 references, the statistics with extra columns in the softmax; two row blocks with
+    their vocabulary tiles split between two CTAs where they split evenly (refused elsewhere)."""
     H, W, bias, labels = random_inputs(N, J, V, torch.bfloat16, with_bias, seed=N + J)
     start = blank - big_blanks if big_blanks else V
+    if config.vocab_groups > 1 and -(-V // config.tile_n) % config.vocab_groups:
+        with pytest.raises(ValueError, match="config: expected vocab_groups 1, or a divisor"):
+            hopper.projection(W, bias, config, extra=(start, big_blanks))
+        return
     projection = hopper.projection(W, bias, config, extra=(start, big_blanks))
     den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
     for name, got, want in zip(("den", "z_blank", "z_label"), (den, z_blank, z_label),
@@ -268,17 +283,22 @@ def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, c
         torch.testing.assert_close(torch.stack(extra), (H.float() @ W[start:blank].float().t()).t(), atol=2e-4,
                                    rtol=2e-5)
     coefficients = random_coefficients(H, W, bias, labels, blank, seed=V)
-    G = hopper.gradient_tile(projection, H, labels, blank, coefficients, clamp)
+    G = hopper.gradient_tile(projection, H, labels, blank, coefficients, clamp, rows=N + 200)
     want = gradient_reference(H, W, bias, labels, blank, coefficients, clamp)
-    assert G.size(0) == N and (G[:, V:] == 0).all() and (G[::5] == 0).all()
+    assert G.size(0) == N + 200 and (G[N:] == 0).all()  # the rows past N: the kernel's whole row tile, then a fill
+    G = G[:N]
+    assert (G[:, V:] == 0).all() and (G[::5] == 0).all()
     torch.testing.assert_close(G[:, :V].float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
 
 
 def test_default_config():
-    """Two row blocks a CTA up to 1024 columns; H's tile kept past them where it fits beside three stages of W;
-    the cooperative kernel's 128 x 256 tiles for wider rows."""
-    assert hopper.default_config(500, 512) == hopper.Config(128, 2, 1, 1, 2)
-    assert hopper.default_config(1024, 2048) == hopper.Config(128, 2, 1, 1, 2)
+    """Two row blocks a CTA up to 1024 columns, an even count of vocabulary tiles split between two CTAs; H's tile
+    kept past them where it fits beside three stages of W; the cooperative kernel's 128 x 256 tiles for wider
+    rows."""
+    assert hopper.default_config(500, 512) == hopper.Config(128, 2, 1, 1, 2, 2)
+    assert hopper.default_config(1024, 2048) == hopper.Config(128, 2, 1, 1, 2, 2)
+    assert hopper.default_config(300, 512) == hopper.Config(128, 2, 1, 1, 2, 1)
+    assert hopper.default_config(100, 512) == hopper.Config(128, 2, 1, 1, 2, 1)
     assert hopper.default_config(8193, hopper.PINGPONG_MAX_J) == hopper.Config(128, 2, 1, 1, 1)
     assert hopper.default_config(8193, hopper.PINGPONG_MAX_J + 8) == hopper.Config(256, 2, 1, 1)
 

@@ -36,12 +36,16 @@ class Config(NamedTuple):
     ``warpgroups`` warpgroups of 64 rows each, clusters of ``cluster_m`` CTAs along the rows, ``occupancy`` CTAs per
     SM sizing the ring of loads; or with ``pingpong`` 1, LogitsGemmPingpong's (128 rows a CTA, H kept in shared
     memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
-    2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed."""
+    2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed, and a
+    row-block pair's vocabulary tiles split among ``vocab_groups`` CTAs launched one after the other (a divisor of
+    the tiles; 1 otherwise), so that the CTAs running at once share rows of H (each group's statistics merged after
+    the kernel)."""
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
     occupancy: int = 1
     pingpong: int = 0
+    vocab_groups: int = 1
 
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -59,9 +63,10 @@ def default_config(V, J):
     one a consumer, H streamed with W; wider, for J up to PINGPONG_MAX_J, one row block a CTA whose tile of H stays
     in shared memory for every vocabulary tile, the consumers taking the vocabulary tiles in turns; wider rows,
     tiles of 128 x 256 and one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper
-    GEMM) (DESIGN.md: The logits kernels in ping-pong)."""
+    GEMM) (DESIGN.md: The logits kernels in ping-pong). Over two row blocks, an even count of vocabulary tiles is
+    split between two CTAs a row-block pair."""
     if V <= 1024:
-        return Config(128, 2, 1, 1, 2)
+        return Config(128, 2, 1, 1, 2, 2 if -(-V // 128) % 2 == 0 else 1)
     return Config(128, 2, 1, 1, 1) if J <= PINGPONG_MAX_J else Config(256, 2, 1, 1)
 
 
@@ -272,7 +277,12 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
     pingpong_shape = config.pingpong in (1, 2) and config.tile_n in (64, 128) and config[1:4] == (2, 1, 1)
     if config.pingpong and not pingpong_shape:
         raise ValueError(f"config: expected a ping-pong shape (64 or 128, 2, 1, 1, 1 or 2), got {tuple(config)}")
-    col_bias = torch.full((-(-V // config.tile_n) * config.tile_n,), float("-inf"), device=W.device,
+    n_tiles = -(-V // config.tile_n)
+    if config.vocab_groups != 1 and not (config.pingpong == 2 and config.vocab_groups > 1
+                                         and n_tiles % config.vocab_groups == 0):
+        raise ValueError(f"config: expected vocab_groups 1, or a divisor of the {n_tiles} vocabulary tiles with "
+                         f"pingpong 2, got {tuple(config)}")
+    col_bias = torch.full((n_tiles * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
     return Projection(W, col_bias, config, tokens, start, count)
@@ -296,11 +306,20 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
         then ``(H W^T)[r, extra_start + i]`` for each extra column i (no bias).
     """
     N, J = H.shape
-    extra = projection.extra
+    extra, groups = projection.extra, projection.config.vocab_groups
     statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
-        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.extra_start)
+        # vocabulary tiles split among groups of CTAs: each group's den, z_blank and z_label over its own tiles
+        # (rows 3 g + E ... of what the kernel writes), merged here
+        written = statistics if groups == 1 else torch.empty(3 * groups + extra, N, device=H.device,
+                                                             dtype=torch.float32)
+        _launch(kernel, H, *_arguments(H, projection, labels, written, H), blank, 0.0, projection.extra_start)
+        if groups > 1:
+            statistics.copy_(written[:3 + extra])
+            for g in range(1, groups):
+                torch.logaddexp(statistics[0], written[3 * g + extra], out=statistics[0])
+                statistics[1:3] += written[3 * g + extra + 1:3 * g + extra + 3]
     return tuple(statistics)
 
 
@@ -331,14 +350,15 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
         raise ValueError(f"coefficients: expected 5 or 5 + {projection.extra} rows (the projection's extra columns), "
                          f"got {coefficients.size(0)}")
     tile_m = 64 * projection.config.warpgroups
-    # whole row tiles, so that the epilogue's stores are whole subtiles; the rows past N are not returned
-    G = torch.empty(max(-(-N // tile_m) * tile_m, rows), projection.col_bias.size(0), device=H.device,
-                    dtype=H.dtype)
+    # whole row tiles, so that the epilogue's stores are whole subtiles: the kernel writes zeros in the last one's rows
+    # past N (their den is +inf and their scale 0)
+    written = -(-N // tile_m) * tile_m
+    G = torch.empty(max(written, rows), projection.col_bias.size(0), device=H.device, dtype=H.dtype)
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, True, clamp > 0, extra)
         _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.extra_start)
-    if rows > N:
-        G[N:rows] = 0
+    if rows > written:
+        G[written:rows] = 0
     return G[:max(N, rows)]
 
 
@@ -404,11 +424,8 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     if config.pingpong:
-        # the gradient over two row blocks a CTA: a row-block pair's vocabulary tiles split between two CTAs launched
-        # one after the other, where they split evenly, so that the CTAs running at once share rows of H
-        groups = 2 if gradient and config.pingpong == 2 and n_tiles % 2 == 0 else 1
         kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1, vocab_groups=groups)
+                                    resident=config.pingpong == 1, vocab_groups=config.vocab_groups)
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
