@@ -267,7 +267,7 @@ def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, c
     """Every kernel shape (LogitsGemmPingpong: two consumers taking turns, H's tile kept in shared memory and the
     vocabulary tiles in turns, or two row blocks a CTA and H streamed; LogitsGemm, the cooperative kernel of wider
     rows) against the float32 references, the statistics with extra columns in the softmax; two row blocks with
-    their vocabulary tiles split between two CTAs where they split evenly (refused elsewhere)."""
+    the gradient's vocabulary tiles split between two CTAs where they split evenly (refused elsewhere)."""
     H, W, bias, labels = random_inputs(N, J, V, torch.bfloat16, with_bias, seed=N + J)
     start = blank - big_blanks if big_blanks else V
     if config.vocab_groups > 1 and -(-V // config.tile_n) % config.vocab_groups:

@@ -36,10 +36,9 @@ class Config(NamedTuple):
     ``warpgroups`` warpgroups of 64 rows each, clusters of ``cluster_m`` CTAs along the rows, ``occupancy`` CTAs per
     SM sizing the ring of loads; or with ``pingpong`` 1, LogitsGemmPingpong's (128 rows a CTA, H kept in shared
     memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
-    2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed, and a
-    row-block pair's vocabulary tiles split among ``vocab_groups`` CTAs launched one after the other (a divisor of
-    the tiles; 1 otherwise), so that the CTAs running at once share rows of H (each group's statistics merged after
-    the kernel)."""
+    2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed, and the
+    gradient's vocabulary tiles of a row-block pair split among ``vocab_groups`` CTAs launched one after the other
+    (a divisor of the tiles; 1 otherwise), so that the CTAs running at once share rows of H."""
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
@@ -63,8 +62,8 @@ def default_config(V, J):
     one a consumer, H streamed with W; wider, for J up to PINGPONG_MAX_J, one row block a CTA whose tile of H stays
     in shared memory for every vocabulary tile, the consumers taking the vocabulary tiles in turns; wider rows,
     tiles of 128 x 256 and one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper
-    GEMM) (DESIGN.md: The logits kernels in ping-pong). Over two row blocks, an even count of vocabulary tiles is
-    split between two CTAs a row-block pair."""
+    GEMM) (DESIGN.md: The logits kernels in ping-pong). Over two row blocks, the gradient's vocabulary tiles, where
+    their count is even, are split between two CTAs a row-block pair."""
     if V <= 1024:
         return Config(128, 2, 1, 1, 2, 2 if -(-V // 128) % 2 == 0 else 1)
     return Config(128, 2, 1, 1, 1) if J <= PINGPONG_MAX_J else Config(256, 2, 1, 1)
@@ -306,20 +305,11 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
         then ``(H W^T)[r, extra_start + i]`` for each extra column i (no bias).
     """
     N, J = H.shape
-    extra, groups = projection.extra, projection.config.vocab_groups
+    extra = projection.extra
     statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
         kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
-        # vocabulary tiles split among groups of CTAs: each group's den, z_blank and z_label over its own tiles
-        # (rows 3 g + E ... of what the kernel writes), merged here
-        written = statistics if groups == 1 else torch.empty(3 * groups + extra, N, device=H.device,
-                                                             dtype=torch.float32)
-        _launch(kernel, H, *_arguments(H, projection, labels, written, H), blank, 0.0, projection.extra_start)
-        if groups > 1:
-            statistics.copy_(written[:3 + extra])
-            for g in range(1, groups):
-                torch.logaddexp(statistics[0], written[3 * g + extra], out=statistics[0])
-                statistics[1:3] += written[3 * g + extra + 1:3 * g + extra + 3]
+        _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.extra_start)
     return tuple(statistics)
 
 
@@ -424,8 +414,10 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     if config.pingpong:
+        # the statistics never split their vocabulary tiles: measured no faster (benchmarks/RESULTS.md)
         kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1, vocab_groups=config.vocab_groups)
+                                    resident=config.pingpong == 1,
+                                    vocab_groups=config.vocab_groups if gradient else 1)
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
     return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),

@@ -87,7 +87,6 @@ class LogitsGemm:
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
         self.g_buffers = G_BUFFERS
-        self.vocab_groups = 1
 
     def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
         self.ab_dtype = h.element_type
@@ -121,9 +120,7 @@ class LogitsGemm:
         """The tensors from their pointers (pointers and sizes cost the host less to pass than tensors): h (n_rows,
         J) of row stride ``h_stride`` (a multiple of 8) and w (n_cols, J), both K-major; col_bias (n_tiles *
         tile_n,) fp32; labels (n_rows,) int32; row_values (3 + extra, n_rows) fp32: the statistics den, z_blank,
-        z_label and (H W^T)[r, extra_start + i] for i < extra (written; with vocab_groups G, (3 G + extra, n_rows):
-        rows 0-2 over the first group's vocabulary tiles, rows 3 g + extra ... + 2 over group g's, for the host to
-        merge), or (5 + extra, n_rows): the gradient's den,
+        z_label and (H W^T)[r, extra_start + i] for i < extra (written), or (5 + extra, n_rows): the gradient's den,
         occupancy, blank arc, label arc and scale of each row and the arc subtracted on column extra_start + i
         (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
@@ -172,8 +169,8 @@ class LogitsGemm:
         w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
         col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
         labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        value_rows = (5 if self.gradient else 3 * self.vocab_groups) + self.extra
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout((value_rows, n_rows),
+        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
+                                                                        n_rows),
                                                                        stride=(row_values_stride, 1)))
         if self.gradient:
             g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
@@ -443,18 +440,18 @@ class LogitsGemm:
 
     @cute.jit
     def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
-                          m_block: cutlass.Int32, n_rows: cutlass.Int32, first: cutlass.Int32 = 0):
+                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
         """Each row's den, z_blank and z_label from its quad-merged statistics (_merge_quad_statistics), written by
-        the quad's first thread into row_values[first ... first + 2]."""
+        the quad's first thread."""
         rows = cute.size(coords_rc, mode=[0])
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(rows):
             row = m_block * self.tile_m + coords_rc[r, 0][0]
             if lane % 4 == 0:
                 if row < n_rows:
-                    row_values[first, row] = values[ROW_MAX, r] + cute.math.log(values[ROW_SUM, r])
-                    row_values[first + 1, row] = values[PICK_BLANK, r]
-                    row_values[first + 2, row] = values[PICK_LABEL, r]
+                    row_values[0, row] = values[ROW_MAX, r] + cute.math.log(values[ROW_SUM, r])
+                    row_values[1, row] = values[PICK_BLANK, r]
+                    row_values[2, row] = values[PICK_LABEL, r]
 
     @cute.jit
     def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
@@ -560,10 +557,10 @@ class LogitsGemmPingpong(LogitsGemm):
     vocabulary tile, the stages hold W's k tiles, and the consumers take the vocabulary tiles in turns (their
     statistics of each row merged through shared memory at the end); it fits where the tile of H (128 x J) leaves
     room for ``MIN_STAGES`` stages. Else a CTA owns two row blocks of 128, one a consumer, each walking every
-    vocabulary tile, and the stages hold H's k tiles beside W's; with ``vocab_groups`` G > 1, a row-block pair's
-    vocabulary tiles are split among G CTAs launched one after the other (tiles g n_tiles / G ... of CTA g), so that
-    the CTAs running at once share rows of H and their loads hit L2 (each group's statistics are written apart, and
-    merged by the host). Each consumer stores its own tiles of G."""
+    vocabulary tile, and the stages hold H's k tiles beside W's; the gradient's with ``vocab_groups`` G > 1 splits a
+    row-block pair's vocabulary tiles among G CTAs launched one after the other (tiles g n_tiles / G ... of CTA g),
+    so that the CTAs running at once share rows of H and their loads hit L2. Each consumer stores its own tiles of
+    G."""
 
     MIN_STAGES = 3
 
@@ -571,9 +568,9 @@ class LogitsGemmPingpong(LogitsGemm):
                  extra: int = 0, g_subtile_n: int = 16, resident: bool = True, vocab_groups: int = 1):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
-        if vocab_groups < 1 or vocab_groups > 1 and (resident or n_tiles % vocab_groups):
-            raise ValueError(f"vocab_groups: expected 1, or a divisor of n_tiles = {n_tiles} over two row blocks a "
-                             f"CTA, got {vocab_groups}")
+        if vocab_groups < 1 or vocab_groups > 1 and (resident or not gradient or n_tiles % vocab_groups):
+            raise ValueError(f"vocab_groups: expected 1, or a divisor of n_tiles = {n_tiles} for the gradient over two "
+                             f"row blocks a CTA, got {vocab_groups}")
         super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
         self.vocab_groups = vocab_groups
         self.tile_m = 128
@@ -838,11 +835,7 @@ class LogitsGemmPingpong(LogitsGemm):
 
             if cutlass.const_expr(not self.gradient and not self.resident):
                 self._merge_quad_statistics(values)
-                first = 0  # group g > 0's statistics over its tiles: rows 3 g + E ... (the host merges them)
-                if cutlass.const_expr(self.vocab_groups > 1):
-                    group = bidx % self.vocab_groups
-                    first = 0 if group == 0 else 3 * group + self.extra
-                self._write_statistics(coords_rc, values, row_values, row_block, n_rows, first)
+                self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
             elif cutlass.const_expr(not self.gradient):
                 # the second consumer's statistics of each row through shared memory, merged into the first's
                 self._merge_quad_statistics(values)
