@@ -121,7 +121,7 @@ def main():
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     p.add_argument("--configs", nargs="*", default=["default"],
                    help="kernel shapes: default (hopper.default_config) or "
-                        "tile_n,warpgroups,cluster_m,occupancy[,pingpong] (hopper.Config)")
+                        "tile_n,warpgroups,cluster_m,occupancy[,pingpong[,vocab_groups]] (hopper.Config)")
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, available: {hopper.available()}")
     for name in a.cases:

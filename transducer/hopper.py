@@ -308,7 +308,9 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
     extra = projection.extra
     statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
-        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
+        # one kernel for every vocab_groups: the statistics never split their vocabulary tiles (_compile)
+        config = projection.config._replace(vocab_groups=1)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, config, False, False, extra)
         _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.extra_start)
     return tuple(statistics)
 

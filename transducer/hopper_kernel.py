@@ -729,9 +729,9 @@ class LogitsGemmPingpong(LogitsGemm):
                                   tma_bar_ptr=h_load.producer_get_barrier(h_state))
                     h_load.producer_commit(h_state)
                 produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                # the turns' loads in order: resident, W's k tiles of each vocabulary tile; else those of each
-                # vocabulary tile twice, with the k tiles of H of each of the CTA's two row blocks (the second one
-                # past the last is the last again: its rows are never written)
+                # the turns' loads in order: resident, W's k tiles of each vocabulary tile; else those of each of
+                # the CTA's vocabulary tiles twice, with the k tiles of H of each of its two row blocks (the second
+                # one past the last is the last again: its rows are never written)
                 turns = self.n_tiles if self.resident else 2 * tiles
                 for i in cutlass.range(turns * k_tiles, unroll=1):
                     turn, k_tile = i // k_tiles, i % k_tiles
@@ -749,7 +749,7 @@ class LogitsGemmPingpong(LogitsGemm):
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             # resident, consumer 0 or 1 takes the vocabulary tiles consumer, consumer + 2, ... of the CTA's rows;
-            # else every vocabulary tile of the CTA's row block 2 * m_block + consumer; the consumers' turns
+            # else each of the CTA's vocabulary tiles of its row block 2 * m_block + consumer; the consumers' turns
             # alternate: the MMAs of one's turn run beside the epilogue of the other's
             consumer = warpgroup - 1
             tidx = tidx % THREADS_PER_WARPGROUP
