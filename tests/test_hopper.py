@@ -192,6 +192,56 @@ def test_available_without_a_gpu_or_package():
     assert hopper.available("cpu") is False
 
 
+def test_disk_cache_file(monkeypatch, tmp_path):
+    """Where a compiled kernel is kept for later processes: in TRANSDUCER_HOPPER_CACHE's directory, by default
+    $XDG_CACHE_HOME/transducer-loss/hopper; a file of its own for each kernel; none where the variable is 0."""
+    args = (512, 4, torch.bfloat16, hopper.Config(128, 2, 1, 1, 2, 2), True, False, 0)
+    monkeypatch.delenv("TRANSDUCER_HOPPER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    file = hopper._cache_file(*args)
+    assert file.parent == tmp_path / "xdg" / "transducer-loss" / "hopper" and file.suffix == ".o"
+    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", str(tmp_path / "mine"))
+    assert hopper._cache_file(*args) == tmp_path / "mine" / file.name
+    changed = (640, 8, torch.float16, hopper.Config(128, 2, 1, 1, 2), False, True, 3)
+    others = {hopper._cache_file(*args[:i], x, *args[i + 1:]) for i, x in enumerate(changed)}
+    assert len(others) == len(changed) and hopper._cache_file(*args) not in others
+    for off in ("0", "off", "False", " no "):
+        monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", off)
+        assert hopper._cache_file(*args) is None
+
+
+@pytest.mark.cuda
+@needs_hopper
+def test_kernels_kept_on_disk(monkeypatch, tmp_path):
+    """A compiled kernel is written to the disk cache and loaded from it by the next compilation (cute.compile made
+    to fail there), with the same results; a file that does not load is compiled again and replaced."""
+    import cutlass.cute as cute
+    import tvm_ffi
+
+    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", str(tmp_path))
+    H, W, bias, labels = random_inputs(300, 64, 200, torch.bfloat16, True, seed=5)
+    projection = hopper.projection(W, bias)
+    args = (64, projection.n_tiles, torch.bfloat16, projection.config, False, False, 0)
+    file = hopper._cache_file(*args)
+
+    def run(kernel):
+        out = torch.empty(3, 300, device="cuda")
+        hopper._launch(kernel, H, *hopper._arguments(H, projection, labels, out, H), 3, 0.0, projection.extra_start)
+        return out
+
+    compile_ = hopper._compile.__wrapped__  # without the process's own cache
+    want = run(compile_(*args))
+    assert [p.name for p in tmp_path.iterdir()] == [file.name]  # and no part of a file left
+    real = cute.compile
+    monkeypatch.setattr(cute, "compile", lambda *a, **k: pytest.fail("compiled, not loaded from the disk cache"))
+    loaded = compile_(*args)
+    assert type(loaded) is tvm_ffi.Function and torch.equal(run(loaded), want)
+    torch.testing.assert_close(want, torch.stack(reference(H, W, bias, labels, 3)), atol=2e-4, rtol=2e-5)
+    monkeypatch.setattr(cute, "compile", real)
+    file.write_bytes(b"not an object file")
+    assert torch.equal(run(compile_(*args)), want) and file.stat().st_size > 1000
+
+
 def gradient_reference(H, W, bias, labels, blank, coefficients, clamp):
     """G from the logits Z = H W^T + bias in float32, as stages.cu's gradient_kernel forms it from each row's terms."""
     Z = H.float() @ W.float().t()
