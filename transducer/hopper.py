@@ -38,7 +38,7 @@ class Config(NamedTuple):
     memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
     2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed, and the
     gradient's vocabulary tiles of a row-block pair split among ``vocab_groups`` CTAs launched one after the other
-    (a divisor of the tiles; 1 otherwise), so that the CTAs running at once share rows of H."""
+    (at most the tiles; 1 otherwise), so that the CTAs running at once share rows of H."""
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
@@ -63,9 +63,9 @@ def default_config(V, J):
     in shared memory for every vocabulary tile, the consumers taking the vocabulary tiles in turns; wider rows,
     tiles of 128 x 256 and one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper
     GEMM) (DESIGN.md: The logits kernels in ping-pong). Over two row blocks, the gradient's vocabulary tiles, where
-    their count is even, are split between two CTAs a row-block pair."""
+    there are two or more, are split between two CTAs a row-block pair."""
     if V <= 1024:
-        return Config(128, 2, 1, 1, 2, 2 if -(-V // 128) % 2 == 0 else 1)
+        return Config(128, 2, 1, 1, 2, 2 if V > 128 else 1)
     return Config(128, 2, 1, 1, 1) if J <= PINGPONG_MAX_J else Config(256, 2, 1, 1)
 
 
@@ -277,10 +277,9 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
     if config.pingpong and not pingpong_shape:
         raise ValueError(f"config: expected a ping-pong shape (64 or 128, 2, 1, 1, 1 or 2), got {tuple(config)}")
     n_tiles = -(-V // config.tile_n)
-    if config.vocab_groups != 1 and not (config.pingpong == 2 and config.vocab_groups > 1
-                                         and n_tiles % config.vocab_groups == 0):
-        raise ValueError(f"config: expected vocab_groups 1, or a divisor of the {n_tiles} vocabulary tiles with "
-                         f"pingpong 2, got {tuple(config)}")
+    if config.vocab_groups != 1 and not (config.pingpong == 2 and 1 < config.vocab_groups <= n_tiles):
+        raise ValueError(f"config: expected vocab_groups 1, or at most the {n_tiles} vocabulary tiles with pingpong "
+                         f"2, got {tuple(config)}")
     col_bias = torch.full((n_tiles * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
