@@ -13,15 +13,23 @@ Z = H W^T + bias whose epilogues replace the logits:
 The kernels need ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` (the ``hopper`` extra), imported only when a kernel is
 first compiled: importing this module, or ``transducer``, never needs them. Kernels are compiled once per (J,
 vocabulary tiles, dtype, kernel shape, epilogue, extra columns) for TVM FFI's calling convention (a launch costs the
-host a few microseconds) and kept for the process; the row count, V, the bias, the blank, the clamp and the first
-extra column are run-time arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape,
+host a few microseconds), kept for the process and kept on disk for later ones (``_cache_file``: by default in
+``~/.cache/transducer-loss/hopper``, elsewhere where ``TRANSDUCER_HOPPER_CACHE`` names a directory, never where it
+is 0), which load a kept kernel instead of compiling it; the row count, V, the bias, the blank, the clamp and the
+first extra column are run-time arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape,
 the softmax's columns and the extra ones: TDT's duration scores, multi-blank's big blanks) once a pass and calls
 ``statistics_tile`` and ``gradient_tile`` on its tiles; ``self_test`` checks once per device that the kernels run.
 """
 
 import functools
+import hashlib
+import importlib.metadata
 import importlib.util
+import logging
+import os
+import tempfile
 import threading
+from pathlib import Path
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -29,6 +37,10 @@ from torch import Tensor
 
 __all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection",
            "statistics_tile", "gradient_tile"]
+
+_log = logging.getLogger("transducer")
+# the compiled kernels' function name in the disk cache's object files (_compile)
+_CACHED_NAME = "logits_gemm"
 
 
 class Config(NamedTuple):
@@ -38,7 +50,7 @@ class Config(NamedTuple):
     memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
     2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed, and the
     gradient's vocabulary tiles of a row-block pair split among ``vocab_groups`` CTAs launched one after the other
-    (a divisor of the tiles; 1 otherwise), so that the CTAs running at once share rows of H."""
+    (at most the tiles; 1 otherwise), so that the CTAs running at once share rows of H."""
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
@@ -63,9 +75,9 @@ def default_config(V, J):
     in shared memory for every vocabulary tile, the consumers taking the vocabulary tiles in turns; wider rows,
     tiles of 128 x 256 and one CTA per SM with the deepest ring of loads that fits (CUTLASS's cooperative Hopper
     GEMM) (DESIGN.md: The logits kernels in ping-pong). Over two row blocks, the gradient's vocabulary tiles, where
-    their count is even, are split between two CTAs a row-block pair."""
+    there are two or more, are split between two CTAs a row-block pair."""
     if V <= 1024:
-        return Config(128, 2, 1, 1, 2, 2 if -(-V // 128) % 2 == 0 else 1)
+        return Config(128, 2, 1, 1, 2, 2 if V > 128 else 1)
     return Config(128, 2, 1, 1, 1) if J <= PINGPONG_MAX_J else Config(256, 2, 1, 1)
 
 
@@ -277,10 +289,9 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
     if config.pingpong and not pingpong_shape:
         raise ValueError(f"config: expected a ping-pong shape (64 or 128, 2, 1, 1, 1 or 2), got {tuple(config)}")
     n_tiles = -(-V // config.tile_n)
-    if config.vocab_groups != 1 and not (config.pingpong == 2 and config.vocab_groups > 1
-                                         and n_tiles % config.vocab_groups == 0):
-        raise ValueError(f"config: expected vocab_groups 1, or a divisor of the {n_tiles} vocabulary tiles with "
-                         f"pingpong 2, got {tuple(config)}")
+    if config.vocab_groups != 1 and not (config.pingpong == 2 and 1 < config.vocab_groups <= n_tiles):
+        raise ValueError(f"config: expected vocab_groups 1, or at most the {n_tiles} vocabulary tiles with pingpong "
+                         f"2, got {tuple(config)}")
     col_bias = torch.full((n_tiles * config.tile_n,), float("-inf"), device=W.device,
                           dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
@@ -403,14 +414,25 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
     count, V, blank, clamp and first extra column), with the gradient epilogue (clamping or not) or the statistics,
     and ``extra`` extra columns (stored by the statistics, their terms subtracted by the gradient): compiled on first
-    use, kept for the process. Compiled for TVM FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call
-    takes addresses, numbers and the stream's handle as Python ints and floats, which costs the host far less than
-    the DSL's own argument handling (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
+    use, kept for the process, and kept on disk (``_cache_file``) for the next process to load. Compiled for TVM
+    FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes addresses, numbers and the stream's
+    handle as Python ints and floats, which costs the host far less than the DSL's own argument handling
+    (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
 
     from .hopper_kernel import LogitsGemm, LogitsGemmPingpong
+
+    from cutlass.cute.runtime import load_module
+
+    file = _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra)
+    if file is not None and file.exists():
+        try:
+            return getattr(load_module(str(file), enable_tvm_ffi=True), _CACHED_NAME)
+        except Exception as e:  # noqa: BLE001  (a file from another build, cut short or unreadable: compiled again)
+            _log.debug("transducer.hopper: compiling again, %s could not be loaded (%s: %s)", file,
+                       type(e).__name__, e)
 
     make_ptr, gmem, types = _runtime()
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
@@ -422,7 +444,65 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
                                     vocab_groups=config.vocab_groups if gradient else 1)
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
-    return cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8), cutlass.Int64(1),
-                        cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0), cutlass.Int32(1),
-                        cuda.CUstream(torch.cuda.current_stream().cuda_stream),
-                        options="--enable-tvm-ffi")
+    compiled = cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8),
+                            cutlass.Int64(1), cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0),
+                            cutlass.Int32(1), cuda.CUstream(torch.cuda.current_stream().cuda_stream),
+                            options="--enable-tvm-ffi")
+    if file is not None:
+        _write_cached(compiled, file)
+    return compiled
+
+
+def _write_cached(compiled, file):
+    """The compiled kernel's object file written to ``file``: under another name first, then renamed, so that no
+    process loads a file cut short; nothing written (a debug line) where that fails, as on a full or read-only
+    disk."""
+    part = None
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        handle, part = tempfile.mkstemp(suffix=".part", dir=file.parent)
+        os.close(handle)
+        compiled.export_to_c(part, function_name=_CACHED_NAME)
+        os.replace(part, file)
+    except Exception as e:  # noqa: BLE001  (any failure leaves the kernel to be compiled in the next process)
+        _log.debug("transducer.hopper: %s not written (%s: %s)", file, type(e).__name__, e)
+        if part is not None and os.path.exists(part):
+            os.remove(part)
+
+
+def _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra) -> Optional[Path]:
+    """Where _compile keeps a compiled kernel for later processes, or None where ``TRANSDUCER_HOPPER_CACHE`` is 0
+    (or false, off, no): an object file in the directory ``TRANSDUCER_HOPPER_CACHE`` names, by default
+    ``$XDG_CACHE_HOME/transducer-loss/hopper`` (``~/.cache/transducer-loss/hopper``), named by a hash of the kernel's
+    arguments, the GPU's compute capability, the versions of nvidia-cutlass-dsl and apache-tvm-ffi, and the source of
+    this module and of transducer/hopper_kernel.py (an edited kernel is compiled again)."""
+    setting = os.environ.get("TRANSDUCER_HOPPER_CACHE", "").strip()
+    if setting.lower() in ("0", "false", "off", "no"):
+        return None
+    if setting:
+        root = Path(setting).expanduser()
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transducer-loss" / "hopper"
+    return root / f"{_source_key()}-{_kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra)}.o"
+
+
+@functools.lru_cache(maxsize=None)
+def _source_key():
+    """The part of a cached kernel's name that changes with the sources and the libraries that build it."""
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in ("hopper.py", "hopper_kernel.py"):
+        digest.update((here / name).read_bytes())
+    for package in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            digest.update(f"{package} {importlib.metadata.version(package)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{package} unknown".encode())
+    return digest.hexdigest()[:16]
+
+
+def _kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra):
+    """The part of a cached kernel's name that names the kernel: its arguments and the GPU's compute capability."""
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+    arguments = (J, n_tiles, str(dtype), tuple(config), bool(gradient), bool(clamp), extra, capability)
+    return hashlib.sha256(repr(arguments).encode()).hexdigest()[:16]

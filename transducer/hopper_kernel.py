@@ -558,7 +558,8 @@ class LogitsGemmPingpong(LogitsGemm):
     statistics of each row merged through shared memory at the end); it fits where the tile of H (128 x J) leaves
     room for ``MIN_STAGES`` stages. Else a CTA owns two row blocks of 128, one a consumer, each walking every
     vocabulary tile, and the stages hold H's k tiles beside W's; the gradient's with ``vocab_groups`` G > 1 splits a
-    row-block pair's vocabulary tiles among G CTAs launched one after the other (tiles g n_tiles / G ... of CTA g),
+    row-block pair's vocabulary tiles among G CTAs launched one after the other (tiles floor(g n_tiles / G) up to
+    floor((g + 1) n_tiles / G) of CTA g),
     so that the CTAs running at once share rows of H and their loads hit L2. Each consumer stores its own tiles of
     G."""
 
@@ -568,9 +569,9 @@ class LogitsGemmPingpong(LogitsGemm):
                  extra: int = 0, g_subtile_n: int = 16, resident: bool = True, vocab_groups: int = 1):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
-        if vocab_groups < 1 or vocab_groups > 1 and (resident or not gradient or n_tiles % vocab_groups):
-            raise ValueError(f"vocab_groups: expected 1, or a divisor of n_tiles = {n_tiles} for the gradient over two "
-                             f"row blocks a CTA, got {vocab_groups}")
+        if vocab_groups < 1 or vocab_groups > 1 and (resident or not gradient or vocab_groups > n_tiles):
+            raise ValueError(f"vocab_groups: expected 1, or at most n_tiles = {n_tiles} for the gradient over two row "
+                             f"blocks a CTA, got {vocab_groups}")
         super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
         self.vocab_groups = vocab_groups
         self.tile_m = 128
@@ -673,10 +674,16 @@ class LogitsGemmPingpong(LogitsGemm):
         n_rows = mH.shape[0]
         m_block = bidx
         first_tile = 0  # the CTA's vocabulary tiles: [first_tile, first_tile + tiles)
-        tiles = self.n_tiles // self.vocab_groups
+        tiles = self.n_tiles
         if cutlass.const_expr(self.vocab_groups > 1):
             m_block = bidx // self.vocab_groups
-            first_tile = bidx % self.vocab_groups * tiles
+            group = bidx % self.vocab_groups
+            if cutlass.const_expr(self.n_tiles % self.vocab_groups == 0):
+                tiles = self.n_tiles // self.vocab_groups
+                first_tile = group * tiles
+            else:  # the groups' counts differ by one
+                first_tile = group * self.n_tiles // self.vocab_groups
+                tiles = (group + 1) * self.n_tiles // self.vocab_groups - first_tile
         k_tiles = self.k_tiles
 
         smem = utils.SmemAllocator()
