@@ -797,8 +797,8 @@ class LogitsGemmPingpong(LogitsGemm):
             k_blocks = cute.size(tCrH, mode=[2])
             turns = self.n_tiles if self.resident else 2 * tiles
             for n_tile in cutlass.range(consumer if self.resident else first_tile,
-                                        self.n_tiles if self.resident else first_tile + tiles, 2 if self.resident else 1,
-                                        unroll=1):
+                                        self.n_tiles if self.resident else first_tile + tiles,
+                                        2 if self.resident else 1, unroll=1):
                 turn = n_tile
                 if cutlass.const_expr(not self.resident):
                     turn = 2 * (n_tile - first_tile) + consumer
