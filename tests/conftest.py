@@ -1,5 +1,6 @@
-"""Skips the tests marked cuda where there is no CUDA GPU or no CuPy (their reason says how to install it), and seeds
-torch's default generators before each test, so that no test depends on which tests ran before it."""
+"""Skips the tests marked cuda where there is no CUDA GPU or no CuPy (their reason says how to install it), seeds
+torch's default generators before each test, so that no test depends on which tests ran before it, and keeps the
+Hopper kernels' disk cache in a directory of the session's, not the user's."""
 
 import importlib.util
 
@@ -25,3 +26,11 @@ def seed_torch():
     """Each test starts from the same state of torch's default generators (a module's weights drawn unseeded are then
     the same whichever tests ran before)."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hopper_cache(tmp_path_factory):
+    """transducer.hopper's compiled kernels written to and loaded from a directory of this session's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSDUCER_HOPPER_CACHE", str(tmp_path_factory.mktemp("hopper-cache")))
+        yield

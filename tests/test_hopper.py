@@ -337,9 +337,10 @@ def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, c
     # the memory gradient_tile takes next, NaN first (the caching allocator hands the freed block back), so that a
     # tile or a row the kernel leaves unwritten shows
     tile_m = 64 * config.warpgroups
-    torch.full((max(-(-N // tile_m) * tile_m, N + 200), projection.col_bias.numel()), float("nan"), device="cuda",
-               dtype=torch.bfloat16)
+    address = torch.full((max(-(-N // tile_m) * tile_m, N + 200), projection.col_bias.numel()), float("nan"),
+                         device="cuda", dtype=torch.bfloat16).data_ptr()
     G = hopper.gradient_tile(projection, H, labels, blank, coefficients, clamp, rows=N + 200)
+    assert G.data_ptr() == address  # the NaN block, or the check below proves nothing
     want = gradient_reference(H, W, bias, labels, blank, coefficients, clamp)
     assert G.size(0) == N + 200 and (G[N:] == 0).all()  # the rows past N: the kernel's whole row tile, then a fill
     G = G[:N]

@@ -27,6 +27,8 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import platform
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -427,12 +429,11 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     from cutlass.cute.runtime import load_module
 
     file = _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra)
-    if file is not None and file.exists():
-        try:
+    try:
+        if file is not None and file.exists():
             return getattr(load_module(str(file), enable_tvm_ffi=True), _CACHED_NAME)
-        except Exception as e:  # noqa: BLE001  (a file from another build, cut short or unreadable: compiled again)
-            _log.debug("transducer.hopper: compiling again, %s could not be loaded (%s: %s)", file,
-                       type(e).__name__, e)
+    except Exception as e:  # noqa: BLE001  (a file from another build, cut short or unreadable: compiled again)
+        _log.debug("transducer.hopper: compiling again, %s could not be loaded (%s: %s)", file, type(e).__name__, e)
 
     make_ptr, gmem, types = _runtime()
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
@@ -463,6 +464,7 @@ def _write_cached(compiled, file):
         handle, part = tempfile.mkstemp(suffix=".part", dir=file.parent)
         os.close(handle)
         compiled.export_to_c(part, function_name=_CACHED_NAME)
+        os.chmod(part, 0o644)  # mkstemp's 0600 would keep a shared directory's files from its other users
         os.replace(part, file)
     except Exception as e:  # noqa: BLE001  (any failure leaves the kernel to be compiled in the next process)
         _log.debug("transducer.hopper: %s not written (%s: %s)", file, type(e).__name__, e)
@@ -472,23 +474,28 @@ def _write_cached(compiled, file):
 
 def _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra) -> Optional[Path]:
     """Where _compile keeps a compiled kernel for later processes, or None where ``TRANSDUCER_HOPPER_CACHE`` is 0
-    (or false, off, no): an object file in the directory ``TRANSDUCER_HOPPER_CACHE`` names, by default
-    ``$XDG_CACHE_HOME/transducer-loss/hopper`` (``~/.cache/transducer-loss/hopper``), named by a hash of the kernel's
-    arguments, the GPU's compute capability, the versions of nvidia-cutlass-dsl and apache-tvm-ffi, and the source of
-    this module and of transducer/hopper_kernel.py (an edited kernel is compiled again)."""
+    (or false, off, no), or where no home directory is known: an object file in the directory
+    ``TRANSDUCER_HOPPER_CACHE`` names, by default ``$XDG_CACHE_HOME/transducer-loss/hopper``
+    (``~/.cache/transducer-loss/hopper``), named by a hash of what builds it (_source_key) and of the kernel
+    (_kernel_key)."""
     setting = os.environ.get("TRANSDUCER_HOPPER_CACHE", "").strip()
     if setting.lower() in ("0", "false", "off", "no"):
         return None
-    if setting:
-        root = Path(setting).expanduser()
-    else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transducer-loss" / "hopper"
+    try:
+        if setting:
+            root = Path(setting).expanduser()
+        else:
+            root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transducer-loss" / "hopper"
+    except RuntimeError:  # Path.home() without HOME or a user database entry
+        return None
     return root / f"{_source_key()}-{_kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra)}.o"
 
 
 @functools.lru_cache(maxsize=None)
 def _source_key():
-    """The part of a cached kernel's name that changes with the sources and the libraries that build it."""
+    """The part of a cached kernel's name that changes with the sources and the libraries that build it: this module
+    and transducer/hopper_kernel.py (an edited kernel is compiled again), and the versions of nvidia-cutlass-dsl and
+    apache-tvm-ffi."""
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in ("hopper.py", "hopper_kernel.py"):
@@ -502,7 +509,12 @@ def _source_key():
 
 
 def _kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra):
-    """The part of a cached kernel's name that names the kernel: its arguments and the GPU's compute capability."""
+    """The part of a cached kernel's name that names the kernel and what it is built for: its arguments, the GPU's
+    compute capability, the DSL's compiler library loaded (its CUDA version and the host's architecture in its name)
+    and the DSL's ``CUTE_DSL_*`` settings in the environment (the target arch, line information, debugging)."""
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
-    arguments = (J, n_tiles, str(dtype), tuple(config), bool(gradient), bool(clamp), extra, capability)
+    compiler = getattr(sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir"), "__file__", None)
+    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))
+    arguments = (J, n_tiles, str(dtype), tuple(config), bool(gradient), bool(clamp), extra, capability,
+                 os.path.basename(compiler) if compiler else platform.machine(), settings)
     return hashlib.sha256(repr(arguments).encode()).hexdigest()[:16]
