@@ -321,9 +321,7 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
     extra = projection.extra
     statistics = torch.empty(3 + extra, N, device=H.device, dtype=torch.float32) if out is None else out
     if N > 0:
-        # one kernel for every vocab_groups: the statistics never split their vocabulary tiles (_compile)
-        config = projection.config._replace(vocab_groups=1)
-        kernel = _compiled(J, projection.n_tiles, H.dtype, config, False, False, extra)
+        kernel = _compiled(J, projection.n_tiles, H.dtype, projection.config, False, False, extra)
         _launch(kernel, H, *_arguments(H, projection, labels, statistics, H), blank, 0.0, projection.extra_start)
     return tuple(statistics)
 
@@ -406,7 +404,11 @@ def _launch(kernel, H, *arguments):
 
 
 def _compiled(J, n_tiles, dtype, config, gradient, clamp, extra):
-    """_compile's kernel, compiled once per process, one thread at a time."""
+    """_compile's kernel, compiled once per process, one thread at a time; the statistics' under vocab_groups 1,
+    whatever the config says (they never split their vocabulary tiles: measured no faster, benchmarks/RESULTS.md), so
+    that configs differing only there share one statistics kernel."""
+    if not gradient:
+        config = config._replace(vocab_groups=1)
     with _lock:
         return _compile(J, n_tiles, dtype, config, gradient, clamp, extra)
 
@@ -439,10 +441,8 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
     if config.pingpong:
-        # the statistics never split their vocabulary tiles: measured no faster (benchmarks/RESULTS.md)
         kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1,
-                                    vocab_groups=config.vocab_groups if gradient else 1)
+                                    resident=config.pingpong == 1, vocab_groups=config.vocab_groups)
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
     compiled = cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8),
