@@ -5,6 +5,7 @@ tested in test_stages.py.)"""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch._dynamo
@@ -463,6 +464,10 @@ def _bad(**change):
     (dict(durations=[0, 1], sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
     (dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)), ValueError, "encoder_out: expected at least one"),
+    (dict(encoder_out=torch.zeros(5, 8, 0, dtype=torch.float64),
+          predictor_out=torch.zeros(5, 5, 0, dtype=torch.float64), weight=torch.zeros(17, 0, dtype=torch.float64)),
+     ValueError,
+     r"encoder_out: expected rows of at least one entry \(B, maxT, J >= 1\), got shape \(5, 8, 0\)"),
     (dict(delay_penalty=math.inf), ValueError, "delay_penalty: expected a finite number"),
     (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[-15, 15\) \(the token rows"),
 ])
@@ -563,3 +568,21 @@ def test_module_bad_options(kwargs, error, match):
     """FusedJoinerLoss checks its options when built, with the messages of fused_joiner_loss."""
     with pytest.raises(error, match=match):
         FusedJoinerLoss(8, 6, **kwargs)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((8, 1), ValueError, "vocab_size: expected an int >= 2, got 1"),
+    ((8, 6.0), TypeError, "vocab_size: expected an int, got float 6.0"),
+    ((0, 6), ValueError, "joiner_dim: expected an int >= 1, got 0"),
+    ((True, 6), TypeError, "joiner_dim: expected an int, got bool True"),
+])
+def test_module_bad_sizes(args, error, match):
+    """FusedJoinerLoss names a joiner width or vocabulary it cannot take when built, not at its first call."""
+    with pytest.raises(error, match=match):
+        FusedJoinerLoss(*args)
+
+
+def test_module_numpy_sizes():
+    m = FusedJoinerLoss(np.int64(8), np.int64(6), blank=np.int64(-1))
+    assert m.options["blank"] == 5 and type(m.options["blank"]) is int
+    assert m.output.weight.shape == (6, 8)

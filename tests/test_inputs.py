@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from _batches import DEVICES, compact, random_batch, to_device
 from transducer import (FusedJoinerLoss, RNNTLoss, TDTLoss, TransducerLoss, fused_joiner_loss, pack, rnnt_loss,
@@ -46,6 +47,49 @@ def test_pack_bad_input():
         pack(enc, pred, T, torch.tensor([3, 1]))
     with pytest.raises(TypeError, match="logit_lengths: expected dtype"):
         pack(enc, pred, T.float(), U)
+    with pytest.raises(ValueError, match=r"encoder_out: expected rows of at least one entry \(B, maxT, D >= 1\)"):
+        pack(enc[:, :, :0], pred[:, :, :0], T, U)
+
+
+def test_numpy_scalars_as_options():
+    """Options take numpy's numbers as Python's (a config read through numpy): floats of any width, numpy's bool."""
+    logits, targets, T, U = _good()
+    want = transducer_loss(logits, targets, T, U, clamp=0.5, fastemit_lambda=0.25, zero_infinity=True)
+    got = transducer_loss(logits, targets, T, U, clamp=np.float32(0.5), fastemit_lambda=np.float16(0.25),
+                          zero_infinity=np.bool_(True))
+    assert torch.equal(got, want)
+    with pytest.raises(TypeError, match="zero_infinity: expected a bool, got"):
+        transducer_loss(logits, targets, T, U, zero_infinity=np.float32(1.0))
+    with pytest.raises(TypeError, match="clamp: expected a number, got bool"):
+        transducer_loss(logits, targets, T, U, clamp=np.bool_(True))
+
+
+@pytest.mark.parametrize("entry", ["loss", "pack", "fused"])
+def test_no_silent_second_derivative(entry):
+    """A gradient taken with create_graph=True has the first derivative's value, and differentiating it raises: the
+    ops have no second derivative, and one computed as if the gradient were a constant would be wrong."""
+    torch.manual_seed(0)
+    targets, T, U = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
+    enc = torch.randn(2, 4, 5, dtype=torch.float64, requires_grad=True)
+    pred = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+
+    def make():
+        if entry == "loss":
+            return transducer_loss(F.linear(torch.tanh(enc[:, :, None] + pred[:, None]), W), targets, T, U)
+        if entry == "pack":
+            return pack(torch.sin(enc), pred, T, U).square().sum()
+        return fused_joiner_loss(enc, pred, W, None, targets, T, U)
+
+    inputs = (W, pred) if entry != "pack" else (enc,)
+    first = torch.autograd.grad(make(), inputs)
+    graphed = torch.autograd.grad(make(), inputs, create_graph=True)
+    for a, b in zip(first, graphed):
+        assert torch.equal(a, b.detach())
+    penalty = sum(g.square().sum() for g in graphed)
+    op = {"loss": "loss", "pack": "pack", "fused": "fused_joiner_loss"}[entry]
+    with pytest.raises(RuntimeError, match=f"transducer::{op}: no second derivative"):
+        torch.autograd.grad(penalty, enc if entry == "pack" else pred)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -230,6 +230,9 @@ def _bad(**change):
     (dict(big_blank_durations=[1, 3]), ValueError, "big_blank_durations: expected distinct ints >= 2"),
     (dict(big_blank_durations=[2, 2]), ValueError, "big_blank_durations: expected distinct ints >= 2"),
     (dict(big_blank_durations=[2.5]), ValueError, "big_blank_durations: expected a sequence of ints"),
+    (dict(big_blank_durations=[True, 2]), ValueError, "big_blank_durations: expected a sequence of ints"),
+    (dict(big_blank_durations=[2, 1 << 16]), ValueError, "big_blank_durations: expected durations of at most 65535"),
+    (dict(big_blank_durations=None), ValueError, "big_blank_durations: the multi-blank loss needs"),
     (dict(big_blank_durations=[2, 3, 4], blank=2), ValueError, "3 big blanks sit in the columns"),
     (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\)"),
     (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
@@ -246,6 +249,11 @@ def test_bad_input(change, error, match):
 def test_bad_module_and_fused_options():
     with pytest.raises(ValueError, match="big_blank_durations: expected distinct ints >= 2"):
         MultiblankLoss([1], blank=-1)
+    with pytest.raises(ValueError, match="big_blank_durations: the multi-blank loss needs"):
+        MultiblankLoss(None, blank=-1)
+    with pytest.raises(ValueError, match="big_blank_durations: 1 big blanks sit in the columns"):
+        MultiblankLoss([2], blank=0)  # no vocabulary fits a big blank before column 0
+    MultiblankLoss([2], blank=1)  # nor refused where one fits
     with pytest.raises(ValueError, match="big_blank_durations: the TDT loss does not take this option"):
         FusedJoinerLoss(8, 10, blank=-1, big_blank_durations=[2], durations=[0, 1])
     with pytest.raises(ValueError, match="omega: the multi-blank RNN-T loss does not take this option"):

@@ -22,6 +22,7 @@ CASES = [  # durations, blank, options
     ([0, 2, 3], 8, dict(omega=0.3)),
     ([1, 3, 4], 2, dict(fastemit_lambda=0.2, sigma=0.1, omega=0.1)),
     ([0, 1, 2], 0, dict(clamp=0.1)),
+    ([0, 1, 65535], 0, {}),  # the longest duration taken: no arc of it fits an utterance
 ]
 
 
@@ -221,6 +222,19 @@ def test_check_durations():
         cpu.tdt_alpha_beta(lp, lp_arcs, layout, LossOptions(durations=(0, 1, 2)))  # 3 durations for 2 duration columns
 
 
+def test_long_durations_pad_the_cpu_grid_by_its_steps(monkeypatch):
+    """The CPU walk pads its step grid by the longest arc that fits it, not by the longest duration: an arc longer
+    than the grid joins no two cells."""
+    pads, on_grid = [], cpu._on_grid
+    monkeypatch.setattr(cpu, "_on_grid", lambda values, grid, pad=0: pads.append((pad, grid.steps)) or
+                        on_grid(values, grid, pad))
+    gen = torch.Generator().manual_seed(31)
+    logits, targets, T, U = random_batch(gen, 3, 5, 2, 4, 0, scale=1.5, edges=True, extra=3)
+    got = tdt_loss(logits, targets, T, U, [0, 1, 65535], reduction="none")
+    torch.testing.assert_close(got, tdt_loss_reference(logits, targets, T, U, [0, 1, 65535]), rtol=1e-9, atol=1e-10)
+    assert pads and all(pad == steps + 2 for pad, steps in pads)
+
+
 def _bad(**change):
     gen = torch.Generator().manual_seed(660)
     logits, targets, T, U = random_batch(gen, 5, 7, 3, 9, 0, scale=1.5, edges=True, extra=4)
@@ -243,7 +257,11 @@ def _bad(**change):
     (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
     (dict(omega="0.1"), TypeError, "omega: expected a number"),
     (dict(durations=3), ValueError, "durations: expected a sequence of ints"),
-    (dict(durations=[0, 1.5]), ValueError, "durations: expected ints"),
+    (dict(durations=[0, 1.5]), ValueError, r"durations: expected a sequence of ints, got \[0, 1.5\]"),
+    (dict(durations=[0, 1, 2.0]), ValueError, r"durations: expected a sequence of ints, got \[0, 1, 2.0\]"),
+    (dict(durations=[0, True, 2]), ValueError, r"durations: expected a sequence of ints, got \[0, True, 2\]"),
+    (dict(durations=[0, 1, 65536]), ValueError, "durations: expected durations of at most 65535 frames, got 65536"),
+    (dict(durations=None), ValueError, r"durations: the TDT loss needs its durations"),
     (dict(fastemit_lambda=math.inf), ValueError, "fastemit_lambda: expected a number >= 0, and finite"),
     (dict(duration_logits=torch.zeros(5, 7, 4, 4, dtype=torch.float32)), TypeError, "duration_logits: expected dtype"),
     (dict(duration_logits=[0.0]), TypeError, "duration_logits: expected a torch.Tensor"),
@@ -266,6 +284,7 @@ def test_bad_input(change, error, match):
     (dict(blank=1.5), TypeError, "blank: expected an int"),
     (dict(reduction="avg"), ValueError, "reduction: expected one of"),
     (dict(clamp="x"), TypeError, "clamp: expected a number"),
+    (dict(durations=None), ValueError, "durations: the TDT loss needs its durations"),
 ])
 def test_module_bad_options(kwargs, error, match):
     """TDTLoss checks its options when built, with the messages of tdt_loss."""

@@ -1,13 +1,15 @@
 """Argument checks shared by the losses, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
+import numbers
 import operator
 
+import numpy as np
 import torch
 
 from ops import FLOAT_DTYPES, INDEX_DTYPES
 
-from .layout import CELLS_CAP, MAX_ROWS, Stats
+from .layout import CELLS_CAP, MAX_DURATION, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "bad_labels_error",
            "check_blank_type", "duration_scores_note", "plural", "check_pack_values", "check_durations",
@@ -69,6 +71,16 @@ def is_index(x):
     except TypeError:
         return False
     return True
+
+
+def is_number(x):
+    """A real number (int, float, numpy integer or floating scalar), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def is_flag(x):
+    """A bool (Python's or numpy's), or an integer index equal to 0 or 1."""
+    return isinstance(x, (bool, np.bool_)) or (is_index(x) and operator.index(x) in (0, 1))
 
 
 def check_blank(blank, num_columns, columns="the vocabulary size is logits.size(-1)"):
@@ -155,35 +167,43 @@ def check_pack_values(encoder_out, predictor_out, stats):
 
 
 def check_durations(durations, num_durations=None, name="durations"):
-    """The durations as a tuple of Python ints; ValueError (naming ``name``) unless they are distinct ints >= 0,
-    at least one >= 1 (and ``num_durations`` of them, when given)."""
+    """The durations as a tuple of Python ints; ValueError (naming ``name``) unless they are distinct ints in
+    [0, MAX_DURATION], at least one >= 1 (and ``num_durations`` of them, when given)."""
     try:
-        ds = tuple(int(d) for d in durations)
-    except (TypeError, ValueError):
+        given = list(durations)
+    except TypeError:
         raise ValueError(f"{name}: expected a sequence of ints, got {durations!r}") from None
-    if any(int(d) != d for d in durations):
-        raise ValueError(f"{name}: expected ints, got {list(durations)}")
+    if not all(is_index(d) for d in given):
+        raise ValueError(f"{name}: expected a sequence of ints, got {given!r}")
+    ds = tuple(operator.index(d) for d in given)
     if not ds or min(ds) < 0 or max(ds) < 1 or len(set(ds)) != len(ds):
         raise ValueError(f"{name}: expected distinct ints >= 0 with at least one >= 1 (a blank must advance time), "
                          f"got {list(ds)}")
+    if max(ds) > MAX_DURATION:
+        raise ValueError(f"{name}: expected durations of at most {MAX_DURATION} frames, got {max(ds)}")
     if num_durations is not None and len(ds) != num_durations:
         raise ValueError(f"{name}: {len(ds)} durations for {num_durations} duration columns")
     return ds
 
 
 def check_big_blank_durations(big_blank_durations, blank):
-    """The big blanks' durations as a tuple of ints: at least one, distinct, each >= 2 (a duration of 1 is the
+    """The big blanks' durations as a tuple of ints: at least one, distinct, each in [2, MAX_DURATION] (1 is the
     standard blank's), all fitting before ``blank`` (big blank i sits in column blank - 1 - i; None: not known
     yet)."""
     name = "big_blank_durations"
     try:
-        ds = tuple(operator.index(d) for d in big_blank_durations)
+        given = list(big_blank_durations)
     except TypeError:
         raise ValueError(f"{name}: expected a sequence of ints, got {big_blank_durations!r}") from None
+    if not all(is_index(d) for d in given):
+        raise ValueError(f"{name}: expected a sequence of ints, got {given!r}")
+    ds = tuple(operator.index(d) for d in given)
     if not ds:
         raise ValueError(f"{name}: expected at least one big blank (without big blanks the loss is transducer_loss)")
     if min(ds) < 2 or len(set(ds)) != len(ds):
         raise ValueError(f"{name}: expected distinct ints >= 2 (the standard blank has duration 1), got {list(ds)}")
+    if max(ds) > MAX_DURATION:
+        raise ValueError(f"{name}: expected durations of at most {MAX_DURATION} frames, got {max(ds)}")
     if blank is not None and blank - len(ds) < 0:
         raise ValueError(f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
                          f"do not fit before the blank's column {blank}")

@@ -448,10 +448,10 @@ def multiblank_alpha_beta(lp, lp_arcs, layout, options):
 
 
 class _GridArcs(NamedTuple):
-    """_Arcs on the step grid (_on_grid with ``pad`` = the longest arc + 1 empty steps on each side): ``blank``
-    (B, steps + 2 pad, Db, max_u1 + 2) and ``label`` (..., Dl, ...) the weights of the arcs leaving each cell,
-    ``closing`` (B, steps + 2 pad, max_u1 + 2) the weight of the blank arc that ends the alignment at the cell
-    it leaves from, -inf elsewhere."""
+    """_Arcs on the step grid (_on_grid with ``pad`` = the longest arc, at most steps + 1, plus 1 empty steps on each
+    side): ``blank`` (B, steps + 2 pad, Db, max_u1 + 2) and ``label`` (..., Dl, ...) the weights of the arcs leaving
+    each cell, ``closing`` (B, steps + 2 pad, max_u1 + 2) the weight of the blank arc that ends the alignment at the
+    cell it leaves from, -inf elsewhere."""
     pad: int
     blank_durations: list
     blank: torch.Tensor
@@ -461,21 +461,25 @@ class _GridArcs(NamedTuple):
 
 
 def _on_step_grid(arcs, layout, grid):
-    pad = max(arcs.blank_durations + arcs.label_durations) + 1
+    # an arc longer than the grid's steps joins no two cells and closes no alignment (d > T_b): one of steps + 1
+    # does the same, and bounds the padding by the grid rather than by the durations
+    blank_durations = [min(d, grid.steps + 1) for d in arcs.blank_durations]
+    label_durations = [min(d, grid.steps + 1) for d in arcs.label_durations]
+    pad = max(blank_durations + label_durations) + 1
     blank = _on_grid(arcs.blank, grid, pad)
     label = _on_grid(arcs.label, grid, pad)
-    # the closing blanks: from (T_b - d, U_b) with duration d, at step T_b - d + U_b; the blank durations are
-    # distinct, so a cell has at most one
+    # the closing blanks: from (T_b - d, U_b) with duration d, at step T_b - d + U_b; the blank durations that close
+    # an alignment (d <= T_b) are distinct, so a cell has at most one
     closing = arcs.blank.new_full(blank.shape[:2] + blank.shape[3:], -math.inf)
     T, U = layout.logit_lengths, layout.target_lengths
-    for j, d in enumerate(arcs.blank_durations):
+    for j, d in enumerate(blank_durations):
         t_close = T - d
         ok = t_close >= 0
         if ok.any():
             bs = ok.nonzero().squeeze(1)
             r = layout.cell_offsets[bs] + t_close[bs] * layout.row_strides[bs] + U[bs]
             closing[bs, pad + t_close[bs] + U[bs], U[bs] + 1] = arcs.blank[r, j]
-    return _GridArcs(pad, arcs.blank_durations, blank, arcs.label_durations, label, closing)
+    return _GridArcs(pad, blank_durations, blank, label_durations, label, closing)
 
 
 def _duration_walks(arcs, lp, lp_arcs, layout):

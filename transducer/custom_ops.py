@@ -107,6 +107,31 @@ def wide_gradient_rows(ctx, logits):
     return getattr(ctx, "eager", False) and logits.grad_fn is not None
 
 
+class _FirstOrderOnly(torch.autograd.Function):
+    """The gradients of a backward run with ``create_graph=True``, as aliases whose own backward raises: the ops have
+    no second derivative. The aliases hang on the incoming gradient and the saved inputs that require grad, so that
+    any derivative of a gradient with respect to what made the op's inputs reaches the error; a gradient taken as a
+    constant would make it silently wrong (torch.autograd.function.once_differentiable hangs its error on the
+    incoming gradient alone)."""
+
+    @staticmethod
+    def forward(ctx, name, count, *tensors):
+        ctx.name = name
+        return tuple(g.detach() for g in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(f"{ctx.name}: no second derivative; a gradient of its gradient (backward with "
+                           f"create_graph=True, then a derivative of the result) is not supported")
+
+    @staticmethod
+    def wrap(name, grads, sources):
+        tensors = [g for g in grads if g is not None]
+        sources = [x for x in sources if isinstance(x, Tensor) and x.requires_grad]
+        aliases = iter(_FirstOrderOnly.apply(str(name), len(tensors), *tensors, *sources))
+        return tuple(None if g is None else next(aliases) for g in grads)
+
+
 class Op:
     """``transducer::<name>`` and ``transducer::<name>_backward`` registered with torch.library (what
     torch.compile and torch.export trace), and an eager autograd Function around the same forward,
@@ -117,7 +142,8 @@ class Op:
 
     def __init__(self, name, forward, backward, setup_context, gradient, backward_mutates=(), after_backward=None):
         self.input_names = tuple(inspect.signature(forward).parameters)
-        self.op = torch.library.custom_op(f"transducer::{name}", forward, mutates_args=())
+        self.name = f"transducer::{name}"
+        self.op = torch.library.custom_op(self.name, forward, mutates_args=())
         self.backward_op = torch.library.custom_op(f"transducer::{name}_backward", backward,
                                                    mutates_args=backward_mutates)
         self.op.register_autograd(lambda ctx, grad, *_: self.ordered(gradient(ctx, grad, self.backward_op)),
@@ -137,13 +163,16 @@ class Op:
                 return output
 
             @staticmethod
-            @torch.autograd.function.once_differentiable
             def backward(ctx, grad, *_):
                 if grad is None:  # no gradient reached the first output (gradcheck's check_undefined_grad)
                     return (None,) * len(op.input_names)
-                grads = op.ordered(gradient(ctx, grad, backward))
-                if after_backward is not None:
-                    after_backward(ctx, grads)
+                create_graph = torch.is_grad_enabled()  # backward(create_graph=True) runs in grad mode
+                with torch.no_grad():
+                    grads = op.ordered(gradient(ctx, grad, backward))
+                    if after_backward is not None:
+                        after_backward(ctx, grads)
+                if create_graph:
+                    return _FirstOrderOnly.wrap(op.name, grads, (grad, *ctx.saved_tensors))
                 return grads
 
         self.eager = Eager

@@ -32,6 +32,7 @@ forward; the eager backward takes forward's host copy, a traced one reads it aga
 
 import bisect
 import functools
+import operator
 from typing import List, Optional, Tuple
 
 import torch
@@ -43,7 +44,7 @@ from ops import accumulate_dtype
 from . import cuda_stages, fused_hopper, hopper
 from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
-                     plural)
+                     is_index, plural)
 from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs
 from .joiner import ACTIVATIONS, Dropout
 from .lattices import check_supported, kind_of
@@ -367,7 +368,7 @@ def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
 
 
 _TENSORS = (
-    Param("encoder_out", "Tensor", "``(B, maxT, J)``, float16 / bfloat16 / float32 / float64."),
+    Param("encoder_out", "Tensor", "``(B, maxT, J)``, ``J >= 1``, float16 / bfloat16 / float32 / float64."),
     Param("predictor_out", "Tensor", "``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same "
           "device."),
     Param("weight", "Tensor", "``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``, "
@@ -448,6 +449,9 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device, "encoder_out")
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device, "encoder_out")
     B, _, J = encoder_out.shape
+    if J == 0:
+        raise ValueError(f"encoder_out: expected rows of at least one entry (B, maxT, J >= 1), got shape "
+                         f"{tuple(encoder_out.shape)}")
     rows = weight.size(0)  # the token columns and, with durations, the duration columns
     durations = options.get("durations")
     D = len(BY_NAME["durations"].check(durations))
@@ -490,8 +494,8 @@ fused_joiner_loss = public_function(FUSED_JOINER_LOSS, _fused_joiner_loss)
 
 
 _MODULE_PARAMS = (
-    Param("joiner_dim", "int", "J, the width of ``enc + pred``."),
-    Param("vocab_size", "int", "V, the token columns (blank included)."),
+    Param("joiner_dim", "int", "J >= 1, the width of ``enc + pred``."),
+    Param("vocab_size", "int", "V >= 2, the token columns (blank included)."),
     "activation",
     Param("bias", "bool", "the projection has a bias.", True),
     "blank", "reduction", "one_sym_per_frame", "zero_infinity", "check_inputs", "max_rows", "clamp", "fastemit_lambda",
@@ -532,6 +536,12 @@ class FusedJoinerLoss(LossModule, entry=_MODULE):
     def build(self, joiner_dim, vocab_size, bias, device=None, dtype=None):
         """The projection, ``Linear(joiner_dim, vocab_size + len(durations))``; the blank checked against
         ``vocab_size``, the options against one another."""
+        for name, value, least in (("joiner_dim", joiner_dim, 1), ("vocab_size", vocab_size, 2)):
+            if not is_index(value):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+            if value < least:
+                raise ValueError(f"{name}: expected an int >= {least}, got {value!r}")
+        joiner_dim, vocab_size = operator.index(joiner_dim), operator.index(vocab_size)
         loss_options, _ = _checked(self.options, None, vocab_size, "vocab_size")
         self.options["blank"] = loss_options.blank
         self.output = torch.nn.Linear(joiner_dim, vocab_size + len(loss_options.durations), bias=bias,

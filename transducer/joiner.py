@@ -13,6 +13,7 @@ no mask is stored.
 """
 
 import math
+import numbers
 from typing import Callable, NamedTuple
 
 import torch
@@ -89,7 +90,7 @@ class Dropout(NamedTuple):
 
 def check_dropout(p):
     """The rate ``p``: TypeError unless a number, ValueError unless in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"dropout: expected a number in [0, 1), got {type(p).__name__} {p!r}")
     if not 0 <= p < 1:
         raise ValueError(f"dropout: expected a number in [0, 1), got {p!r}")

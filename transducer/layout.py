@@ -33,6 +33,8 @@ CELLS_CAP = 1 << 61
 MAX_ROWS = (1 << 31) - 1
 #: Durations a TDT loss may have on CUDA (params.cuh: kMaxDurations; struct Durations holds them by value).
 MAX_DURATIONS = 16
+#: The longest duration (TDT's, a big blank's), in frames: the kernels add it to a frame index in 32 bits.
+MAX_DURATION = (1 << 16) - 1
 
 
 def table_size(batch_size):

@@ -5,7 +5,7 @@ log-probs and gradient with the big blanks' columns, and TDT's walk with the big
 several frames.
 """
 
-from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
+from .checks import FLOAT_DTYPES, check_batch, check_big_blank_durations, check_blank, check_tensor
 from .custom_ops import loss_call
 from .loss import LOGITS_TENSORS, reduce_losses
 from .options import MULTIBLANK, REQUIRED, LossOptions, check_device_limits, joint_checks
@@ -46,9 +46,7 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     check_batch(logits, targets, logit_lengths, target_lengths)
     o = check_options(options)
-    if not o["big_blank_durations"]:
-        raise ValueError(f"big_blank_durations: expected the big blanks' durations, got "
-                         f"{options['big_blank_durations']!r}")
+    _check_given(o)
     blank = check_blank(o.pop("blank"), logits.size(-1))
     reduction, zero_infinity, check_inputs = o.pop("reduction"), o.pop("zero_infinity"), o.pop("check_inputs")
     loss_options = LossOptions(blank=blank, **o)
@@ -62,12 +60,25 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
 multiblank_loss = public_function(MULTIBLANK_LOSS, _multiblank_loss)
 
 
+def _check_given(options):
+    """The checked options hold the big blanks' durations (an option the other losses leave out, so None by
+    default), which fit before a blank counted from the start (one counted from the end fits some V)."""
+    if not options["big_blank_durations"]:
+        raise ValueError("big_blank_durations: the multi-blank loss needs its big blanks' durations (distinct ints "
+                         ">= 2), got None")
+    if options["blank"] >= 0:
+        check_big_blank_durations(options["big_blank_durations"], options["blank"])
+
+
 class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER)):
     """Module form of :func:`multiblank_loss`: ``MultiblankLoss([2, 4, 8], blank=-1)(logits, targets, T, U)``.
 
     Args:
         {args}
     """
+
+    def check(self, options):
+        _check_given(options)
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of ``logits`` (compact or padded), as :func:`multiblank_loss` computes it."""

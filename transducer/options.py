@@ -14,7 +14,8 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .checks import REDUCTIONS, check_big_blank_durations, check_blank_type, check_durations, is_index
+from .checks import (REDUCTIONS, check_big_blank_durations, check_blank_type, check_durations, is_flag, is_index,
+                     is_number)
 from .joiner import ACTIVATIONS, check_activation, check_dropout
 from .layout import MAX_DURATIONS
 
@@ -55,7 +56,7 @@ class Option(NamedTuple):
 
 
 def _number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
     if math.isnan(value):
         raise ValueError(f"{name}: expected a number, not NaN")
@@ -64,7 +65,7 @@ def _number(name, value):
 
 def _flag(name):
     def check(value):
-        if not isinstance(value, bool) and not (is_index(value) and operator.index(value) in (0, 1)):
+        if not is_flag(value):
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
         return bool(value)
     return check
@@ -167,16 +168,17 @@ OPTIONS = (
     Option("delay_penalty", "float", 0.0, "k2's delay penalty: the label log-prob of cell (t, u) of utterance b "
            "gets ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion.", _finite("delay_penalty"),
            {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
-    Option("durations", "list of int", None, "TDT's durations (frames a symbol covers): distinct ints >= 0, at least "
-           "one >= 1, at most 16 (``layout.MAX_DURATIONS``) on CUDA; the last D = len(durations) score columns are "
-           "theirs.", _durations, {TDT: _BOTH}, "tuple"),
+    Option("durations", "list of int", None, "TDT's durations (frames a symbol covers): distinct ints in "
+           "[0, 65535], at least one >= 1, at most 16 (``layout.MAX_DURATIONS``) on CUDA; the last D = len(durations) "
+           "score columns are theirs.", _durations, {TDT: _BOTH}, "tuple"),
     Option("sigma", "float", 0.0, "logit under-normalisation: token log-probs are ``log_softmax - sigma``.",
            _finite("sigma"), {TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
     Option("omega", "float", 0.0, "in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain "
            "RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it).", _omega,
            {TDT: _BOTH}, "float"),
     Option("big_blank_durations", "list of int", None, "the multi-blank loss's K big blanks' durations, distinct "
-           "ints >= 2 (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.", _big_blank_durations,
+           "ints in [2, 65535] (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.",
+           _big_blank_durations,
            {MULTIBLANK: _BOTH}, "tuple"),
     Option("activation", "str", "tanh", f"the joiner's activation, one of {', '.join(map(repr, ACTIVATIONS))} "
            "(transducer/joiner.py).", _activation, entries=_FUSED),

@@ -8,7 +8,7 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     """Compact joiner input: row (b, t, u) is ``encoder_out[b, t] + predictor_out[b, u]``.
 
     Args:
-        encoder_out (Tensor): ``(B, maxT, D)``, float16 / bfloat16 / float32 / float64.
+        encoder_out (Tensor): ``(B, maxT, D)``, ``D >= 1``, float16 / bfloat16 / float32 / float64.
         predictor_out (Tensor): ``(B, maxU+1, D)``, a floating dtype (may differ from encoder_out's), same device.
         logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
         target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
@@ -31,6 +31,9 @@ def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), encoder_out.device, "encoder_out")
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), encoder_out.device, "encoder_out")
     B, max_t, D = encoder_out.shape
+    if D == 0:
+        raise ValueError(f"encoder_out: expected rows of at least one entry (B, maxT, D >= 1), got shape "
+                         f"{tuple(encoder_out.shape)}")
     if predictor_out.size(0) != B or predictor_out.size(2) != D:
         raise ValueError(f"predictor_out: expected shape ({B}, maxU+1, {D}) to match encoder_out "
                          f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}")

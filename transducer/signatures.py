@@ -196,9 +196,12 @@ class LossModule(torch.nn.Module):
 
     def _init(self, options, own):
         torch.nn.Module.__init__(self)
-        check_options(options)  # the errors come at construction; the function takes the values as given
+        self.check(check_options(options))  # the errors come at construction; the function takes the values as given
         self.options = options
         self.build(**own)
+
+    def check(self, options):
+        """Checks of the checked options (a dict) that need no tensor, beyond each option's own (none here)."""
 
     def build(self):
         """The module's own arguments (none here)."""

@@ -50,9 +50,8 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     device = logits.device
     o = check_options(options)
+    _check_given(o)
     D = len(o["durations"])
-    if not D:
-        raise ValueError(f"durations: expected the TDT loss's durations, got {options['durations']!r}")
     if duration_logits is None:
         V = logits.size(-1) - D
     else:
@@ -78,6 +77,13 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
 tdt_loss = public_function(TDT_LOSS, _tdt_loss)
 
 
+def _check_given(options):
+    """The checked options hold the durations (an option the other losses leave out, so None by default)."""
+    if not options["durations"]:
+        raise ValueError("durations: the TDT loss needs its durations (distinct ints >= 0, at least one >= 1), got "
+                         "None")
+
+
 _MODULE = TDT_LOSS._replace(name="TDTLoss", params=tuple(p for p in _ORDER if p != _DURATION_LOGITS))
 
 
@@ -87,6 +93,9 @@ class TDTLoss(LossModule, entry=_MODULE):
     Args:
         {args}
     """
+
+    def check(self, options):
+        _check_given(options)
 
     def forward(self, logits, targets, logit_lengths, target_lengths, duration_logits=None):
         """The loss of ``logits`` (and ``duration_logits``, the duration head on its own) with the module's
