@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from _batches import DEVICES, compact, random_batch, to_device
 from transducer import (FusedJoinerLoss, RNNTLoss, TDTLoss, TransducerLoss, fused_joiner_loss, pack, rnnt_loss,
@@ -64,22 +65,29 @@ def test_numpy_scalars_as_options():
         transducer_loss(logits, targets, T, U, clamp=np.bool_(True))
 
 
-@pytest.mark.parametrize("entry", ["loss", "pack", "fused"])
+@pytest.mark.parametrize("entry", ["loss", "loss-inplace_grad", "loss-checkpoint", "pack", "fused", "fused-checkpoint"])
 def test_no_silent_second_derivative(entry):
     """A gradient taken with create_graph=True has the first derivative's value, and differentiating it raises: the
-    ops have no second derivative, and one computed as if the gradient were a constant would be wrong."""
+    ops have no second derivative, and one computed as if the gradient were a constant would be wrong. Also with
+    inplace_grad and under non-reentrant checkpointing (whose saved tensors unpack once)."""
     torch.manual_seed(0)
     targets, T, U = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
     enc = torch.randn(2, 4, 5, dtype=torch.float64, requires_grad=True)
     pred = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     W = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
 
-    def make():
-        if entry == "loss":
-            return transducer_loss(F.linear(torch.tanh(enc[:, :, None] + pred[:, None]), W), targets, T, U)
+    def step(enc, pred, W):
+        if entry.startswith("loss"):
+            logits = F.linear(torch.tanh(enc[:, :, None] + pred[:, None]), W)
+            return transducer_loss(logits, targets, T, U, inplace_grad=entry.endswith("inplace_grad"))
         if entry == "pack":
             return pack(torch.sin(enc), pred, T, U).square().sum()
         return fused_joiner_loss(enc, pred, W, None, targets, T, U)
+
+    def make():
+        if entry.endswith("checkpoint"):
+            return torch.utils.checkpoint.checkpoint(step, enc, pred, W, use_reentrant=False)
+        return step(enc, pred, W)
 
     inputs = (W, pred) if entry != "pack" else (enc,)
     first = torch.autograd.grad(make(), inputs)
@@ -87,7 +95,7 @@ def test_no_silent_second_derivative(entry):
     for a, b in zip(first, graphed):
         assert torch.equal(a, b.detach())
     penalty = sum(g.square().sum() for g in graphed)
-    op = {"loss": "loss", "pack": "pack", "fused": "fused_joiner_loss"}[entry]
+    op = {"loss": "loss", "pack": "pack", "fused": "fused_joiner_loss"}[entry.split("-")[0]]
     with pytest.raises(RuntimeError, match=f"transducer::{op}: no second derivative"):
         torch.autograd.grad(penalty, enc if entry == "pack" else pred)
 

@@ -42,7 +42,7 @@ from .lattices import Lattice, Walks
 from .options import LossOptions
 
 __all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs",
-           "lattice_of", "fake_outputs", "score_views", "in_place_rows"]
+           "lattice_of", "fake_outputs", "score_views", "in_place_rows", "saved_tensors"]
 
 
 def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None,
@@ -107,6 +107,13 @@ def wide_gradient_rows(ctx, logits):
     return getattr(ctx, "eager", False) and logits.grad_fn is not None
 
 
+def saved_tensors(ctx):
+    """``ctx.saved_tensors`` as the eager backward unpacked them, once: a second unpack fails under saved-tensor hooks
+    (non-reentrant checkpointing) and, after inplace_grad wrote over the logits, autograd's version check."""
+    unpacked = getattr(ctx, "unpacked", None)
+    return ctx.saved_tensors if unpacked is None else unpacked
+
+
 class _FirstOrderOnly(torch.autograd.Function):
     """The gradients of a backward run with ``create_graph=True``, as aliases whose own backward raises: the ops have
     no second derivative. The aliases hang on the incoming gradient and the saved inputs that require grad, so that
@@ -167,13 +174,17 @@ class Op:
                 if grad is None:  # no gradient reached the first output (gradcheck's check_undefined_grad)
                     return (None,) * len(op.input_names)
                 create_graph = torch.is_grad_enabled()  # backward(create_graph=True) runs in grad mode
-                with torch.no_grad():
-                    grads = op.ordered(gradient(ctx, grad, backward))
-                    if after_backward is not None:
-                        after_backward(ctx, grads)
-                if create_graph:
-                    return _FirstOrderOnly.wrap(op.name, grads, (grad, *ctx.saved_tensors))
-                return grads
+                ctx.unpacked = ctx.saved_tensors  # unpacked once (saved_tensors)
+                try:
+                    with torch.no_grad():
+                        grads = op.ordered(gradient(ctx, grad, backward))
+                        if after_backward is not None:
+                            after_backward(ctx, grads)
+                    if create_graph:
+                        return _FirstOrderOnly.wrap(op.name, grads, (grad, *ctx.unpacked))
+                    return grads
+                finally:
+                    del ctx.unpacked
 
         self.eager = Eager
 
@@ -294,7 +305,7 @@ def _loss_setup_context(ctx, inputs, output):
 
 
 def _loss_gradient(ctx, grad_nll, backward):
-    logits, extra_scores, targets, *lattice = ctx.saved_tensors
+    logits, extra_scores, targets, *lattice = saved_tensors(ctx)
     out = logits if ctx.inplace_grad else gradient_buffer(logits, ctx.wide_rows)
     out_extra = torch.empty_like(extra_scores) if extra_scores is not None else logits.new_empty(0)
     backward(grad_nll, logits, extra_scores, targets, *lattice, ctx.vocab_size, *ctx.option_flat, out, out_extra)
@@ -355,7 +366,7 @@ def _pack_setup_context(ctx, inputs, output):
 
 
 def _pack_gradient(ctx, grad_rows, backward):
-    table, = ctx.saved_tensors
+    table, = saved_tensors(ctx)
     grad_enc, grad_pred = backward(grad_rows.contiguous(), table, *ctx.sizes)
     # summed in the rows' (the promoted) dtype, then in each input's own, as autograd does for enc + pred
     return {"encoder_out": grad_enc.to(ctx.dtypes[0]), "predictor_out": grad_pred.to(ctx.dtypes[1])}

@@ -45,7 +45,7 @@ from . import cuda_stages, fused_hopper, hopper
 from .backend import stages_for
 from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
                      is_index, plural)
-from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs
+from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs, saved_tensors
 from .joiner import ACTIVATIONS, Dropout
 from .lattices import check_supported, kind_of
 from .layout import MAX_ROWS, NUM_STATS, Layout
@@ -340,7 +340,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _gradient(ctx, grad_nll, backward):
-    *tensors, seed = ctx.saved_tensors
+    *tensors, seed = saved_tensors(ctx)
     activation, dropout, compute_dtype, max_rows = ctx.joiner
     grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *tensors, *ctx.option_flat, activation, dropout, seed,
                                                    compute_dtype, max_rows, ctx.row_splits)
