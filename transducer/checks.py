@@ -166,9 +166,9 @@ def check_pack_values(encoder_out, predictor_out, stats):
     return num_rows
 
 
-def check_durations(durations, num_durations=None, name="durations"):
-    """The durations as a tuple of Python ints; ValueError (naming ``name``) unless they are distinct ints in
-    [0, MAX_DURATION], at least one >= 1 (and ``num_durations`` of them, when given)."""
+def _duration_ints(durations, name):
+    """A sequence of durations as a tuple of Python ints (ints, numpy integers, 0-d integer tensors; no bools or
+    floats), each at most MAX_DURATION; ValueError naming ``name`` otherwise."""
     try:
         given = list(durations)
     except TypeError:
@@ -176,11 +176,18 @@ def check_durations(durations, num_durations=None, name="durations"):
     if not all(is_index(d) for d in given):
         raise ValueError(f"{name}: expected a sequence of ints, got {given!r}")
     ds = tuple(operator.index(d) for d in given)
+    if ds and max(ds) > MAX_DURATION:
+        raise ValueError(f"{name}: expected durations of at most {MAX_DURATION} frames, got {max(ds)}")
+    return ds
+
+
+def check_durations(durations, num_durations=None, name="durations"):
+    """The durations as a tuple of Python ints; ValueError (naming ``name``) unless they are distinct ints in
+    [0, MAX_DURATION], at least one >= 1 (and ``num_durations`` of them, when given)."""
+    ds = _duration_ints(durations, name)
     if not ds or min(ds) < 0 or max(ds) < 1 or len(set(ds)) != len(ds):
         raise ValueError(f"{name}: expected distinct ints >= 0 with at least one >= 1 (a blank must advance time), "
                          f"got {list(ds)}")
-    if max(ds) > MAX_DURATION:
-        raise ValueError(f"{name}: expected durations of at most {MAX_DURATION} frames, got {max(ds)}")
     if num_durations is not None and len(ds) != num_durations:
         raise ValueError(f"{name}: {len(ds)} durations for {num_durations} duration columns")
     return ds
@@ -191,19 +198,11 @@ def check_big_blank_durations(big_blank_durations, blank):
     standard blank's), all fitting before ``blank`` (big blank i sits in column blank - 1 - i; None: not known
     yet)."""
     name = "big_blank_durations"
-    try:
-        given = list(big_blank_durations)
-    except TypeError:
-        raise ValueError(f"{name}: expected a sequence of ints, got {big_blank_durations!r}") from None
-    if not all(is_index(d) for d in given):
-        raise ValueError(f"{name}: expected a sequence of ints, got {given!r}")
-    ds = tuple(operator.index(d) for d in given)
+    ds = _duration_ints(big_blank_durations, name)
     if not ds:
         raise ValueError(f"{name}: expected at least one big blank (without big blanks the loss is transducer_loss)")
     if min(ds) < 2 or len(set(ds)) != len(ds):
         raise ValueError(f"{name}: expected distinct ints >= 2 (the standard blank has duration 1), got {list(ds)}")
-    if max(ds) > MAX_DURATION:
-        raise ValueError(f"{name}: expected durations of at most {MAX_DURATION} frames, got {max(ds)}")
     if blank is not None and blank - len(ds) < 0:
         raise ValueError(f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
                          f"do not fit before the blank's column {blank}")

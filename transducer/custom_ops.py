@@ -135,7 +135,7 @@ class _FirstOrderOnly(torch.autograd.Function):
     def wrap(name, grads, sources):
         tensors = [g for g in grads if g is not None]
         sources = [x for x in sources if isinstance(x, Tensor) and x.requires_grad]
-        aliases = iter(_FirstOrderOnly.apply(str(name), len(tensors), *tensors, *sources))
+        aliases = iter(_FirstOrderOnly.apply(name, len(tensors), *tensors, *sources))
         return tuple(None if g is None else next(aliases) for g in grads)
 
 

@@ -13,11 +13,12 @@ no mask is stored.
 """
 
 import math
-import numbers
 from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .checks import is_number
 
 __all__ = ["Activation", "ACTIVATIONS", "LEAKY_RELU_SLOPE", "activation", "check_activation", "Dropout",
            "check_dropout", "dropout_keep", "dropout_mask"]
@@ -90,7 +91,7 @@ class Dropout(NamedTuple):
 
 def check_dropout(p):
     """The rate ``p``: TypeError unless a number, ValueError unless in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+    if not is_number(p):
         raise TypeError(f"dropout: expected a number in [0, 1), got {type(p).__name__} {p!r}")
     if not 0 <= p < 1:
         raise ValueError(f"dropout: expected a number in [0, 1), got {p!r}")

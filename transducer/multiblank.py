@@ -62,12 +62,10 @@ multiblank_loss = public_function(MULTIBLANK_LOSS, _multiblank_loss)
 
 def _check_given(options):
     """The checked options hold the big blanks' durations (an option the other losses leave out, so None by
-    default), which fit before a blank counted from the start (one counted from the end fits some V)."""
+    default)."""
     if not options["big_blank_durations"]:
         raise ValueError("big_blank_durations: the multi-blank loss needs its big blanks' durations (distinct ints "
                          ">= 2), got None")
-    if options["blank"] >= 0:
-        check_big_blank_durations(options["big_blank_durations"], options["blank"])
 
 
 class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER)):
@@ -78,7 +76,11 @@ class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="Multiblank
     """
 
     def check(self, options):
+        """The durations given, and fitting before a blank counted from the start (one counted from the end fits
+        some V; multiblank_loss checks the fit once the blank's column is known)."""
         _check_given(options)
+        if options["blank"] >= 0:
+            check_big_blank_durations(options["big_blank_durations"], options["blank"])
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of ``logits`` (compact or padded), as :func:`multiblank_loss` computes it."""

@@ -178,8 +178,7 @@ OPTIONS = (
            {TDT: _BOTH}, "float"),
     Option("big_blank_durations", "list of int", None, "the multi-blank loss's K big blanks' durations, distinct "
            "ints in [2, 65535] (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.",
-           _big_blank_durations,
-           {MULTIBLANK: _BOTH}, "tuple"),
+           _big_blank_durations, {MULTIBLANK: _BOTH}, "tuple"),
     Option("activation", "str", "tanh", f"the joiner's activation, one of {', '.join(map(repr, ACTIVATIONS))} "
            "(transducer/joiner.py).", _activation, entries=_FUSED),
     Option("dropout", "float", 0.0, "the rate of dropout on the joiner's hidden, after the activation (NeMo's "
