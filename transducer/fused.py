@@ -312,7 +312,12 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
             if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
                 dz[:, weight.size(0):] = 0
-        _add_product(grad_wx[:width], dz.t(), hx)
+        if Wx.size(1) > J and hx.dtype == torch.float32:  # in fp32 db by a GEMV of its own: cuBLAS's fp32 GEMMs
+            # run slower at J + 8 columns than at J (DESIGN.md: The bias gradient from the weight gradient's GEMM)
+            _add_product(grad_wx[:width, :J], dz.t(), hx[:, :J])
+            grad_wx[:width, J].addmv_(dz.t(), hx[:, J])
+        else:
+            _add_product(grad_wx[:width], dz.t(), hx)
         del hx  # a tile holds two of (hidden, logits, dh) at a time: default_max_rows
         dh = dz.mm(W[:width])
         del dz
