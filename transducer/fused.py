@@ -312,7 +312,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
             if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
                 dz[:, weight.size(0):] = 0
-        if Wx.size(1) > J and hx.dtype == torch.float32:  # in fp32 db by a GEMV of its own: cuBLAS's fp32 GEMMs
+        if Wx.size(1) > J and hx.is_cuda and hx.dtype == torch.float32:  # db by a GEMV of its own: cuBLAS's fp32 GEMMs
             # run slower at J + 8 columns than at J (DESIGN.md: The bias gradient from the weight gradient's GEMM)
             _add_product(grad_wx[:width, :J], dz.t(), hx[:, :J])
             grad_wx[:width, J].addmv_(dz.t(), hx[:, J])
