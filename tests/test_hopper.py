@@ -10,6 +10,7 @@ path run anywhere."""
 
 import logging
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,6 +210,34 @@ def test_disk_cache_file(monkeypatch, tmp_path):
     for off in ("0", "off", "False", " no "):
         monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", off)
         assert hopper._cache_file(*args) is None
+    for on in ("1", "on", "True", "yes"):  # the default directory, not a directory named "1"
+        monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", on)
+        assert hopper._cache_file(*args) == file
+    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", "relative")
+    assert hopper._cache_file(*args) == Path.cwd() / "relative" / file.name
+    monkeypatch.delenv("TRANSDUCER_HOPPER_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "xdg")  # relative: ignored
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hopper._cache_file(*args) == tmp_path / "home" / ".cache" / "transducer-loss" / "hopper" / file.name
+    monkeypatch.setenv("CUTE_DSL_LINEINFO", "1")  # the DSL's settings change the kernel
+    assert hopper._cache_file(*args).name != file.name
+    monkeypatch.setattr(hopper, "_source_key", lambda: (tmp_path / "absent").read_bytes())
+    assert hopper._cache_file(*args) is None  # sources that cannot be read: compiled in every process
+
+
+def test_disk_cache_write_failure(tmp_path):
+    """A kernel that cannot be written to the disk cache (a full or read-only disk, a file where the directory should
+    be) is left to the next process to compile: nothing raised, no part of a file left."""
+    class Compiled:
+        def export_to_c(self, path, function_name):
+            Path(path).write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+
+    hopper._write_cached(Compiled(), tmp_path / "kernel.o")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_bytes(b"")
+    hopper._write_cached(Compiled(), tmp_path / "file" / "kernel.o")
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
 @pytest.mark.cuda

@@ -201,8 +201,8 @@ def _projection(weight, bias, compute_dtype):
     """(Wx, W): the output projection in the compute dtype, and with a bias Wx = [W | b | 0] (the bias as
     column J, zero columns up to a multiple of 8) against hidden rows [h | 1 ... 1] (_hidden): the bias is
     added by the GEMM, and its gradient, the logits' gradient's column sums, comes out of the weight
-    gradient's GEMM as column J (DESIGN.md: The bias gradient from the weight gradient's GEMM). Without a
-    bias, Wx = W. W = Wx[:, :J].
+    gradient's GEMM as column J, or from a GEMV of its own (_bias_gradient_apart; DESIGN.md: The bias gradient
+    from the weight gradient's GEMM). Without a bias, Wx = W. W = Wx[:, :J].
 
     The rows are padded with zero rows to a multiple of 128 where that adds at most 3% to the GEMMs, else
     of 8: the tile's rows then start on 16-byte boundaries, so that cuBLAS runs its fast kernels on them
@@ -253,6 +253,14 @@ def _add_product(acc, a, b):
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc += a.mm(b)
+
+
+def _bias_gradient_apart(hx, J):
+    """Whether the weight gradient's GEMM takes the J columns of the hidden alone and db (its column J) a GEMV of its
+    own: for fp32 tiles on CUDA without TF32 where J is a multiple of 64, as cuBLAS's SIMT fp32 GEMMs run slower at
+    the J + 8 columns that put db into the GEMM (DESIGN.md: The bias gradient from the weight gradient's GEMM)."""
+    return (hx.is_cuda and hx.dtype == torch.float32 and J % 64 == 0
+            and torch.get_float32_matmul_precision() == "highest")
 
 
 def _capacity(encoder_out, predictor_out):
@@ -312,8 +320,7 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
             del tokens, extra  # views of dz, which is freed below: a view left alive kept a third tile buffer
             if W.size(0) > weight.size(0):  # the padding columns: no gradient (and no NaN from a non-finite h)
                 dz[:, weight.size(0):] = 0
-        if Wx.size(1) > J and hx.is_cuda and hx.dtype == torch.float32:  # db by a GEMV of its own: cuBLAS's fp32 GEMMs
-            # run slower at J + 8 columns than at J (DESIGN.md: The bias gradient from the weight gradient's GEMM)
+        if Wx.size(1) > J and _bias_gradient_apart(hx, J):
             _add_product(grad_wx[:width, :J], dz.t(), hx[:, :J])
             grad_wx[:width, J].addmv_(dz.t(), hx[:, J])
         else:

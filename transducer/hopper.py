@@ -475,32 +475,35 @@ def _write_cached(compiled, file):
 def _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra) -> Optional[Path]:
     """Where _compile keeps a compiled kernel for later processes, or None where ``TRANSDUCER_HOPPER_CACHE`` is 0
     (or false, off, no), or where no home directory is known: an object file in the directory
-    ``TRANSDUCER_HOPPER_CACHE`` names, by default ``$XDG_CACHE_HOME/transducer-loss/hopper``
-    (``~/.cache/transducer-loss/hopper``), named by a hash of what builds it (_source_key) and of the kernel
-    (_kernel_key)."""
+    ``TRANSDUCER_HOPPER_CACHE`` names, by default (or where it is 1, true, on, yes)
+    ``$XDG_CACHE_HOME/transducer-loss/hopper`` (``~/.cache/transducer-loss/hopper``), named by a hash of what builds
+    it (_source_key) and of the kernel (_kernel_key). The process loads and runs the code it finds there, so the
+    directory must be one that only trusted users can write to."""
     setting = os.environ.get("TRANSDUCER_HOPPER_CACHE", "").strip()
     if setting.lower() in ("0", "false", "off", "no"):
         return None
     try:
-        if setting:
-            root = Path(setting).expanduser()
-        else:
-            root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transducer-loss" / "hopper"
-    except RuntimeError:  # Path.home() without HOME or a user database entry
+        if setting and setting.lower() not in ("1", "true", "on", "yes"):
+            root = Path(setting).expanduser().absolute()
+        else:  # a relative XDG_CACHE_HOME is ignored, as the XDG Base Directory specification says
+            xdg = os.environ.get("XDG_CACHE_HOME", "")
+            root = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "transducer-loss" / "hopper"
+        return root / f"{_source_key()}-{_kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra)}.o"
+    except (RuntimeError, OSError):  # Path.home() without HOME or a user entry; sources that cannot be read
         return None
-    return root / f"{_source_key()}-{_kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra)}.o"
 
 
 @functools.lru_cache(maxsize=None)
 def _source_key():
     """The part of a cached kernel's name that changes with the sources and the libraries that build it: this module
-    and transducer/hopper_kernel.py (an edited kernel is compiled again), and the versions of nvidia-cutlass-dsl and
-    apache-tvm-ffi."""
+    and transducer/hopper_kernel.py (an edited kernel is compiled again), and the versions of nvidia-cutlass-dsl, of
+    its compiler's libraries for each CUDA major version, and of apache-tvm-ffi."""
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in ("hopper.py", "hopper_kernel.py"):
         digest.update((here / name).read_bytes())
-    for package in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+    for package in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu12",
+                    "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi"):
         try:
             digest.update(f"{package} {importlib.metadata.version(package)}".encode())
         except importlib.metadata.PackageNotFoundError:
