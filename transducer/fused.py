@@ -259,8 +259,14 @@ def _bias_gradient_apart(hx, J):
     """Whether the weight gradient's GEMM takes the J columns of the hidden alone and db (its column J) a GEMV of its
     own: for fp32 tiles on CUDA without TF32 where J is a multiple of 64, as cuBLAS's SIMT fp32 GEMMs run slower at
     the J + 8 columns that put db into the GEMM (DESIGN.md: The bias gradient from the weight gradient's GEMM)."""
-    return (hx.is_cuda and hx.dtype == torch.float32 and J % 64 == 0
-            and torch.get_float32_matmul_precision() == "highest")
+    return hx.is_cuda and hx.dtype == torch.float32 and J % 64 == 0 and not _tf32_matmul()
+
+
+def _tf32_matmul():
+    """Whether CUDA's fp32 matmuls may run in TF32: torch.backends.cuda.matmul.fp32_precision from torch 2.9 (it also
+    reflects the older settings, whose getters raise once this one is set), else allow_tf32."""
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    return precision == "tf32" if precision is not None else torch.backends.cuda.matmul.allow_tf32
 
 
 def _capacity(encoder_out, predictor_out):
