@@ -91,27 +91,27 @@ def test_gemm_rows_are_few_shapes_of_little_padding():
 
 def test_tf32_setting_read_either_way():
     """Whether the fp32 GEMMs may run in TF32 (which decides where the fp32 backward takes db) is read from torch's
-    older settings and from its newer fp32_precision alike; the older getters raise once the newer one is set."""
+    older settings and from its newer fp32_precision alike; the older getters raise once the newer one is set. The
+    settings are process-wide (a library imported by an earlier test may have set them): restored after."""
     from transducer.fused import _tf32_matmul
     matmul = torch.backends.cuda.matmul
-    saved = getattr(matmul, "fp32_precision", None), getattr(torch.backends, "fp32_precision", None)
+    newer = hasattr(matmul, "fp32_precision")  # torch 2.9 and later
+    saved = (matmul.fp32_precision, torch.backends.fp32_precision) if newer else matmul.allow_tf32
     try:
+        matmul.allow_tf32 = False
         assert _tf32_matmul() is False
         matmul.allow_tf32 = True
         assert _tf32_matmul() is True
-        matmul.allow_tf32 = False
-        assert _tf32_matmul() is False
-        if saved[0] is not None:  # torch 2.9 and later
-            matmul.fp32_precision = "tf32"
-            assert _tf32_matmul() is True
+        if newer:
             matmul.fp32_precision = "ieee"
             assert _tf32_matmul() is False
+            matmul.fp32_precision = "tf32"
+            assert _tf32_matmul() is True
     finally:
-        if saved[0] is not None:
+        if newer:
             matmul.fp32_precision, torch.backends.fp32_precision = saved
         else:
-            matmul.allow_tf32 = False
-    assert matmul.allow_tf32 is False
+            matmul.allow_tf32 = saved
 
 
 @pytest.mark.parametrize("device", DEVICES)
