@@ -14,7 +14,7 @@ NeMo's numba losses; benchmarks/README.md).
 The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits GEMM H W^T in forward and again in
 backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as
 the step pads it, the GEMMs' dtype; common.floor_gemms). Where the step can run on the Hopper kernels
-(transducer/fused_hopper.py: the default there), it is timed there and on the other path (TRANSDUCER_HOPPER=0), and
+(transducer/fused/hopper_tiles.py: the default there), it is timed there and on the other path (TRANSDUCER_HOPPER=0), and
 its first step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels.
 Floor and steps are timed in interleaved rounds on each batch (common.interleaved), and each one's minimum is kept:
 a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under 1 GHz after a long run of GEMMs) slows all
@@ -57,7 +57,7 @@ import torch
 # common first: it puts the repository root on sys.path
 from common import attempt, cuda_call, floor_gemms, gpu_clock, interleaved
 from transducer import fused_joiner_loss
-from transducer.fused_hopper import use_hopper
+from transducer.fused.hopper_tiles import use_hopper
 from transducer.lattices import kind_of
 from transducer.options import LossOptions
 

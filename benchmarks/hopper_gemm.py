@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from common import gpu_clock  # first: common puts the repository root on sys.path
 from transducer import hopper
-from transducer.cuda_stages import layout as make_layout, log_probs
+from transducer.cuda.stages import layout as make_layout, log_probs
 from transducer.options import LossOptions
 
 ROUNDS = 5

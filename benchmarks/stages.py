@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transducer import cuda_stages as cuda, transducer_loss  # noqa: E402
+from transducer import transducer_loss  # noqa: E402
+from transducer.cuda import stages as cuda  # noqa: E402
 from transducer.lattices import Lattice  # noqa: E402
 from transducer.options import LossOptions  # noqa: E402
 from transducer.custom_ops import make_layout  # noqa: E402

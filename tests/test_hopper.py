@@ -1,7 +1,7 @@
 """transducer.hopper's kernels for sm_90 (CuTe DSL) against float32 torch references on random inputs: the logits
 statistics and the logits gradient, V not a multiple of the vocabulary tile and smaller than one, row counts not a
 multiple of the row tile, J not a multiple of the K tile, rows of a wider stride, rows without a label (-1), with and
-without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused_hopper.py) against the other
+without a bias and a clamp, bfloat16 and float16. The fused loss on them (transducer/fused/hopper_tiles.py) against the other
 path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=0 turns the Hopper path off) and the float64 composition: RNN-T and
 RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
 and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz); TDT and multi-blank RNN-T, the
@@ -17,7 +17,7 @@ import torch
 
 from test_fused import composed, joiner_batch, seeded
 from transducer import fused_joiner_loss, hopper
-from transducer.fused_hopper import use_hopper
+from transducer.fused.hopper_tiles import use_hopper
 from transducer.joiner import ACTIVATIONS
 from transducer.lattices import MULTIBLANK, RNNT, TDT
 
@@ -611,7 +611,7 @@ def test_which_path_runs(monkeypatch, caplog):
     """The Hopper kernels take every lattice with 16-bit GEMMs on sm_90 only, J a positive multiple of 8, where they
     pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed
     self-test as a warning."""
-    import transducer.fused_hopper as fused_hopper
+    import transducer.fused.hopper_tiles as fused_hopper
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
     failure = {}

@@ -492,7 +492,7 @@ def test_joint_output_rows_off_16_bytes(device, loss, dtype, width, layout):
 def test_logits_off_a_16_byte_boundary(from_log_softmax, dtype):
     # contiguous logits one element past an aligned address: the gradient (a new, aligned tensor) lies
     # at another offset from a 16-byte boundary than the logits; with from_log_softmax the gradient
-    # kernel reads no logits and lays its row pass on the gradient alone (transducer.cuda_stages.gradient)
+    # kernel reads no logits and lays its row pass on the gradient alone (transducer.cuda.stages.gradient)
     gen = torch.Generator().manual_seed(71 + from_log_softmax)
     logits, targets, T, U = random_batch(gen, 4, 12, 5, 500, blank=3, dtype=torch.float32, scale=3.0, edges=True)
     if from_log_softmax:

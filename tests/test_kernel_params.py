@@ -1,5 +1,5 @@
 """The kernels' parameter structs and constants, defined once in the CUDA sources and mirrored in Python
-(transducer/cuda_stages.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
+(transducer/cuda/stages.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
 types, and the same values; the launch bounds are named constants; warps_per_row picks only what the row kernels
 take; and every option the option table (transducer/options.py: SUPPORTED) marks as supported on CUDA is a field
 that a kernel of its lattice reads. Read from the sources: no GPU or compiler needed."""
@@ -13,13 +13,14 @@ import ops
 from ops import gather_cuda, reduce_cuda
 from ops.params import struct
 from ragged import ragged_cuda
-from transducer import cuda_stages as cuda, layout
+from transducer import layout
+from transducer.cuda import stages as cuda
 from transducer.joiner import ACTIVATIONS
 from transducer.options import SUPPORTED
 
 ROOT = ops.cuda_include_dir()
-SOURCES = ["ops/fast_divmod.cuh", "transducer/layout.cuh", "transducer/params.cuh", "transducer/row_pass.cuh",
-           "transducer/arcs.cuh", "transducer/stages.cu", "transducer/tdt.cu", "transducer/pack.cu", "ops/gather.cu",
+SOURCES = ["ops/fast_divmod.cuh", "transducer/cuda/layout.cuh", "transducer/cuda/params.cuh", "transducer/cuda/row_pass.cuh",
+           "transducer/cuda/arcs.cuh", "transducer/cuda/stages.cu", "transducer/cuda/tdt.cu", "transducer/cuda/pack.cu", "ops/gather.cu",
            "ops/reduce.cu", "ragged/ragged.cu"]
 PARAMS = [cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
           cuda.TDT_LOG_PROBS_PARAMS, cuda.TDT_WALK_PARAMS, cuda.TDT_GRADIENT_PARAMS, cuda.PACK_FORWARD_PARAMS,
@@ -171,7 +172,7 @@ def test_warps_per_row_picks_what_the_row_kernels_take(monkeypatch):
     assert picked == allowed
 
 
-# The kernels of each lattice's stages (transducer/lattices.py's objects call the stages, transducer/cuda_stages.py
+# The kernels of each lattice's stages (transducer/lattices.py's objects call the stages, transducer/cuda/stages.py
 # launches these): TDT with omega > 0 walks the plain RNN-T loss too, and the multi-blank loss walks TDT's walk.
 LATTICE_KERNELS = {
     "RNN-T": ("log_probs_kernel", "alpha_beta_kernel", "gradient_kernel"),

@@ -41,7 +41,7 @@ KERNELS = {
         for s in ("int", "long long")
         for o in ("int", "long long")
     ],
-    "transducer/stages.cu": [
+    "transducer/cuda/stages.cu": [
         "layout_kernel<int, long long, int, true>", "layout_kernel<long long, int, long long, false>",
         "log_probs_kernel<ops::half_t, int, 8, 1, true>", "log_probs_kernel<ops::bf16_t, long long, 8, 8, false>",
         "log_probs_kernel<float, int, 4, 1, false>", "log_probs_kernel<double, long long, 1, 8, true>",
@@ -54,7 +54,7 @@ KERNELS = {
         "row_labels_kernel<int>", "row_labels_kernel<long long>", "row_log_probs_kernel<long long>",
         "row_coefficients_kernel<int, false>", "row_coefficients_kernel<long long, true>",
     ],
-    "transducer/pack.cu": [  # and every activation: PACK_ACTIVATIONS
+    "transducer/cuda/pack.cu": [  # and every activation: PACK_ACTIVATIONS
         "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 8, 0, false>",
         "pack_forward_kernel<float, float, float, float, 1, 2, false>",
         "pack_forward_kernel<float, ops::bf16_t, float, ops::bf16_t, 8, 3, false>",
@@ -75,7 +75,7 @@ KERNELS = {
         "pack_grad_pred_kernel<float, float, float, float, float, 4>",
         "pack_grad_pred_kernel<double, double, double, double, double, 2>",
     ],
-    "transducer/tdt.cu": [
+    "transducer/cuda/tdt.cu": [
         "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true, 8>", "tdt_log_probs_kernel<float, int, 1, 8, true, 4>",
         "tdt_log_probs_kernel<double, long long, 2, 1, false, 8>", "tdt_log_probs_kernel<ops::half_t, int, 8, 8, false, 4>",
         "tdt_log_probs_kernel<float, long long, 4, 1, false, 8>",
@@ -107,12 +107,12 @@ PACK_ACTIVATIONS = [
         ("pack_grad_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 2", "true"),
         ("pack_grad_kernel", "double, double, double, double, double, 1", "true"))
 ]
-KERNELS["transducer/pack.cu"] += PACK_ACTIVATIONS
+KERNELS["transducer/cuda/pack.cu"] += PACK_ACTIVATIONS
 
 # Files whose instantiations above write bfloat16 (ops::from_acc<ops::bf16_t>, ops/numeric.cuh): from
 # compute_80 on it rounds with cvt.rn.bf16.f32; before, in integer arithmetic. No PTX for an
 # older target may hold that instruction (the driver would refuse the module on such a GPU).
-WRITES_BF16 = {"transducer/stages.cu", "transducer/pack.cu", "transducer/tdt.cu"}
+WRITES_BF16 = {"transducer/cuda/stages.cu", "transducer/cuda/pack.cu", "transducer/cuda/tdt.cu"}
 ARCHS = ("compute_75", "compute_90")
 BF16_CVT = "cvt.rn.bf16.f32"
 
@@ -123,7 +123,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the C
 
 
 def test_table_lists_every_kernel_file():
-    found = {f"{pkg}/{name}" for pkg in ("ops", "ragged", "transducer")
+    found = {f"{pkg}/{name}" for pkg in ("ops", "ragged", "transducer/cuda")
              for name in os.listdir(os.path.join(ROOT, pkg)) if name.endswith(".cu")}
     assert found == set(KERNELS)
 

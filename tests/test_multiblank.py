@@ -270,12 +270,12 @@ def test_bad_module_and_fused_options():
 def test_cuda_walks_match_the_cpu(walk, big, monkeypatch):
     # the multi-blank lattice on both CUDA walks (tdt_walk_kernel: D = K + 2 <= 8; tdt_alpha_beta_kernel
     # otherwise, or when forced), against the CPU twin
-    import transducer.cuda_stages
+    import transducer.cuda.stages
     if walk == "general":
-        monkeypatch.setattr(transducer.cuda_stages, "WALK_MAX_THREADS", 0)
+        monkeypatch.setattr(transducer.cuda.stages, "WALK_MAX_THREADS", 0)
     calls = []
-    launch = transducer.cuda_stages.launch
-    monkeypatch.setattr(transducer.cuda_stages, "launch", lambda *a, **k: calls.append(a[1]) or launch(*a, **k))
+    launch = transducer.cuda.stages.launch
+    monkeypatch.setattr(transducer.cuda.stages, "launch", lambda *a, **k: calls.append(a[1]) or launch(*a, **k))
     V = 12
     logits, targets, T, U = batch(50 + len(big), B=6, max_t=20, max_u=6, V=V, blank=V - 1, big=big)
     want = multiblank_loss(logits, targets, T, U, big, -1, sigma=0.05, reduction="none")

@@ -681,7 +681,7 @@ def test_cuda_without_cupy_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail, as on a machine without it
     with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
         ops.cuda.cupy()
-    import transducer.cuda_stages  # noqa: F401  importing the CUDA stages never needs CuPy
+    import transducer.cuda.stages  # noqa: F401  importing the CUDA stages never needs CuPy
 
 
 def test_launch_opts_a_kernel_in_to_more_shared_memory_once_per_size(monkeypatch):

@@ -1,4 +1,4 @@
-"""The stages (transducer.cpu_stages and transducer.cuda_stages: twins of one contract, transducer/backend.py's Stages):
+"""The stages (transducer.cpu.stages and transducer.cuda.stages: twins of one contract, transducer/backend.py's Stages):
 the RNN-T and RNA stages of CUDA against the CPU twin, bit for bit where they must be; the TDT stages of every
 device against the float64 reference; layout, pack and the tile arguments the fused loss uses, on both devices."""
 
@@ -12,7 +12,9 @@ import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
 from ops.cuda import launch
-from transducer import cpu_stages as cpu, cuda_stages as cuda, pack, tdt_loss_reference
+from transducer import pack, tdt_loss_reference
+from transducer.cpu import stages as cpu
+from transducer.cuda import stages as cuda
 from transducer.backend import Stages, stages_for
 from transducer.layout import NUM_STATS, Layout, Stats
 from transducer.lattices import Lattice
@@ -22,7 +24,7 @@ from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
 
 
 def test_both_backends_implement_the_stage_contract():
-    """transducer.cpu_stages and transducer.cuda_stages each have every stage of backend.Stages, with its parameters, in its
+    """transducer.cpu.stages and transducer.cuda.stages each have every stage of backend.Stages, with its parameters, in its
     order, with its defaults."""
     stages = [name for name, f in vars(Stages).items() if inspect.isfunction(f) and not name.startswith("_")]
     assert "tdt_gradient" in stages and "pack_backward_add" in stages
@@ -280,7 +282,7 @@ def test_gradient_into_rows_of_another_stride(V):
     lp, den = cuda.log_probs(rows, targets, layout, o)
     alpha, beta, loss = cuda.alpha_beta(lp, layout, o)
     same, staged = outs()
-    # which path the launcher takes: staged through shared memory (private helpers of transducer.cuda_stages)
+    # which path the launcher takes: staged through shared memory (private helpers of transducer.cuda.stages)
     wpr = cuda.warps_per_row(N, V * 2, x.device)
     assert cuda.row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
     for out in (same[:, :V], staged):
@@ -363,7 +365,7 @@ def test_pack_matches_cpu(dtype, D):
 def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, lam=0.0, scale=None,
                padded=True, alias=False, device="cpu"):
     """The loss (B,) and the gradient of sum_b scale[b] * loss[b] (padded like logits, zeros on padding) from
-    the stages of ``device`` (transducer.cpu_stages or transducer.cuda_stages, twins): tdt_log_probs, tdt_alpha_beta,
+    the stages of ``device`` (transducer.cpu.stages or transducer.cuda.stages, twins): tdt_log_probs, tdt_alpha_beta,
     (alpha_beta for omega), tdt_gradient; returned on the CPU."""
     stages = stages_for(torch.device(device))
     B, max_t, max_u1, W = logits.shape
@@ -775,7 +777,7 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
 
 
 def test_cuda_gradient_names_a_bad_out():
-    # transducer.cuda_stages.gradient writes into `out` of the logits' shape and dtype, at any row stride (the
+    # transducer.cuda.stages.gradient writes into `out` of the logits' shape and dtype, at any row stride (the
     # loss's padded gradient rows) but unit column stride; anything else is a ValueError naming `out`, raised
     # before any launch (so it is checked here on CPU tensors, without a GPU)
     logits = torch.randn(6, 5)

@@ -11,7 +11,8 @@ import torch._dynamo
 
 import transducer.tdt
 from _batches import DEVICES, cell_mask, compact, random_batch
-from transducer import TDTLoss, cpu_stages as cpu, tdt_loss, tdt_loss_reference
+from transducer import TDTLoss, tdt_loss, tdt_loss_reference
+from transducer.cpu import stages as cpu
 from transducer.checks import check_durations
 from transducer.options import LossOptions
 

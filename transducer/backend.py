@@ -1,4 +1,4 @@
-"""The stage contract that ``transducer.cpu_stages`` and ``transducer.cuda_stages`` both implement, as a
+"""The stage contract that ``transducer.cpu.stages`` and ``transducer.cuda.stages`` both implement, as a
 ``typing.Protocol`` (the same names, arguments and results; tests/test_stages.py checks both signatures against it),
 and the backend of a device (``stages_for``). The structures the stages take: Layout and the layouts of the logits in
 transducer/layout.py, LossOptions in transducer/options.py, Walks and Lattice in transducer/lattices.py. Per-row
@@ -42,7 +42,7 @@ BACKENDS = ("cpu", "cuda")
 
 
 class Stages(Protocol):
-    """The stages of one backend (a module: ``transducer.cpu_stages`` or ``transducer.cuda_stages``)."""
+    """The stages of one backend (a module: ``transducer.cpu.stages`` or ``transducer.cuda.stages``)."""
 
     def layout(self, logit_lengths: Tensor, target_lengths: Tensor, max_u1: int, padded_t: int = 0,
                targets: Optional[Tensor] = None, vocab_size: int = 0, blank: int = 0, with_stats: bool = True,
@@ -148,14 +148,14 @@ _stages: dict = {}
 
 
 def stages_for(device: torch.device) -> Stages:
-    """The stages (``transducer.cpu_stages`` or ``transducer.cuda_stages``) for tensors on ``device``."""
+    """The stages (``transducer.cpu.stages`` or ``transducer.cuda.stages``) for tensors on ``device``."""
     stages = _stages.get(device.type)
     if stages is not None:
         return stages
     if device.type == "cuda":
-        from . import cuda_stages as stages
+        from .cuda import stages
     elif device.type == "cpu":
-        from . import cpu_stages as stages
+        from .cpu import stages
     else:
         raise ValueError(f"logits: expected a CPU or CUDA tensor, got device {device}")
     return _stages.setdefault(device.type, stages)

@@ -1,6 +1,6 @@
 """The Token-and-Duration Transducer (TDT) loss (Xu et al., ICML 2023, arXiv 2304.06795; NeMo's semantics):
 the functional form and the module, on the op ``transducer::loss`` (transducer/custom_ops.py). The math and the
-stage contract: transducer/backend.py; the stages: transducer/cpu_stages.py and transducer/tdt.cu.
+stage contract: transducer/backend.py; the stages: transducer/cpu/stages.py and transducer/cuda/tdt.cu.
 """
 
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor

@@ -1,5 +1,5 @@
 """The fused joiner loss's tiles on Hopper GPUs (sm_90): the logits GEMM of forward and backward's recompute replaced
-by the CuTe DSL kernels of transducer.hopper, so that no tile of logits is written (transducer/fused.py runs them).
+by the CuTe DSL kernels of transducer.hopper, so that no tile of logits is written (transducer/fused/__init__.py runs them).
 
 Forward: ``hopper.statistics_tile`` gives each tile's rows' den and blank and label logits, against the rows' labels
 (cuda_stages.row_labels), and cuda_stages.row_log_probs writes every row's lp and den from them as the log-probs stage
@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from . import hopper
+from .. import hopper
 
 __all__ = ["use_hopper"]
 

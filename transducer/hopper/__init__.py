@@ -1,4 +1,4 @@
-"""The fused step's logits GEMMs on Hopper GPUs (sm_90), CuTe DSL kernels (transducer/hopper_kernel.py) over
+"""The fused step's logits GEMMs on Hopper GPUs (sm_90), CuTe DSL kernels (transducer/hopper/kernels.py) over
 Z = H W^T + bias whose epilogues replace the logits:
 
 - ``logits_statistics``: for each row r, over the V columns of the vocabulary,
@@ -46,7 +46,7 @@ _CACHED_NAME = "logits_gemm"
 
 
 class Config(NamedTuple):
-    """A kernel's shape (transducer.hopper_kernel.LogitsGemm): vocabulary tiles of ``tile_n`` columns,
+    """A kernel's shape (transducer.hopper.kernels.LogitsGemm): vocabulary tiles of ``tile_n`` columns,
     ``warpgroups`` warpgroups of 64 rows each, clusters of ``cluster_m`` CTAs along the rows, ``occupancy`` CTAs per
     SM sizing the ring of loads; or with ``pingpong`` 1, LogitsGemmPingpong's (128 rows a CTA, H kept in shared
     memory, two consumer warpgroups taking the vocabulary tiles of ``tile_n`` columns in turns; the other fields
@@ -176,7 +176,7 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
 def logits_gradient(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int, coefficients: Tensor,
                     clamp: float = 0.0) -> Tensor:
     """The gradient of a loss with respect to the logits Z = H W^T + bias, from each row's coefficients, without Z in
-    memory: for row r and column v < V (transducer/stages.cu's gradient_kernel, elementwise),
+    memory: for row r and column v < V (transducer/cuda/stages.cu's gradient_kernel, elementwise),
 
         G[r, v] = scale[r] * c(exp(Z[r, v] - den[r]) * occupancy[r] - [v == blank] blank_arc[r]
                                - [v == labels[r]] label_arc[r]),
@@ -426,7 +426,7 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     import cutlass
     import cutlass.cute as cute
 
-    from .hopper_kernel import LogitsGemm, LogitsGemmPingpong
+    from .kernels import LogitsGemm, LogitsGemmPingpong
 
     from cutlass.cute.runtime import load_module
 
@@ -496,11 +496,11 @@ def _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra) -> Optional[P
 @functools.lru_cache(maxsize=None)
 def _source_key():
     """The part of a cached kernel's name that changes with the sources and the libraries that build it: this module
-    and transducer/hopper_kernel.py (an edited kernel is compiled again), and the versions of nvidia-cutlass-dsl, of
+    and transducer/hopper/kernels.py (an edited kernel is compiled again), and the versions of nvidia-cutlass-dsl, of
     its compiler's libraries for each CUDA major version, and of apache-tvm-ffi."""
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for name in ("hopper.py", "hopper_kernel.py"):
+    for name in ("__init__.py", "kernels.py"):
         digest.update((here / name).read_bytes())
     for package in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu12",
                     "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi"):

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "ops/numeric.cuh"
-#include "transducer/layout.cuh"
-#include "transducer/params.cuh"
+#include "transducer/cuda/layout.cuh"
+#include "transducer/cuda/params.cuh"
 
 namespace td {
 

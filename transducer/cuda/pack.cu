@@ -1,6 +1,6 @@
 // Packing the joiner input straight into the compact layout, and its backward (launched by
-// transducer/cuda_stages.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
-// of the layout, so that the fused joiner loss (transducer/fused.py) can go tile by tile:
+// transducer/cuda/stages.py: pack_forward / pack_backward). Both work on the rows [row_start, row_start + n)
+// of the layout, so that the fused joiner loss (transducer/fused/__init__.py) can go tile by tile:
 //
 //   pack_forward_kernel            out[r - row_start] = dropout(act(a)), a = enc[b, t] + pred[b, u], for
 //                                  row r = (b, t, u) (out's rows ld_out apart: the fused loss packs into a
@@ -25,8 +25,8 @@
 // sums of pack's backward in one pass) and adds to its outputs, in P's accumulation type, in a fixed order:
 // no atomics, the same sums every run.
 
-#include "transducer/layout.cuh"
-#include "transducer/row_pass.cuh"  // kThreads: pack_forward_kernel's and pack_grad_pred_kernel's block too
+#include "transducer/cuda/layout.cuh"
+#include "transducer/cuda/row_pass.cuh"  // kThreads: pack_forward_kernel's and pack_grad_pred_kernel's block too
 
 namespace td {
 // transducer/joiner.py: ACTIVATIONS (each one's code)
@@ -232,7 +232,7 @@ __device__ __forceinline__ T convert(A x) {
 // kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
 // and steps to the next rows (a search again only where a row starts another utterance), and has the
 // rows' loads in flight together (DESIGN.md: Several rows per thread group in pack_forward).
-constexpr int kPackRows = 4;  // transducer/cuda_stages.py: PACK_ROWS
+constexpr int kPackRows = 4;  // transducer/cuda/stages.py: PACK_ROWS
 }  // namespace td
 
 template <typename TE, typename TP, typename TO>
@@ -347,11 +347,11 @@ namespace td {
 // registers and shuffles, no barrier; kSumSteps values of u go together (their loads in flight). A block is
 // kSumThreads / 32 warps, independent: consecutive frame blocks of one utterance (small blocks: a warp holds many
 // registers, and the warps of a tile's few utterances must spread over the SMs).
-constexpr int kSumThreads = 128;             // transducer/cuda_stages.py: PACK_SUM_THREADS
+constexpr int kSumThreads = 128;             // transducer/cuda/stages.py: PACK_SUM_THREADS
 constexpr int kSumMinBlocks = 4;             // blocks an SM holds at least: at most 128 registers a thread
 constexpr int kLaneFrames = 2;
-constexpr int kSumFrames = 8;                // 4 * kLaneFrames; transducer/cuda_stages.py: PACK_FRAMES
-constexpr int kSumLanes = 8;                 // transducer/cuda_stages.py: PACK_LANES
+constexpr int kSumFrames = 8;                // 4 * kLaneFrames; transducer/cuda/stages.py: PACK_FRAMES
+constexpr int kSumLanes = 8;                 // transducer/cuda/stages.py: PACK_LANES
 constexpr int kSumSteps = 2;
 constexpr int kPredParts = 8;                // lanes a vector of pack_grad_pred_kernel; PACK_PRED_PARTS
 
@@ -381,7 +381,7 @@ struct FrameBlocks {
 // blocks need at most (its rows among the rows) / kSumFrames + 2 max_u1 scratch rows (the blocks whole within the
 // rows hold kSumFrames * st rows each, pred_rows <= st, max_u1; two more at the ends), so that utterances never meet
 // and the rows [row_start, row_end) of utterances [b0, b1) need at most ceil((row_end - row_start) / kSumFrames) +
-// (b1 - b0) (2 max_u1 + 1) scratch rows (transducer/cuda_stages.py sizes it so).
+// (b1 - b0) (2 max_u1 + 1) scratch rows (transducer/cuda/stages.py sizes it so).
 __device__ __forceinline__ long long scratch_row(const FrameBlocks& f, int b0, int b, long long row_start,
                                                  int max_u1) {
   const long long rows_before = f.base > row_start ? f.base - row_start : 0;
@@ -407,7 +407,7 @@ __device__ __forceinline__ int u_chunks(const FrameBlocks& f, int u_chunk, int c
 // b's (at most) R_b / (kSumFrames rows_per_frame) + 2 frame blocks among its R_b rows of the rows need at most
 // 2 R_b / u_chunk + 16 n <= 2 R_b / u_chunk + 16 chunks rows; placed 2 rows_before / u_chunk + (b - b0) (16 chunks +
 // 1) on, the rows of utterances [b0, b1) need at most 2 (row_end - row_start) / u_chunk + (b1 - b0) (16 chunks + 1)
-// (transducer/cuda_stages.py sizes it so).
+// (transducer/cuda/stages.py sizes it so).
 __device__ __forceinline__ long long enc_scratch_row(const FrameBlocks& f, int b0, int b, long long row_start,
                                                      int u_chunk, int chunks) {
   const long long rows_before = f.base > row_start ? f.base - row_start : 0;

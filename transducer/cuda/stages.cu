@@ -1,6 +1,6 @@
-// CUDA twin of the transducer stages (contract: transducer/backend.py), launched by transducer/cuda_stages.py
+// CUDA twin of the transducer stages (contract: transducer/backend.py), launched by transducer/cuda/stages.py
 // on torch's current stream, one template instantiation per name expression. Each kernel takes one
-// parameter struct, filled on the host by field name (transducer/cuda_stages.py mirrors them):
+// parameter struct, filled on the host by field name (transducer/cuda/stages.py mirrors them):
 //
 //   layout_kernel      one block: the Layout table (lengths, strides, row_splits) and the
 //                      value-check stats (LayoutParams)
@@ -19,10 +19,10 @@
 // (the loss op checks it: check_rows, called in transducer/custom_ops.py).
 
 #include "ops/reduce.cuh"
-#include "transducer/arcs.cuh"
-#include "transducer/layout.cuh"
-#include "transducer/params.cuh"
-#include "transducer/row_pass.cuh"
+#include "transducer/cuda/arcs.cuh"
+#include "transducer/cuda/layout.cuh"
+#include "transducer/cuda/params.cuh"
+#include "transducer/cuda/row_pass.cuh"
 
 
 // ---------------------------------------------------------------------------
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const Layo
 }
 
 // ---------------------------------------------------------------------------
-// The fused loss's rows on the Hopper kernels (transducer/hopper.py; transducer/fused_hopper.py): their GEMMs
+// The fused loss's rows on the Hopper kernels (transducer/hopper/__init__.py; transducer/fused/hopper_tiles.py): their GEMMs
 // keep the logits on the chip, so these kernels hand them each row's label and take from them each row's
 // statistics, one thread per row r of [0, num_rows) (Acc = float: the kernels' GEMMs are 16-bit):
 //   row_labels_kernel        labels[r] = y_{u+1} for u < U_b, else -1: the column the statistics pick

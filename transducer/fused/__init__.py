@@ -14,7 +14,7 @@ logits into their gradient in place (the gradient stage), and accumulates dW = d
 bias rides as a column of the projection against a column of ones) and dh = dz W, whose rows, times act'(h), are
 summed back into the encoder and predictor gradients (pack's backward, tile by tile, in fp32, the activation's
 derivative in the same pass, h recomputed there from the input rows, which stay in cache, rather than kept and read
-back). GEMMs go through torch (cuBLAS), except on an sm_90 GPU with the ``hopper`` extra (transducer/fused_hopper.py
+back). GEMMs go through torch (cuBLAS), except on an sm_90 GPU with the ``hopper`` extra (transducer/fused/hopper_tiles.py
 says where): there the logits GEMM and the log-probs stage of forward, and the recompute and the gradient stage of
 backward, are transducer.hopper's kernels, whose epilogues keep the logits on the chip (the first such call compiles
 them and runs their self-test, with a few host reads, once per process and device), and forward's tiles, which hold
@@ -41,17 +41,19 @@ from torch import Tensor
 
 from ops import accumulate_dtype
 
-from . import cuda_stages, fused_hopper, hopper
-from .backend import stages_for
-from .checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
+from .. import hopper
+from ..cuda import stages as cuda_stages
+from . import hopper_tiles as fused_hopper
+from ..backend import stages_for
+from ..checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
                      is_index, plural)
-from .custom_ops import Op, fake_outputs, lattice_of, lattice_outputs, saved_tensors
-from .joiner import ACTIVATIONS, Dropout
-from .lattices import check_supported, kind_of
-from .layout import MAX_ROWS, NUM_STATS, Layout
-from .loss import reduce_losses
-from .options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
-from .signatures import Entry, LossModule, Param, check_options, public_function
+from ..custom_ops import Op, fake_outputs, lattice_of, lattice_outputs, saved_tensors
+from ..joiner import ACTIVATIONS, Dropout
+from ..lattices import check_supported, kind_of
+from ..layout import MAX_ROWS, NUM_STATS, Layout
+from ..loss import reduce_losses
+from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
+from ..signatures import Entry, LossModule, Param, check_options, public_function
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
 

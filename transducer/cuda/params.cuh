@@ -1,5 +1,5 @@
 // The parts of the kernels' parameter structs (CUTLASS's Params pattern: a kernel takes one struct, which
-// transducer/cuda_stages.py fills by field name; tests/test_kernel_params.py checks both sides list the same
+// transducer/cuda/stages.py fills by field name; tests/test_kernel_params.py checks both sides list the same
 // fields). Each kernel's own struct is defined beside it, in stages.cu, tdt.cu or pack.cu.
 #pragma once
 

@@ -1,5 +1,5 @@
 // CUDA twin of the TDT stages (transducer/backend.py says the math and the contract), launched by
-// transducer/cuda_stages.py on torch's current stream, each kernel with one parameter struct:
+// transducer/cuda/stages.py on torch's current stream, each kernel with one parameter struct:
 //
 //   tdt_log_probs_kernel   one warp (or a 256-thread block) per row: the token logsumexp in one online
 //                          pass over 16-byte vectors, the D duration scores by the first lanes
@@ -19,10 +19,10 @@
 // NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
 
 #include "ops/reduce.cuh"
-#include "transducer/arcs.cuh"
-#include "transducer/layout.cuh"
-#include "transducer/params.cuh"
-#include "transducer/row_pass.cuh"
+#include "transducer/cuda/arcs.cuh"
+#include "transducer/cuda/layout.cuh"
+#include "transducer/cuda/params.cuh"
+#include "transducer/cuda/row_pass.cuh"
 
 namespace td {
 
@@ -144,8 +144,8 @@ __device__ __forceinline__ TdtTokenTerms<Acc> tdt_token_terms(Acc gamma, Acc sum
 }
 
 // tdt_walk_kernel's limits: a thread per u, and D a template parameter
-constexpr int kWalkMaxThreads = 512;  // transducer/cuda_stages.py: WALK_MAX_THREADS
-constexpr int kWalkMaxDurations = 8;  // transducer/cuda_stages.py: WALK_MAX_DURATIONS
+constexpr int kWalkMaxThreads = 512;  // transducer/cuda/stages.py: WALK_MAX_THREADS
+constexpr int kWalkMaxDurations = 8;  // transducer/cuda/stages.py: WALK_MAX_DURATIONS
 
 // The partial logsumexp of x as (max M, sum of exp(x - M)) by pairwise trees (depth log2 N, not a chain of
 // N); all terms -inf: (-inf, 0); a NaN term makes the sum NaN (fmax skips it, its exp does not).
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
 }
 
 // ---------------------------------------------------------------------------
-// The fused TDT loss's rows on the Hopper kernels (transducer/hopper.py), one thread per row r of [0, num_rows),
+// The fused TDT loss's rows on the Hopper kernels (transducer/hopper/__init__.py), one thread per row r of [0, num_rows),
 // as stages.cu's row kernels for RNN-T (Acc = float: the kernels' GEMMs are 16-bit):
 //   tdt_row_log_probs_kernel     lp, den, lp_arcs and den_arcs from the statistics (den, z_blank, z_label and the
 //                                D duration scores without their bias), as tdt_log_probs_kernel stores them

@@ -13,7 +13,7 @@ namespace td {
 
 using namespace ops;
 
-// The padded layout's grid, made by the host (transducer/cuda_stages.py): rows per utterance (maxT * (maxU + 1))
+// The padded layout's grid, made by the host (transducer/cuda/stages.py): rows per utterance (maxT * (maxU + 1))
 // and per frame (maxU + 1). A row's (b, t, u) is then two divisions by host-made constants, no search and no
 // load, so a row kernel, which loads a padded row only once it knows the row is a cell, starts its loads
 // sooner. utt.d == 0: Grids searches row_splits (the compact layout, or a padded one given without its maxT,
@@ -50,7 +50,7 @@ struct Grids {
 };
 
 // CUDA's limit of threads per block: the walks' blocks (a thread per u, up to this many) and layout_kernel's
-// one block (transducer/cuda_stages.py: MAX_BLOCK_THREADS)
+// one block (transducer/cuda/stages.py: MAX_BLOCK_THREADS)
 constexpr int kMaxBlockThreads = 1024;
 
 // (t, u) of row r and whether it is a cell of its utterance (not padding).

@@ -14,9 +14,9 @@ from ops import FastDivmod, accumulate_dtype, gather, reduce
 from ops.numeric import exp_, logsumexp
 from ragged import row_of
 
-from .joiner import ACTIVATIONS, dropout_mask
-from .layout import CELLS_CAP, Layout
-from .lattices import Walks
+from ..joiner import ACTIVATIONS, dropout_mask
+from ..layout import CELLS_CAP, Layout
+from ..lattices import Walks
 
 _CHUNK_ELEMENTS = 1 << 22
 _INT64_MAX = 2**63 - 1

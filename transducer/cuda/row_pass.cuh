@@ -6,17 +6,17 @@
 
 #include "ops/numeric.cuh"
 #include "ops/reduce.cuh"
-#include "transducer/layout.cuh"
-#include "transducer/params.cuh"
+#include "transducer/cuda/layout.cuh"
+#include "transducer/cuda/params.cuh"
 
 namespace td {
 
 using namespace ops;
 
-constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda_stages.py: THREADS)
+constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda/stages.py: THREADS)
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
 
-// The threads of a row: a warp (WPR = 1) or a block of kThreads (transducer/cuda_stages.py's warps_per_row picks
+// The threads of a row: a warp (WPR = 1) or a block of kThreads (transducer/cuda/stages.py's warps_per_row picks
 // one of the two; tests/test_kernel_params.py checks it picks no other).
 template <int WPR>
 struct RowGeometry {

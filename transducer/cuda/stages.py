@@ -1,6 +1,6 @@
 """The CUDA stages of the transducer losses (the contract: transducer/backend.py), and the packing op.
 
-Same functions, arguments and results as ``transducer.cpu_stages``. The kernels (``stages.cu``, ``tdt.cu``,
+Same functions, arguments and results as ``transducer.cpu.stages``. The kernels (``stages.cu``, ``tdt.cu``,
 ``pack.cu``, listed at the top of each) take one parameter struct each, filled here by field name: the
 ``*_PARAMS`` structs below mirror the C definitions field for field (tests/test_kernel_params.py checks
 them). They are launched through ``ops.cuda.launch``: torch's current stream, torch-allocated outputs, no
@@ -20,9 +20,9 @@ from ops import FastDivmod, accumulate_dtype, ctype
 from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, max_shared_mem, num_sms, vector_width
 from ops.params import FAST_DIVMOD, struct
 
-from .joiner import ACTIVATIONS
-from .layout import MAX_DURATIONS, Layout, table_size
-from .lattices import Walks
+from ..joiner import ACTIVATIONS
+from ..layout import MAX_DURATIONS, Layout, table_size
+from ..lattices import Walks
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STAGES = os.path.join(_HERE, "stages.cu")
@@ -143,12 +143,12 @@ def warps_per_row(num_rows, row_bytes, device):
 def _check_cuda(*tensors):
     for t in tensors:
         if not t.is_cuda:
-            raise ValueError("transducer.cuda_stages: every tensor must be on a CUDA device")
+            raise ValueError("transducer.cuda.stages: every tensor must be on a CUDA device")
 
 
 def _row_major(name, x):
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
-        raise ValueError(f"transducer.cuda_stages: {name} must be 2-D with unit column stride, got strides "
+        raise ValueError(f"transducer.cuda.stages: {name} must be 2-D with unit column stride, got strides "
                          f"{x.stride()}")
 
 
@@ -320,7 +320,7 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
         return out
     _row_major("logits2d", logits2d)
     if out.shape != logits2d.shape or out.dtype != logits2d.dtype:
-        raise ValueError("transducer.cuda_stages.gradient: out must have the logits' shape and dtype")
+        raise ValueError("transducer.cuda.stages.gradient: out must have the logits' shape and dtype")
     _row_major("out", out)
     scale = scale.to(lattice.lp.dtype)
     itemsize = logits2d.element_size()
@@ -429,7 +429,7 @@ def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, 
     if num_rows:
         omega = options.omega
         if omega and lattice.rnnt is None:
-            raise ValueError("transducer.cuda_stages.tdt_row_coefficients: omega > 0 needs the RNN-T walks "
+            raise ValueError("transducer.cuda.stages.tdt_row_coefficients: omega > 0 needs the RNN-T walks "
                              "(lattice.rnnt)")
         rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
         scale = scale.to(torch.float32)
@@ -680,7 +680,7 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
         return
     omega = options.omega
     if omega and lattice.rnnt is None:
-        raise ValueError("transducer.cuda_stages.tdt_gradient: omega > 0 needs the RNN-T walks (lattice.rnnt)")
+        raise ValueError("transducer.cuda.stages.tdt_gradient: omega > 0 needs the RNN-T walks (lattice.rnnt)")
     rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
     scale = scale.to(lattice.lp.dtype)
     itemsize = tokens2d.element_size()

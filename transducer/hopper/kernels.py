@@ -4,7 +4,7 @@
   Z[r, labels[r]] picked as their tiles pass, so that no tile of Z leaves the chip; with ``extra`` columns (TDT's
   duration scores past the softmax's columns, multi-blank's big blanks among them), their entries of (H W^T)[r]
   stored as their tile passes;
-- gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/stages.cu's
+- gradient (backward): the tile of G = dL/dZ formed from each row's coefficients (transducer/cuda/stages.cu's
   gradient_kernel, elementwise the same) and written once in H's dtype, for cuBLAS's dH = G W and dW = G^T H:
   through shared-memory subtiles (stmatrix), each stored by TMA while the next is written, as CUTLASS's Hopper
   epilogue stores its output; the last subtile's store runs on into the next vocabulary tile's MMAs.

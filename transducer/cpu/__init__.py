@@ -1,0 +1,1 @@
+"""The CPU backend: the stages of transducer/backend.py's contract in torch (stages.py)."""
