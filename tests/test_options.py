@@ -141,39 +141,48 @@ def _takes(entry, option):
 
 def test_every_public_entry_is_declared():
     import transducer
-    declared = {name for name in transducer.__all__ if getattr(getattr(transducer, name), "entry", None)}
-    assert declared == set(ENTRIES)
+    from transducer.entries import DECLARED
+    assert set(DECLARED) == set(ENTRIES) and set(ENTRIES) <= set(transducer.__all__)
+
+
+def _args_section(doc):
+    """The ``Args:`` section of a docstring: its lines up to the first blank one."""
+    lines = doc.split("\n    Args:\n", 1)[1].split("\n")
+    blank = next((i for i, line in enumerate(lines) if not line.strip()), len(lines))
+    return "\n".join(lines[:blank])
 
 
 @pytest.mark.parametrize("name", ENTRIES)
-def test_signature_and_docstring_agree_with_the_declarations(name):
-    """Every option an entry takes by the declarations is a typed argument of its signature with the declared
-    default (or the entry's own), and its docstring has one line for it with that type and default; no argument
-    is left undocumented."""
+def test_written_signature_and_docstring_are_the_declared_ones(name):
+    """Every public function's and module's written signature is its declaration's (transducer/entries.py over the
+    options of transducer/options.py): the same arguments in the same order, positional or keyword-only, with the
+    declared type and default, and its docstring's ``Args`` section is the declared lines, one per argument.
+    ``python -m transducer.entries NAME`` prints both as the source must spell them."""
     import inspect
-    import re
     import transducer
-    from transducer.options import BY_NAME, OPTIONS, REQUIRED
-    public = getattr(transducer, name)
-    entry = public.entry
-    params = inspect.signature(public).parameters
-    taken = [o for o in OPTIONS if _takes(entry, o)]
-    assert {o.name for o in taken} <= set(params)
-    doc = " ".join(public.__doc__.split())
-    for name_, p in params.items():
-        assert p.annotation is not inspect.Parameter.empty, name_
-        line = re.search(rf"\b{name_} \(([^)]*?)(, optional)?\): ", doc)
-        assert line, f"{name_} is not documented"
-        if name_ in BY_NAME:
-            option = BY_NAME[name_]
-            default = entry.defaults.get(name_, option.default)
-            assert line.group(1) == option.annotation
-            assert " ".join(entry.docs.get(name_, option.doc).split()) in doc
-            if default is REQUIRED:
-                assert p.default is inspect.Parameter.empty and not line.group(2)
-            else:
-                assert p.default == default and line.group(2)
-                assert f"(Default: ``{default!r}``)" in doc
+    from transducer.entries import DECLARED, REQUIRED, annotation, args_section, arguments, signature_source
+    entry, public = DECLARED[name], getattr(transducer, name)
+    module = name[0].isupper()
+    params = list(inspect.signature(public.__init__ if module else public).parameters.values())[module:]
+    expected = arguments(entry)
+    how = f"write it as `python -m transducer.entries {name}` prints it:\n{signature_source(entry, module)}"
+    assert [p.name for p in params] == [a.name for a in expected], how
+    for p, a in zip(params, expected):
+        kind = inspect.Parameter.KEYWORD_ONLY if a.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        default = inspect.Parameter.empty if a.default is REQUIRED else a.default
+        assert p.kind == kind, how
+        assert type(p.default) is type(default) and p.default == default, how
+        assert p.annotation == annotation(a.annotation, a.default), how
+    assert _args_section(public.__doc__) == args_section(entry), f"its docstring's Args section:\n{args_section(entry)}"
+
+
+def test_the_declarations_reach_every_option():
+    """Each entry takes every option the declarations give it (an option of its lattices, or its own)."""
+    from transducer.entries import DECLARED
+    from transducer.options import OPTIONS
+    for name, entry in DECLARED.items():
+        named, rest = entry.options()
+        assert set(named + rest) == {o.name for o in OPTIONS if _takes(entry, o)}, name
 
 
 def _entry_call(name, options, gen, lattice):
@@ -209,11 +218,11 @@ def _entry_call(name, options, gen, lattice):
 
 
 def _walk_cases():
-    import transducer
+    from transducer.entries import DECLARED
     from transducer.options import OPTIONS
     cases = []
     for name in ENTRIES:
-        entry = getattr(transducer, name).entry
+        entry = DECLARED[name]
         cases += [(name, o.name) for o in OPTIONS if _takes(entry, o) and o.name != "generator"]
     return cases
 
@@ -232,11 +241,11 @@ def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
     value = CALL_VALUES.get(option, VALUES.get(option))
     if option == "blank":
         value = V - 2 if "ultiblank" in name else 2
-    import transducer
+    from transducer.entries import DECLARED
     from transducer.options import BY_NAME
     reads = BY_NAME[option].reads or {}
-    lattice = next((lattice for lattice in getattr(transducer, name).entry.lattices if lattice in reads),
-                   getattr(transducer, name).entry.lattices[0])
+    entry = DECLARED[name]
+    lattice = next((lattice for lattice in entry.lattices if lattice in reads), entry.lattices[0])
     _entry_call(name, {option: value}, torch.Generator().manual_seed(7), lattice)
     (op_name, args), = seen
     fused_op = op_name == "fused"

@@ -5,11 +5,15 @@ log-probs and gradient with the big blanks' columns, and TDT's walk with the big
 several frames.
 """
 
+from typing import Optional, Sequence
+
+from torch import Tensor
+
 from .checks import FLOAT_DTYPES, check_batch, check_big_blank_durations, check_blank, check_tensor
 from .custom_ops import loss_call
 from .loss import LOGITS_TENSORS, reduce_losses
 from .options import MULTIBLANK, REQUIRED, LossOptions, check_device_limits, joint_checks
-from .signatures import Entry, LossModule, check_options, public_function
+from .entries import Entry, LossModule, check_options, declare
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]
 
@@ -25,24 +29,7 @@ MULTIBLANK_LOSS = Entry("multiblank_loss", (MULTIBLANK,), LOGITS_TENSORS + _ORDE
 
 
 def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
-    r"""Multi-blank RNN-T loss (NeMo's semantics), over compact or padded logits: RNN-T with K big blanks that
-    consume several frames at once.
-
-    Args:
-        {args}
-
-    Returns:
-        Tensor: float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. From (t, u)
-        the label y_{u+1} goes to (t, u + 1), the blank to (t + 1, u), big blank i to (t + d_i, u); an alignment
-        ends on reaching t = T_b with u = U_b through any blank. The gradient flows to ``logits`` in their dtype,
-        computed in backward. Reference: :func:`transducer.reference.multiblank_loss_reference`.
-
-    Example::
-
-        >>> logits = torch.randn(2, 6, 3, 8, requires_grad=True)   # V = 8: blank 7, big blanks 6 and 5
-        >>> multiblank_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1]),
-        ...                 big_blank_durations=[2, 4], blank=-1).backward()
-    """
+    """multiblank_loss's work (its arguments checked; ``options``: the options as given)."""
     check_tensor("logits", logits, FLOAT_DTYPES, (2, 4), None)
     check_batch(logits, targets, logit_lengths, target_lengths)
     o = check_options(options)
@@ -57,7 +44,62 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     return reduce_losses(nll, reduction, zero_infinity)
 
 
-multiblank_loss = public_function(MULTIBLANK_LOSS, _multiblank_loss)
+declare(MULTIBLANK_LOSS)
+
+
+def multiblank_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
+                    big_blank_durations: Sequence[int], blank: int, sigma: float = 0.0, reduction: str = "mean",
+                    fastemit_lambda: float = 0.0, clamp: float = -1.0, zero_infinity: bool = False,
+                    check_inputs: bool = True, delay_penalty: float = 0.0) -> Tensor:
+    r"""Multi-blank RNN-T loss (NeMo's semantics), over compact or padded logits: RNN-T with K big blanks that
+    consume several frames at once.
+
+    Args:
+        logits (Tensor): unnormalised scores, float16 / bfloat16 / float32 / float64: compact
+            ``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or
+            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``.
+        targets (Tensor): ``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``;
+            entries past ``U_b`` are ignored.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64 frames, ``T_b >= 1``.
+        target_lengths (Tensor): ``(B,)`` int32 / int64 labels, ``U_b >= 0``.
+        big_blank_durations (list of int): the multi-blank loss's K big blanks' durations, distinct ints in [2,
+            65535] (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.
+        blank (int): the standard blank's column (duration 1), in ``[-V, V)``; negative counts from the end (NeMo's
+            models put it last: ``-1``).
+        sigma (float, optional): logit under-normalisation: every log-prob is ``log_softmax - sigma``. (Default:
+            ``0.0``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
+            ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).
+            (Default: ``'mean'``)
+        fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
+            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
+            gradient alone, as NeMo's). (Default: ``-1.0``)
+        zero_infinity (bool, optional): infinite losses become 0 (their gradient is zero either way); NaN losses
+            stay NaN. (Default: ``False``)
+        check_inputs (bool, optional): check lengths and labels against the tensors (on CUDA one small
+            device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs),
+            out-of-range values give undefined results. (Default: ``True``)
+        delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
+            ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
+
+    Returns:
+        Tensor: float32 loss (float64 for float64 logits): ``(B,)`` for ``"none"``, else a scalar. From (t, u)
+        the label y_{u+1} goes to (t, u + 1), the blank to (t + 1, u), big blank i to (t + d_i, u); an alignment
+        ends on reaching t = T_b with u = U_b through any blank. The gradient flows to ``logits`` in their dtype,
+        computed in backward. Reference: :func:`transducer.reference.multiblank_loss_reference`.
+
+    Example::
+
+        >>> logits = torch.randn(2, 6, 3, 8, requires_grad=True)   # V = 8: blank 7, big blanks 6 and 5
+        >>> multiblank_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1]),
+        ...                 big_blank_durations=[2, 4], blank=-1).backward()
+    """
+    return _multiblank_loss(logits, targets, logit_lengths, target_lengths, dict(
+        big_blank_durations=big_blank_durations, blank=blank, sigma=sigma, reduction=reduction,
+        fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity, check_inputs=check_inputs,
+        delay_penalty=delay_penalty))
 
 
 def _check_given(options):
@@ -68,12 +110,43 @@ def _check_given(options):
                          ">= 2), got None")
 
 
-class MultiblankLoss(LossModule, entry=MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER)):
+MULTIBLANKLOSS_MODULE = declare(MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER))
+
+
+class MultiblankLoss(LossModule):
     """Module form of :func:`multiblank_loss`: ``MultiblankLoss([2, 4, 8], blank=-1)(logits, targets, T, U)``.
 
     Args:
-        {args}
+        big_blank_durations (list of int): the multi-blank loss's K big blanks' durations, distinct ints in [2,
+            65535] (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.
+        blank (int): the standard blank's column (duration 1), in ``[-V, V)``; negative counts from the end (NeMo's
+            models put it last: ``-1``).
+        sigma (float, optional): logit under-normalisation: every log-prob is ``log_softmax - sigma``. (Default:
+            ``0.0``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
+            ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).
+            (Default: ``'mean'``)
+        fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
+            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
+            gradient alone, as NeMo's). (Default: ``-1.0``)
+        zero_infinity (bool, optional): infinite losses become 0 (their gradient is zero either way); NaN losses
+            stay NaN. (Default: ``False``)
+        check_inputs (bool, optional): check lengths and labels against the tensors (on CUDA one small
+            device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs),
+            out-of-range values give undefined results. (Default: ``True``)
+        delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
+            ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """
+
+    def __init__(self, big_blank_durations: Sequence[int], blank: int, sigma: float = 0.0, reduction: str = "mean",
+                 fastemit_lambda: float = 0.0, clamp: float = -1.0, zero_infinity: bool = False,
+                 check_inputs: bool = True, delay_penalty: float = 0.0) -> None:
+        super().__init__(dict(
+            big_blank_durations=big_blank_durations, blank=blank, sigma=sigma, reduction=reduction,
+            fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity, check_inputs=check_inputs,
+            delay_penalty=delay_penalty))
 
     def check(self, options):
         """The durations given, and fitting before a blank counted from the start (one counted from the end fits

@@ -33,7 +33,7 @@ forward; the eager backward takes forward's host copy, a traced one reads it aga
 import bisect
 import functools
 import operator
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,7 @@ from ..lattices import check_supported, kind_of
 from ..layout import MAX_ROWS, NUM_STATS, Layout
 from ..loss import reduce_losses
 from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
-from ..signatures import Entry, LossModule, Param, check_options, public_function
+from ..entries import Entry, LossModule, Param, check_options, declare
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
 
@@ -393,7 +393,7 @@ _TENSORS = (
           "device."),
     Param("weight", "Tensor", "``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``, "
           "``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout)."),
-    Param("bias", "Tensor", "``(weight.size(0),)``, or None.", REQUIRED),
+    Param("bias", "Tensor or None", "``(weight.size(0),)``, or None.", REQUIRED),
     Param("targets", "Tensor", "``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank."),
     Param("logit_lengths", "Tensor", "``(B,)`` int32 / int64, ``1 <= T_b <= maxT``."),
     Param("target_lengths", "Tensor", "``(B,)`` int32 / int64, ``0 <= U_b <= maxU``."),
@@ -432,33 +432,7 @@ _JOINER_OPTIONS = ("reduction", "zero_infinity", "check_inputs", "activation", "
 
 
 def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, options):
-    r"""The joiner ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])), weight, bias)`` and the
-    transducer loss over its logits, without the logits or the joiner's hidden in memory.
-
-    Equal to ``transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets,
-    T, U, ...)`` with the same options (:func:`transducer.transducer_loss`); with ``durations``, to
-    ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` (:func:`transducer.tdt_loss`); with
-    ``big_blank_durations``, to ``multiblank_loss(F.linear(...), ...)`` (:func:`transducer.multiblank_loss`).
-    Gradients flow to ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``, each in its own dtype.
-
-    Args:
-        {args}
-
-    Returns:
-        Tensor: float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Memory: a few
-        floats per row of the grids (under torch.compile, per row of B * maxT * (maxU+1), a bound known from
-        the shapes) plus one tile of ``max_rows * (J + V)``. The sum and the activation run in the inputs'
-        promoted dtype (as ``enc + pred``), the GEMMs in the autocast dtype under autocast (else the promoted
-        one), the loss arithmetic in fp32.
-
-    Example::
-
-        >>> enc, pred = torch.randn(2, 5, 8, requires_grad=True), torch.randn(2, 4, 8, requires_grad=True)
-        >>> joiner = torch.nn.Linear(8, 6)
-        >>> loss = fused_joiner_loss(enc, pred, joiner.weight, joiner.bias, torch.tensor([[1, 2, 3], [4, 5, 0]]),
-        ...                          torch.tensor([5, 3]), torch.tensor([3, 2]))
-        >>> loss.backward()
-    """
+    """fused_joiner_loss's work (its arguments checked; ``options``: the options as given)."""
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     device = encoder_out.device
     check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device, "encoder_out")
@@ -510,7 +484,91 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     return reduce_losses(nll, call["reduction"], call["zero_infinity"])
 
 
-fused_joiner_loss = public_function(FUSED_JOINER_LOSS, _fused_joiner_loss)
+declare(FUSED_JOINER_LOSS)
+
+
+def fused_joiner_loss(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
+                      targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, *, blank: int = 0,
+                      reduction: str = "mean", one_sym_per_frame: bool = False, zero_infinity: bool = False,
+                      check_inputs: bool = True, clamp: float = -1.0, fastemit_lambda: float = 0.0,
+                      delay_penalty: float = 0.0, durations: Optional[Sequence[int]] = None, sigma: float = 0.0,
+                      omega: float = 0.0, big_blank_durations: Optional[Sequence[int]] = None,
+                      activation: str = "tanh", dropout: float = 0.0, generator: Optional[torch.Generator] = None,
+                      max_rows: Optional[int] = None) -> Tensor:
+    r"""The joiner ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])), weight, bias)`` and the
+    transducer loss over its logits, without the logits or the joiner's hidden in memory.
+
+    Equal to ``transducer_loss(F.linear(act(pack(encoder_out, predictor_out, T, U)), weight, bias), targets,
+    T, U, ...)`` with the same options (:func:`transducer.transducer_loss`); with ``durations``, to
+    ``tdt_loss(F.linear(...), targets, T, U, durations, ...)`` (:func:`transducer.tdt_loss`); with
+    ``big_blank_durations``, to ``multiblank_loss(F.linear(...), ...)`` (:func:`transducer.multiblank_loss`).
+    Gradients flow to ``encoder_out``, ``predictor_out``, ``weight`` and ``bias``, each in its own dtype.
+
+    Args:
+        encoder_out (Tensor): ``(B, maxT, J)``, ``J >= 1``, float16 / bfloat16 / float32 / float64.
+        predictor_out (Tensor): ``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same device.
+        weight (Tensor): ``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``,
+            ``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout).
+        bias (Tensor or None): ``(weight.size(0),)``, or None.
+        targets (Tensor): ``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank.
+        logit_lengths (Tensor): ``(B,)`` int32 / int64, ``1 <= T_b <= maxT``.
+        target_lengths (Tensor): ``(B,)`` int32 / int64, ``0 <= U_b <= maxU``.
+        blank (int, optional): the blank's column among the token rows of ``weight``, in ``[-V, V)``; negative
+            counts from the end. (Default: ``0``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as torchaudio).
+            (Default: ``'mean'``)
+        one_sym_per_frame (bool, optional): RNA: a label moves (t, u) -> (t+1, u+1); an utterance with
+            ``U_b > T_b - 1`` has no alignment and loss ``+inf``. (Default: ``False``)
+        zero_infinity (bool, optional): infinite losses become 0 (their gradient is zero either way); NaN losses
+            stay NaN. (Default: ``False``)
+        check_inputs (bool, optional): check lengths and labels against the tensors; sizing the tiles reads the
+            layout on the host whatever check_inputs (one transfer in forward; the eager backward reuses it, a
+            traced one reads it again). (Default: ``True``)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
+            gradient alone, as NeMo's). (Default: ``-1.0``)
+        fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
+            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+        delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
+            ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
+        durations (list of int, optional): TDT's durations, as for :func:`transducer.tdt_loss`: the loss is TDT's,
+            over ``weight``'s last D = len(durations) rows (not with one_sym_per_frame). (Default: ``None``)
+        sigma (float, optional): logit under-normalisation: token log-probs are ``log_softmax - sigma``. (Default:
+            ``0.0``)
+        omega (float, optional): in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain
+            RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it). (Default: ``0.0``)
+        big_blank_durations (list of int, optional): as for :func:`transducer.multiblank_loss` (with ``sigma``): the
+            multi-blank loss. (Default: ``None``)
+        activation (str, optional): the joiner's activation, one of 'identity', 'tanh', 'relu', 'sigmoid', 'gelu',
+            'silu', 'leaky_relu' (transducer/joiner.py). (Default: ``'tanh'``)
+        dropout (float, optional): the rate of dropout on the joiner's hidden, after the activation (NeMo's joint);
+            its mask is a hash of a seed drawn from ``generator`` and of each element's (row, column), the same in
+            backward's recompute (``transducer.joiner.dropout_mask``); 0 draws nothing. (Default: ``0.0``)
+        generator (torch.Generator, optional): a CPU generator for dropout's seed (None: torch's default one).
+            (Default: ``None``)
+        max_rows (int, optional): rows per tile (None: tile buffers of about 256 MiB on CUDA, 16 MiB on the CPU);
+            forward's on the Hopper kernels, which hold no logits, take the same bytes. (Default: ``None``)
+
+    Returns:
+        Tensor: float32 loss (float64 for float64 inputs): ``(B,)`` for ``"none"``, else a scalar. Memory: a few
+        floats per row of the grids (under torch.compile, per row of B * maxT * (maxU+1), a bound known from
+        the shapes) plus one tile of ``max_rows * (J + V)``. The sum and the activation run in the inputs'
+        promoted dtype (as ``enc + pred``), the GEMMs in the autocast dtype under autocast (else the promoted
+        one), the loss arithmetic in fp32.
+
+    Example::
+
+        >>> enc, pred = torch.randn(2, 5, 8, requires_grad=True), torch.randn(2, 4, 8, requires_grad=True)
+        >>> joiner = torch.nn.Linear(8, 6)
+        >>> loss = fused_joiner_loss(enc, pred, joiner.weight, joiner.bias, torch.tensor([[1, 2, 3], [4, 5, 0]]),
+        ...                          torch.tensor([5, 3]), torch.tensor([3, 2]))
+        >>> loss.backward()
+    """
+    return _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, dict(
+        blank=blank, reduction=reduction, one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
+        check_inputs=check_inputs, clamp=clamp, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty,
+        durations=durations, sigma=sigma, omega=omega, big_blank_durations=big_blank_durations, activation=activation,
+        dropout=dropout, generator=generator, max_rows=max_rows))
 
 
 _MODULE_PARAMS = (
@@ -530,7 +588,10 @@ _MODULE_DOCS = dict(_DOCS, blank="the blank's column; negative counts from the e
 _MODULE = Entry("FusedJoinerLoss", LATTICES, _MODULE_PARAMS, exclude=("from_log_softmax",), docs=_MODULE_DOCS)
 
 
-class FusedJoinerLoss(LossModule, entry=_MODULE):
+FUSEDJOINERLOSS_MODULE = declare(_MODULE)
+
+
+class FusedJoinerLoss(LossModule):
     """A joiner ``output(act(enc + pred))`` and the transducer loss over it, fused (:func:`fused_joiner_loss`).
 
     ``loss = m(encoder_out, predictor_out, targets, T, U)`` trains; ``m.logits(enc, pred)`` gives the joiner's
@@ -542,7 +603,43 @@ class FusedJoinerLoss(LossModule, entry=_MODULE):
     ``vocab_size`` columns, before the blank.
 
     Args:
-        {args}
+        joiner_dim (int): J >= 1, the width of ``enc + pred``.
+        vocab_size (int): V >= 2, the token columns (blank included).
+        activation (str, optional): the joiner's activation, one of 'identity', 'tanh', 'relu', 'sigmoid', 'gelu',
+            'silu', 'leaky_relu' (transducer/joiner.py). (Default: ``'tanh'``)
+        bias (bool, optional): the projection has a bias. (Default: ``True``)
+        blank (int, optional): the blank's column; negative counts from the end. (Default: ``0``)
+        reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as torchaudio).
+            (Default: ``'mean'``)
+        one_sym_per_frame (bool, optional): RNA: a label moves (t, u) -> (t+1, u+1); an utterance with
+            ``U_b > T_b - 1`` has no alignment and loss ``+inf``. (Default: ``False``)
+        zero_infinity (bool, optional): infinite losses become 0 (their gradient is zero either way); NaN losses
+            stay NaN. (Default: ``False``)
+        check_inputs (bool, optional): check lengths and labels against the tensors; sizing the tiles reads the
+            layout on the host whatever check_inputs (one transfer in forward; the eager backward reuses it, a
+            traced one reads it again). (Default: ``True``)
+        max_rows (int, optional): rows per tile (None: tile buffers of about 256 MiB on CUDA, 16 MiB on the CPU);
+            forward's on the Hopper kernels, which hold no logits, take the same bytes. (Default: ``None``)
+        clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
+            ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
+            gradient alone, as NeMo's). (Default: ``-1.0``)
+        fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
+            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+        delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
+            ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
+        durations (list of int, optional): TDT's durations, as for :func:`transducer.tdt_loss`: the loss is TDT's,
+            over ``weight``'s last D = len(durations) rows (not with one_sym_per_frame). (Default: ``None``)
+        sigma (float, optional): logit under-normalisation: token log-probs are ``log_softmax - sigma``. (Default:
+            ``0.0``)
+        omega (float, optional): in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain
+            RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it). (Default: ``0.0``)
+        big_blank_durations (list of int, optional): as for :func:`transducer.multiblank_loss` (with ``sigma``): the
+            multi-blank loss. (Default: ``None``)
+        dropout (float, optional): the rate of dropout on the joiner's hidden in training mode, as for
+            :func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in eval mode.
+            (Default: ``0.0``)
+        device (torch.device, optional): the projection's device. (Default: ``None``)
+        dtype (torch.dtype, optional): the projection's dtype. (Default: ``None``)
 
     Example::
 
@@ -552,6 +649,20 @@ class FusedJoinerLoss(LossModule, entry=_MODULE):
         >>> m.logits(enc[:, :, None], pred[:, None]).shape
         torch.Size([2, 5, 4, 6])
     """
+
+    def __init__(self, joiner_dim: int, vocab_size: int, activation: str = "tanh", bias: bool = True, blank: int = 0,
+                 reduction: str = "mean", one_sym_per_frame: bool = False, zero_infinity: bool = False,
+                 check_inputs: bool = True, max_rows: Optional[int] = None, clamp: float = -1.0,
+                 fastemit_lambda: float = 0.0, delay_penalty: float = 0.0, durations: Optional[Sequence[int]] = None,
+                 sigma: float = 0.0, omega: float = 0.0, big_blank_durations: Optional[Sequence[int]] = None,
+                 dropout: float = 0.0, device: Optional[torch.device] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__(dict(
+            activation=activation, blank=blank, reduction=reduction, one_sym_per_frame=one_sym_per_frame,
+            zero_infinity=zero_infinity, check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
+            fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=durations, sigma=sigma, omega=omega,
+            big_blank_durations=big_blank_durations, dropout=dropout))
+        self.build(joiner_dim, vocab_size, bias, device, dtype)
 
     def build(self, joiner_dim, vocab_size, bias, device=None, dtype=None):
         """The projection, ``Linear(joiner_dim, vocab_size + len(durations))``; the blank checked against
