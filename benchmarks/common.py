@@ -102,7 +102,7 @@ def interleaved(batches, steps, rounds=3):
 
 
 def padded_rows(rows):
-    """The projection's rows as the fused step pads them (transducer/fused/__init__.py: _projection)."""
+    """The projection's rows as the fused step pads them (transducer.fused.tiles.projection)."""
     return rows + next(p for p in (-rows % m for m in (128, 8)) if p <= 0.03 * rows or p < 8)
 
 

@@ -20,7 +20,7 @@ import espnet_step  # noqa: E402
 import fused_step  # noqa: E402
 import nemo_step  # noqa: E402
 import speechbrain_step  # noqa: E402
-from transducer.fused import _projection  # noqa: E402
+from transducer.fused.tiles import projection  # noqa: E402
 
 SCRIPTS = ["speechbrain_step.py", "espnet_step.py", "nemo_step.py", "fused_step.py"]
 
@@ -74,7 +74,7 @@ def test_interleaved_keeps_the_mean_of_the_minima_in_rotating_rounds(no_gpu):
 
 @pytest.mark.parametrize("rows", [7, 500, 1000, 1024, 1850, 5000, 8193 + 5])
 def test_floor_pads_rows_as_the_fused_projection(rows):
-    Wx, _ = _projection(torch.zeros(rows, 16), None, torch.float32)
+    Wx, _ = projection(torch.zeros(rows, 16), None, torch.float32)
     assert common.padded_rows(rows) == Wx.size(0)
 
 

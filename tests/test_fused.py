@@ -80,33 +80,33 @@ def test_float64_equals_unfused(device, case):
 
 
 def test_gemm_rows_are_few_shapes_of_little_padding():
-    from transducer.fused import _gemm_rows
+    from transducer.fused.tiles import gemm_rows
     for rows in list(range(1, 5000)) + list(range(100_000, 140_000, 7)):
-        got = _gemm_rows(rows, "cuda")
+        got = gemm_rows(rows, "cuda")
         assert rows <= got <= max(rows * 33 / 32, rows + 7) and got % 8 == 0, rows
     # Protocol A's tiles (110,672 to 131,432 rows over 40 batches) in at most 12 shapes
-    assert len({_gemm_rows(rows, "cuda") for rows in range(110_000, 131_433)}) <= 12
-    assert _gemm_rows(12345, "cpu") == 12345
+    assert len({gemm_rows(rows, "cuda") for rows in range(110_000, 131_433)}) <= 12
+    assert gemm_rows(12345, "cpu") == 12345
 
 
 def test_tf32_setting_read_either_way():
     """Whether the fp32 GEMMs may run in TF32 (which decides where the fp32 backward takes db) is read from torch's
     older settings and from its newer fp32_precision alike; the older getters raise once the newer one is set. The
     settings are process-wide (a library imported by an earlier test may have set them): restored after."""
-    from transducer.fused import _tf32_matmul
+    from transducer.fused.op import tf32_matmul
     matmul = torch.backends.cuda.matmul
     newer = hasattr(matmul, "fp32_precision")  # torch 2.9 and later
     saved = (matmul.fp32_precision, torch.backends.fp32_precision) if newer else matmul.allow_tf32
     try:
         matmul.allow_tf32 = False
-        assert _tf32_matmul() is False
+        assert tf32_matmul() is False
         matmul.allow_tf32 = True
-        assert _tf32_matmul() is True
+        assert tf32_matmul() is True
         if newer:
             matmul.fp32_precision = "ieee"
-            assert _tf32_matmul() is False
+            assert tf32_matmul() is False
             matmul.fp32_precision = "tf32"
-            assert _tf32_matmul() is True
+            assert tf32_matmul() is True
     finally:
         if newer:
             matmul.fp32_precision, torch.backends.fp32_precision = saved
@@ -118,11 +118,12 @@ def test_tf32_setting_read_either_way():
 @pytest.mark.parametrize("options", [{}, dict(bias=False), dict(durations=[0, 1, 2])])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_padded_gemm_rows_change_nothing(device, options, dtype, monkeypatch):
-    """The tiles' GEMMs over rows padded with zero hidden rows (_gemm_rows: on CUDA by default) give the loss and
+    """The tiles' GEMMs over rows padded with zero hidden rows (transducer.fused.tiles.gemm_rows: on CUDA by
+    default) give the loss and
     gradients of unpadded ones; bf16 under autocast (the Hopper kernels where they run)."""
     if dtype == torch.bfloat16 and device == "cpu":
         pytest.skip("bf16 GEMMs: CUDA")
-    import transducer.fused as fused
+    from transducer.fused import cublas_tiles, hopper_tiles
     options = dict(options)
     bias = options.pop("bias", True)
     enc, pred, weight, b, targets, T, U, w = joiner_batch(530, device=device, J=16)  # J % 8 == 0: the Hopper path
@@ -132,7 +133,8 @@ def test_padded_gemm_rows_change_nothing(device, options, dtype, monkeypatch):
     params = (enc, pred, weight) + ((b,) if bias else ())
 
     def run(pad):
-        monkeypatch.setattr(fused, "_gemm_rows", lambda rows, device_type: rows + pad)
+        for path in (cublas_tiles, hopper_tiles):
+            monkeypatch.setattr(path, "gemm_rows", lambda rows, device_type: rows + pad)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype != torch.float64):
             loss = fused_joiner_loss(enc, pred, weight, b, targets, T, U, max_rows=9, reduction="none", **options)
         return loss.detach(), torch.autograd.grad((loss * w.to(loss.dtype)).sum(), params)

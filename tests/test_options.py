@@ -231,7 +231,8 @@ def _walk_cases():
 def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
     """Each option given to a public function or module (other than its default) reaches the op as given: a
     LossOptions field in the options the op gets, a call option in the op's arguments or in the reduction's."""
-    from transducer import custom_ops, fused, loss as loss_module, multiblank, tdt
+    from transducer import custom_ops, loss as loss_module, multiblank, tdt
+    from transducer.fused import loss as fused
     seen, reductions = [], []
     for module, attribute in ((custom_ops, "loss"), (fused, "fused")):
         op = getattr(module, attribute)

@@ -1,11 +1,11 @@
 """The fused joiner loss's tiles on Hopper GPUs (sm_90): the logits GEMM of forward and backward's recompute replaced
-by the CuTe DSL kernels of transducer.hopper, so that no tile of logits is written (transducer/fused/__init__.py runs them).
+by the CuTe DSL kernels of transducer.hopper, so that no tile of logits is written (transducer/fused/tiles.py's TilePath).
 
 Forward: ``hopper.statistics_tile`` gives each tile's rows' den and blank and label logits, against the rows' labels
-(cuda_stages.row_labels), and cuda_stages.row_log_probs writes every row's lp and den from them as the log-probs stage
+(the CUDA stages' row_labels), and row_log_probs writes every row's lp and den from them as the log-probs stage
 would; the statistics also give each row's entries of the projection's extra columns: TDT's duration scores (its rows
-past the V token rows, outside the softmax; cuda_stages.tdt_row_log_probs writes the TDT log-probs) or the
-multi-blank loss's big blanks' logits (columns blank - K ... blank - 1). Backward: cuda_stages.row_coefficients
+past the V token rows, outside the softmax; tdt_row_log_probs writes the TDT log-probs) or the
+multi-blank loss's big blanks' logits (columns blank - K ... blank - 1). Backward: row_coefficients
 (tdt_row_coefficients) forms each tile's rows' labels and gradient coefficients (stages.cu: gradient_kernel's
 per-row terms, the big blanks' arcs among them; tdt.cu: tdt_gradient_kernel's, and the duration scores' gradient) and
 ``hopper.gradient_tile`` writes each tile's gradient G = dL/dz once, in the GEMMs' dtype (TDT's duration columns
@@ -25,8 +25,10 @@ import os
 import torch
 
 from .. import hopper
+from ..cuda import stages as cuda_stages
+from .tiles import Step, extra_columns, gemm_rows, hidden, projection, tiles
 
-__all__ = ["use_hopper"]
+__all__ = ["use_hopper", "HopperTiles"]
 
 _log = logging.getLogger("transducer")
 _said = set()
@@ -63,3 +65,58 @@ def use_hopper(kind, compute_dtype, device, J):
         _log.log(logging.WARNING if failed else logging.INFO, "fused_joiner_loss: the logits tiles run on %s (%s)",
                  path, why)
     return use
+
+
+class HopperTiles:
+    """transducer/fused/tiles.py's TilePath on transducer.hopper's kernels: forward's tiles hold only the hidden, so
+    they take as many rows as fill the bytes of ``max_rows`` rows of hidden and logits."""
+
+    def __init__(self, step: Step, weight, bias, compute_dtype):
+        self.step, self.weight, self.bias, self.compute_dtype = step, weight, bias, compute_dtype
+        V, D = step.V, step.D
+        # the kernels' operand, W alone: the kernel adds the bias in its epilogue
+        self.projection = hopper.projection(weight.to(compute_dtype).contiguous(), bias, tokens=V,
+                                            extra=extra_columns(V, D, step.options))
+        self.J, self.rows = weight.size(1), weight.size(0)
+
+    @functools.cached_property
+    def Wx(self):
+        """Backward's projection for the hidden and the weight gradient (tiles.projection)."""
+        return projection(self.weight, self.bias, self.compute_dtype)[0]
+
+    def forward(self, num_rows, max_rows, arrays):
+        s, p = self.step, self.projection
+        W = p.W  # forward's hidden has no bias columns
+        labels = cuda_stages.row_labels(s.targets, s.layout, s.options.blank, num_rows)
+        statistics = s.encoder_out.new_empty(3 + p.extra, num_rows, dtype=torch.float32)
+        for start, end in tiles(num_rows, max_rows * (self.J + self.rows) // self.J):
+            hx = hidden(s, W, start, end)
+            hopper.statistics_tile(p, hx, labels[start:end], s.options.blank, statistics[:, start:end])
+            del hx
+        # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs; the extra
+        # columns' bias: the kernel's statistics have none
+        first, count = p.extra_start, p.extra
+        extra_bias = None if self.bias is None or not count else \
+            self.bias[first:first + count].to(torch.float32).contiguous()
+        if s.D:
+            cuda_stages.tdt_row_log_probs(statistics, extra_bias, s.targets, s.layout, s.options, arrays)
+        else:
+            cuda_stages.row_log_probs(statistics, s.targets, s.layout, s.options, arrays.lp, arrays.den,
+                                      arrays.lp_arcs, extra_bias)
+
+    def gradient_tile(self, start, end, lattice, scale):
+        s, V, D = self.step, self.step.V, self.step.D
+        rows = end - start
+        dtype = self.Wx.dtype
+        if D:  # the tile's rows' labels and gradient coefficients for the kernel, and TDT's duration columns'
+            coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(
+                s.targets, lattice, scale, s.options, start, rows, dtype)
+        else:
+            coefficients, labels = cuda_stages.row_coefficients(s.targets, lattice, scale, s.options, start, rows)
+        hx = hidden(s, self.Wx, start, end, gemm_rows(rows, "cuda"))
+        # the gradient from the recompute's epilogue; it and Wx are zeros past V
+        dz = hopper.gradient_tile(self.projection, hx[:rows, :self.J], labels, s.options.blank, coefficients,
+                                  max(s.options.clamp, 0.0), hx.size(0))
+        if D:  # the duration columns, zeros from the kernel
+            dz[:rows, V:V + D] = duration_gradient
+        return hx, dz[:, :min(dz.size(1), self.Wx.size(0))]

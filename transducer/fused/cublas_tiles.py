@@ -1,0 +1,46 @@
+"""The fused loss's tiles on torch's GEMMs (cuBLAS on CUDA) and the stages of the inputs' device (every device):
+forward packs a tile's hidden, runs the logits GEMM and keeps only the tile's log-probs (the log-probs stage);
+backward recomputes the tile's logits and turns them into their gradient in place (the gradient stage). The logits
+are rounded to the GEMMs' dtype, as in the unfused composition.
+"""
+
+import torch.nn.functional as F
+
+from .tiles import Step, gemm_rows, hidden, projection, tiles
+
+__all__ = ["CublasTiles"]
+
+
+class CublasTiles:
+    """transducer/fused/tiles.py's TilePath on torch's GEMMs and the stages."""
+
+    def __init__(self, step: Step, weight, bias, compute_dtype):
+        self.step = step
+        self.Wx, _ = projection(weight, bias, compute_dtype)
+        self.rows = weight.size(0)  # the projection's real rows (V + D)
+
+    def _gemm_rows(self, rows):
+        return gemm_rows(rows, self.step.encoder_out.device.type)
+
+    def forward(self, num_rows, max_rows, arrays):
+        s, V, D = self.step, self.step.V, self.step.D
+        for start, end in tiles(num_rows, max_rows):
+            rows = end - start
+            hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
+            z = F.linear(hx, self.Wx)[:rows]
+            del hx
+            s.kind.log_probs(s.stages, z[:, :V], z[:, V:V + D] if D else None, s.targets, s.layout, s.options, start,
+                             arrays)
+            del z
+
+    def gradient_tile(self, start, end, lattice, scale):
+        s, V, D = self.step, self.step.V, self.step.D
+        rows = end - start
+        hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
+        dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
+        tokens, extra = dz[:rows, :V], dz[:rows, V:V + D] if D else None
+        s.kind.gradient(s.stages, tokens, extra, s.targets, lattice, scale, s.options, tokens, extra, start)
+        del tokens, extra  # views of dz: a view left alive kept a third tile buffer
+        if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
+            dz[:, self.rows:] = 0
+        return hx, dz
