@@ -1,15 +1,20 @@
-"""The README's usage block runs as written."""
+"""The README's usage block runs as written, its links and commands hold, .ci/run runs its test command, and the
+docs' API reference names every public name (mkdocs build --strict checks the docs' own links)."""
 
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import torch
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
-def usage_block():
-    text = README.read_text()
+def usage_block(path=README):
+    text = path.read_text()
     section = text[text.index("## Usage"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
@@ -25,50 +30,67 @@ def test_usage_block_runs(monkeypatch):
     exec(compile(code, str(README), "exec"), {})
 
 
-def _readme_signatures():
-    """(name, arguments text) of each signature line of the README's API section: an indented ``name(...)``
-    (continued on more deeply indented lines); ``...`` in it stands for arguments the line leaves out."""
+def test_getting_started_shows_the_readme_usage_block():
+    """The docs' usage example is the README's, which the test above runs."""
+    assert usage_block(DOCS / "getting-started.md") == usage_block()
+
+
+def test_readme_is_short_and_its_links_resolve():
     text = README.read_text()
-    section = text[text.index("## API"):text.index("## Results")]
-    out = []
-    for block in re.findall(r"(?:^    .*\n)+", section, re.M):
-        for line in re.sub(r"\n {5,}", " ", block).splitlines():
-            call = re.match(r"    (\w+)\(", line)
-            if not call:
-                continue
-            depth, start = 0, call.end()
-            for i, c in enumerate(line[start - 1:], start - 1):
-                depth += {"(": 1, ")": -1}.get(c, 0)
-                if depth == 0:
-                    out.append((call.group(1), line[start:i]))
-                    break
-    return out
-
-
-def test_readme_signatures_are_the_real_ones():
-    """Every argument a README signature line names exists, with that default, in the function's or module's real
-    signature (the declarations make them: transducer/options.py), the positional ones in the same order."""
-    import inspect
-    import transducer
-    seen = set()
-    for name, args in _readme_signatures():
-        if not hasattr(transducer, name):
+    assert len(text.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"[a-z]+://", link):
             continue
-        params = inspect.signature(getattr(transducer, name)).parameters
-        order = list(params)
-        last, keyword_only = -1, False
-        for arg in (a.strip() for a in re.sub(r"\s+", " ", args).split(",")):
-            keyword_only |= arg == "*"
-            if arg in ("*", "") or arg.startswith("..."):
-                continue
-            arg_name, _, default = arg.partition("=")
-            assert arg_name in params, f"{name}: README names {arg_name}, not an argument"
-            if default:
-                assert repr(params[arg_name].default) == repr(eval(default)), f"{name}: {arg_name}={default}"
-            if not keyword_only:
-                assert params[arg_name].kind != inspect.Parameter.KEYWORD_ONLY, f"{name}: {arg_name} is keyword-only"
-                assert order.index(arg_name) > last, f"{name}: {arg_name} out of order"
-                last = order.index(arg_name)
-        seen.add(name)
-    assert {"transducer_loss", "rnnt_loss", "tdt_loss", "multiblank_loss", "fused_joiner_loss",
-            "FusedJoinerLoss"} <= seen
+        path = link.split("#")[0]
+        assert (ROOT / path).exists(), f"README links to {link}, which does not exist"
+
+
+def _commands(text):
+    """The README's shell commands: its indented lines outside fences, continuation lines joined."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    block = "\n".join(line[4:] for line in text.splitlines() if line.startswith("    "))
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_readme_commands_parse():
+    commands = _commands(README.read_text())
+    assert any("pip install -e . pytest" in c for c in commands)
+    for command in commands:
+        shlex.split(command)
+        subprocess.run(["bash", "-n", "-c", command], check=True)
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run's install and test command is the README's, word for word, with its own environment name."""
+    ci = _normalise((ROOT / ".ci" / "run").read_text().replace("\\\n", " "))
+    tests = [c for c in _commands(README.read_text()) if "python -m pytest -q" in c and ".[test," in c]
+    assert len(tests) == 1
+    assert _normalise(tests[0]) in ci.splitlines()
+    assert ".venv-test" in tests[0]
+    assert "mkdocs build --strict" in ci
+
+
+def _normalise(text):
+    return "\n".join(" ".join(line.split()) for line in text.splitlines())
+
+
+def test_setups_use_their_own_environments():
+    """The set-up commands make environments of different names, so that none reuses another."""
+    venvs = [re.search(r"python3 -m venv (\S+)", c).group(1) for c in _commands(README.read_text())
+             if c.startswith("python3 -m venv")]
+    assert len(venvs) >= 3 and len(set(venvs)) == len(venvs)
+
+
+def test_api_reference_names_every_public_name():
+    """Every name of the public modules' ``__all__`` (transducer's, the integrations', ragged's, ops') has its
+    ``:::`` entry in docs/api/, so the generated reference covers the public API."""
+    import importlib
+    text = "".join(p.read_text() for p in sorted((DOCS / "api").glob("*.md")))
+    entries = set(re.findall(r"^::: ([\w.]+)", text, re.M))
+    for module in ("transducer", "transducer.integrations.transformers", "transducer.integrations.nemo",
+                   "transducer.integrations.espnet", "transducer.integrations.speechbrain", "ragged", "ops"):
+        for name in importlib.import_module(module).__all__:
+            # a function named as its submodule (transducer.pack, ops.gather) is entered by its submodule's path
+            assert {f"{module}.{name}", f"{module}.{name}.{name}"} & entries, f"docs/api/ has no ::: entry for {module}.{name}"
