@@ -247,12 +247,7 @@ class LogitsGemm:
         tCrH = tiled_mma.make_fragment_A(wg_mma.partition_A(sH))
         tCrW = tiled_mma.make_fragment_B(wg_mma.partition_B(sW))
         # the accumulators and each one's (row, column) in the tile, viewed as (rows, columns) of this thread
-        thread_mma = tiled_mma.get_slice(tidx)
-        tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tCcC = thread_mma.partition_C(tile_coords)
-        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-        acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
-        coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
+        acc, acc_rc, coords_rc = self._accumulators(tiled_mma, tidx)
         rows = cute.size(acc_rc, mode=[0])
 
         # the gradient's way out (_g_copy), then TMA stores from a pipeline of G_BUFFERS subtile buffers kept across
@@ -323,6 +318,15 @@ class LogitsGemm:
         if cutlass.const_expr(self.cluster_m > 1):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    def _accumulators(self, tiled_mma: cute.TiledMma, tidx):
+        """The thread's accumulators of a tile, and they and each one's (row, column) in the tile viewed as (rows,
+        columns) of this thread: (acc, acc_rc, coords_rc)."""
+        thread_mma = tiled_mma.get_slice(tidx)
+        tCcC = thread_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        return (acc, cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout)),
+                cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout)))
 
     def _g_copy(self, tiled_mma: cute.TiledMma, tidx, sG: cute.Tensor, acc: cute.Tensor):
         """The gradient's way out of a thread's accumulators: registers of G's dtype, then shared memory by stmatrix
@@ -792,11 +796,7 @@ class LogitsGemmPingpong(LogitsGemm):
             thread_mma = tiled_mma.get_slice(tidx)
             tCrH = tiled_mma.make_fragment_A(thread_mma.partition_A(sH))
             tCrW = tiled_mma.make_fragment_B(thread_mma.partition_B(sW))
-            tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            tCcC = thread_mma.partition_C(tile_coords)
-            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
-            coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
+            acc, acc_rc, coords_rc = self._accumulators(tiled_mma, tidx)
             rows = cute.size(acc_rc, mode=[0])
 
             if cutlass.const_expr(self.gradient):
