@@ -364,7 +364,8 @@ def test_kernels_kept_on_disk(monkeypatch, tmp_path):
 
     def run(kernel):
         out = torch.empty(3, 300, device="cuda")
-        hopper_compile.launch(kernel, H, *hopper._arguments(H, projection, labels, out, H), 3, 0.0, projection.extra_start)
+        arguments = hopper._arguments(H, projection, labels, out, H)
+        hopper_compile.launch(kernel, H, *arguments, 3, 0.0, projection.extra_start)
         return out
 
     compile_ = hopper_compile._compile.__wrapped__  # without the process's own cache

@@ -13,10 +13,10 @@ Z = H W^T + bias whose epilogues replace the logits:
 The kernels need ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` (the ``hopper`` extra), imported only when a kernel is
 first compiled: importing this module, or ``transducer``, never needs them. Kernels are compiled once per (J,
 vocabulary tiles, dtype, kernel shape, epilogue, extra columns) for TVM FFI's calling convention (a launch costs the
-host a few microseconds), kept for the process and kept on disk for later ones (transducer/hopper/compile.py: by default in
-``~/.cache/transducer-loss/hopper``, elsewhere where ``TRANSDUCER_HOPPER_CACHE`` names an absolute directory, never
-where it is 0; a directory or file that another user could have written is not used), which load a kept kernel
-instead of compiling it; the row count, V, the bias, the blank, the clamp and the
+host a few microseconds), kept for the process and kept on disk for later ones (transducer/hopper/compile.py: by
+default in ``~/.cache/transducer-loss/hopper``, elsewhere where ``TRANSDUCER_HOPPER_CACHE`` names an absolute
+directory, never where it is 0; a directory or file that another user could have written is not used), which load a
+kept kernel instead of compiling it; the row count, V, the bias, the blank, the clamp and the
 first extra column are run-time arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape,
 the softmax's columns and the extra ones: TDT's duration scores, multi-blank's big blanks) once a pass and calls
 ``statistics_tile`` and ``gradient_tile`` on its tiles; ``self_test`` checks once per device that the kernels run.
