@@ -9,7 +9,10 @@ duration scores and the big blanks in extra columns of the projection. The argum
 path run anywhere."""
 
 import logging
+import os
 import random
+import stat
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ import torch
 
 from test_fused import composed, joiner_batch, seeded
 from transducer import fused_joiner_loss, hopper
+from transducer.hopper import compile as hopper_compile
 from transducer.fused.hopper_tiles import use_hopper
 from transducer.joiner import ACTIVATIONS
 from transducer.lattices import MULTIBLANK, RNNT, TDT
@@ -200,29 +204,30 @@ def test_disk_cache_file(monkeypatch, tmp_path):
     args = (512, 4, torch.bfloat16, hopper.Config(128, 2, 1, 1, 2, 2), True, False, 0)
     monkeypatch.delenv("TRANSDUCER_HOPPER_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    file = hopper._cache_file(*args)
+    file = hopper_compile._cache_file(*args)
     assert file.parent == tmp_path / "xdg" / "transducer-loss" / "hopper" and file.suffix == ".o"
     monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", str(tmp_path / "mine"))
-    assert hopper._cache_file(*args) == tmp_path / "mine" / file.name
+    assert hopper_compile._cache_file(*args) == tmp_path / "mine" / file.name
     changed = (640, 8, torch.float16, hopper.Config(128, 2, 1, 1, 2), False, True, 3)
-    others = {hopper._cache_file(*args[:i], x, *args[i + 1:]) for i, x in enumerate(changed)}
-    assert len(others) == len(changed) and hopper._cache_file(*args) not in others
+    others = {hopper_compile._cache_file(*args[:i], x, *args[i + 1:]) for i, x in enumerate(changed)}
+    assert len(others) == len(changed) and hopper_compile._cache_file(*args) not in others
     for off in ("0", "off", "False", " no "):
         monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", off)
-        assert hopper._cache_file(*args) is None
+        assert hopper_compile._cache_file(*args) is None
     for on in ("1", "on", "True", "yes"):  # the default directory, not a directory named "1"
         monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", on)
-        assert hopper._cache_file(*args) == file
-    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", "relative")
-    assert hopper._cache_file(*args) == Path.cwd() / "relative" / file.name
+        assert hopper_compile._cache_file(*args) == file
+    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", "~/mine")
+    assert hopper_compile._cache_file(*args) == Path.home() / "mine" / file.name
     monkeypatch.delenv("TRANSDUCER_HOPPER_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "xdg")  # relative: ignored
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert hopper._cache_file(*args) == tmp_path / "home" / ".cache" / "transducer-loss" / "hopper" / file.name
+    home = tmp_path / "home" / ".cache" / "transducer-loss" / "hopper"
+    assert hopper_compile._cache_file(*args) == home / file.name
     monkeypatch.setenv("CUTE_DSL_LINEINFO", "1")  # the DSL's settings change the kernel
-    assert hopper._cache_file(*args).name != file.name
-    monkeypatch.setattr(hopper, "_source_key", lambda: (tmp_path / "absent").read_bytes())
-    assert hopper._cache_file(*args) is None  # sources that cannot be read: compiled in every process
+    assert hopper_compile._cache_file(*args).name != file.name
+    monkeypatch.setattr(hopper_compile, "_source_key", lambda: (tmp_path / "absent").read_bytes())
+    assert hopper_compile._cache_file(*args) is None  # sources that cannot be read: compiled in every process
 
 
 def test_disk_cache_write_failure(tmp_path):
@@ -233,11 +238,113 @@ def test_disk_cache_write_failure(tmp_path):
             Path(path).write_bytes(b"half")
             raise OSError(28, "No space left on device")
 
-    hopper._write_cached(Compiled(), tmp_path / "kernel.o")
+    hopper_compile._write_cached(Compiled(), tmp_path / "kernel.o")
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_bytes(b"")
-    hopper._write_cached(Compiled(), tmp_path / "file" / "kernel.o")
+    hopper_compile._write_cached(Compiled(), tmp_path / "file" / "kernel.o")
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+class Exported:
+    """A compiled kernel as the disk cache sees it: export_to_c writes ``data``."""
+    def __init__(self, data=b"an object file"):
+        self.data = data
+
+    def export_to_c(self, path, function_name):
+        assert function_name == hopper_compile._CACHED_NAME
+        Path(path).write_bytes(self.data)
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(hopper_compile, "_warned", set())
+
+
+def test_disk_cache_relative_setting_refused(monkeypatch, fresh_warnings):
+    """A relative TRANSDUCER_HOPPER_CACHE (it would name another directory in each working directory) is refused with
+    one warning: no disk cache."""
+    args = (512, 4, torch.bfloat16, hopper.Config(), True, False, 0)
+    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", "relative/cache")
+    with pytest.warns(RuntimeWarning, match="TRANSDUCER_HOPPER_CACHE='relative/cache' is not used: expected an "
+                                            "absolute directory"):
+        assert hopper_compile._cache_file(*args) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hopper_compile._cache_file(*args) is None  # warned once
+
+
+def test_disk_cache_private_whatever_the_umask(tmp_path, fresh_warnings):
+    """The cache's missing directories are made 0700 and its files written 0600 under umask 002 (or 000), and the
+    cache then uses them."""
+    file = tmp_path / "a" / "b" / "kernel.o"
+    old = os.umask(0o000)
+    try:
+        assert hopper_compile._usable(file)
+        hopper_compile._write_cached(Exported(), file)
+        os.umask(0o002)
+        hopper_compile._write_cached(Exported(b"again"), file)  # replaced, as a file that did not load is
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "a" / "b").stat().st_mode) == 0o700
+    assert stat.S_IMODE(file.stat().st_mode) == 0o600 and file.read_bytes() == b"again"
+    assert [p.name for p in file.parent.iterdir()] == ["kernel.o"]  # no part of a file left
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hopper_compile._usable(file)
+
+
+@pytest.mark.parametrize("case", ["directory writable by others", "directory writable by group", "directory a symlink",
+                                  "directory not the user's", "file writable by others", "file a symlink",
+                                  "file not the user's", "file a directory"])
+def test_disk_cache_refuses_what_others_could_have_written(monkeypatch, tmp_path, fresh_warnings, case):
+    """A cache directory or file that is a symlink, is not the user's own, or that group or others can write is not
+    used (one warning): the kernel is then neither loaded nor written."""
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    file = directory / "kernel.o"
+    hopper_compile._write_cached(Exported(b"planted"), file)
+    assert hopper_compile._usable(file)  # as it stands: the user's own, 0700 and 0600
+    where = directory if case.startswith("directory") else file
+    if case.endswith("by others") or case.endswith("by group"):
+        where.chmod(where.stat().st_mode | (stat.S_IWOTH if case.endswith("others") else stat.S_IWGRP))
+    elif case.endswith("a symlink"):
+        target = tmp_path / "elsewhere"
+        where.rename(target)
+        where.symlink_to(target)
+    elif case.endswith("a directory"):
+        file.unlink()
+        file.mkdir()
+    else:
+        owner = where.stat().st_uid
+        monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    with pytest.warns(RuntimeWarning, match="the kernels' disk cache is not used: .*; the kernels are compiled in "
+                                            "memory"):
+        assert not hopper_compile._usable(file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hopper_compile._usable(file)  # one warning
+
+
+def test_disk_cache_writes_through_no_symlink(monkeypatch, tmp_path):
+    """A symlink planted where the cache writes (its part file's name, or the kernel's file) is not written through:
+    the file it points to keeps its contents and its mode 0600."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"secret")
+    victim.chmod(0o600)
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    file = directory / "kernel.o"
+    monkeypatch.setattr(hopper_compile.secrets, "token_hex", lambda n: "known")
+    part = directory / ".kernel.o.known.part"
+    part.symlink_to(victim)
+    hopper_compile._write_cached(Exported(), file)  # O_EXCL | O_NOFOLLOW: not opened, nothing written
+    assert not file.exists() and part.is_symlink()
+    part.unlink()
+    file.symlink_to(victim)
+    hopper_compile._write_cached(Exported(), file)  # the link itself replaced by the new file
+    assert not file.is_symlink() and file.read_bytes() == b"an object file"
+    assert victim.read_bytes() == b"secret" and stat.S_IMODE(victim.stat().st_mode) == 0o600
 
 
 @pytest.mark.cuda
@@ -253,14 +360,15 @@ def test_kernels_kept_on_disk(monkeypatch, tmp_path):
     projection = hopper.projection(W, bias)
     statistics = projection.config._replace(vocab_groups=1)  # as _compiled gives the statistics
     args = (64, projection.n_tiles, torch.bfloat16, statistics, False, False, 0)
-    file = hopper._cache_file(*args)
+    file = hopper_compile._cache_file(*args)
 
     def run(kernel):
         out = torch.empty(3, 300, device="cuda")
-        hopper._launch(kernel, H, *hopper._arguments(H, projection, labels, out, H), 3, 0.0, projection.extra_start)
+        arguments = hopper._arguments(H, projection, labels, out, H)
+        hopper_compile.launch(kernel, H, *arguments, 3, 0.0, projection.extra_start)
         return out
 
-    compile_ = hopper._compile.__wrapped__  # without the process's own cache
+    compile_ = hopper_compile._compile.__wrapped__  # without the process's own cache
     want = run(compile_(*args))
     assert [p.name for p in tmp_path.iterdir()] == [file.name]  # and no part of a file left
     real = cute.compile

@@ -13,36 +13,25 @@ Z = H W^T + bias whose epilogues replace the logits:
 The kernels need ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` (the ``hopper`` extra), imported only when a kernel is
 first compiled: importing this module, or ``transducer``, never needs them. Kernels are compiled once per (J,
 vocabulary tiles, dtype, kernel shape, epilogue, extra columns) for TVM FFI's calling convention (a launch costs the
-host a few microseconds), kept for the process and kept on disk for later ones (``_cache_file``: by default in
-``~/.cache/transducer-loss/hopper``, elsewhere where ``TRANSDUCER_HOPPER_CACHE`` names a directory, never where it
-is 0), which load a kept kernel instead of compiling it; the row count, V, the bias, the blank, the clamp and the
+host a few microseconds), kept for the process and kept on disk for later ones (transducer/hopper/compile.py: by
+default in ``~/.cache/transducer-loss/hopper``, elsewhere where ``TRANSDUCER_HOPPER_CACHE`` names an absolute
+directory, never where it is 0; a directory or file that another user could have written is not used), which load a
+kept kernel instead of compiling it; the row count, V, the bias, the blank, the clamp and the
 first extra column are run-time arguments. The fused loss makes a ``Projection`` (W, its column bias, the kernel shape,
 the softmax's columns and the extra ones: TDT's duration scores, multi-blank's big blanks) once a pass and calls
 ``statistics_tile`` and ``gradient_tile`` on its tiles; ``self_test`` checks once per device that the kernels run.
 """
 
-import functools
-import hashlib
-import importlib.metadata
 import importlib.util
-import logging
-import os
-import platform
-import sys
-import tempfile
-import threading
-from pathlib import Path
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from .compile import compiled as _compiled, launch as _launch, lock as _lock
+
 __all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection",
            "statistics_tile", "gradient_tile"]
-
-_log = logging.getLogger("transducer")
-# the compiled kernels' function name in the disk cache's object files (_compile)
-_CACHED_NAME = "logits_gemm"
 
 
 class Config(NamedTuple):
@@ -96,9 +85,7 @@ def available(device=None) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("cutlass", "tvm_ffi"))
 
 
-# compilation (the DSL's tracer) and the self-tests' results, one thread at a time (DataParallel's replicas call the
-# loss from several); reentrant: a self-test compiles
-_lock = threading.RLock()
+# the self-tests' results by device index, kept under compile.lock (a self-test compiles)
 _self_tests = {}
 
 
@@ -184,12 +171,7 @@ def logits_gradient(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor
     c clamping to ``[-clamp, clamp]`` when ``clamp > 0`` (else none).
 
     Args:
-        H (Tensor): ``(N, J)`` bfloat16 or float16, unit column stride, rows starting on 16-byte boundaries (a row
-            stride that is a multiple of 8), ``J`` a multiple of 8: the joiner's hidden rows.
-        W (Tensor): ``(V, J)``, H's dtype, contiguous: the output projection.
-        bias (Tensor or None): ``(V,)``, any floating dtype (added in fp32).
-        labels (Tensor): ``(N,)`` int32: each row's label column in ``[0, V)``, or -1 for none.
-        blank (int): the blank's column, in ``[0, V)``.
+        H, W, bias, labels, blank: as logits_statistics's.
         coefficients (Tensor): ``(5, N)`` float32 of unit column stride: each row's den (the logsumexp of its logits),
             occupancy, blank_arc, label_arc and scale; a row with den = +inf and the rest 0 gets zeros.
         clamp (float): the clamp, or 0 for none. Default: 0.0.
@@ -374,17 +356,6 @@ def _arguments(H, projection, labels, row_values, G):
             G.data_ptr(), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0))
 
 
-@functools.lru_cache(maxsize=None)
-def _runtime():
-    """(make_ptr, the global address space, the CuTe type of each torch dtype the kernels take), imported once."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-    types = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32,
-             torch.int32: cutlass.Int32}
-    return make_ptr, cute.AddressSpace.gmem, types
-
-
 def _describe(x):
     if isinstance(x, Tensor):
         return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}" + ("" if x.is_contiguous() else
@@ -392,132 +363,3 @@ def _describe(x):
     return repr(x)
 
 
-def _launch(kernel, H, *arguments):
-    """Runs a compiled kernel on H's device and on torch's current stream there (entering the device where it is not
-    the current one, as ops.cuda.launch does): the kernels take addresses, which carry no device."""
-    device = H.device
-    if device.index == torch.cuda.current_device():
-        kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
-    else:
-        with torch.cuda.device(device):
-            kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
-
-
-def _compiled(J, n_tiles, dtype, config, gradient, clamp, extra):
-    """_compile's kernel, compiled once per process, one thread at a time; the statistics' under vocab_groups 1,
-    whatever the config says (they never split their vocabulary tiles: measured no faster, benchmarks/RESULTS.md), so
-    that configs differing only there share one statistics kernel."""
-    if not gradient:
-        config = config._replace(vocab_groups=1)
-    with _lock:
-        return _compile(J, n_tiles, dtype, config, gradient, clamp, extra)
-
-
-@functools.lru_cache(maxsize=None)
-def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
-    """The kernel of ``config`` compiled for rows of J entries of ``dtype`` and ``n_tiles`` vocabulary tiles (any row
-    count, V, blank, clamp and first extra column), with the gradient epilogue (clamping or not) or the statistics,
-    and ``extra`` extra columns (stored by the statistics, their terms subtracted by the gradient): compiled on first
-    use, kept for the process, and kept on disk (``_cache_file``) for the next process to load. Compiled for TVM
-    FFI's calling convention (CuTe DSL's ``--enable-tvm-ffi``): a call takes addresses, numbers and the stream's
-    handle as Python ints and floats, which costs the host far less than the DSL's own argument handling
-    (benchmarks/RESULTS.md, The fused step on Hopper's kernels)."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
-
-    from .kernels import LogitsGemm, LogitsGemmPingpong
-
-    from cutlass.cute.runtime import load_module
-
-    file = _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra)
-    try:
-        if file is not None and file.exists():
-            return getattr(load_module(str(file), enable_tvm_ffi=True), _CACHED_NAME)
-    except Exception as e:  # noqa: BLE001  (a file from another build, cut short or unreadable: compiled again)
-        _log.debug("transducer.hopper: compiling again, %s could not be loaded (%s: %s)", file, type(e).__name__, e)
-
-    make_ptr, gmem, types = _runtime()
-    pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
-        (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
-    if config.pingpong:
-        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1, vocab_groups=config.vocab_groups)
-    else:
-        kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
-    compiled = cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8),
-                            cutlass.Int64(1), cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0),
-                            cutlass.Int32(1), cuda.CUstream(torch.cuda.current_stream().cuda_stream),
-                            options="--enable-tvm-ffi")
-    if file is not None:
-        _write_cached(compiled, file)
-    return compiled
-
-
-def _write_cached(compiled, file):
-    """The compiled kernel's object file written to ``file``: under another name first, then renamed, so that no
-    process loads a file cut short; nothing written (a debug line) where that fails, as on a full or read-only
-    disk."""
-    part = None
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        handle, part = tempfile.mkstemp(suffix=".part", dir=file.parent)
-        os.close(handle)
-        compiled.export_to_c(part, function_name=_CACHED_NAME)
-        os.chmod(part, 0o644)  # mkstemp's 0600 would keep a shared directory's files from its other users
-        os.replace(part, file)
-    except Exception as e:  # noqa: BLE001  (any failure leaves the kernel to be compiled in the next process)
-        _log.debug("transducer.hopper: %s not written (%s: %s)", file, type(e).__name__, e)
-        if part is not None and os.path.exists(part):
-            os.remove(part)
-
-
-def _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra) -> Optional[Path]:
-    """Where _compile keeps a compiled kernel for later processes, or None where ``TRANSDUCER_HOPPER_CACHE`` is 0
-    (or false, off, no), or where no home directory is known: an object file in the directory
-    ``TRANSDUCER_HOPPER_CACHE`` names, by default (or where it is 1, true, on, yes)
-    ``$XDG_CACHE_HOME/transducer-loss/hopper`` (``~/.cache/transducer-loss/hopper``), named by a hash of what builds
-    it (_source_key) and of the kernel (_kernel_key). The process loads and runs the code it finds there, so the
-    directory must be one that only trusted users can write to."""
-    setting = os.environ.get("TRANSDUCER_HOPPER_CACHE", "").strip()
-    if setting.lower() in ("0", "false", "off", "no"):
-        return None
-    try:
-        if setting and setting.lower() not in ("1", "true", "on", "yes"):
-            root = Path(setting).expanduser().absolute()
-        else:  # a relative XDG_CACHE_HOME is ignored, as the XDG Base Directory specification says
-            xdg = os.environ.get("XDG_CACHE_HOME", "")
-            root = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "transducer-loss" / "hopper"
-        return root / f"{_source_key()}-{_kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra)}.o"
-    except (RuntimeError, OSError):  # Path.home() without HOME or a user entry; sources that cannot be read
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def _source_key():
-    """The part of a cached kernel's name that changes with the sources and the libraries that build it: this module
-    and transducer/hopper/kernels.py (an edited kernel is compiled again), and the versions of nvidia-cutlass-dsl, of
-    its compiler's libraries for each CUDA major version, and of apache-tvm-ffi."""
-    digest = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for name in ("__init__.py", "kernels.py"):
-        digest.update((here / name).read_bytes())
-    for package in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu12",
-                    "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi"):
-        try:
-            digest.update(f"{package} {importlib.metadata.version(package)}".encode())
-        except importlib.metadata.PackageNotFoundError:
-            digest.update(f"{package} unknown".encode())
-    return digest.hexdigest()[:16]
-
-
-def _kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra):
-    """The part of a cached kernel's name that names the kernel and what it is built for: its arguments, the GPU's
-    compute capability, the DSL's compiler library loaded (its CUDA version and the host's architecture in its name)
-    and the DSL's ``CUTE_DSL_*`` settings in the environment (the target arch, line information, debugging)."""
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
-    compiler = getattr(sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir"), "__file__", None)
-    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))
-    arguments = (J, n_tiles, str(dtype), tuple(config), bool(gradient), bool(clamp), extra, capability,
-                 os.path.basename(compiler) if compiler else platform.machine(), settings)
-    return hashlib.sha256(repr(arguments).encode()).hexdigest()[:16]

@@ -41,6 +41,8 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from .epilogue import ColumnFlags, RowTerms, token_gradient
+
 LOG2E = math.log2(math.e)
 # The running max starts here rather than at -inf: (max_old - max_new) * log2(e) stays finite (no inf - inf) while a
 # thread has seen only masked columns, and no real logit is this small.
@@ -56,6 +58,23 @@ G_BARRIER = 1
 # coefficients (and extra columns' arcs), in the order of their (5 + E, N) array
 ROW_MAX, ROW_SUM, PICK_BLANK, PICK_LABEL = range(4)
 DEN, OCCUPANCY, BLANK_ARC, LABEL_ARC, SCALE, EXTRA_ARCS = range(6)
+
+
+@cute.jit
+def _select(condition, a, b):
+    return a if condition else b
+
+
+class CUTE_OPS:
+    """epilogue.token_gradient's operations in the kernel: exp as exp2 of the scaled difference (the SFU's ex2,
+    flushing denormals), a select, fmax and fmin."""
+    @staticmethod
+    def exp_minus(a, b):
+        return cute.math.exp2(a * LOG2E - b * LOG2E, approx=True, ftz=True)
+
+    where = staticmethod(_select)
+    maximum = staticmethod(cute.arch.fmax)
+    minimum = staticmethod(cute.arch.fmin)
 
 
 class LogitsGemm:
@@ -228,12 +247,7 @@ class LogitsGemm:
         tCrH = tiled_mma.make_fragment_A(wg_mma.partition_A(sH))
         tCrW = tiled_mma.make_fragment_B(wg_mma.partition_B(sW))
         # the accumulators and each one's (row, column) in the tile, viewed as (rows, columns) of this thread
-        thread_mma = tiled_mma.get_slice(tidx)
-        tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tCcC = thread_mma.partition_C(tile_coords)
-        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-        acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
-        coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
+        acc, acc_rc, coords_rc = self._accumulators(tiled_mma, tidx)
         rows = cute.size(acc_rc, mode=[0])
 
         # the gradient's way out (_g_copy), then TMA stores from a pipeline of G_BUFFERS subtile buffers kept across
@@ -304,6 +318,15 @@ class LogitsGemm:
         if cutlass.const_expr(self.cluster_m > 1):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    def _accumulators(self, tiled_mma: cute.TiledMma, tidx):
+        """The thread's accumulators of a tile, and they and each one's (row, column) in the tile viewed as (rows,
+        columns) of this thread: (acc, acc_rc, coords_rc)."""
+        thread_mma = tiled_mma.get_slice(tidx)
+        tCcC = thread_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+        return (acc, cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout)),
+                cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout)))
 
     def _g_copy(self, tiled_mma: cute.TiledMma, tidx, sG: cute.Tensor, acc: cute.Tensor):
         """The gradient's way out of a thread's accumulators: registers of G's dtype, then shared memory by stmatrix
@@ -458,25 +481,31 @@ class LogitsGemm:
                        blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
                        extra_start: cutlass.Int32):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
-        vocabulary tile (arcs.cuh's TokenGradient), in place of the tile's logits in the accumulators; with extra
-        columns, less each row's term i on column extra_start + i too (multi-blank's big blank arcs)."""
+        vocabulary tile (epilogue.token_gradient, which the CPU tests evaluate with torch), in place of the tile's
+        logits in the accumulators; with extra columns, less each row's term i on column extra_start + i too
+        (multi-blank's big blank arcs)."""
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
+        clamp_to = clamp if self.clamp else None
         for r in cutlass.range_constexpr(rows):
-            scaled_den = values[DEN, r] * LOG2E
+            terms = self._row_terms(values, r)
             label_at = label[r] - first_col
             blank_at = blank - first_col
             extra_at = extra_start - first_col
             for c in cutlass.range_constexpr(cols):
                 col = coords_rc[r, c][1]
-                g = cute.math.exp2(acc_rc[r, c] * LOG2E - scaled_den, approx=True, ftz=True) * values[OCCUPANCY, r]
-                g = g - values[BLANK_ARC, r] if col == blank_at else g
-                g = g - values[LABEL_ARC, r] if col == label_at else g
-                for i in cutlass.range_constexpr(self.extra):
-                    g = g - values[EXTRA_ARCS + i, r] if col == extra_at + i else g
-                if cutlass.const_expr(self.clamp):
-                    g = cute.arch.fmin(cute.arch.fmax(g, -clamp), clamp)
-                acc_rc[r, c] = g * values[SCALE, r]
+                flags = self._column_flags(col, blank_at, label_at, extra_at)
+                acc_rc[r, c] = token_gradient(acc_rc[r, c], terms, flags, clamp_to, CUTE_OPS)
+
+    def _row_terms(self, values, r):
+        """Row r's RowTerms from the thread's registers (_init_rows)."""
+        return RowTerms(values[DEN, r], values[OCCUPANCY, r], values[BLANK_ARC, r], values[LABEL_ARC, r],
+                        values[SCALE, r], tuple(values[EXTRA_ARCS + i, r] for i in range(self.extra)))
+
+    def _column_flags(self, col, blank_at, label_at, extra_at):
+        """The ColumnFlags of column ``col`` of the tile, the blank's, the label's and the first extra column's
+        columns being at blank_at, label_at and extra_at in it."""
+        return ColumnFlags(col == blank_at, col == label_at, tuple(col == extra_at + i for i in range(self.extra)))
 
     @cute.jit
     def _store_gradient_tile(self, g_copy: cute.TiledCopy, g_copy_acc: cute.Tensor, g_copy_smem: cute.Tensor,
@@ -767,11 +796,7 @@ class LogitsGemmPingpong(LogitsGemm):
             thread_mma = tiled_mma.get_slice(tidx)
             tCrH = tiled_mma.make_fragment_A(thread_mma.partition_A(sH))
             tCrW = tiled_mma.make_fragment_B(thread_mma.partition_B(sW))
-            tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            tCcC = thread_mma.partition_C(tile_coords)
-            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-            acc_rc = cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout))
-            coords_rc = cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout))
+            acc, acc_rc, coords_rc = self._accumulators(tiled_mma, tidx)
             rows = cute.size(acc_rc, mode=[0])
 
             if cutlass.const_expr(self.gradient):
