@@ -1,10 +1,12 @@
 """pack: the compact joiner input enc[b, t] + pred[b, u], built without a loop over the batch."""
 
+from torch import Tensor
+
 from . import custom_ops
 from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 
 
-def pack(encoder_out, predictor_out, logit_lengths, target_lengths):
+def pack(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor) -> Tensor:
     """Compact joiner input: row (b, t, u) is ``encoder_out[b, t] + predictor_out[b, u]``.
 
     Args:

@@ -5,8 +5,10 @@ shapes only. Every fast path of the library is checked against it.
 """
 
 import math
+from typing import Sequence
 
 import torch
+from torch import Tensor
 
 __all__ = ["transducer_loss_reference", "tdt_loss_reference", "multiblank_loss_reference", "tdt_loss_from_log_probs"]
 
@@ -28,9 +30,9 @@ def _label_log_probs(label_lp, fastemit_lambda, delay_penalty):
     return label_lp
 
 
-def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, blank=0,
-                              one_sym_per_frame=False, from_log_softmax=False, fastemit_lambda=0.0,
-                              delay_penalty=0.0):
+def transducer_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
+                              blank: int = 0, one_sym_per_frame: bool = False, from_log_softmax: bool = False,
+                              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
     """Negative log-likelihood per utterance, shape (B,), in logits' dtype.
 
     logits (B, maxT, maxU+1, V); targets (B, S); logit_lengths, target_lengths (B,).
@@ -78,8 +80,9 @@ def transducer_loss_reference(logits, targets, logit_lengths, target_lengths, bl
     return torch.stack(losses)
 
 
-def tdt_loss_reference(logits, targets, logit_lengths, target_lengths, durations, blank=0, sigma=0.0, omega=0.0,
-                       fastemit_lambda=0.0, delay_penalty=0.0):
+def tdt_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
+                       durations: Sequence[int], blank: int = 0, sigma: float = 0.0, omega: float = 0.0,
+                       fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
     """The Token-and-Duration Transducer (TDT) loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,),
     in logits' dtype.
 
@@ -115,8 +118,9 @@ def tdt_loss_reference(logits, targets, logit_lengths, target_lengths, durations
     return torch.stack(losses)
 
 
-def tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank=0,
-                            fastemit_lambda=0.0, delay_penalty=0.0):
+def tdt_loss_from_log_probs(tok: Tensor, dur: Tensor, targets: Tensor, logit_lengths: Tensor,
+                            target_lengths: Tensor, durations: Sequence[int], blank: int = 0,
+                            fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
     """-log of the summed weight of every TDT alignment, per utterance, from the token log-probs tok
     (B, maxT, maxU+1, V) (sigma already subtracted) and the duration log-probs dur (B, maxT, maxU+1, D).
     +inf (a constant) where no alignment exists. No check of finiteness."""
@@ -146,8 +150,9 @@ def tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, du
     return torch.stack(losses)
 
 
-def multiblank_loss_reference(logits, targets, logit_lengths, target_lengths, big_blank_durations, blank, sigma=0.0,
-                              fastemit_lambda=0.0, delay_penalty=0.0):
+def multiblank_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
+                              big_blank_durations: Sequence[int], blank: int, sigma: float = 0.0,
+                              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
     """The multi-blank RNN-T loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,), in logits' dtype.
 
     logits (B, maxT, maxU+1, V); every log-prob is log_softmax(logits) - sigma. From cell (t, u) the label y_{u+1}
