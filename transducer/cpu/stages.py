@@ -44,9 +44,10 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
             first_bad = int(wrong.nonzero()[0, 0])
     # min and max of no utterances: the identities, as the CUDA kernel's reductions give them
     extremes = [T.min(), T.max(), U.min(), U.max()] if B else [_INT64_MAX, -_INT64_MAX - 1] * 2
-    # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap)
+    # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap): the sum in
+    # float64 says whether it reaches the cap; below it, the int64 sum is exact
     cells_exact = T.double() * (U.double() + 1)
-    cells = CELLS_CAP if bool((cells_exact >= CELLS_CAP).any()) else min(int((T * (U + 1)).sum()), CELLS_CAP)
+    cells = CELLS_CAP if float(cells_exact.sum()) >= CELLS_CAP else min(int((T * (U + 1)).sum()), CELLS_CAP)
     stats = torch.tensor([int(x) for x in extremes] + [cells, bad, first_bad])
     return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1), max(int(padded_t), 0))
 

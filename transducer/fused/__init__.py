@@ -46,13 +46,14 @@ from ..cuda import stages as cuda_stages
 from . import hopper_tiles as fused_hopper
 from ..backend import stages_for
 from ..checks import (FLOAT_DTYPES, INDEX_DTYPES, bad_labels_error, check_blank, check_tensor, duration_scores_note,
-                     is_index, plural)
+                     is_index, plural, row_count)
 from ..custom_ops import Op, fake_outputs, lattice_of, lattice_outputs, saved_tensors
 from ..joiner import ACTIVATIONS, Dropout
 from ..lattices import check_supported, kind_of
 from ..layout import MAX_ROWS, NUM_STATS, Layout
 from ..loss import reduce_losses
 from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
+from ..pack import check_rows_before_copy
 from ..signatures import Entry, LossModule, Param, check_options, public_function
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
@@ -109,8 +110,8 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_c
         raise ValueError(f"target_lengths: expected values in [0, {min(predictor_out.size(1) - 1, targets.size(1))}] "
                          f"(predictor_out.size(1) - 1 and targets.size(1)), got [{u_min}, {u_max}]")
     if cells > MAX_ROWS:  # a saturated count (CELLS_CAP) is larger too
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
-                         f"supported")
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(cells)} rows; at most "
+                         f"2^31 - 1 are supported")
     if bad:
         extra = duration_scores_note(extra_columns, vocab_size + extra_columns, "weight's", "rows") \
             if extra_columns else ""
@@ -502,6 +503,8 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     # dropout's seed: 63 bits from a CPU generator, a CPU tensor (no device work, and torch.compile traces it)
     seed = torch.randint((1 << 63) - 1, (), generator=call["generator"]) if dropout else \
         torch.zeros((), dtype=torch.int64)
+    if call["check_inputs"]:
+        check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_lengths)
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
               target_lengths, *options.flat(), call["activation"], dropout, seed, call["check_inputs"], compute_dtype,
               max_rows, torch.compiler.is_compiling())
