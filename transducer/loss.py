@@ -17,7 +17,10 @@ from .signatures import Entry, LossModule, Param, check_options, public_function
 LOGITS_TENSORS = (
     Param("logits", "Tensor", "unnormalised scores, float16 / bfloat16 / float32 / float64: compact "
           "``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or "
-          "padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``."),
+          "padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``, accurate "
+          "to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a common "
+          "offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite gradient, "
+          "but a coarse one."),
     Param("targets", "Tensor", "``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``; "
           "entries past ``U_b`` are ignored."),
     Param("logit_lengths", "Tensor", "``(B,)`` int32 / int64 frames, ``T_b >= 1``."),
