@@ -3,6 +3,7 @@ arguments and values (each a clear error before any compute, the device left hea
 of the contract: T_b = 1 and U_b = 0, strided length tensors, logits rows off 16 bytes, more than 2^31
 elements, non-finite logits and incoming gradients, lengths whose products overflow."""
 
+import functools
 import math
 
 import numpy as np
@@ -12,8 +13,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from _batches import DEVICES, compact, random_batch, to_device
-from transducer import (FusedJoinerLoss, RNNTLoss, TDTLoss, TransducerLoss, fused_joiner_loss, pack, rnnt_loss,
-                        tdt_loss, tdt_loss_reference, transducer_loss, transducer_loss_reference)
+from transducer import (FusedJoinerLoss, RNNTLoss, TDTLoss, TransducerLoss, fused_joiner_loss, multiblank_loss, pack,
+                        rnnt_loss, tdt_loss, tdt_loss_reference, transducer_loss, transducer_loss_reference)
 
 DEV = "cuda"
 
@@ -345,11 +346,39 @@ def test_lengths_whose_products_overflow(device, T, U):
         transducer_loss(*to_device(device, logits, targets, T, U))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_lengths_whose_sum_wraps(device):
+    """Sixteen products of 2^60 cells each, below the saturation bound, wrap their int64 sum to the 6 rows of
+    the logits: refused by every entry. pack and the fused loss get expanded inputs whose copy would need
+    hundreds of GB: refused before it."""
+    T, U = torch.tensor([2**60] * 16 + [6]), torch.zeros(17, dtype=torch.long)
+    logits, targets = torch.randn(6, 5), torch.ones(17, 1, dtype=torch.long)
+    overflow = r"logit_lengths, target_lengths: sum_b T_b\*\(U_b\+1\) overflows"
+    for loss in (transducer_loss, rnnt_loss, TransducerLoss(), RNNTLoss()):
+        with pytest.raises(ValueError, match=overflow):
+            loss(*to_device(device, logits, targets, T, U))
+    with pytest.raises(ValueError, match=overflow):
+        tdt_loss(*to_device(device, logits, targets, T, U), durations=[0, 1])
+    with pytest.raises(ValueError, match=overflow):
+        multiblank_loss(*to_device(device, logits, targets, T, U), big_blank_durations=[2], blank=-1)
+    T, U = torch.tensor([2**30] * 16 + [6]), torch.tensor([2**30 - 1] * 16 + [0])
+    enc = pred = torch.zeros(1, 1, 1, device=device).expand(17, 2**30, 2)
+    rows = r"sum_b T_b\*\(U_b\+1\) = 2\^61 or more \(it overflows\) rows; at most 2\^31 - 1"
+    with pytest.raises(ValueError, match=rows):
+        pack(enc, pred, *to_device(device, T, U))
+    with pytest.raises(ValueError, match=rows):
+        fused_joiner_loss(enc, pred, torch.randn(5, 2, device=device), None, *to_device(device, targets, T, U))
+
+
 def test_row_counts_beyond_32_bits():
     one = torch.zeros(1, 1)
     T, U = torch.tensor([2**31]), torch.tensor([0])
-    with pytest.raises(ValueError, match=r"logits: at most 2\^31 - 1 rows"):
-        transducer_loss(one.expand(2**31, 1), torch.zeros(1, 1, dtype=torch.long), T, U)
+    # refused from the shape, before the entries copy the expanded view (43 GB)
+    wide = torch.zeros(1, 5).expand(2**31, 5)
+    for loss in (transducer_loss, functools.partial(tdt_loss, durations=[0, 1]),
+                 functools.partial(multiblank_loss, big_blank_durations=[2], blank=-1)):
+        with pytest.raises(ValueError, match=r"logits: at most 2\^31 - 1 rows"):
+            loss(wide, torch.zeros(1, 1, dtype=torch.long), T, U)
     with pytest.raises(ValueError, match=r"logits: at most 2\^31 - 1 rows"):
         transducer_loss(one.expand(1, 2**16, 2**15, 1), torch.zeros(1, 1, dtype=torch.long), T, U)
     enc, pred = torch.zeros(1, 1, 1).expand(2, 2**16, 4), torch.zeros(1, 1, 1).expand(2, 2**15 + 1, 4)

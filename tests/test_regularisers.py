@@ -71,12 +71,12 @@ def test_clamp_clamps_the_unit_gradient_then_scales(device, from_log_softmax):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(clamp="1"), TypeError, "clamp: expected a number"),
-    (dict(fastemit_lambda=-0.1), ValueError, "fastemit_lambda: expected a number >= 0"),
+    (dict(fastemit_lambda=-0.1), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
     (dict(fastemit_lambda=math.nan), ValueError, "fastemit_lambda: expected a number, not NaN"),
     (dict(delay_penalty=None), TypeError, "delay_penalty: expected a number"),
     (dict(delay_penalty=True), TypeError, "delay_penalty: expected a number"),
     (dict(delay_penalty=-math.inf), ValueError, "delay_penalty: expected a finite number"),
-    (dict(fastemit_lambda=math.inf), ValueError, "fastemit_lambda: expected a number >= 0, and finite"),
+    (dict(fastemit_lambda=math.inf), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
 ])
 def test_bad_regulariser_options(kwargs, error, match):
     gen = torch.Generator().manual_seed(72)
@@ -95,5 +95,5 @@ def test_rnnt_loss_and_module_take_the_regularisers():
     module = RNNTLoss(reduction="sum", delay_penalty=0.2, fastemit_lambda=0.3)
     torch.testing.assert_close(module(logits, targets, T, U), want, rtol=0, atol=0)
     assert "delay_penalty=0.2" in repr(module)
-    with pytest.raises(ValueError, match="fastemit_lambda: expected a number >= 0"):
+    with pytest.raises(ValueError, match=r"fastemit_lambda: expected a number in \[0, 65503\]"):
         RNNTLoss(fastemit_lambda=-1)

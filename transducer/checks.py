@@ -1,6 +1,7 @@
 """Argument checks shared by the losses, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
+import math
 import numbers
 import operator
 
@@ -13,7 +14,7 @@ from .layout import CELLS_CAP, MAX_DURATION, MAX_ROWS, Stats
 
 __all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "bad_labels_error",
            "check_blank_type", "duration_scores_note", "plural", "check_pack_values", "check_durations",
-           "check_big_blank_durations", "check_rows", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
+           "check_big_blank_durations", "check_rows", "row_count", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -39,13 +40,16 @@ def check_tensor(name, x, dtypes, ndim, device, of="logits"):
 
 
 def check_batch(logits, targets, logit_lengths, target_lengths):
-    """A loss's targets and lengths: index tensors on the logits' device, one row / entry per utterance. The batch
-    size is the one most of padded logits, logit_lengths, target_lengths and targets agree on (on a tie, the first
-    in that order), so that an error names the argument that differs from the others."""
+    """A loss's targets and lengths: index tensors on the logits' device, one row / entry per utterance; and the
+    logits' rows (check_rows). The batch size is the one most of padded logits, logit_lengths, target_lengths and
+    targets agree on (on a tie, the first in that order), so that an error names the argument that differs from
+    the others."""
     device = logits.device
     check_tensor("targets", targets, INDEX_DTYPES, (2,), device)
     check_tensor("logit_lengths", logit_lengths, INDEX_DTYPES, (1,), device)
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device)
+    if not torch.compiler.is_compiling():  # from the shape, before the caller copies an expanded view
+        check_rows(logits)
     given = {"logits": logits} if logits.dim() == 4 else {}  # compact logits do not give the batch size
     given.update(logit_lengths=logit_lengths, target_lengths=target_lengths, targets=targets)
     sizes = [x.size(0) for x in given.values()]
@@ -161,9 +165,14 @@ def check_pack_values(encoder_out, predictor_out, stats):
         raise ValueError(f"target_lengths: expected values in [0, {max_u1 - 1}] (predictor_out.size(1) - 1), "
                          f"got [{u_min}, {u_max}]")
     if num_rows > MAX_ROWS:
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows; at most 2^31 - 1 "
-                         f"are supported")
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(num_rows)} rows; at most "
+                         f"2^31 - 1 are supported")
     return num_rows
+
+
+def row_count(cells):
+    """A Layout's cell count as an error states it: the saturated count (CELLS_CAP) as what it stands for."""
+    return "2^61 or more (it overflows)" if cells >= CELLS_CAP else cells
 
 
 def _duration_ints(durations, name):
@@ -212,7 +221,7 @@ def check_big_blank_durations(big_blank_durations, blank):
 def check_rows(logits):
     """At most MAX_ROWS rows (cells, padding included) in compact or padded logits: rows are int32 in the
     kernels."""
-    rows = logits.numel() // logits.size(-1)
+    rows = math.prod(logits.shape[:-1])
     if rows > MAX_ROWS:
         raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
                          f"{tuple(logits.shape)} with {rows} rows")

@@ -20,7 +20,10 @@ from .entries import Entry, LossModule, Param, check_options, declare
 LOGITS_TENSORS = (
     Param("logits", "Tensor", "unnormalised scores, float16 / bfloat16 / float32 / float64: compact "
           "``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or "
-          "padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``."),
+          "padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``, accurate "
+          "to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a common "
+          "offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite gradient, "
+          "but a coarse one."),
     Param("targets", "Tensor", "``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``; "
           "entries past ``U_b`` are ignored."),
     Param("logit_lengths", "Tensor", "``(B,)`` int32 / int64 frames, ``T_b >= 1``."),
@@ -77,7 +80,10 @@ def transducer_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, targ
     Args:
         logits (Tensor): unnormalised scores, float16 / bfloat16 / float32 / float64: compact
             ``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or
-            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``.
+            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``,
+            accurate to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a
+            common offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite
+            gradient, but a coarse one.
         targets (Tensor): ``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``;
             entries past ``U_b`` are ignored.
         logit_lengths (Tensor): ``(B,)`` int32 / int64 frames, ``T_b >= 1``.
@@ -101,7 +107,8 @@ def transducer_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, targ
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
 
@@ -164,7 +171,8 @@ class TransducerLoss(LossModule):
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """
@@ -204,7 +212,10 @@ def rnnt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_len
     Args:
         logits (Tensor): unnormalised scores, float16 / bfloat16 / float32 / float64: compact
             ``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or
-            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``.
+            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``,
+            accurate to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a
+            common offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite
+            gradient, but a coarse one.
         targets (Tensor): ``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``;
             entries past ``U_b`` are ignored.
         logit_lengths (Tensor): ``(B,)`` int32 / int64 frames, ``T_b >= 1``.
@@ -226,7 +237,8 @@ def rnnt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_len
             device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs),
             out-of-range values give undefined results. (Default: ``True``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
 
@@ -272,7 +284,8 @@ class RNNTLoss(LossModule):
             device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs),
             out-of-range values give undefined results. (Default: ``True``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """

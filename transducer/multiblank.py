@@ -57,7 +57,10 @@ def multiblank_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, targ
     Args:
         logits (Tensor): unnormalised scores, float16 / bfloat16 / float32 / float64: compact
             ``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or
-            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``.
+            padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``,
+            accurate to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a
+            common offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite
+            gradient, but a coarse one.
         targets (Tensor): ``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``;
             entries past ``U_b`` are ignored.
         logit_lengths (Tensor): ``(B,)`` int32 / int64 frames, ``T_b >= 1``.
@@ -72,7 +75,8 @@ def multiblank_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, targ
             ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).
             (Default: ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)
@@ -127,7 +131,8 @@ class MultiblankLoss(LossModule):
             ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).
             (Default: ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)

@@ -90,10 +90,16 @@ def _clamp(value):
     return _number("clamp", value)
 
 
+#: The largest FastEmit lambda: a gradient entry reaches 1 + fastemit_lambda in magnitude, which must be finite
+#: in the gradient's narrowest dtype (float16's largest value is 65504).
+FASTEMIT_LAMBDA_MAX = 65503.0
+
+
 def _fastemit_lambda(value):
     value = _number("fastemit_lambda", value)
-    if not 0 <= value < math.inf:
-        raise ValueError(f"fastemit_lambda: expected a number >= 0, and finite, got {value!r}")
+    if not 0 <= value <= FASTEMIT_LAMBDA_MAX:
+        raise ValueError(f"fastemit_lambda: expected a number in [0, {FASTEMIT_LAMBDA_MAX:g}] (1 + fastemit_lambda "
+                         f"bounds the gradient's entries, finite in float16), got {value!r}")
     return value
 
 
@@ -163,7 +169,8 @@ OPTIONS = (
            "``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores' "
            "gradient alone, as NeMo's).", _clamp, {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
     Option("fastemit_lambda", "float", 0.0, "FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob "
-           "times ``1 + fastemit_lambda``; the loss value is unchanged.", _fastemit_lambda,
+           "times ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries "
+           "reach ``1 + fastemit_lambda``, which stays finite in float16.", _fastemit_lambda,
            {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
     Option("delay_penalty", "float", 0.0, "k2's delay penalty: the label log-prob of cell (t, u) of utterance b "
            "gets ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion.", _finite("delay_penalty"),

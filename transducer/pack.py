@@ -1,9 +1,12 @@
 """pack: the compact joiner input enc[b, t] + pred[b, u], built without a loop over the batch."""
 
+import torch
 from torch import Tensor
 
 from . import custom_ops
-from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from .backend import stages_for
+from .checks import FLOAT_DTYPES, INDEX_DTYPES, check_pack_values, check_tensor
+from .layout import MAX_ROWS
 
 
 def pack(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor) -> Tensor:
@@ -42,4 +45,18 @@ def pack(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, targ
     if logit_lengths.shape != (B,) or target_lengths.shape != (B,):
         raise ValueError(f"logit_lengths, target_lengths: expected shape ({B},), got "
                          f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
+    check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_lengths)
     return custom_ops.pack(encoder_out.contiguous(), predictor_out.contiguous(), logit_lengths, target_lengths)[0]
+
+
+def check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_lengths):
+    """The lengths against the inputs (checks.check_pack_values) before ``.contiguous()`` copies them, where their
+    shapes admit more than MAX_ROWS rows and one of them is a view to copy (an expanded tensor may be far larger
+    copied): lengths whose rows the kernels cannot index are refused before the copy (the op checks them again
+    after it, for every shape). One host read of the lengths' layout on that rare path."""
+    bound = encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
+    if torch.compiler.is_compiling() or bound <= MAX_ROWS or (encoder_out.is_contiguous() and
+                                                              predictor_out.is_contiguous()):
+        return
+    layout = stages_for(encoder_out.device).layout(logit_lengths, target_lengths, predictor_out.size(1))
+    check_pack_values(encoder_out, predictor_out, layout.stats.tolist())

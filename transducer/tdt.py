@@ -93,7 +93,8 @@ def tdt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_leng
             ``TDTLossNumba``; NeMo's ``RNNTLoss`` and transformers divide by the target lengths first). (Default:
             ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)
@@ -156,7 +157,8 @@ class TDTLoss(LossModule):
             ``TDTLossNumba``; NeMo's ``RNNTLoss`` and transformers divide by the target lengths first). (Default:
             ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         clamp (float, optional): if > 0, each gradient element for a unit incoming gradient is clamped to
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)

@@ -44,9 +44,10 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
             first_bad = int(wrong.nonzero()[0, 0])
     # min and max of no utterances: the identities, as the CUDA kernel's reductions give them
     extremes = [T.min(), T.max(), U.min(), U.max()] if B else [_INT64_MAX, -_INT64_MAX - 1] * 2
-    # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap)
+    # the cell count saturates at CELLS_CAP as the CUDA kernel's does (products and sums never wrap): the sum in
+    # float64 says whether it reaches the cap; below it, the int64 sum is exact
     cells_exact = T.double() * (U.double() + 1)
-    cells = CELLS_CAP if bool((cells_exact >= CELLS_CAP).any()) else min(int((T * (U + 1)).sum()), CELLS_CAP)
+    cells = CELLS_CAP if float(cells_exact.sum()) >= CELLS_CAP else min(int((T * (U + 1)).sum()), CELLS_CAP)
     stats = torch.tensor([int(x) for x in extremes] + [cells, bad, first_bad])
     return Layout(torch.cat([T, U, strides, row_splits, stats]), padded_t > 0, int(max_u1), max(int(padded_t), 0))
 
@@ -235,6 +236,14 @@ def alpha_beta(lp, layout, options):
     return Walks(_grid_to_rows(alpha, grid, lp.size(0)), _grid_to_rows(beta, grid, lp.size(0)), nll)
 
 
+def _posterior(log_posterior):
+    """A posterior (of a cell or an arc) from its log, alpha + [arc] + beta - log Z (a new tensor, in place),
+    capped at 1: its rounding, |log Z| ulps, can exceed 0 where |log Z| * eps > 1 (fp32 logits of about 1e10),
+    and exp of it would be inf and give the gradient inf - inf or 0 * inf; the cap keeps the gradient finite
+    (stages.cu and the Hopper epilogue cap it too: arcs.cuh's rnnt_arcs)."""
+    return exp_(log_posterior.clamp_(max=0.0))
+
+
 def _gradient_coefficients(layout, lp, walks, scale, one_sym_per_frame, start, end, cells=None):
     """For the rows [start, end): the cell's posterior and the posteriors of its blank and label arcs (zero
     off the utterances that get a gradient). lp and the walks hold every row of the layout; ``cells``:
@@ -258,9 +267,9 @@ def _gradient_coefficients(layout, lp, walks, scale, one_sym_per_frame, start, e
 
     live = is_cell & (torch.isfinite(loss) & (scale != 0))[b]
     log_norm = torch.where(live, alpha + loss[b], -math.inf)
-    occupancy = exp_(log_norm + beta[start:end])
-    blank_arc = exp_(log_norm + lp[:, 0] + after_blank)
-    label_arc = exp_(log_norm + lp[:, 1] + after_label)
+    occupancy = _posterior(log_norm + beta[start:end])
+    blank_arc = _posterior(log_norm + lp[:, 0] + after_blank)
+    label_arc = _posterior(log_norm + lp[:, 1] + after_label)
     has_label = is_cell & (u < U)
     return occupancy, blank_arc, label_arc, b, u, has_label, live
 
@@ -590,12 +599,12 @@ def _tdt_arc_occupancies(layout, lattice, live, d, start, end, cells):
     the posteriors of its blank and label arcs per duration (n, D), zero off ``live`` rows."""
     b = cells[0]
     log_norm = torch.where(live, lattice.alpha[start:end] + lattice.nll[b], -math.inf)
-    gamma = exp_(log_norm + lattice.beta[start:end])
+    gamma = _posterior(log_norm + lattice.beta[start:end])
     after_blank, after_label = _after_arcs(layout, lattice.beta, cells, start, d)
     after_blank = torch.where(d >= 1, after_blank, -math.inf)  # a blank of duration 0 is not an arc
     base = log_norm[:, None] + lattice.lp_arcs[start:end]
-    blank_arc = exp_(base + lattice.lp[start:end, 0:1] + after_blank)
-    label_arc = exp_(base + lattice.lp[start:end, 1:2] + after_label)
+    blank_arc = _posterior(base + lattice.lp[start:end, 0:1] + after_blank)
+    label_arc = _posterior(base + lattice.lp[start:end, 1:2] + after_label)
     return gamma, blank_arc, label_arc
 
 
@@ -603,7 +612,7 @@ def _big_blank_occupancies(layout, lattice, big_blank_durations, live, start, en
     """The posteriors (n, K) of the big blanks' arcs leaving the rows [start, end), zero off ``live`` rows."""
     log_norm = torch.where(live, lattice.alpha[start:end] + lattice.nll[cells[0]], -math.inf)
     after, _ = _after_arcs(layout, lattice.beta, cells, start, torch.tensor(big_blank_durations))
-    return exp_(log_norm[:, None] + lattice.lp_arcs[start:end] + after)
+    return _posterior(log_norm[:, None] + lattice.lp_arcs[start:end] + after)
 
 
 def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out_tokens, out_duration_scores, row_start=0):

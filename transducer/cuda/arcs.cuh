@@ -42,6 +42,14 @@ struct BlankAndLabel {
   }
 };
 
+// A posterior's log, alpha + [arc] + beta - log Z, capped at 0 (a NaN stays NaN), and the posterior: its rounding
+// (|log Z| ulps) can exceed 0 where |log Z| * eps > 1 (fp32 logits of about 1e10), and exp of it would overflow
+// and give the gradient inf - inf or 0 * inf (transducer/cpu/stages.py's _posterior caps it alike).
+template <typename Acc>
+__device__ __forceinline__ Acc log_posterior(Acc x) { return x > Acc(0) ? Acc(0) : x; }
+template <typename Acc>
+__device__ __forceinline__ Acc posterior(Acc x) { return exp_acc(log_posterior(x)); }
+
 // The posterior of a blank arc of duration d >= 2 leaving row r's cell (to (t + d, u), or the end from (T - d, U)),
 // whose log-prob is lp_arc, with lognorm = alpha(r) + loss: the multi-blank loss's big blank arcs (gradient_kernel,
 // row_coefficients_kernel).
@@ -50,7 +58,7 @@ __device__ __forceinline__ Acc big_blank_arc(const ReadOnly<Acc>& beta, Acc lp_a
                                              const RowInfo& ri, Acc lognorm) {
   const int s = ri.t + d;
   const Acc after = s < ri.T ? beta[r + (long long)d * ri.st] : (s == ri.T && ri.u == ri.U ? Acc(0) : neg_inf<Acc>());
-  return exp_acc(lognorm + lp_arc + after);
+  return posterior(lognorm + lp_arc + after);
 }
 
 // The label column of row r's cell, y_{u+1} for u < U_b, else -1 (the column the Hopper kernels' statistics pick).
@@ -75,13 +83,13 @@ __device__ __forceinline__ RnntArcs<Acc> rnnt_arcs(const ReadOnly<Acc>& beta, lo
   const Acc NINF = neg_inf<Acc>();
   const long long st = ri.st;
   RnntArcs<Acc> a;
-  a.log_gamma = lognorm + beta[r];
+  a.log_gamma = log_posterior(lognorm + beta[r]);
   const Acc after_blank = ri.t + 1 < ri.T ? beta[r + st] : (ri.u == ri.U ? Acc(0) : NINF);
-  a.blank = exp_acc(lognorm + lp_blank + after_blank);
+  a.blank = posterior(lognorm + lp_blank + after_blank);
   a.label = Acc(0);
   if (ri.u < ri.U) {
     const Acc after_label = RNA ? (ri.t + 1 < ri.T ? beta[r + st + 1] : NINF) : beta[r + 1];
-    a.label = exp_acc(lognorm + lp_label + after_label);
+    a.label = posterior(lognorm + lp_label + after_label);
   }
   return a;
 }

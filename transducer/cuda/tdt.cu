@@ -110,11 +110,11 @@ __device__ __forceinline__ TdtArcPair<Acc> tdt_arcs(const ReadOnly<Acc>& beta, A
   const Acc w = lognorm + lp_dur;
   if (d >= 1) {
     if (s < ri.T)
-      a.blank = exp_acc(w + lp_b + beta[r + d * st]);
+      a.blank = posterior(w + lp_b + beta[r + d * st]);
     else if (s == ri.T && ri.u == ri.U)
-      a.blank = exp_acc(w + lp_b);
+      a.blank = posterior(w + lp_b);
   }
-  if (ri.u < ri.U && s < ri.T) a.label = exp_acc(w + lp_l + beta[r + d * st + 1]);
+  if (ri.u < ri.U && s < ri.T) a.label = posterior(w + lp_l + beta[r + d * st + 1]);
   return a;
 }
 
@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   }
   // per-row coefficients: every thread of the row computes them (the loads broadcast)
   const Acc lognorm = alpha[r] + l;
-  const Acc gamma = exp_acc(lognorm + beta[r]);
+  const Acc gamma = posterior(lognorm + beta[r]);
   const Acc lp_b = lp[2ll * r], lp_l = lp[2ll * r + 1];
   // the arcs of duration d_k: lane k of the row's first warp computes them, a warp sum shares them
   TdtArcPair<Acc> arc{Acc(0), Acc(0)};
@@ -709,7 +709,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
   }
   const ReadOnly<float> beta{p.lattice.beta}, lp_arcs{p.lp_arcs}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta};
   const float lognorm = __ldg(p.lattice.alpha + r) + l;
-  const float gamma = exp_acc(lognorm + beta[r]);
+  const float gamma = posterior(lognorm + beta[r]);
   const float lp_b = __ldg(p.lattice.lp + 2ll * r), lp_l = __ldg(p.lattice.lp + 2ll * r + 1);
   float sum_blank = 0.0f, sum_label = 0.0f;
   for (int k = 0; k < D; ++k) {

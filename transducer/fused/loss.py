@@ -12,6 +12,7 @@ from ..entries import Entry, LossModule, Param, check_options, declare
 from ..joiner import ACTIVATIONS
 from ..lattices import check_supported, kind_of
 from ..loss import reduce_losses
+from ..pack import check_rows_before_copy
 from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
 from .op import fused
 from .tiles import default_max_rows
@@ -108,6 +109,8 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     # dropout's seed: 63 bits from a CPU generator, a CPU tensor (no device work, and torch.compile traces it)
     seed = torch.randint((1 << 63) - 1, (), generator=call["generator"]) if dropout else \
         torch.zeros((), dtype=torch.int64)
+    if call["check_inputs"]:
+        check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_lengths)
     inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
               target_lengths, *options.flat(), call["activation"], dropout, seed, call["check_inputs"], compute_dtype,
               max_rows, torch.compiler.is_compiling())
@@ -160,7 +163,8 @@ def fused_joiner_loss(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
         durations (list of int, optional): TDT's durations, as for :func:`transducer.tdt_loss`: the loss is TDT's,
@@ -256,7 +260,8 @@ class FusedJoinerLoss(LossModule):
             ``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores'
             gradient alone, as NeMo's). (Default: ``-1.0``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
-            ``1 + fastemit_lambda``; the loss value is unchanged. (Default: ``0.0``)
+            ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
+            ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
         delay_penalty (float, optional): k2's delay penalty: the label log-prob of cell (t, u) of utterance b gets
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
         durations (list of int, optional): TDT's durations, as for :func:`transducer.tdt_loss`: the loss is TDT's,

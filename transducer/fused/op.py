@@ -41,7 +41,7 @@ from torch import Tensor
 from ops import accumulate_dtype
 
 from ..backend import stages_for
-from ..checks import bad_labels_error, duration_scores_note
+from ..checks import bad_labels_error, duration_scores_note, row_count
 from ..custom_ops import Op, fake_outputs, lattice_of, lattice_outputs, saved_tensors
 from ..joiner import Dropout
 from ..lattices import check_supported, kind_of
@@ -72,8 +72,8 @@ def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_c
         raise ValueError(f"target_lengths: expected values in [0, {min(predictor_out.size(1) - 1, targets.size(1))}] "
                          f"(predictor_out.size(1) - 1 and targets.size(1)), got [{u_min}, {u_max}]")
     if cells > MAX_ROWS:  # a saturated count (CELLS_CAP) is larger too
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {cells} rows; at most 2^31 - 1 are "
-                         f"supported")
+        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(cells)} rows; at most "
+                         f"2^31 - 1 are supported")
     if bad:
         extra = duration_scores_note(extra_columns, vocab_size + extra_columns, "weight's", "rows") \
             if extra_columns else ""
