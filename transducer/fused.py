@@ -51,6 +51,7 @@ from .lattices import check_supported, kind_of
 from .layout import MAX_ROWS, NUM_STATS, Layout
 from .loss import reduce_losses
 from .options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
+from .sharding import full_parameters
 from .signatures import Entry, LossModule, Param, check_options, public_function
 
 __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
@@ -457,6 +458,8 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
         ...                          torch.tensor([5, 3]), torch.tensor([3, 2]))
         >>> loss.backward()
     """
+    weight, bias = full_parameters(weight, bias, encoder_out=encoder_out, predictor_out=predictor_out, targets=targets,
+                                   logit_lengths=logit_lengths, target_lengths=target_lengths)  # FSDP2's shards
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     device = encoder_out.device
     check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device, "encoder_out")
