@@ -13,6 +13,7 @@ from ..joiner import ACTIVATIONS
 from ..lattices import check_supported, kind_of
 from ..loss import reduce_losses
 from ..pack import check_rows_before_copy
+from ..sharding import full_parameters
 from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
 from .op import fused
 from .tiles import default_max_rows
@@ -66,6 +67,8 @@ _JOINER_OPTIONS = ("reduction", "zero_infinity", "check_inputs", "activation", "
 
 def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, options):
     """fused_joiner_loss's work (its arguments checked; ``options``: the options as given)."""
+    weight, bias = full_parameters(weight, bias, encoder_out=encoder_out, predictor_out=predictor_out, targets=targets,
+                                   logit_lengths=logit_lengths, target_lengths=target_lengths)  # FSDP2's shards
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     device = encoder_out.device
     check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device, "encoder_out")
