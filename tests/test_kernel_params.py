@@ -1,8 +1,11 @@
 """The kernels' parameter structs and constants, defined once in the CUDA sources and mirrored in Python
 (transducer/cuda/stages.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
 types, and the same values; the launch bounds are named constants; warps_per_row picks only what the row kernels
-take; and every option the option table (transducer/options.py: SUPPORTED) marks as supported on CUDA is a field
-that a kernel of its lattice reads. Read from the sources: no GPU or compiler needed."""
+take; every kernel under transducer/ (found in the .cu files) that forms a per-row term does so with
+transducer/cuda/terms.cuh's functions, passing them its Terms whole, and reads no option nor spells a term itself
+(tests/test_terms.py checks those functions' values); and every option the option table (transducer/options.py:
+SUPPORTED) marks as supported on CUDA is one that a kernel of its lattice reads. Read from the sources: no GPU or
+compiler needed."""
 
 import os
 import re

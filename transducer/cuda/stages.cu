@@ -14,7 +14,8 @@
 //                      one thread per row: what the fused loss's Hopper kernels take and give per row
 //                      (RowLabelsParams, RowLogProbsParams, RowCoefficientsParams)
 //
-// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in layout.cuh).
+// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in layout.cuh). The per-row terms
+// (sigma, the delay penalty, FastEmit, the clamp, the big blanks) are terms.cuh's, read from each struct's Terms.
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31; rows themselves are below 2^31
 // (the loss op checks it: check_rows, called in transducer/custom_ops.py).
 
@@ -23,6 +24,7 @@
 #include "transducer/cuda/layout.cuh"
 #include "transducer/cuda/params.cuh"
 #include "transducer/cuda/row_pass.cuh"
+#include "transducer/cuda/terms.cuh"
 
 
 // ---------------------------------------------------------------------------
@@ -485,9 +487,9 @@ __global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const Layo
 //                            and the big blanks' logits less their bias), as log_probs_kernel stores them
 //                            (BlankAndLabel)
 //   row_coefficients_kernel  a tile's rows' labels and gradient coefficients (den, occupancy, blank arc, label arc,
-//                            scale, and the big blank arcs): gradient_kernel's per-row terms (rnnt_arcs,
-//                            big_blank_arc; FastEmit as TokenGradient's coef), a row without a gradient (a loss not
-//                            finite, a zero scale, off RNA's band) getting den = +inf and zeros
+//                            scale, and the big blank arcs): gradient_kernel's per-row terms (terms.cuh's rnnt_arcs,
+//                            rnnt_token_terms, big_blank_arc), a row without a gradient (a loss not finite, a zero
+//                            scale, off RNA's band) getting den = +inf and zeros
 template <typename I>
 struct RowLabelsParams {
   td::Grids grids;

@@ -16,13 +16,15 @@
 //                          (TdtRowLogProbsParams, TdtRowCoefficientsParams)
 //
 // Token scores and duration scores are two row-major arrays with their own row strides (two views of
-// NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
+// NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table). The per-row terms
+// (sigma, the delay penalty, FastEmit, omega, the clamp, the durations' arcs) are terms.cuh's.
 
 #include "ops/reduce.cuh"
 #include "transducer/cuda/arcs.cuh"
 #include "transducer/cuda/layout.cuh"
 #include "transducer/cuda/params.cuh"
 #include "transducer/cuda/row_pass.cuh"
+#include "transducer/cuda/terms.cuh"
 
 namespace td {
 
