@@ -1,8 +1,11 @@
 """The kernels' parameter structs and constants, defined once in the CUDA sources and mirrored in Python
 (transducer/cuda/stages.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
 types, and the same values; the launch bounds are named constants; warps_per_row picks only what the row kernels
-take; and every option the option table (transducer/options.py: SUPPORTED) marks as supported on CUDA is a field
-that a kernel of its lattice reads. Read from the sources: no GPU or compiler needed."""
+take; every kernel under transducer/ (found in the .cu files) that forms a per-row term does so with
+transducer/cuda/terms.cuh's functions, passing them its Terms whole, and reads no option nor spells a term itself
+(tests/test_terms.py checks those functions' values); and every option the option table (transducer/options.py:
+SUPPORTED) marks as supported on CUDA is one that a kernel of its lattice reads. Read from the sources: no GPU or
+compiler needed."""
 
 import os
 import re
@@ -20,9 +23,10 @@ from transducer.options import SUPPORTED
 
 ROOT = ops.cuda_include_dir()
 SOURCES = ["ops/fast_divmod.cuh", "transducer/cuda/layout.cuh", "transducer/cuda/params.cuh", "transducer/cuda/row_pass.cuh",
-           "transducer/cuda/arcs.cuh", "transducer/cuda/stages.cu", "transducer/cuda/tdt.cu", "transducer/cuda/pack.cu", "ops/gather.cu",
+           "transducer/cuda/terms.cuh", "transducer/cuda/arcs.cuh",
+           "transducer/cuda/stages.cu", "transducer/cuda/tdt.cu", "transducer/cuda/pack.cu", "ops/gather.cu",
            "ops/reduce.cu", "ragged/ragged.cu"]
-PARAMS = [cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
+PARAMS = [cuda.TERMS, cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
           cuda.TDT_LOG_PROBS_PARAMS, cuda.TDT_WALK_PARAMS, cuda.TDT_GRADIENT_PARAMS, cuda.PACK_FORWARD_PARAMS,
           cuda.PACK_GRAD_PARAMS, cuda.ROW_LABELS_PARAMS, cuda.ROW_LOG_PROBS_PARAMS, cuda.ROW_COEFFICIENTS_PARAMS,
           cuda.TDT_ROW_LOG_PROBS_PARAMS, cuda.TDT_ROW_COEFFICIENTS_PARAMS, gather_cuda.GATHER_PARAMS,
@@ -172,6 +176,212 @@ def test_warps_per_row_picks_what_the_row_kernels_take(monkeypatch):
     assert picked == allowed
 
 
+def _kernel(text, name):
+    """(the name of its parameter struct, its body) of the __global__ function ``name``."""
+    m = re.search(rf"__global__[^;{{}}]*?\b{name}\(\s*const (\w+)<.*?> p\)\s*\{{", text, re.S)
+    assert m is not None, f"no kernel {name} taking a parameter struct p"
+    return m.group(1), _braced(text, m.end())
+
+
+def _field_paths(structs, name):
+    """The fields of struct ``name`` and, through those of struct type, of its parts: ("labels", "blank"), ..."""
+    for field, ctype in structs[name]:
+        yield (field,)
+        if isinstance(ctype, str) and ctype in structs:
+            yield from ((field, *path) for path in _field_paths(structs, ctype))
+
+
+# ----------------------------------------------------------------------------------------------- the terms
+# terms.cuh writes each per-row term once, in functions that read the options struct Terms; a kernel that forms a
+# term has a Terms field, passes it whole (p.<field>) and calls the functions.
+
+TERMS_HEADER = "transducer/cuda/terms.cuh"
+TERMS = "Terms"
+MATH = r"\b(?:exp_acc|exp_fast|log_acc|log_fast|log1p_exp|expf|logf|exp|log|__expf|__logf)\s*\("
+
+
+def _uncommented(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", f.read()), flags=re.S)
+
+
+def _term_functions(text):
+    """{name: the Terms fields it reads (o.<field>), also through the term functions it calls} of the functions
+    terms.cuh defines (TD_TERM)."""
+    bodies = {}
+    for m in re.finditer(r"\bTD_TERM\s+[^;{}()]*?\b(\w+)\s*\([^;{}]*\)\s*(?:const\s*)?\{", text):
+        bodies[m.group(1)] = _braced(text, m.end())
+    reads = {name: set(re.findall(r"\bo\.(\w+)", body)) for name, body in bodies.items()}
+    for _ in bodies:  # the closure over calls
+        for name, body in bodies.items():
+            for other in bodies:
+                if other != name and re.search(rf"\b{other}\s*[<(]", body):
+                    reads[name] |= reads[other]
+    return reads
+
+
+def _device_functions(text):
+    """{name: body} of the __device__ functions and methods of the sources (the helpers a kernel calls)."""
+    out = {}
+    for m in re.finditer(r"__device__\s+[^;{}()]*?\b(\w+)\s*\([^;{}]*\)\s*(?:const\s*)?\{", text):
+        out.setdefault(m.group(1), []).append(_braced(text, m.end()))
+    return out
+
+
+def _kernels_under_transducer():
+    """[(file, kernel, its parameter struct, its body)] of every __global__ function of every .cu file under
+    transducer/, found in the files (every __global__ must take a parameter struct p)."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "transducer")):
+        for name in sorted(files):
+            if not name.endswith(".cu"):
+                continue
+            path = os.path.relpath(os.path.join(folder, name), ROOT)
+            text = _uncommented(path)
+            matches = list(re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(\s*"
+                                       r"const\s+(\w+)<.*?>\s+p\)\s*\{", text, re.S))
+            assert len(matches) == text.count("__global__"), f"{path}: a kernel not taking a parameter struct p"
+            found += [(path, m.group(1), m.group(2), _braced(text, m.end())) for m in matches]
+    return found
+
+
+# What a kernel that writes these fields of its parameter struct must compute with the term functions: the
+# functions (one of them) for each output. A field of type Lattice: a gradient (its arcs' posteriors and the terms
+# of its token scores' gradient).
+TERM_OUTPUTS = {
+    "lp": ({"token_log_probs"},),
+    "lp_arcs": ({"big_blank_log_prob", "duration_log_prob"},),
+    "Lattice": ({"rnnt_arcs", "tdt_arcs"}, {"rnnt_token_terms", "tdt_token_terms"}),
+    "big_blank_durations": ({"big_blank_arc"},),
+    "out": ({"token_gradient"},),
+    "out_tokens": ({"token_gradient"},),
+    "out_duration_scores": ({"duration_gradient"},),
+    "duration_gradient": ({"duration_gradient"},),
+}
+
+
+def _term_outputs(text, structs, params):
+    """The TERM_OUTPUTS keys that the parameter struct ``params`` has: pointers it writes (not const), a Lattice,
+    and with a Lattice the fields of the gradient's."""
+    match = re.search(rf"\bstruct\s+{params}\s*\{{", text)
+    body = _braced(text, match.end())
+    fields = dict(structs[params])
+    declarations = [" ".join(d.split()) for d in body.split(";")]
+    writes = {f for f in fields for d in declarations
+              if re.search(rf"\*\s*{f}$", d) and not d.startswith("const ")}
+    lattice = any(c == "Lattice" for c in fields.values())
+    keys = {f for f in writes if f in ("lp", "lp_arcs")}
+    if lattice:
+        keys |= {"Lattice"} | {f for f in fields if f in TERM_OUTPUTS and f not in ("lp", "lp_arcs")}
+    return keys
+
+
+def _term_problems(text, structs, kernels):
+    """What the kernels get wrong about the terms: a kernel body or a device function outside terms.cuh that names a
+    field of Terms, a kernel body that calls exp or log or reads the fields of an RnntArcs (a term spelled in the
+    kernel), or one that forms a term without its Terms field passed whole or without the term functions its outputs
+    need (TERM_OUTPUTS; a call of a helper of the sources that calls them counts)."""
+    terms = _term_functions(text)
+    options = [f for f, _ in structs[TERMS]]
+    header = _uncommented(TERMS_HEADER)
+    functions = _device_functions(text.replace(header, ""))
+    helpers = {name: set().union(*({t for t in terms if re.search(rf"\b{t}\s*[<(]", b)} for b in bodies))
+               for name, bodies in functions.items()}
+    problems = []
+    for name, bodies in functions.items():
+        named = sorted({o for b in bodies for o in re.findall(r"\.(" + "|".join(options) + r")\b", b)})
+        if named:
+            problems.append(f"{name} names {named}: options are read in {TERMS_HEADER} only")
+    for path, name, params, body in kernels:
+        named = sorted(set(re.findall(r"\b(" + "|".join(options) + r")\b", body)))
+        if named:
+            problems.append(f"{name} ({path}) names {named}: options are read in {TERMS_HEADER} only")
+        keys = _term_outputs(text, structs, params)
+        if not keys:
+            continue
+        if re.search(MATH, body):
+            problems.append(f"{name} ({path}) calls exp or log itself: a term belongs in {TERMS_HEADER}")
+        arcs = re.findall(r"\bRnntArcs<[^>]*>\s+(\w+)", body)
+        if any(re.search(rf"\b{a}\.", body) for a in arcs):
+            problems.append(f"{name} ({path}) reads an RnntArcs itself: the terms formed from it are "
+                            f"{TERMS_HEADER}'s")
+        fields = [f for f, c in structs[params] if c == TERMS]
+        if len(fields) != 1 or not re.search(rf"\bp\.{fields[0]}\b(?!\.)", body) or re.search(rf"\b{TERMS}\s*[{{(]", body):
+            problems.append(f"{name} ({path}) forms terms without passing its {TERMS} field whole")
+        called = {t for t in terms if re.search(rf"\b{t}\s*[<(]", body)}
+        called |= set().union(*(helpers[h] for h in helpers if re.search(rf"[.\s(]{h}\s*\(", body)))
+        for key in sorted(keys):
+            for need in TERM_OUTPUTS[key]:
+                if not called & need:
+                    problems.append(f"{name} ({path}) writes {key} without calling {' or '.join(sorted(need))}")
+    return problems
+
+
+KERNELS = _kernels_under_transducer()
+
+
+def test_the_kernels_are_found_in_the_files():
+    names = {name for _, name, _, _ in KERNELS}
+    assert {"log_probs_kernel", "gradient_kernel", "row_log_probs_kernel", "row_coefficients_kernel",
+            "tdt_log_probs_kernel", "tdt_gradient_kernel", "tdt_row_log_probs_kernel",
+            "tdt_row_coefficients_kernel", "pack_forward_kernel"} <= names
+    forming = {name for _, name, params, _ in KERNELS if _term_outputs(TEXT, STRUCTS, params)}
+    assert forming == {"log_probs_kernel", "gradient_kernel", "row_log_probs_kernel", "row_coefficients_kernel",
+                       "tdt_log_probs_kernel", "tdt_gradient_kernel", "tdt_row_log_probs_kernel",
+                       "tdt_row_coefficients_kernel"}
+
+
+def test_every_term_is_formed_by_the_term_functions():
+    assert _term_problems(TEXT, STRUCTS, KERNELS) == []
+
+
+def test_every_terms_field_is_an_option_a_term_function_reads():
+    terms = _term_functions(TEXT)
+    fields = [f for f, _ in STRUCTS[TERMS]]
+    assert set(fields) <= {option for options in SUPPORTED.values() for option in options}
+    assert set(fields) == set().union(*terms.values())
+
+
+def _mutated(kernel, old, new):
+    """KERNELS with ``old`` replaced by ``new`` in the body of ``kernel``."""
+    out = []
+    for path, name, params, body in KERNELS:
+        if name == kernel:
+            assert old in body, f"{old!r} not in {kernel}"
+            body = body.replace(old, new)
+        out.append((path, name, params, body))
+    return out
+
+
+@pytest.mark.parametrize("kernel,old,new,problem", [
+    # an option read in the kernel, or zeroed there
+    ("gradient_kernel", "p.terms,", "Terms{p.terms.sigma, p.terms.delay_penalty, 0.0, 0.0, p.terms.clamp},",
+     "names ['clamp', 'delay_penalty', 'sigma']"),
+    ("row_log_probs_kernel", "picks.store(p.lp, r, ri, d, p.terms)", "picks.store(p.lp, r, ri, d, Terms{})",
+     "without passing its Terms field whole"),
+    # a term spelled in the kernel, or dropped
+    ("row_coefficients_kernel", "c[n] = terms.factor;", "c[n] = exp_acc(arcs.log_gamma);", "calls exp or log"),
+    ("row_coefficients_kernel", "c[3ll * n] = terms.sub_label;", "c[3ll * n] = arcs.label;", "reads an RnntArcs"),
+    ("log_probs_kernel", "big_blank_log_prob(p.terms, x_big, d)", "x_big - d", "without calling big_blank_log_prob"),
+    ("tdt_row_coefficients_kernel", "duration_gradient(p.terms,", "(0.0f * (",
+     "writes duration_gradient without calling duration_gradient"),
+    ("tdt_gradient_kernel", "token_gradient<Acc, true, CLAMP>(", "TokenGradient<Acc, true, CLAMP>{",
+     "writes out_tokens without calling token_gradient"),
+])
+def test_a_kernel_that_reads_an_option_or_spells_a_term_is_found(kernel, old, new, problem):
+    problems = _term_problems(TEXT, STRUCTS, _mutated(kernel, old, new))
+    assert len(problems) >= 1 and all(kernel in p for p in problems) and any(problem in p for p in problems), problems
+
+
+def test_a_helper_that_reads_an_option_is_found():
+    # BlankAndLabel::store (arcs.cuh) with the delay penalty zeroed
+    old = "token_log_probs(terms, x_blank"
+    assert old in TEXT
+    text = TEXT.replace(old, "token_log_probs(Terms{terms.sigma, 0.0, 0.0, 0.0, 0.0}, x_blank")
+    assert _term_problems(text, STRUCTS, KERNELS) == ["store names ['sigma']: options are read in " + TERMS_HEADER +
+                                                     " only"]
+
+
 # The kernels of each lattice's stages (transducer/lattices.py's objects call the stages, transducer/cuda/stages.py
 # launches these): TDT with omega > 0 walks the plain RNN-T loss too, and the multi-blank loss walks TDT's walk.
 LATTICE_KERNELS = {
@@ -188,33 +398,35 @@ HOST_RESOLVED = {
 }
 
 
-def _kernel(text, name):
-    """(the name of its parameter struct, its body) of the __global__ function ``name``."""
-    m = re.search(rf"__global__[^;{{}}]*?\b{name}\(const (\w+)<[^>]*> p\)\s*\{{", text)
-    assert m is not None, f"no kernel {name} taking a parameter struct p"
-    return m.group(1), _braced(text, m.end())
-
-
-def _field_paths(structs, name):
-    """The fields of struct ``name`` and, through those of struct type, of its parts: ("labels", "blank"), ..."""
-    for field, ctype in structs[name]:
-        yield (field,)
-        if isinstance(ctype, str) and ctype in structs:
-            yield from ((field, *path) for path in _field_paths(structs, ctype))
+def _reads(structs, text, params, body):
+    """The options a kernel reads: the fields of its parameter struct (or of its parts) that its body reads
+    (p.<field>, p.labels.blank, ...), and the fields of Terms that the term functions it calls read, when it passes
+    its Terms field whole."""
+    read = {path[-1] for path in _field_paths(structs, params)
+            if re.search(r"\bp\." + r"\.".join(path) + r"\b", body)}
+    fields = [f for f, c in structs[params] if c == TERMS]
+    if fields and re.search(rf"\bp\.{fields[0]}\b(?!\.)", body):
+        terms = _term_functions(text)
+        helpers = _device_functions(text)
+        called = [t for t in terms if re.search(rf"\b{t}\s*[<(]", body)]
+        for h, bodies in helpers.items():
+            if re.search(rf"[.\s(]{h}\s*\(", body):
+                called += [t for t in terms for b in bodies if re.search(rf"\b{t}\s*[<(]", b)]
+        read |= set().union(*(terms[t] for t in called))
+    return read
 
 
 def _unread_cuda_options(structs, text):
     """(lattice, option) of each option that SUPPORTED marks as supported on CUDA for a lattice, and that no kernel
-    of that lattice has as a field of its parameter struct (a field of one of its parts counts) and reads there
-    (p.<field>, p.labels.blank, ...), unless the host resolves it (HOST_RESOLVED)."""
+    of that lattice reads (_reads), unless the host resolves it (HOST_RESOLVED)."""
     unread = []
     for lattice, options in SUPPORTED.items():
         kernels = [_kernel(text, name) for name in LATTICE_KERNELS[lattice]]
+        read = set().union(*(_reads(structs, text, params, body) for params, body in kernels))
         for option, backends in options.items():
             if "cuda" not in backends or (lattice, option) in HOST_RESOLVED:
                 continue
-            if not any(re.search(r"\bp\." + r"\.".join(path) + r"\b", body)
-                       for params, body in kernels for path in _field_paths(structs, params) if path[-1] == option):
+            if option not in read:
                 unread.append((lattice, option))
     return unread
 
@@ -234,11 +446,18 @@ def test_host_resolved_options_are_cuda_options_no_kernel_has():
 
 
 def test_an_option_without_its_field_or_its_read_is_found():
-    # GradientParams without clamp: the RNN-T and multi-blank losses' clamp is read by no kernel of theirs
-    structs = dict(STRUCTS, GradientParams=[f for f in STRUCTS["GradientParams"] if f[0] != "clamp"])
-    assert _unread_cuda_options(structs, TEXT) == [("RNN-T", "clamp"), ("multi-blank RNN-T", "clamp")]
-    # the field kept but unread: tdt_gradient_kernel's omega
-    name, body = _kernel(TEXT, "tdt_gradient_kernel")
-    assert "p.omega" in body
-    text = TEXT.replace(body, body.replace("p.omega", "0.0"))
+    # GradientParams without its Terms: the RNN-T and multi-blank losses' clamp and FastEmit are read by no kernel
+    structs = dict(STRUCTS, GradientParams=[f for f in STRUCTS["GradientParams"] if f[1] != TERMS])
+    assert _unread_cuda_options(structs, TEXT) == [("RNN-T", "clamp"), ("RNN-T", "fastemit_lambda"),
+                                                   ("multi-blank RNN-T", "clamp"),
+                                                   ("multi-blank RNN-T", "fastemit_lambda")]
+    # a field of Terms that no term function reads: the terms' omega
+    terms_text = _uncommented(TERMS_HEADER)
+    assert "o.omega" in terms_text
+    assert terms_text in TEXT
+    text = TEXT.replace(terms_text, terms_text.replace("o.omega", "0.0"))
     assert _unread_cuda_options(STRUCTS, text) == [("TDT", "omega")]
+    # the Terms kept but not passed: tdt_gradient_kernel's
+    name, body = _kernel(TEXT, "tdt_gradient_kernel")
+    text = TEXT.replace(body, body.replace("p.terms", "Terms{}"))
+    assert _unread_cuda_options(STRUCTS, text) == [("TDT", "clamp"), ("TDT", "fastemit_lambda"), ("TDT", "omega")]

@@ -14,7 +14,8 @@
 //                      one thread per row: what the fused loss's Hopper kernels take and give per row
 //                      (RowLabelsParams, RowLogProbsParams, RowCoefficientsParams)
 //
-// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in layout.cuh).
+// Rows are (b, t, u) with row = row_splits[b] + t * stride_b + u (td::Grids in layout.cuh). The per-row terms
+// (sigma, the delay penalty, FastEmit, the clamp, the big blanks) are terms.cuh's, read from each struct's Terms.
 // Offsets into (N, V) arrays are 64-bit: N * V may exceed 2^31; rows themselves are below 2^31
 // (the loss op checks it: check_rows, called in transducer/custom_ops.py).
 
@@ -23,6 +24,7 @@
 #include "transducer/cuda/layout.cuh"
 #include "transducer/cuda/params.cuh"
 #include "transducer/cuda/row_pass.cuh"
+#include "transducer/cuda/terms.cuh"
 
 
 // ---------------------------------------------------------------------------
@@ -37,8 +39,7 @@ struct LogProbsParams {
   td::Rows<T> logits;
   td::Labels<I> labels;
   bool from_log_softmax;  // den = 0: the logits are log-probabilities
-  double delay_penalty;
-  double sigma;
+  td::Terms terms;        // sigma, delay_penalty
   int big_blanks;                        // K (< 32: lanes 1 ... K of the row load them)
   typename ops::AccOf<T>::type* lp;      // (N, 2)
   typename ops::AccOf<T>::type* den;     // (N,)
@@ -76,12 +77,11 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
   Acc x_big = Acc(0);
   if (big >= 0 && big < K) x_big = to_acc(logits[pass.row + p.labels.blank - 1 - big]);
   const Acc d = p.from_log_softmax ? Acc(0) : pass.logsumexp();
-  const Acc sigma = Acc(p.sigma);
   if (pass.lane == 0) {
     den[r] = d;
-    picks.store(lp, r, ri, d, sigma, p.delay_penalty);
+    picks.store(lp, r, ri, d, p.terms);
   } else if (big < K) {
-    p.lp_arcs[(long long)r * K + big] = x_big - d - sigma;
+    p.lp_arcs[(long long)r * K + big] = big_blank_log_prob(p.terms, x_big, d);
   }
 }
 
@@ -299,8 +299,7 @@ struct GradientParams {
   td::Labels<I> labels;
   td::Lattice<typename ops::AccOf<T>::type> lattice;
   td::Scale<typename ops::AccOf<T>::type> scale;
-  double fastemit_lambda;
-  double clamp;  // > 0 (CLAMP)
+  td::Terms terms;  // fastemit_lambda, clamp (> 0 with CLAMP)
   const typename ops::AccOf<T>::type* lp_arcs;  // BIG_BLANKS: (N, K)
   td::Durations big_blank_durations;            // BIG_BLANKS: K = big_blank_durations.n and the durations
   T* out;
@@ -317,7 +316,6 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
   const ReadOnly<I> targets{p.labels.targets};
   const ReadOnly<Acc> lp{p.lattice.lp}, den{p.lattice.den}, alpha{p.lattice.alpha}, beta{p.lattice.beta},
       loss{p.lattice.nll};
-  const Acc fastemit_lambda = Acc(p.fastemit_lambda), clamp = Acc(p.clamp);
   const int V = p.logits.V, blank = p.labels.blank;
   RowPass<T, VEC, WPR, ALIGNED> pass;
   if (!pass.begin(p.logits.data, p.logits, p.grids, !FROM_LOG_SOFTMAX && !p.grids.pad.padded())) return;
@@ -340,17 +338,9 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
   // per-row coefficients (every thread of the row computes them; the loads broadcast)
   const Acc lognorm = alpha[r] + l;
   const RnntArcs<Acc> arcs = rnnt_arcs<Acc, RNA>(beta, r, ri, lognorm, lp[2ll * r], lp[2ll * r + 1]);
-  TokenGradient<Acc, !FROM_LOG_SOFTMAX, CLAMP> grad;
-  grad.coef = Acc(0);
-  if (!FROM_LOG_SOFTMAX)  // the log of the softmax term's factor, less den
-    grad.coef = (fastemit_lambda == Acc(0) ? arcs.log_gamma
-                                           : log_acc(exp_acc(arcs.log_gamma) + fastemit_lambda * arcs.label)) - den[r];
-  grad.sub_blank = arcs.blank;
-  grad.sub_label = (Acc(1) + fastemit_lambda) * arcs.label;
-  grad.clamp = clamp;
-  grad.scale = sc;
-  grad.blank = blank;
-  grad.label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
+  const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
+  const TokenGradient<Acc, !FROM_LOG_SOFTMAX, CLAMP> grad = token_gradient<Acc, !FROM_LOG_SOFTMAX, CLAMP>(
+      p.terms, rnnt_token_terms(p.terms, arcs), FROM_LOG_SOFTMAX ? Acc(0) : den[r], sc, blank, label);
   __shared__ Acc sub_big[BIG_BLANKS ? Geo::RPB : 1][BIG_BLANKS ? kMaxDurations : 1];
   const int K = BIG_BLANKS ? p.big_blank_durations.n : 0;
   Acc* row_big = sub_big[BIG_BLANKS ? threadIdx.x >> Geo::LOG_G : 0];
@@ -364,7 +354,8 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
       __syncthreads();
   }
   map_row(pass, dst, !FROM_LOG_SOFTMAX, [&](int v, T x) {
-    return grad(v, x, BIG_BLANKS && (unsigned)(blank - 1 - v) < (unsigned)K ? row_big[blank - 1 - v] : Acc(0));
+    return from_acc<T>(
+        grad(v, to_acc(x), BIG_BLANKS && (unsigned)(blank - 1 - v) < (unsigned)K ? row_big[blank - 1 - v] : Acc(0)));
   });
 }
 
@@ -496,9 +487,9 @@ __global__ void __launch_bounds__(td::kMaxBlockThreads) layout_kernel(const Layo
 //                            and the big blanks' logits less their bias), as log_probs_kernel stores them
 //                            (BlankAndLabel)
 //   row_coefficients_kernel  a tile's rows' labels and gradient coefficients (den, occupancy, blank arc, label arc,
-//                            scale, and the big blank arcs): gradient_kernel's per-row terms (rnnt_arcs,
-//                            big_blank_arc; FastEmit as TokenGradient's coef), a row without a gradient (a loss not
-//                            finite, a zero scale, off RNA's band) getting den = +inf and zeros
+//                            scale, and the big blank arcs): gradient_kernel's per-row terms (terms.cuh's rnnt_arcs,
+//                            rnnt_token_terms, big_blank_arc), a row without a gradient (a loss not finite, a zero
+//                            scale, off RNA's band) getting den = +inf and zeros
 template <typename I>
 struct RowLabelsParams {
   td::Grids grids;
@@ -524,8 +515,7 @@ struct RowLogProbsParams {
                             // blank - K ... blank - 1 (big blanks K - 1 ... 0) less their bias
   long long ld_statistics;
   const float* big_blank_bias;  // (K,): the bias of those columns, or null
-  double delay_penalty;
-  double sigma;
+  td::Terms terms;              // sigma, delay_penalty
   float* lp;       // (N, 2)
   float* den;      // (N,)
   float* lp_arcs;  // (N, K)
@@ -549,14 +539,14 @@ __global__ void __launch_bounds__(td::kThreads) row_log_probs_kernel(const RowLo
   picks.has_label = row_label(ri, p.labels) >= 0;
   picks.x_blank = __ldg(p.statistics + p.ld_statistics + r);
   picks.x_label = picks.has_label ? __ldg(p.statistics + 2 * p.ld_statistics + r) : neg_inf<float>();
-  const float d = __ldg(p.statistics + r), sigma = float(p.sigma);
+  const float d = __ldg(p.statistics + r);
   p.den[r] = d;
-  picks.store(p.lp, r, ri, d, sigma, p.delay_penalty);
+  picks.store(p.lp, r, ri, d, p.terms);
   for (int i = 0; i < K; ++i) {  // big blank i: column blank - 1 - i, the statistics' extra entry K - 1 - i
     const int e = K - 1 - i;
     const float bias = p.big_blank_bias ? __ldg(p.big_blank_bias + e) : 0.0f;
     const float x = __ldg(p.statistics + (3 + e) * p.ld_statistics + r) + bias;
-    p.lp_arcs[(long long)r * K + i] = x - d - sigma;
+    p.lp_arcs[(long long)r * K + i] = big_blank_log_prob(p.terms, x, d);
   }
 }
 
@@ -566,7 +556,7 @@ struct RowCoefficientsParams {
   td::Labels<I> labels;
   td::Lattice<float> lattice;
   td::Scale<float> scale;
-  double fastemit_lambda;
+  td::Terms terms;               // fastemit_lambda
   const float* lp_arcs;          // (N, K): the big blanks' log-probs
   td::Durations big_blank_durations;  // K = big_blank_durations.n, and their durations
   int row_start;        // the rows [row_start, row_start + num_rows): a tile's
@@ -604,11 +594,11 @@ __global__ void __launch_bounds__(td::kThreads) row_coefficients_kernel(const Ro
   const float lognorm = __ldg(p.lattice.alpha + r) + l;
   const RnntArcs<float> arcs =
       rnnt_arcs<float, RNA>(beta, r, ri, lognorm, __ldg(p.lattice.lp + 2ll * r), __ldg(p.lattice.lp + 2ll * r + 1));
-  const float lambda = (float)p.fastemit_lambda;
+  const TokenTerms<float> terms = rnnt_token_terms(p.terms, arcs);
   c[0] = __ldg(p.lattice.den + r);
-  c[n] = exp_acc(arcs.log_gamma) + lambda * arcs.label;
-  c[2ll * n] = arcs.blank;
-  c[3ll * n] = (1.0f + lambda) * arcs.label;
+  c[n] = terms.factor;
+  c[2ll * n] = terms.sub_blank;
+  c[3ll * n] = terms.sub_label;
   c[4ll * n] = sc;
   for (int i = 0; i < K; ++i)
     c[(long long)(4 + K - i) * n] =

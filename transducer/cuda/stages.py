@@ -60,6 +60,8 @@ WALKS = struct("Walks", [("alpha", "ptr"), ("beta", "ptr"), ("nll", "ptr")])
 SCALE = struct("Scale", [("values", "ptr"), ("stride", "long long")])
 DURATIONS = struct("Durations", [("n", "int"), ("d", ("int", MAX_DURATIONS))])
 DURATION_ROWS = struct("DurationRows", [("data", "ptr"), ("ld", "long long"), ("D", "int")])
+TERMS = struct("Terms", [("sigma", "double"), ("delay_penalty", "double"), ("fastemit_lambda", "double"),
+                         ("omega", "double"), ("clamp", "double")])
 DROPOUT = struct("Dropout", [("seed_lo", "unsigned int"), ("seed_hi", "unsigned int"), ("threshold", "unsigned int"),
                              ("scale", "double")])
 
@@ -67,44 +69,39 @@ LAYOUT_PARAMS = struct("LayoutParams", [
     ("logit_lengths", "ptr"), ("target_lengths", "ptr"), ("labels", LABELS), ("B", "int"), ("padded_t", "int"),
     ("max_u1", "int"), ("V", "int"), ("big_blanks", "int"), ("table", "ptr")])
 LOG_PROBS_PARAMS = struct("LogProbsParams", [
-    ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("from_log_softmax", "bool"), ("delay_penalty", "double"),
-    ("sigma", "double"), ("big_blanks", "int"), ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
+    ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("from_log_softmax", "bool"), ("terms", TERMS),
+    ("big_blanks", "int"), ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
 ALPHA_BETA_PARAMS = struct("AlphaBetaParams", [
     ("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)])
 GRADIENT_PARAMS = struct("GradientParams", [
     ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE),
-    ("fastemit_lambda", "double"), ("clamp", "double"), ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS),
+    ("terms", TERMS), ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS),
     ("out", "ptr"), ("ld_out", "long long")])
 TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
-    ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("labels", LABELS), ("sigma", "double"),
-    ("delay_penalty", "double"), ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
+    ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("labels", LABELS), ("terms", TERMS),
+    ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
 TDT_WALK_PARAMS = struct("TdtWalkParams", [
     ("grids", GRIDS), ("lp", "ptr"), ("lp_arcs", "ptr"), ("durations", DURATIONS), ("padded", "bool"), ("ring", "int"),
     ("cols", "int"), ("out", WALKS)])
 TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
     ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("durations", DURATIONS),
     ("labels", LABELS), ("lattice", LATTICE), ("lp_arcs", "ptr"), ("den_arcs", "ptr"), ("rnnt", WALKS),
-    ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"), ("clamp", "double"),
-    ("out_tokens", "ptr"), ("ld_out_tokens", "long long"), ("out_duration_scores", "ptr"),
+    ("scale", SCALE), ("terms", TERMS), ("out_tokens", "ptr"), ("ld_out_tokens", "long long"), ("out_duration_scores", "ptr"),
     ("ld_out_duration_scores", "long long")])
 ROW_LABELS_PARAMS = struct("RowLabelsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")])
 ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("big_blanks", "int"), ("statistics", "ptr"),
-    ("ld_statistics", "long long"), ("big_blank_bias", "ptr"), ("delay_penalty", "double"), ("sigma", "double"),
-    ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
+    ("ld_statistics", "long long"), ("big_blank_bias", "ptr"), ("terms", TERMS), ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
 ROW_COEFFICIENTS_PARAMS = struct("RowCoefficientsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("fastemit_lambda", "double"),
-    ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS), ("row_start", "int"), ("num_rows", "int"),
+    ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("terms", TERMS), ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS), ("row_start", "int"), ("num_rows", "int"),
     ("coefficients", "ptr"), ("labels_out", "ptr")])
 TDT_ROW_LOG_PROBS_PARAMS = struct("TdtRowLogProbsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("D", "int"), ("statistics", "ptr"),
-    ("ld_statistics", "long long"), ("duration_bias", "ptr"), ("sigma", "double"), ("delay_penalty", "double"),
-    ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
+    ("ld_statistics", "long long"), ("duration_bias", "ptr"), ("terms", TERMS), ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
 TDT_ROW_COEFFICIENTS_PARAMS = struct("TdtRowCoefficientsParams", [
     ("grids", GRIDS), ("labels", LABELS), ("durations", DURATIONS), ("lattice", LATTICE), ("lp_arcs", "ptr"),
-    ("rnnt", WALKS), ("scale", SCALE), ("sigma", "double"), ("fastemit_lambda", "double"), ("omega", "double"),
-    ("row_start", "int"), ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr"),
+    ("rnnt", WALKS), ("scale", SCALE), ("terms", TERMS), ("row_start", "int"), ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr"),
     ("duration_gradient", "ptr")])
 PACK_FORWARD_PARAMS = struct("PackForwardParams", [
     ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
@@ -213,6 +210,12 @@ def _padded_grid(rows_per_utterance, max_u1):
     return PADDED_GRID(FastDivmod(rows_per_utterance).params(), FastDivmod(max_u1).params())
 
 
+def _terms(options):
+    """terms.cuh's struct Terms: the options the kernels' per-row terms read (a clamp <= 0: none, as 0)."""
+    return TERMS(sigma=options.sigma, delay_penalty=options.delay_penalty, fastemit_lambda=options.fastemit_lambda,
+                 omega=options.omega, clamp=max(options.clamp, 0.0))
+
+
 def _labels_struct(targets, blank):
     return LABELS(targets=targets, cols=targets.size(1), blank=blank)
 
@@ -273,7 +276,7 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
     rows_per_block = THREADS // (32 * wpr)
     params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows_struct(logits2d, row_start, vec, aligned),
                               labels=_labels_struct(targets, options.blank), from_log_softmax=options.from_log_softmax,
-                              delay_penalty=options.delay_penalty, sigma=options.sigma, big_blanks=big_blanks,
+                              terms=_terms(options), big_blanks=big_blanks,
                               lp=out[0], den=out[1], lp_arcs=out[2] if big_blanks else None)
     name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
@@ -330,16 +333,15 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     wpr = warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = THREADS // (32 * wpr)
     vec, aligned, staged = row_access(itemsize, V, rows, [out], rows_per_block)
-    clamp = max(options.clamp, 0.0)
+    terms = _terms(options)
     big = options.big_blank_durations
     params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows_struct(rows, row_start, vec, aligned),
                              labels=_labels_struct(targets, options.blank), lattice=_lattice_struct(lattice),
                              scale=SCALE(values=scale, stride=scale.stride(0)),
-                             fastemit_lambda=options.fastemit_lambda, clamp=clamp,
-                             lp_arcs=lattice.lp_arcs if big else None, big_blank_durations=_durations(tuple(big)),
+                             terms=terms, lp_arcs=lattice.lp_arcs if big else None, big_blank_durations=_durations(tuple(big)),
                              out=out, ld_out=out.stride(0))
     name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(options.from_log_softmax),
-                 bool(options.one_sym_per_frame), clamp > 0, aligned, staged, bool(big))
+                 bool(options.one_sym_per_frame), terms.clamp > 0, aligned, staged, bool(big))
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
     return out
@@ -371,8 +373,7 @@ def row_log_probs(statistics, targets, layout, options, lp, den, lp_arcs=None, b
         params = ROW_LOG_PROBS_PARAMS(grids=_grids(layout), labels=_labels_struct(targets, options.blank),
                                       num_rows=num_rows, big_blanks=len(options.big_blank_durations),
                                       statistics=statistics, ld_statistics=statistics.stride(0),
-                                      big_blank_bias=big_blank_bias, delay_penalty=options.delay_penalty,
-                                      sigma=options.sigma, lp=lp, den=den, lp_arcs=lp_arcs)
+                                      big_blank_bias=big_blank_bias, terms=_terms(options), lp=lp, den=den, lp_arcs=lp_arcs)
         launch(_STAGES, _name("row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
                (THREADS,), (params,))
 
@@ -391,7 +392,7 @@ def row_coefficients(targets, lattice, scale, options, row_start, num_rows):
         params = ROW_COEFFICIENTS_PARAMS(grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
                                          lattice=_lattice_struct(lattice),
                                          scale=SCALE(values=scale, stride=scale.stride(0)),
-                                         fastemit_lambda=options.fastemit_lambda, lp_arcs=lattice.lp_arcs,
+                                         terms=_terms(options), lp_arcs=lattice.lp_arcs,
                                          big_blank_durations=_durations(tuple(options.big_blank_durations)),
                                          row_start=row_start, num_rows=num_rows, coefficients=coefficients,
                                          labels_out=labels)
@@ -411,7 +412,7 @@ def tdt_row_log_probs(statistics, duration_bias, targets, layout, options, out):
         params = TDT_ROW_LOG_PROBS_PARAMS(
             grids=_grids(layout), labels=_labels_struct(targets, options.blank), num_rows=num_rows,
             D=len(options.durations), statistics=statistics, ld_statistics=statistics.stride(0),
-            duration_bias=duration_bias, sigma=options.sigma, delay_penalty=options.delay_penalty, lp=lp,
+            duration_bias=duration_bias, terms=_terms(options), lp=lp,
             lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
         launch(_TDT, _name("tdt_row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
                (THREADS,), (params,))
@@ -436,8 +437,8 @@ def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, 
         params = TDT_ROW_COEFFICIENTS_PARAMS(
             grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
             durations=_durations(tuple(options.durations)), lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs,
-            rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
-            fastemit_lambda=options.fastemit_lambda, omega=omega, row_start=row_start, num_rows=num_rows,
+            rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), terms=_terms(options),
+            row_start=row_start, num_rows=num_rows,
             coefficients=coefficients, labels_out=labels, duration_gradient=duration_gradient)
         launch(_TDT, _name("tdt_row_coefficients_kernel", dtype, targets.dtype, bool(omega)), labels,
                (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
@@ -626,8 +627,7 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
     params = TDT_LOG_PROBS_PARAMS(
         grids=_grids(layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
         duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=D),
-        labels=_labels_struct(targets, options.blank), sigma=options.sigma, delay_penalty=options.delay_penalty, lp=lp,
-        lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
+        labels=_labels_struct(targets, options.blank), terms=_terms(options), lp=lp, lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
     name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
@@ -687,17 +687,16 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
     wpr = warps_per_row(num_rows, V * itemsize, tokens2d.device)
     rows_per_block = THREADS // (32 * wpr)
     vec, aligned, staged = row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
-    clamp = max(options.clamp, 0.0)
+    terms = _terms(options)
     params = TDT_GRADIENT_PARAMS(
         grids=_grids(lattice.layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
         duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=duration_scores.size(1)),
         durations=_durations(tuple(options.durations)), labels=_labels_struct(targets, options.blank),
         lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs, den_arcs=lattice.den_arcs,
-        rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), sigma=options.sigma,
-        fastemit_lambda=options.fastemit_lambda, omega=omega, clamp=clamp, out_tokens=out_tokens,
+        rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), terms=terms, out_tokens=out_tokens,
         ld_out_tokens=out_tokens.stride(0), out_duration_scores=out_duration_scores,
         ld_out_duration_scores=out_duration_scores.stride(0))
-    name = _name("tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), clamp > 0, aligned,
-                 staged)
+    name = _name("tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), terms.clamp > 0,
+                 aligned, staged)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
            shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)

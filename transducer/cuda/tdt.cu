@@ -16,13 +16,15 @@
 //                          (TdtRowLogProbsParams, TdtRowCoefficientsParams)
 //
 // Token scores and duration scores are two row-major arrays with their own row strides (two views of
-// NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table).
+// NeMo's (N, V + D) joint, or two heads). Rows: as in stages.cu (RowPass, the Layout table). The per-row terms
+// (sigma, the delay penalty, FastEmit, omega, the clamp, the durations' arcs) are terms.cuh's.
 
 #include "ops/reduce.cuh"
 #include "transducer/cuda/arcs.cuh"
 #include "transducer/cuda/layout.cuh"
 #include "transducer/cuda/params.cuh"
 #include "transducer/cuda/row_pass.cuh"
+#include "transducer/cuda/terms.cuh"
 
 namespace td {
 
@@ -92,56 +94,6 @@ struct Arcs {
     return lp[2 * i + 1] + lp_arcs[i * D + k];
   }
 };
-
-// The posteriors of the two arcs of duration d leaving the cell of row r (blank: to (t + d, u), or the end from
-// (T - d, U); label: to (t + d, u + 1)), whose token log-probs are lp_b and lp_l and duration log-prob lp_dur, with
-// lognorm = alpha(r) + loss: the TDT gradient's per-row terms (tdt_gradient_kernel, tdt_row_coefficients_kernel).
-template <typename Acc>
-struct TdtArcPair {
-  Acc blank, label;
-};
-
-template <typename Acc>
-__device__ __forceinline__ TdtArcPair<Acc> tdt_arcs(const ReadOnly<Acc>& beta, Acc lp_dur, int d, long long r,
-                                                    const RowInfo& ri, Acc lognorm, Acc lp_b, Acc lp_l) {
-  TdtArcPair<Acc> a{Acc(0), Acc(0)};
-  const int s = ri.t + d;
-  const long long st = ri.st;
-  const Acc w = lognorm + lp_dur;
-  if (d >= 1) {
-    if (s < ri.T)
-      a.blank = posterior(w + lp_b + beta[r + d * st]);
-    else if (s == ri.T && ri.u == ri.U)
-      a.blank = posterior(w + lp_b);
-  }
-  if (ri.u < ri.U && s < ri.T) a.label = posterior(w + lp_l + beta[r + d * st + 1]);
-  return a;
-}
-
-// The token gradient's terms of a row (TokenGradient's coef = log(factor) - den, sub_blank, sub_label) from its
-// posterior gamma and its arcs' sums over the durations, weighted (1 - omega), and with OMEGA the plain RNN-T
-// loss's (walks alpha_r, beta_r, loss l_r over the log-probs lp + sigma), weighted omega; FastEmit's lambda in both.
-template <typename Acc>
-struct TdtTokenTerms {
-  Acc factor, sub_blank, sub_label;
-};
-
-template <typename Acc, bool OMEGA>
-__device__ __forceinline__ TdtTokenTerms<Acc> tdt_token_terms(Acc gamma, Acc sum_blank, Acc sum_label, Acc lam,
-                                                              Acc omega, Acc sigma, const ReadOnly<Acc>& beta_r,
-                                                              const ReadOnly<Acc>& alpha_r, Acc l_r, long long r,
-                                                              const RowInfo& ri, Acc lp_b, Acc lp_l) {
-  const Acc keep = Acc(1) - omega;
-  TdtTokenTerms<Acc> t{keep * (gamma + lam * sum_label), keep * sum_blank, keep * sum_label};
-  if (OMEGA) {
-    const RnntArcs<Acc> rnnt = rnnt_arcs<Acc, false>(beta_r, r, ri, alpha_r[r] + l_r, lp_b + sigma, lp_l + sigma);
-    t.factor += omega * (exp_acc(rnnt.log_gamma) + lam * rnnt.label);
-    t.sub_blank += omega * rnnt.blank;
-    t.sub_label += omega * rnnt.label;
-  }
-  t.sub_label *= Acc(1) + lam;
-  return t;
-}
 
 // tdt_walk_kernel's limits: a thread per u, and D a template parameter
 constexpr int kWalkMaxThreads = 512;  // transducer/cuda/stages.py: WALK_MAX_THREADS
@@ -287,8 +239,7 @@ struct TdtLogProbsParams {
   td::Rows<T> tokens;
   td::DurationRows<T> duration_scores;
   td::Labels<I> labels;
-  double sigma;
-  double delay_penalty;
+  td::Terms terms;  // sigma, delay_penalty
   typename ops::AccOf<T>::type* lp;        // (N, 2)
   typename ops::AccOf<T>::type* lp_arcs;   // (N, D)
   typename ops::AccOf<T>::type* den;       // (N,)
@@ -307,7 +258,6 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   Acc* __restrict__ den = p.den;
   Acc* __restrict__ den_arcs = p.den_arcs;
   const int D = p.duration_scores.D, V = p.tokens.V;
-  const Acc sigma = Acc(p.sigma);
   // DEEP vectors in flight (RowPass; 16-byte vectors of halves: 2): the launcher takes 8 for the compact
   // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
   // a row once it knows the row is a cell (DESIGN.md: Eight vectors in flight where a row is loaded before
@@ -345,9 +295,9 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   if (pass.lane == 0) {
     den[r] = d_tok + bad;
     den_arcs[r] = d_dur + bad;
-    picks.store(lp, r, ri, d_tok, sigma, p.delay_penalty, bad);
+    picks.store(lp, r, ri, d_tok, p.terms, bad);
   }
-  if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = x_dur - d_dur + bad;
+  if (pass.lane < D) lp_arcs[(long long)r * D + pass.lane] = duration_log_prob(x_dur, d_dur, bad);
 }
 
 // ---------------------------------------------------------------------------
@@ -502,10 +452,7 @@ struct TdtGradientParams {
   const typename ops::AccOf<T>::type* den_arcs;  // (N,)
   td::Walks<const typename ops::AccOf<T>::type> rnnt;  // OMEGA: the plain RNN-T loss of the token scores
   td::Scale<typename ops::AccOf<T>::type> scale;
-  double sigma;
-  double fastemit_lambda;
-  double omega;
-  double clamp;  // > 0 (CLAMP)
+  td::Terms terms;  // sigma, fastemit_lambda, omega, clamp (> 0 with CLAMP)
   T* out_tokens;
   long long ld_out_tokens;
   T* out_duration_scores;
@@ -523,8 +470,6 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
       alpha{p.lattice.alpha},
       beta{p.lattice.beta}, loss{p.lattice.nll}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta}, loss_r{p.rnnt.nll};
   const Durations& durs = p.durations;
-  const Acc sigma = Acc(p.sigma), fastemit_lambda = Acc(p.fastemit_lambda), omega = Acc(p.omega),
-            clamp = Acc(p.clamp);
   const int D = durs.n, V = p.tokens.V, blank = p.labels.blank;
   RowPass<T, VEC, WPR, ALIGNED> pass;
   if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
@@ -552,7 +497,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
   }
   // per-row coefficients: every thread of the row computes them (the loads broadcast)
   const Acc lognorm = alpha[r] + l;
-  const Acc gamma = posterior(lognorm + beta[r]);
+  const Acc gamma = cell_posterior(beta, r, lognorm);
   const Acc lp_b = lp[2ll * r], lp_l = lp[2ll * r + 1];
   // the arcs of duration d_k: lane k of the row's first warp computes them, a warp sum shares them
   TdtArcPair<Acc> arc{Acc(0), Acc(0)};
@@ -577,22 +522,15 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
     sum_blank = shared_sums[0];
     sum_label = shared_sums[1];
   }
-  const Acc lam = fastemit_lambda, keep = Acc(1) - omega;
-  const TdtTokenTerms<Acc> terms = tdt_token_terms<Acc, OMEGA>(gamma, sum_blank, sum_label, lam, omega, sigma, beta_r,
-                                                               alpha_r, l_r, r, ri, lp_b, lp_l);
-  TokenGradient<Acc, true, CLAMP> grad;
-  grad.coef = log_acc(terms.factor) - den[r];
-  grad.sub_blank = terms.sub_blank;
-  grad.sub_label = terms.sub_label;
-  grad.clamp = clamp;
-  grad.scale = sc;
-  grad.blank = blank;
-  grad.label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
-  map_row(pass, dst, true, grad);
+  const TokenTerms<Acc> terms = tdt_token_terms<Acc, OMEGA>(p.terms, gamma, sum_blank, sum_label, beta_r, alpha_r,
+                                                            l_r, r, ri, lp_b, lp_l);
+  const int label = ri.u < ri.U ? (int)targets[(long long)ri.b * p.labels.cols + ri.u] : -1;
+  const TokenGradient<Acc, true, CLAMP> grad =
+      token_gradient<Acc, true, CLAMP>(p.terms, terms, den[r], sc, blank, label);
+  map_row(pass, dst, true, [&](int v, T x) { return from_acc<T>(grad(v, to_acc(x))); });
   if (lane < D) {
     const Acc x = to_acc(dur[local * p.duration_scores.ld + lane]);
-    const Acc g = keep * (exp_acc(x - den_arcs[r]) * gamma - own);  // not clamped (NeMo's TDT clamp)
-    qd[lane] = from_acc<T>(g * sc);
+    qd[lane] = from_acc<T>(duration_gradient(p.terms, x - den_arcs[r], gamma, own, sc));
   }
 }
 
@@ -613,8 +551,7 @@ struct TdtRowLogProbsParams {
   const float* statistics;  // (3 + D, ld_statistics): den, z_blank, z_label, then the duration scores less their bias
   long long ld_statistics;
   const float* duration_bias;  // (D,), or null
-  double sigma;
-  double delay_penalty;
+  td::Terms terms;             // sigma, delay_penalty
   float* lp;        // (N, 2)
   float* lp_arcs;   // (N, D)
   float* den;       // (N,)
@@ -654,8 +591,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_log_probs_kernel(const T
   const float bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
   p.den[r] = d_tok + bad;
   p.den_arcs[r] = d_dur + bad;
-  picks.store(p.lp, r, ri, d_tok, float(p.sigma), p.delay_penalty, bad);
-  for (int k = 0; k < D; ++k) lp_arcs[k] = lp_arcs[k] - d_dur + bad;
+  picks.store(p.lp, r, ri, d_tok, p.terms, bad);
+  for (int k = 0; k < D; ++k) lp_arcs[k] = duration_log_prob(lp_arcs[k], d_dur, bad);
 }
 
 template <typename T, typename I>
@@ -667,9 +604,7 @@ struct TdtRowCoefficientsParams {
   const float* lp_arcs;     // (N, D)
   td::Walks<const float> rnnt;  // OMEGA: the plain RNN-T loss of the token scores
   td::Scale<float> scale;
-  double sigma;
-  double fastemit_lambda;
-  double omega;
+  td::Terms terms;           // sigma, fastemit_lambda, omega
   int row_start;             // the rows [row_start, row_start + num_rows): a tile's
   int num_rows;
   float* coefficients;       // (5, num_rows): den, the softmax term's factor (tdt_token_terms), blank arc, label
@@ -709,7 +644,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
   }
   const ReadOnly<float> beta{p.lattice.beta}, lp_arcs{p.lp_arcs}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta};
   const float lognorm = __ldg(p.lattice.alpha + r) + l;
-  const float gamma = posterior(lognorm + beta[r]);
+  const float gamma = cell_posterior(beta, r, lognorm);
   const float lp_b = __ldg(p.lattice.lp + 2ll * r), lp_l = __ldg(p.lattice.lp + 2ll * r + 1);
   float sum_blank = 0.0f, sum_label = 0.0f;
   for (int k = 0; k < D; ++k) {
@@ -718,10 +653,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
     sum_blank += arc.blank;
     sum_label += arc.label;
   }
-  const float omega = float(p.omega), keep = 1.0f - omega;
-  const TdtTokenTerms<float> terms = tdt_token_terms<float, OMEGA>(
-      gamma, sum_blank, sum_label, float(p.fastemit_lambda), omega, float(p.sigma), beta_r, alpha_r, l_r, r, ri,
-      lp_b, lp_l);
+  const TokenTerms<float> terms = tdt_token_terms<float, OMEGA>(p.terms, gamma, sum_blank, sum_label, beta_r, alpha_r,
+                                                                l_r, r, ri, lp_b, lp_l);
   c[0] = __ldg(p.lattice.den + r);
   c[n] = terms.factor;
   c[2ll * n] = terms.sub_blank;
@@ -730,6 +663,6 @@ __global__ void __launch_bounds__(td::kThreads) tdt_row_coefficients_kernel(cons
   for (int k = 0; k < D; ++k) {  // this duration's own arcs again (no array of D in registers); not clamped (NeMo's)
     const float lp_dur = lp_arcs[(long long)r * D + k];
     const TdtArcPair<float> arc = tdt_arcs(beta, lp_dur, duration(p.durations, k), r, ri, lognorm, lp_b, lp_l);
-    g[k] = from_acc<T>(keep * (exp_acc(lp_dur) * gamma - (arc.blank + arc.label)) * sc);
+    g[k] = from_acc<T>(duration_gradient(p.terms, lp_dur, gamma, arc.blank + arc.label, sc));
   }
 }
