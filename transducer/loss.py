@@ -119,8 +119,8 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, options):
         {args}
 
     Returns:
-        Tensor: as :func:`transducer_loss`: float32 (float64 for float64 logits), where torchaudio returns the
-        logits' dtype.
+        Tensor: as :func:`transducer_loss`, in the logits' dtype, as torchaudio returns it (computed in float32, or
+        float64 for float64 logits, then rounded: a float16 loss above 65504 is ``inf``).
 
     Example::
 
@@ -129,7 +129,8 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, options):
         >>> rnnt_loss(logits, torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), torch.tensor([5, 4]),
         ...           torch.tensor([2, 1])).backward()
     """
-    return _transducer_loss(logits, targets, logit_lengths, target_lengths, options)
+    loss = _transducer_loss(logits, targets, logit_lengths, target_lengths, options)
+    return loss.to(logits.dtype)  # torchaudio's dtype; a no-op for float32 and float64 logits
 
 
 rnnt_loss = public_function(RNNT_LOSS, _rnnt_loss)
