@@ -176,6 +176,23 @@ def test_losses_refuse_what_warp_transducer_would_not_take():
         RNNTLoss(blank=0.0)
     with pytest.raises(ValueError, match="reduction: expected one of"):
         MultiblankRNNTLoss(2, BIG_BLANKS, reduction=None)
+    # what the losses refuse is refused, not converted (an int() would make 2.9 a big blank of 2)
+    with pytest.raises(ValueError, match=r"big_blank_durations: expected a sequence of ints, got \[2.9\]"):
+        MultiblankRNNTLoss(4, [2.9])
+    with pytest.raises(ValueError, match="big_blank_durations: 2 big blanks .* the blank's column 1"):
+        MultiblankRNNTLoss(1, [2, 3])
+    with pytest.raises(TypeError, match="clamp: expected a number, got bool True"):
+        MultiblankRNNTLoss(4, [2], clamp=True)
+    with pytest.raises(TypeError, match="fastemit_lambda: expected a number, got str '0.1'"):
+        MultiblankRNNTLoss(4, [2], fastemit_lambda="0.1")
+    with pytest.raises(TypeError, match="sigma: expected a number, got str '0.05'"):
+        MultiblankRNNTLoss(4, [2], sigma="0.05")
+    with pytest.raises(TypeError, match="fastemit_lambda: expected a number, got str '0.1'"):
+        RNNTLoss(fastemit_lambda="0.1")
+    with pytest.raises(ValueError, match="fastemit_lambda: expected a number >= 0"):
+        RNNTLoss(fastemit_lambda=-0.1)
+    loss = MultiblankRNNTLoss(4, [2, 3], clamp=1, sigma=0)
+    assert (loss.big_blank_durations, loss.clamp, loss.sigma) == ((2, 3), 1.0, 0.0)
 
 
 def asr_model(big_blank_durations=(), activation="tanh", **model_conf):

@@ -128,6 +128,21 @@ def test_loss_refuses_what_nemo_would_not_run():
         RNNTLoss(5.0)
     with pytest.warns(UserWarning, match="loss_kwargs: durations ignored: the pytorch loss does not take them"):
         RNNTLoss(5, loss_name="pytorch", loss_kwargs={"durations": [1]})
+    # what the losses refuse is refused, not converted (an int() would make 1.7 a duration of 1)
+    with pytest.raises(ValueError, match=r"loss_kwargs\['durations'\]: expected a sequence of ints, got \[0, 1.7"):
+        RNNTLoss(5, loss_name="tdt", loss_kwargs={"durations": [0, 1.7, 2.2]})
+    with pytest.raises(ValueError, match=r"loss_kwargs\['big_blank_durations'\]: expected a sequence of ints"):
+        RNNTLoss(5, loss_name="multiblank_rnnt", loss_kwargs={"big_blank_durations": [2.9]})
+    with pytest.raises(ValueError, match=r"loss_kwargs\['big_blank_durations'\]: 2 big blanks .* column 1"):
+        RNNTLoss(1, loss_name="multiblank_rnnt", loss_kwargs={"big_blank_durations": [2, 3]})
+    with pytest.raises(TypeError, match=r"loss_kwargs\['clamp'\]: expected a number, got bool True"):
+        RNNTLoss(5, loss_kwargs={"clamp": True})
+    with pytest.raises(TypeError, match=r"loss_kwargs\['fastemit_lambda'\]: expected a number, got str '0.1'"):
+        RNNTLoss(5, loss_kwargs={"fastemit_lambda": "0.1"})
+    with pytest.raises(TypeError, match=r"loss_kwargs\['sigma'\]: expected a number"):
+        RNNTLoss(5, loss_name="tdt_pytorch", loss_kwargs={"durations": [0, 1], "sigma": None})
+    loss = RNNTLoss(5, loss_name="tdt", loss_kwargs={"durations": [0, 1, 2], "clamp": 1, "fastemit_lambda": 0})
+    assert loss.options == {"durations": (0, 1, 2), "sigma": 0.0, "omega": 0.0, "fastemit_lambda": 0.0, "clamp": 1.0}
 
 
 class ReferenceTDTLoss(torch.nn.Module):

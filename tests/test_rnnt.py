@@ -9,7 +9,7 @@ import torch
 
 from _batches import DEVICES, cell_mask, compact, random_batch, to_device
 from _imports import require
-from transducer import TransducerLoss, rnnt_loss, transducer_loss, transducer_loss_reference
+from transducer import RNNTLoss, TransducerLoss, rnnt_loss, transducer_loss, transducer_loss_reference
 
 DEV = "cuda"
 
@@ -150,6 +150,64 @@ def test_half_precision_matches_float32(device, dtype, eps):
     assert got.dtype == torch.float32 and half.grad.dtype == dtype
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
     torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_rnnt_loss_returns_the_logits_dtype(dtype, reduction):
+    """torchaudio's spelling returns the logits' dtype, as torchaudio does: transducer_loss's float32 (float64)
+    losses rounded once, with the same gradient; transducer_loss itself keeps float32 for 16-bit logits."""
+    gen = torch.Generator().manual_seed(13)
+    logits, targets, T, U = random_batch(gen, 3, 6, 3, 9, 8, dtype=dtype, scale=2.0)
+    want_in = logits.clone().requires_grad_()
+    want = transducer_loss(want_in, targets, T, U, blank=8, reduction=reduction)
+    assert want.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    want.sum().backward()
+    for loss in (lambda x: rnnt_loss(x, targets, T, U, reduction=reduction), RNNTLoss(reduction=reduction)):
+        x = logits.clone().requires_grad_()
+        got = loss(x, targets, T, U) if isinstance(loss, RNNTLoss) else loss(x)
+        assert got.dtype == dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want.detach().to(dtype), rtol=0, atol=0)
+        got.sum().backward()
+        assert x.grad.dtype == dtype
+        torch.testing.assert_close(x.grad, want_in.grad, rtol=0, atol=0)
+
+
+class _FirstGradDropped(torch.autograd.Function):
+    """(a, b) -> (a, b) whose backward gives ``a`` no gradient (None): autograd then hands a's maker an undefined
+    incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a.detach().clone(), b.clone()
+
+    @staticmethod
+    def backward(ctx, grad_a, grad_b):
+        return None, grad_b
+
+
+@pytest.mark.parametrize("loss", [transducer_loss, rnnt_loss])
+def test_undefined_incoming_gradient_gives_a_zero_gradient(loss):
+    """Where autograd hands the loss's backward an undefined gradient (the loss unused by what backward runs
+    through; gradcheck's check of undefined gradients), the logits get a defined zero gradient, as torchaudio's
+    loss gives them: a hook on the logits sees a tensor, not None."""
+    gen = torch.Generator().manual_seed(17)
+    logits, targets, T, U = random_batch(gen, 3, 5, 3, 7, 0)
+    x, y = logits.clone().requires_grad_(), torch.ones(2, requires_grad=True)
+    _, other = _FirstGradDropped.apply(loss(x, targets, T, U, blank=0, reduction="none"), y)
+    # the losses' backward runs with an undefined incoming gradient
+    grad_x, grad_y = torch.autograd.grad(other.sum(), (x, y), allow_unused=True)
+    assert grad_x is not None and torch.equal(grad_x, torch.zeros_like(x)) and torch.equal(grad_y, torch.ones(2))
+    # reduction="none" with one entry used: that utterance's gradient, zeros for the others
+    loss(x, targets, T, U, blank=0, reduction="none")[1].backward()
+    assert x.grad[[0, 2]].eq(0).all() and x.grad[1].ne(0).any()
+    seen = []
+    x.register_hook(lambda g: seen.append(g))
+    # gradcheck, whose check of undefined incoming gradients the hook sees
+    seen.clear()
+    assert torch.autograd.gradcheck(lambda z: loss(z, targets, T, U, blank=0, reduction="none"), (x,),
+                                    check_undefined_grad=True)
+    assert seen and all(g is not None for g in seen) and not seen[-1].any()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -322,4 +322,15 @@ def test_refused():
         fused(output=Linear(input_size=J, n_neurons=V, combine_dims=True).double())
     with pytest.raises(ValueError, match="output: expected SpeechBrain's Linear"):
         fused(output=torch.nn.Sequential(lin.w))
+    # the blank and use_torchaudio as the loss checks its options: refused, not converted
+    with pytest.raises(TypeError, match="blank_index: expected an int .* got float 0.0"):
+        transducer_loss(logits, tokens, wav_lens, token_lens, 0.0)
+    with pytest.raises(ValueError, match=r"blank_index: expected an int in \[-7, 7\) \(the vocabulary size is logits"):
+        transducer_loss(logits, tokens, wav_lens, token_lens, 7)
+    with pytest.raises(ValueError, match=r"blank_index: expected an int in \[-7, 7\) \(the vocabulary size is output"):
+        fused_transducer_loss(x, h, model.Tjoint, lin, tokens, wav_lens, token_lens, -8)
+    with pytest.raises(TypeError, match="use_torchaudio: expected a bool, got str 'False'"):
+        transducer_loss(logits, tokens, wav_lens, token_lens, 0, use_torchaudio="False")
+    with pytest.raises(TypeError, match="use_torchaudio: expected a bool, got str 'yes'"):
+        fused(use_torchaudio="yes")
     torch.testing.assert_close(fused(output=lin.w), fused())  # a torch.nn.Linear is taken as it is

@@ -115,6 +115,22 @@ def test_tdt_loss_matches_transformers_and_reference(device, durations, reductio
         torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-6)
 
 
+def test_tdt_options_refused_as_tdt_loss_refuses_them():
+    """Float durations (which an int() would truncate to other durations) and a string sigma are refused, not
+    converted; the error names the argument."""
+    V = 40
+    logits, labels, T, U = scores_batch(3, V=V, D=3)
+    tokens, durations = logits[..., :V], logits[..., V:]
+    with pytest.raises(ValueError, match=r"durations: expected a sequence of ints, got \[0, 1.7, 2.2\]"):
+        ParakeetForTDTLoss(tokens, durations, labels, T, U, V - 1, [0, 1.7, 2.2])
+    with pytest.raises(ValueError, match=r"durations: expected a sequence of ints, got \[0, True, 2\]"):
+        ParakeetForTDTLoss(tokens, durations, labels, T, U, V - 1, [0, True, 2])
+    with pytest.raises(TypeError, match="sigma: expected a number, got str '0.1'"):
+        ParakeetForTDTLoss(tokens, durations, labels, T, U, V - 1, [0, 1, 2], sigma="0.1")
+    # the same durations as ints give the loss
+    assert ParakeetForTDTLoss(tokens, durations, labels, T, U, V - 1, [0, 1, 2], reduction="sum").isfinite()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])

@@ -167,12 +167,17 @@ class Op:
                 ctx.eager = True  # setup_context may read it (wide_gradient_rows)
                 output = forward(*inputs)
                 setup_context(ctx, inputs, output)
+                ctx.first_output = (output[0].shape, output[0].dtype, output[0].device)
                 return output
 
             @staticmethod
             def backward(ctx, grad, *_):
-                if grad is None:  # no gradient reached the first output (gradcheck's check_undefined_grad)
-                    return (None,) * len(op.input_names)
+                if grad is None:
+                    # autograd handed no gradient for the first output (gradcheck's check_undefined_grad, a
+                    # consumer whose backward returns None): its gradient is zeros, so the inputs' are too, and
+                    # they are given defined (the registered op, which materialises gradients, does the same)
+                    shape, dtype, device = ctx.first_output
+                    grad = torch.zeros(shape, dtype=dtype, device=device)
                 create_graph = torch.is_grad_enabled()  # backward(create_graph=True) runs in grad mode
                 ctx.unpacked = ctx.saved_tensors  # unpacked once (saved_tensors)
                 try:

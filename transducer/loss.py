@@ -196,7 +196,8 @@ class TransducerLoss(LossModule):
 
 def _rnnt_loss(logits, targets, logit_lengths, target_lengths, options):
     """rnnt_loss's work (its arguments checked; ``options``: the options as given)."""
-    return _transducer_loss(logits, targets, logit_lengths, target_lengths, options)
+    loss = _transducer_loss(logits, targets, logit_lengths, target_lengths, options)
+    return loss.to(logits.dtype)  # torchaudio's dtype; a no-op for float32 and float64 logits
 
 
 declare(RNNT_LOSS)
@@ -243,8 +244,8 @@ def rnnt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_len
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
 
     Returns:
-        Tensor: as :func:`transducer_loss`: float32 (float64 for float64 logits), where torchaudio returns the
-        logits' dtype.
+        Tensor: as :func:`transducer_loss`, in the logits' dtype, as torchaudio returns it (computed in float32, or
+        float64 for float64 logits, then rounded: a float16 loss above 65504 is ``inf``).
 
     Example::
 

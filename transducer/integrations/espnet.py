@@ -20,6 +20,8 @@ import types
 import torch
 
 from .. import fused_joiner_loss, multiblank_loss, transducer_loss
+from ..checks import check_big_blank_durations
+from .options import checked
 
 __all__ = ["RNNTLoss", "rnnt_loss", "MultiblankRNNTLoss", "install", "apply", "REDUCTIONS"]
 
@@ -90,7 +92,7 @@ class RNNTLoss(_WarpLoss):
 
     def __init__(self, blank=0, fastemit_lambda=0.001, reduction="mean"):
         super().__init__(blank, reduction)
-        self.fastemit_lambda = float(fastemit_lambda)
+        self.fastemit_lambda = checked("fastemit_lambda", fastemit_lambda)
 
     def options(self):
         """The options this loss passes to :func:`transducer.transducer_loss`."""
@@ -122,10 +124,11 @@ class MultiblankRNNTLoss(_WarpLoss):
 
     def __init__(self, blank, big_blank_durations, reduction="mean", fastemit_lambda=0.0, clamp=-1.0, sigma=0.0):
         super().__init__(blank, reduction)
-        self.big_blank_durations = [int(d) for d in big_blank_durations]
-        self.fastemit_lambda = float(fastemit_lambda)
-        self.clamp = float(clamp)
-        self.sigma = float(sigma)
+        # the losses' own checks, on the values as given: a float duration or a bool clamp is refused
+        self.big_blank_durations = check_big_blank_durations(big_blank_durations, blank if blank >= 0 else None)
+        self.fastemit_lambda = checked("fastemit_lambda", fastemit_lambda)
+        self.clamp = checked("clamp", clamp)
+        self.sigma = checked("sigma", sigma)
 
     def options(self):
         """The options this loss passes to :func:`transducer.multiblank_loss`."""

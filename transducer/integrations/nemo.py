@@ -19,6 +19,8 @@ import warnings
 import torch
 
 from .. import fused_joiner_loss, multiblank_loss, tdt_loss, transducer_loss
+from ..checks import check_big_blank_durations
+from .options import checked, spelled
 from .reductions import reduce
 
 __all__ = ["RNNTLoss", "apply", "LOSS_NAMES", "MIN_NEMO", "REDUCTIONS"]
@@ -61,7 +63,9 @@ class RNNTLoss(torch.nn.Module):
             ``warprnnt_numba``, ``tdt``, ``multiblank_rnnt``); ``durations`` (required), ``sigma`` (``tdt``,
             ``tdt_pytorch``) and ``omega`` (``tdt``); ``big_blank_durations`` (required) and ``sigma``
             (``multiblank_rnnt``, ``multiblank_rnnt_pytorch``). Others are ignored with a warning, as NeMo
-            ignores them. (Default: ``None``)
+            ignores them. Each is checked as the losses check it (durations are ints, ``clamp`` and
+            ``fastemit_lambda`` numbers, not bools or strings); the error names ``loss_kwargs['<name>']``.
+            (Default: ``None``)
 
     FastEmit: NeMo's numba losses return the loss times ``1 + fastemit_lambda`` and FastEmit's gradient (the
     label log-probs' gradient times ``1 + fastemit_lambda``); so does this one, for the same names.
@@ -98,16 +102,18 @@ class RNNTLoss(torch.nn.Module):
         if unused:
             warnings.warn(f"loss_kwargs: {', '.join(unused)} ignored: the {loss_name} loss does not take them",
                           stacklevel=2)
-        self.options = {name: kwargs.get(name, default) for name, default in defaults.items()}
-        for name in ("durations", "big_blank_durations"):
-            if name in self.options:
-                if self.options[name] is None:
-                    raise ValueError(f"loss_kwargs: the {loss_name} loss needs {name}")
-                self.options[name] = [int(d) for d in self.options[name]]
-        if "clamp" in self.options:
-            self.options["clamp"] = float(self.options["clamp"])
+        self.options = {}
+        for name, default in defaults.items():
+            value = kwargs.get(name, default)
+            if value is None and name in ("durations", "big_blank_durations"):
+                raise ValueError(f"loss_kwargs: the {loss_name} loss needs {name}")
+            # the losses' own checks, on the values as given: a float duration or a bool clamp is refused
+            self.options[name] = checked(name, value, f"loss_kwargs['{name}']")
+        if "big_blank_durations" in self.options:  # they sit before the blank's column
+            with spelled("big_blank_durations", "loss_kwargs['big_blank_durations']"):
+                check_big_blank_durations(self.options["big_blank_durations"], num_classes)
         # NeMo's numba losses scale the returned loss (not its gradient) by 1 + fastemit_lambda
-        self._value_scale = float(self.options.get("fastemit_lambda", 0.0))
+        self._value_scale = self.options.get("fastemit_lambda", 0.0)
         self.loss_name = loss_name
         self.reduction = reduction
         self._blank = num_classes

@@ -22,8 +22,9 @@ import torch
 
 from .. import fused_joiner_loss
 from .. import transducer_loss as _transducer_loss
-from ..checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from ..checks import FLOAT_DTYPES, INDEX_DTYPES, check_blank, check_tensor, is_flag
 from ..joiner import LEAKY_RELU_SLOPE
+from .options import spelled
 
 __all__ = ["transducer_loss", "fused_transducer_loss", "absolute_lengths", "REDUCTIONS"]
 
@@ -57,10 +58,16 @@ def _lengths(input_lens, target_lens, padded_frames, targets, scores, of):
     return absolute_lengths(input_lens, padded_frames), absolute_lengths(target_lens, targets.size(1))
 
 
-def _check_reduction(reduction):
+def _check_arguments(blank_index, num_columns, columns, reduction, use_torchaudio):
+    """The arguments besides the tensors, as the loss checks its own (a float blank_index or a string
+    use_torchaudio is refused, not converted)."""
+    with spelled("blank", "blank_index"):
+        check_blank(blank_index, num_columns, columns)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (SpeechBrain's transducer "
                          f"loss's), got {reduction!r}")
+    if not is_flag(use_torchaudio):
+        raise TypeError(f"use_torchaudio: expected a bool, got {type(use_torchaudio).__name__} {use_torchaudio!r}")
 
 
 def _reduce(losses, frames, reduction, use_torchaudio):
@@ -98,7 +105,8 @@ def transducer_loss(logits, targets, input_lens, target_lens, blank_index, reduc
         this value (SpeechBrain's numba loss gave the gradient of the sum of the negative log-likelihoods).
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (4,), None)
-    _check_reduction(reduction)
+    _check_arguments(blank_index, logits.size(-1), "the vocabulary size is logits.size(-1)", reduction,
+                     use_torchaudio)
     frames, labels = _lengths(input_lens, target_lens, logits.size(1), targets, logits, "logits")
     losses = _transducer_loss(logits, targets, frames, labels, blank=blank_index, reduction="none")
     return _reduce(losses, frames, reduction, use_torchaudio)
@@ -134,7 +142,8 @@ def fused_transducer_loss(encoder_out, decoder_out, joint, output, targets, inpu
     activation = _fused_activation(joint)
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     linear = _output_linear(output, encoder_out)
-    _check_reduction(reduction)
+    _check_arguments(blank_index, linear.out_features, "the vocabulary size is output's out_features", reduction,
+                     use_torchaudio)
     frames, labels = _lengths(input_lens, target_lens, encoder_out.size(1), targets, encoder_out, "encoder_out")
     losses = fused_joiner_loss(encoder_out, decoder_out, linear.weight, linear.bias, targets, frames, labels,
                                activation=activation, blank=blank_index, reduction="none")

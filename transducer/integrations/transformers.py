@@ -78,7 +78,8 @@ def ParakeetForTDTLoss(token_logits, duration_logits, labels, logit_lengths, lab
         logit_lengths (Tensor): ``(B,)`` frames ``T_b >= 1``.
         label_lengths (Tensor): ``(B,)`` labels ``U_b >= 0``.
         blank_token_id (int): the blank index among the V token columns; negative counts from the end.
-        durations (list of int): the D durations: distinct ints >= 0, at least one >= 1.
+        durations (list of int): the D durations: distinct ints >= 0, at least one >= 1 (floats are refused, as
+            :func:`transducer.tdt_loss` refuses them).
         sigma (float, optional): logit under-normalisation: token log-probs are ``log_softmax - sigma``.
             (Default: ``0.0``)
         reduction (str, optional): ``"mean_volume"``, ``"mean_batch"``, ``"mean"`` (each loss over its own
@@ -94,7 +95,7 @@ def ParakeetForTDTLoss(token_logits, duration_logits, labels, logit_lengths, lab
     device = token_logits.device
     label_lengths = label_lengths.to(device)
     losses = tdt_loss(token_logits, labels.to(device), logit_lengths.to(device), label_lengths,
-                      durations=[int(d) for d in durations], blank=blank_token_id,
+                      durations=durations, blank=blank_token_id,
                       sigma=sigma, reduction="none", duration_logits=duration_logits)
     return reduce(losses, label_lengths, reduction)
 
@@ -194,7 +195,7 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
     reduction = kwargs.get("reduction", "mean" if tdt else "mean_volume")
     _check_reduction(reduction)
     if tdt:
-        durations, sigma = [int(d) for d in config.durations], kwargs.get("sigma", 0.0)
+        durations, sigma = config.durations, kwargs.get("sigma", 0.0)
         label_lengths = (labels != config.pad_token_id).sum(-1)
     else:
         durations, sigma = None, 0.0
