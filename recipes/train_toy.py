@@ -6,6 +6,7 @@
     python recipes/train_toy.py --manifest train.jsonl --test-manifest test.jsonl   # your data
     python recipes/train_toy.py --quick --write-manifests   # the toy corpus as such manifests, in data/
     torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
+    torchrun --nproc_per_node=2 recipes/train_toy.py --fsdp   # FSDP2: the model sharded over the processes
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
 training. The encoder is 4x conv subsampling followed by --encoder-layers layers
@@ -26,6 +27,7 @@ on the test set, written to results.json there.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -154,6 +156,10 @@ def build_parser():
     t.add_argument("--no-amp", action="store_true",
                    help="train in fp32 on a GPU (otherwise bf16 autocast, or fp16 with a gradient scaler where "
                         "bf16 is not supported); the CPU trains in fp32 either way")
+    t.add_argument("--fsdp", action="store_true",
+                   help="under torchrun, shard the model over the processes with FSDP2 (torch >= 2.6: "
+                        "torch.distributed.fsdp.fully_shard), each encoder block, the predictor and the joiner a "
+                        "unit of its own, then the whole model; otherwise torchrun's processes replicate it (DDP)")
     t.add_argument("--seed", type=int, default=0, help="seed of the toy corpus and of training")
     t.add_argument("--threads", type=positive(int), default=None,
                    help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
@@ -176,6 +182,11 @@ def build_parser():
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--show", type=int, default=5, help="reference/hypothesis pairs to print")
     return p
+
+
+def torch_version():
+    """torch's (major, minor)."""
+    return tuple(int(x) for x in torch.__version__.split(".")[:2])
 
 
 def parse_args(argv=None):
@@ -204,6 +215,13 @@ def parse_flags(argv):
         p.error("--write-manifests writes the toy corpus; with --manifest there is none")
     if a.write_manifests is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         p.error("--write-manifests runs in one process, not under torchrun")
+    if a.fsdp:
+        if torch_version() < (2, 6):
+            p.error(f"--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch "
+                    f"{torch.__version__}: upgrade torch, or leave --fsdp out to train with DDP")
+        if "WORLD_SIZE" not in os.environ:
+            p.error("--fsdp shards the model over the processes that torchrun starts: run "
+                    "torchrun --nproc_per_node=N recipes/train_toy.py --fsdp ...")
     if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
@@ -340,12 +358,13 @@ def default_threads(threads, device):
 
 
 class Dist:
-    def __init__(self, device):
+    def __init__(self, device, fsdp=False):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = torch.device(device)
-        if self.world > 1:
+        self.group = self.world > 1 or fsdp  # FSDP needs a process group even for one process
+        if self.group:
             import torch.distributed as dist
             if self.device.type == "cuda":
                 self.device = torch.device("cuda", self.local_rank)
@@ -380,7 +399,7 @@ class Dist:
         """Tear the process group down on every rank together. Whatever holds it (DDP's reducer) must be
         gone first: a gloo group destroyed at interpreter exit can abort the process ("terminate called
         without an active exception"), so the caller drops its references and we collect them here."""
-        if self.world > 1:
+        if self.group:
             import gc
 
             import torch.distributed as dist
@@ -388,6 +407,90 @@ class Dist:
             if ok:
                 dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
             dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- FSDP2
+
+def shard(model):
+    """FSDP2 over all processes: each encoder block (a Conformer layer, or the LSTM), the predictor and the joiner
+    (the loss and its output Linear, whose weight the fused loss reads in the joiner's forward) a unit of its own,
+    then the model (the subsampling and the joiner's input projections)."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    # the LSTM predictor's output is a view; FSDP warns that an in-place op on it would skip a hook, and the
+    # model reads it out of place only
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPPredictor\) returned a view tensor")
+    encoder = model.encoder
+    blocks = list(encoder.conformer.conformer_layers) if encoder.kind == "conformer" else [encoder.rnn]
+    for unit in [*blocks, model.predictor, model.joiner]:
+        fully_shard(unit)
+    fully_shard(model)
+
+
+def units(model):
+    from torch.distributed.fsdp import FSDPModule
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(model, fsdp):
+    """Every FSDP unit's parameters whole, and kept whole across forward calls, for greedy search: it calls the
+    joiner's and the predictor's layers outside their modules' forward, where FSDP would not gather them."""
+    if not fsdp:
+        yield
+        return
+    for unit in units(model):
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units(model):
+            unit.reshard()
+            if unit is not model:  # the root keeps FSDP's default for it: not resharded after forward
+                unit.set_reshard_after_forward(True, recurse=False)
+
+
+def full_model_state(model, fsdp):
+    """The model's state dict, whole: under FSDP gathered from every process (all must call) onto the first
+    process's CPU (the others get an empty dict)."""
+    if not fsdp:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_state(model, optimizer, fsdp):
+    """The model's and the optimiser's state dicts, whole and on the CPU, as torch's own state_dict() gives them
+    (the optimiser's keyed by parameter index): under FSDP gathered from every process (all must call), on the
+    first process only (the others get empty dicts)."""
+    if not fsdp:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    model_state = full_model_state(model, fsdp)
+    optimizer_state = get_optimizer_state_dict(model, optimizer,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not optimizer_state:
+        return model_state, optimizer_state
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    return model_state, dict(state={index[k]: v for k, v in optimizer_state["state"].items()},
+                             param_groups=[dict(g, params=[index[n] for n in g["params"]])
+                                           for g in optimizer_state["param_groups"]])
+
+
+def load_optimizer_state(model, optimizer, state, fsdp):
+    """Load a whole optimiser state dict (torch's, keyed by parameter index) into ``optimizer``; under FSDP each
+    process keeps its shards of it."""
+    if not fsdp:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    names = [name for name, _ in model.named_parameters()]
+    by_name = dict(state={names[i]: v for i, v in state["state"].items()},
+                   param_groups=[dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]])
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 # ---------------------------------------------------------------------- data
@@ -447,6 +550,11 @@ def forward_loss(net, x, xl, y, yl, amp_dtype=None):
 
 def evaluate(model, dataset, tokenizer, a, dist, max_frames):
     """Greedy-search WER and CER (%) over the dataset, summed over ranks; some (ref, hyp) pairs."""
+    with gathered(model, a.fsdp):
+        return _evaluate(model, dataset, tokenizer, a, dist, max_frames)
+
+
+def _evaluate(model, dataset, tokenizer, a, dist, max_frames):
     model.eval()
     sampler = BucketSampler([dataset.num_frames(i) for i in range(len(dataset))], max_frames, shuffle=False,
                             rank=dist.rank, world=dist.world)
@@ -496,10 +604,11 @@ def latest_checkpoint(exp):
     return found[-1] if found else None
 
 
-def param_digest(model):
+def param_digest(state):
+    """A digest of a model's state dict."""
     import hashlib
     h = hashlib.sha1()
-    for _, p in sorted(model.state_dict().items()):
+    for _, p in sorted(state.items()):
         h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
@@ -552,7 +661,7 @@ def main(argv=None):
     t_start = time.time()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(default_threads(a.threads, device))
-    dist = Dist(device)
+    dist = Dist(device, a.fsdp)
     ok = False
     try:
         result = train(a, dist, t_start)  # its DDP wrapper and loaders are gone when it returns
@@ -608,7 +717,12 @@ def train(a, dist, t_start):
                        fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty,
                        big_blank_durations=a.big_blank_durations).to(device)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
-        f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}")
+        f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}"
+        + (", sharded (FSDP2)" if a.fsdp else ", replicated (DDP)" if dist.world > 1 else ""))
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+    if a.fsdp:
+        shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
                             seed=a.seed, rank=dist.rank, world=dist.world)
@@ -625,17 +739,19 @@ def train(a, dist, t_start):
     amp = device.type == "cuda" and not a.no_amp
     amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
+    if a.fsdp and scaler.is_enabled():  # its inf checks would see one process's shards only
+        raise UsageError("--fsdp trains in bf16 autocast or fp32; this GPU has no bf16, and fp16's gradient scaler "
+                         "does not work across FSDP's shards: add --no-amp")
 
     start_epoch, history = 0, []
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(model, optimizer, ckpt["optimizer"], a.fsdp)
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         start_epoch, history = ckpt["epoch"], ckpt["history"]
         set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
     net = model
-    if dist.world > 1:
+    if dist.world > 1 and not a.fsdp:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler, collate_fn=collate,
@@ -690,10 +806,11 @@ def train(a, dist, t_start):
             tdist.all_gather_object(rngs, rng_state())
         else:
             rngs = [rng_state()]
+        model_state, optimizer_state = full_state(model, optimizer, a.fsdp)
         if dist.main:
             saved = exp / f"epoch-{epoch + 1}.pt"
             exp.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(saved, model=model.state_dict(), optimizer=optimizer.state_dict(),
+            save_checkpoint(saved, model=model_state, optimizer=optimizer_state,
                             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch + 1,
                             history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config)
             # the folder holds a run of this configuration from its first checkpoint on
@@ -709,12 +826,16 @@ def train(a, dist, t_start):
                 old.unlink()
         dist.barrier()
 
-    digests = [param_digest(model)]
-    if dist.world > 1:  # DDP keeps replicas in step; check it
+    if a.fsdp:  # each process holds its shards: the digest of the whole model, on the first process
+        state = full_model_state(model, a.fsdp)
+        digests = [param_digest(state)] if dist.main else []
+    elif dist.world > 1:  # DDP keeps replicas in step; check it
         import torch.distributed as tdist
         digests = [None] * dist.world
-        tdist.all_gather_object(digests, param_digest(model))
+        tdist.all_gather_object(digests, param_digest(model.state_dict()))
         log(f"DDP: parameters {'agree' if len(set(digests)) == 1 else 'DIFFER'} across {dist.world} ranks")
+    else:
+        digests = [param_digest(model.state_dict())]
     test_wer, test_cer, pairs = evaluate(model, test_set, tokenizer, a, dist, a.max_frames)
     decode_s = evaluate.seconds
     wall = time.time() - t_start

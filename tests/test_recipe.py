@@ -96,19 +96,60 @@ def test_rna_stateless_predictor_unfused_joiner(corpus, tmp_path):
     assert np.isfinite(r["history"][0]["train_loss"])
 
 
-def test_ddp_two_gloo_processes_agree(corpus, tmp_path):
+def torchrun(args, timeout=300):
+    """The recipe run by torchrun in 2 processes on the CPU (gloo)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(RECIPES / "train_toy.py"), *FAST, "--device", "cpu", "--data-dir", str(corpus),
-           "--exp-dir", str(tmp_path), "--epochs", "1", "--max-steps", "3"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+           str(RECIPES / "train_toy.py"), *FAST, "--device", "cpu", *map(str, args)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "terminate called" not in p.stderr and "process group has NOT been destroyed" not in p.stderr, p.stderr
-    res = json.loads((tmp_path / "results.json").read_text())
-    assert res["world"] == 2
-    assert len(res["param_digests"]) == 2 and res["param_digests"][0] == res["param_digests"][1]
+    return p
+
+
+@pytest.mark.skipif(train_toy.torch_version() < (2, 6), reason="FSDP2's fully_shard is public from torch 2.6")
+def test_ddp_and_fsdp_two_gloo_processes(corpus, tmp_path):
+    """torchrun's 2 processes replicate the model (DDP) or, with --fsdp, shard it. Each epoch's checkpoint holds
+    the whole model and optimiser either way: DDP's epoch 1 resumed under FSDP gives DDP's epoch 2 (to rounding:
+    the gradient norm is summed in another order) and a checkpoint of the same form."""
+    steps = ["--data-dir", corpus, "--epochs", 2, "--max-steps", 3]
+    p = torchrun([*steps, "--exp-dir", tmp_path / "ddp"])
+    ddp = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert ddp["world"] == 2 and "world 2, replicated (DDP)" in p.stdout
+    assert len(ddp["param_digests"]) == 2 and ddp["param_digests"][0] == ddp["param_digests"][1]
     assert "parameters agree across 2 ranks" in p.stdout
+    losses = [h["train_loss"] for h in ddp["history"]]
+    assert all(np.isfinite(losses)) and losses[1] < losses[0], losses
+
+    p = torchrun([*steps, "--exp-dir", tmp_path / "fsdp", "--fsdp", "--resume", tmp_path / "ddp" / "epoch-1.pt"])
+    assert "world 2, sharded (FSDP2)" in p.stdout
+    fsdp = json.loads((tmp_path / "fsdp" / "results.json").read_text())
+    assert fsdp["history"][0] == ddp["history"][0]
+    assert fsdp["history"][1]["train_loss"] == pytest.approx(losses[1], rel=1e-5)
+    assert 0 <= fsdp["test_wer"] and 0 <= fsdp["test_cer"] and fsdp["decode_s"] > 0
+    a, b = (torch.load(tmp_path / run / "epoch-2.pt", map_location="cpu", weights_only=True) for run in ("ddp", "fsdp"))
+    assert fsdp["param_digests"] == [train_toy.param_digest(b["model"])]
+    assert a["model"].keys() == b["model"].keys()  # whole tensors, the names of the unsharded model
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-6, msg=k)
+    assert sorted(b["optimizer"]["state"]) == sorted(a["optimizer"]["state"])  # keyed by parameter index
+    assert [dict(g, betas=tuple(g["betas"])) for g in b["optimizer"]["param_groups"]] == a["optimizer"]["param_groups"]
+    for i, s in a["optimizer"]["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(b["optimizer"]["state"][i][k], s[k], rtol=1e-3, atol=1e-8, msg=(i, k))
+
+
+def test_fsdp_needs_torchrun(monkeypatch, capsys):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit):
+        train_toy.parse_args(["--fsdp"])
+    assert "--fsdp shards the model over the processes that torchrun starts" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "__version__", "2.5.1")
+    with pytest.raises(SystemExit):
+        train_toy.parse_args(["--fsdp"])
+    assert "--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch 2.5.1" in \
+        capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- run folders
@@ -382,7 +423,8 @@ def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
         model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
                            joiner_dim=8, joiner=joiner, loss=loss_kind, durations=(0, 1, 2), sigma=0.05).eval()
         seen = []
-        model.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+        if joiner == "unfused":
+            model.joiner.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
         with autocast_lstms(model):  # the encoder's and predictor's, outside autocast where this CPU needs it
             loss = train_toy.forward_loss(model, x, xl, y, yl, torch.bfloat16)
         loss.backward()
