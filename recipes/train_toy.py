@@ -33,8 +33,10 @@ import math
 import os
 import pickle
 import random
+import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -336,12 +338,13 @@ def check_run_folder(exp, config, quick):
                          f"or delete {exp} to reuse it")
 
 
-def earlier_checkpoints(exp, resumed_from):
+def earlier_checkpoints(exp, resumed_from, ckpt):
     """The checkpoints in ``exp`` that this run does not continue: all of them when it starts afresh or resumes
-    from a checkpoint elsewhere; those after the resumed epoch when it resumes from one in ``exp``."""
-    found = sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
+    from a checkpoint elsewhere; when it resumes from ``ckpt`` in ``exp``, those of other runs and those after the
+    resumed epoch."""
+    found = checkpoints(exp)
     if resumed_from is not None and resumed_from.resolve().parent == Path(exp).resolve():
-        return [c for c in found if checkpoint_epoch(c) > checkpoint_epoch(resumed_from)]
+        return [c for c in found if checkpoint_epoch(c) > ckpt["epoch"] or checkpoint_run(c) != ckpt.get("run_id")]
     return found
 
 
@@ -382,6 +385,15 @@ class Dist:
             import torch.distributed as dist
             dist.all_reduce(t)
         return t.tolist()
+
+    def broadcast(self, value):
+        """The first process's ``value`` (a picklable object), on every process."""
+        if self.world > 1:
+            import torch.distributed as dist
+            box = [value]
+            dist.broadcast_object_list(box, 0, device=self.device if self.device.type == "cuda" else None)
+            return box[0]
+        return value
 
     def sync_buffers(self, model):
         """Give every rank rank 0's buffers (BatchNorm statistics move with each rank's own data)."""
@@ -599,9 +611,38 @@ def checkpoint_epoch(path):
         return -1
 
 
-def latest_checkpoint(exp):
-    found = sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
-    return found[-1] if found else None
+def checkpoints(exp):
+    """The epoch-N.pt files in ``exp``, by epoch."""
+    return sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
+
+
+RUN_FILE = "run.json"  # the id of the run whose checkpoints the run folder holds
+
+
+def folder_run(exp):
+    """The id of the run in folder ``exp`` (its run.json), or None (a folder of no run, or of a recipe before run
+    ids: every checkpoint there is then taken as the run's)."""
+    path = Path(exp) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["run_id"]
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f'{path} is not a run id file ({{"run_id": ...}}): delete it if {exp} holds no run you '
+                         f"want to keep") from None
+
+
+def checkpoint_run(path):
+    """The run id in a checkpoint (None in one from before run ids); its tensors are mapped, not read."""
+    return load_checkpoint(path, mmap=True).get("run_id")
+
+
+def latest_checkpoint(exp, run_id=None):
+    """The latest checkpoint in ``exp``; with ``run_id``, the latest of that run."""
+    for path in reversed(checkpoints(exp)):
+        if run_id is None or checkpoint_run(path) == run_id:
+            return path
+    return None
 
 
 def param_digest(state):
@@ -613,6 +654,12 @@ def param_digest(state):
     return h.hexdigest()
 
 
+def write_atomically(path, text):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def save_checkpoint(path, **state):
     """``state`` into ``path`` (through a temporary file): tensors, numbers, strings and plain containers only (the
     state dicts of the model, the optimiser, the scheduler and the scaler are such), which load_checkpoint loads."""
@@ -621,16 +668,83 @@ def save_checkpoint(path, **state):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path):
+# what every checkpoint holds; "config" too, or in those from before it "args" (checkpoint_config)
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "history", "rng", "chars")
+
+
+def torch_reason(e):
+    """What torch says is wrong, without its advice: the WeightsUnpickler error, or the paragraphs between its
+    first ("Weights only load failed...") and its last ("Check the documentation...")."""
+    text = str(e)
+    if "WeightsUnpickler error: " in text:
+        return text.split("WeightsUnpickler error: ")[-1].split("\n")[0].split(". ")[0].strip()
+    paragraphs = [x.strip() for x in text.split("\n\n") if x.strip()]
+    if paragraphs and paragraphs[0].startswith("Weights only load failed"):
+        paragraphs = [x for x in paragraphs[1:] if not x.startswith("Check the documentation")]
+    return " ".join(" ".join(paragraphs).split()).rstrip(".") or type(e).__name__
+
+
+def load_checkpoint(path, mmap=False):
     """A checkpoint's state, loaded with ``weights_only=True``: a file that holds any object other than tensors,
-    numbers, strings and plain containers is refused, since unpickling one could run any code."""
+    numbers, strings and plain containers is refused, since unpickling one could run any code. An empty,
+    truncated or incomplete file is refused too; each error names the file and what is wrong with it."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise UsageError(f"{path} is empty, not a checkpoint (a save cut short?): delete it, or resume from another")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        found = str(e).split("WeightsUnpickler error: ")[-1].split(". ")[0]  # torch's reason, in its first sentence
-        raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
-                         f"strings and plain containers ({found}), and those are not loaded: unpickling them could "
-                         f"run any code") from None
+        if "Weights only load failed" in str(e):
+            raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, "
+                             f"numbers, strings and plain containers ({torch_reason(e)}), and those are not loaded: "
+                             f"unpickling them could run any code") from None
+        raise UsageError(f"{path} cannot be read as a checkpoint ({torch_reason(e)}): truncated, or not written by "
+                         f"torch.save; delete it, or resume from another") from None
+    except Exception as e:  # torch.load's errors for a truncated or foreign file: RuntimeError, EOFError, ...
+        reason = str(e).split(". ")[0].strip() or "no data"
+        raise UsageError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {reason}): truncated, or not "
+                         f"written by torch.save; delete it, or resume from another") from None
+    if not isinstance(state, dict):
+        raise UsageError(f"{path} is not a checkpoint of this recipe: it holds a {type(state).__name__}, not a dict")
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] + ([] if "config" in state or "args" in state
+                                                                else ["config"])
+    if missing:
+        raise UsageError(f"{path} is not a complete checkpoint of this recipe: it has no {', '.join(missing)} "
+                         f"(a checkpoint holds {', '.join(CHECKPOINT_KEYS)} and config)")
+    return state
+
+
+@contextlib.contextmanager
+def loading(path, what):
+    """Errors of loading a checkpoint's ``what`` into this run, naming the checkpoint."""
+    try:
+        yield
+    except (RuntimeError, KeyError, ValueError, IndexError, TypeError) as e:
+        raise UsageError(f"--resume: {path}: its {what} does not fit this run ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:500]})") from None
+
+
+def run_folder_problem(exp, size):
+    """Why the run folder ``exp`` cannot take a checkpoint of ``size`` bytes, or None: it is made if need be, a
+    file is written there and removed, and its file system's free space is compared with ``size``."""
+    exp = Path(exp)
+    probe = exp / f".write-test-{os.getpid()}"
+    try:
+        exp.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and Path(e.filename) not in (exp, probe) else ""
+        return (f"--exp-dir {exp}: cannot write there: {e.strerror or e}{where}; give --exp-dir a folder that can "
+                f"be written")
+    free = shutil.disk_usage(exp).free
+    if free < size:
+        return (f"--exp-dir {exp}: {free / 2**20:.1f} MiB free on its file system, and a checkpoint takes about "
+                f"{size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on another file system")
+    return None
 
 
 def plot(history, path):
@@ -682,7 +796,12 @@ def train(a, dist, t_start):
     check_run_folder(exp, config, a.quick)
     ckpt = path = None
     if a.resume:
-        path = latest_checkpoint(exp) if a.resume == "auto" else Path(a.resume)
+        path = latest_checkpoint(exp, folder_run(exp)) if a.resume == "auto" else Path(a.resume)
+        if path is None and latest_checkpoint(exp) is not None:
+            raise UsageError(f"--resume: {exp} holds no checkpoint of its current run ({folder_run(exp)}, in "
+                             f"{exp / RUN_FILE}), only of another ({', '.join(c.name for c in checkpoints(exp))}): "
+                             f"give one of those to --resume to continue that run, or leave --resume out to start "
+                             f"afresh")
         if path is None or not path.is_file():
             raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
         ckpt = load_checkpoint(path)
@@ -690,7 +809,9 @@ def train(a, dist, t_start):
             raise UsageError(f"--resume: {path} is a checkpoint of another configuration "
                              f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "
                              f"was trained with, or leave --resume out to start afresh")
-    earlier = earlier_checkpoints(exp, path)
+    # a run's checkpoints carry its id, and the run folder names the run that its checkpoints continue
+    run_id = (ckpt.get("run_id") if ckpt else None) or dist.broadcast(uuid.uuid4().hex)
+    earlier = earlier_checkpoints(exp, path, ckpt)
     if ckpt:
         log(f"resuming from {path} (epoch {ckpt['epoch']} done)")
     if earlier:
@@ -720,7 +841,13 @@ def train(a, dist, t_start):
         f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}"
         + (", sharded (FSDP2)" if a.fsdp else ", replicated (DDP)" if dist.world > 1 else ""))
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
+        with loading(path, "model"):
+            model.load_state_dict(ckpt["model"])
+    # a checkpoint: the parameters, and AdamW's two moments of each
+    size = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) + 2**20
+    problem = dist.broadcast(run_folder_problem(exp, size) if dist.main else None)
+    if problem:
+        raise UsageError(problem)
     if a.fsdp:
         shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
@@ -745,11 +872,12 @@ def train(a, dist, t_start):
 
     start_epoch, history = 0, []
     if ckpt is not None:
-        load_optimizer_state(model, optimizer, ckpt["optimizer"], a.fsdp)
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
+        with loading(path, "optimiser, scheduler, scaler or random-number state"):
+            load_optimizer_state(model, optimizer, ckpt["optimizer"], a.fsdp)
+            scheduler.load_state_dict(ckpt["scheduler"])
+            scaler.load_state_dict(ckpt["scaler"])
+            set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
         start_epoch, history = ckpt["epoch"], ckpt["history"]
-        set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
     net = model
     if dist.world > 1 and not a.fsdp:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -810,9 +938,14 @@ def train(a, dist, t_start):
         if dist.main:
             saved = exp / f"epoch-{epoch + 1}.pt"
             exp.mkdir(parents=True, exist_ok=True)
+            # the folder names this run before it holds the run's first checkpoint: --resume then takes this run's
+            # checkpoints only, also where a kill leaves the earlier run's beside them
+            if folder_run(exp) != run_id:
+                write_atomically(exp / RUN_FILE, json.dumps(dict(run_id=run_id)) + "\n")
             save_checkpoint(saved, model=model_state, optimizer=optimizer_state,
                             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch + 1,
-                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config)
+                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config,
+                            run_id=run_id)
             # the folder holds a run of this configuration from its first checkpoint on
             (exp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
             plot(history, exp / "train.png")
@@ -822,7 +955,7 @@ def train(a, dist, t_start):
                 if old.name != saved.name:
                     old.unlink(missing_ok=True)
             earlier = []
-            for old in sorted(exp.glob("epoch-*.pt"), key=checkpoint_epoch)[: -a.keep_checkpoints]:
+            for old in checkpoints(exp)[: -a.keep_checkpoints]:
                 old.unlink()
         dist.barrier()
 
