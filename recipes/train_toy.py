@@ -16,14 +16,17 @@ of a Conformer (--encoder conformer: torchaudio's, 4 heads, feed-forward
 embedding and a one-layer LSTM (--predictor lstm) or an embedding of the last
 2 labels and a Linear (--predictor stateless). The joiner is
 out(tanh(enc_proj(enc) + pred_proj(pred))), --joiner-dim wide; by default the
-joiner and the loss are fused (``transducer.fused_joiner_loss``: no logits in
+joiner and the loss are fused (``transducer.FusedJoinerLoss``: no logits in
 memory), and ``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits
 through ``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt|multiblank`` picks the loss
 and the matching greedy decoding. Tokens are characters.
 Each epoch writes a checkpoint and a plot of train loss and dev WER to the
 run folder (--exp-dir; by default runs/toy/<configuration>, one folder for each
-configuration of the model and loss); the run ends with greedy-search WER/CER
-on the test set, written to results.json there.
+configuration of the model and loss), checked writable with room for a
+checkpoint before training; the run ends with greedy-search WER/CER on the test
+set, written to results.json there. Under torchrun the processes replicate the
+model (DDP), or with --fsdp shard it (FSDP2); a checkpoint holds the whole model
+either way, and a run of one kind resumes from the other's.
 """
 
 import argparse
@@ -102,7 +105,8 @@ def build_parser():
                         "WAV files in DIR/audio, and exit without training (DIR by default: data/toy_manifests, "
                         "data/toy_manifests_quick with --quick)")
     d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
-                   help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
+                   help="manifest lines that are not UTF-8 or not valid, with missing, unreadable or too short "
+                        "audio, or with empty text: report them as file:line and skip them, or stop")
     d.add_argument("--workers", type=int, default=0,
                    help="DataLoader worker processes, for training and evaluation (default: %(default)s, the main "
                         "process)")
@@ -129,7 +133,7 @@ def build_parser():
                         "decoding")
     m.add_argument("--rna", action="store_true", help="the same as --loss rna")
     m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
-                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in "
+                   help="fused: joiner and loss in one (transducer.FusedJoinerLoss, no logits in "
                         "memory); unfused: compact logits through transducer.pack, then the loss")
     m.add_argument("--durations", help="TDT durations (frames), comma-separated (default: 0,1,2,3,4)")
     m.add_argument("--big-blank-durations",
@@ -174,8 +178,8 @@ def build_parser():
                         "by the loss and each model or loss flag that differs from its default, e.g. "
                         "runs/toy/tdt_durations=0,1,2_joiner=unfused)")
     t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
-                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir; a checkpoint "
-                        "of another configuration is refused (default: start afresh, replacing an earlier run of "
+                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir of the run "
+                        "that the folder holds (its run.json); a checkpoint of another configuration is refused (default: start afresh, replacing an earlier run of "
                         "the configuration in --exp-dir)")
     t.add_argument("--keep-checkpoints", type=positive(int), default=2, help="epoch-N.pt files to keep")
     t.add_argument("--quick", action="store_true",
