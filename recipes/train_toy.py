@@ -845,8 +845,10 @@ def train(a, dist, t_start):
         f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}"
         + (", sharded (FSDP2)" if a.fsdp else ", replicated (DDP)" if dist.world > 1 else ""))
     if ckpt is not None:
+        # checkpoints from before the joiner was a module name its output Linear "out"
+        state = {("joiner.output." + k[4:] if k.startswith("out.") else k): v for k, v in ckpt["model"].items()}
         with loading(path, "model"):
-            model.load_state_dict(ckpt["model"])
+            model.load_state_dict(state)
     # a checkpoint: the parameters, and AdamW's two moments of each
     size = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) + 2**20
     problem = dist.broadcast(run_folder_problem(exp, size) if dist.main else None)

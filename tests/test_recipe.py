@@ -353,6 +353,18 @@ def test_resume_takes_the_checkpoints_of_the_folders_run(corpus, tmp_path, monke
                             f"--resume to continue that run, or leave --resume out to start afresh")
 
 
+def test_a_checkpoint_from_before_the_joiner_module_resumes(two_runs, corpus, tmp_path):
+    """Its output Linear named "out" (now "joiner.output"): it loads, and training goes on from it."""
+    runs, rnnt, *_ = two_runs
+    state = torch.load(runs / "rnnt" / "epoch-3.pt", map_location="cpu", weights_only=True)
+    old = {k.replace("joiner.output.", "out."): v for k, v in state["model"].items()}
+    assert "out.weight" in old and "joiner.output.weight" not in old
+    torch.save(dict({k: v for k, v in state.items() if k != "run_id"}, model=old), tmp_path / "epoch-3.pt")
+    r = run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--max-steps", 1, "--epochs", 4,
+             "--resume", tmp_path / "epoch-3.pt"])
+    assert r["history"][:3] == rnnt["history"] and len(r["history"]) == 4
+
+
 def test_bad_checkpoints_are_named_with_what_is_wrong(two_runs, corpus, tmp_path):
     """Empty, truncated, incomplete and foreign checkpoints, and one whose model does not fit: each refused by
     name, saying what is wrong, with torch's reason where torch gives one."""
