@@ -67,13 +67,14 @@ def read_manifest(path, on_error="skip", log=print):
     with "{"): one object per line with an audio path ("audio", "audio_filepath",
     "path" or "wav") and a transcript ("text", "transcript" or "sentence").
     TSV: ``path<TAB>transcript``; a first line ``audio<TAB>text`` is a header.
-    Relative paths are relative to the manifest's folder. A JSON line's
-    "duration" (seconds) is trusted when present, so the file is not opened
-    until training reads it; otherwise its header is read here. NeMo's "offset"
-    (seconds) makes the utterance the part of the file from there: "duration"
-    seconds of it, or to its end. A line whose file is missing or unreadable,
-    whose clip is shorter than two feature frames (``MIN_SECONDS``), or whose
-    transcript is empty, is reported with its line number and skipped
+    Relative paths are relative to the manifest's folder. Each file's header
+    is read here, so that unreadable audio is found before training; a JSON
+    line's "duration" (seconds) is taken as the clip's length when present,
+    else the header's. NeMo's "offset" (seconds) makes the utterance the part
+    of the file from there: "duration" seconds of it, or to its end. A line
+    that is not UTF-8 text, whose file is missing or unreadable, whose clip is
+    shorter than two feature frames (``MIN_SECONDS``), or whose transcript is
+    empty, is reported as ``file:line: reason`` and skipped
     (``on_error="skip"``) or stops the run (``"stop"``).
     """
     import soundfile as sf
@@ -83,12 +84,17 @@ def read_manifest(path, on_error="skip", log=print):
         raise ManifestError(f"manifest not found: {path}")
     suffix = path.suffix.lower()
     items, skipped = [], 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip() or line.startswith("#"):
-                continue
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
             where = f"{path}:{lineno}"
             try:
+                try:
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                     f"manifests are UTF-8") from None
+                if not line.strip() or line.startswith("#"):
+                    continue
                 audio, text, seconds, offset = _parse_line(line, suffix)
                 if lineno == 1 and suffix not in JSON_SUFFIXES and audio.lower() in AUDIO_KEYS:
                     continue  # TSV header
@@ -100,11 +106,11 @@ def read_manifest(path, on_error="skip", log=print):
                     audio_path = path.parent / audio_path
                 if not audio_path.is_file():
                     raise ValueError(f"audio file not found: {audio_path}")
+                try:
+                    info = sf.info(str(audio_path))
+                except Exception as e:  # soundfile raises its own error types
+                    raise ValueError(f"unreadable audio {audio_path}: {e}") from None
                 if seconds is None:
-                    try:
-                        info = sf.info(str(audio_path))
-                    except Exception as e:  # soundfile raises its own error types
-                        raise ValueError(f"unreadable audio {audio_path}: {e}") from None
                     seconds = info.frames / info.samplerate - (offset or 0.0)
                     if seconds <= 0:
                         raise ValueError(f"'offset' {offset} s is past the end of {audio_path} "
@@ -203,7 +209,12 @@ class SpeechDataset(torch.utils.data.Dataset):
 
     def _features(self, i):
         item = self.items[i]
-        wav = item[1] if isinstance(item[1], torch.Tensor) else load_audio(item[1], offset=item[4], seconds=item[3])
+        if isinstance(item[1], torch.Tensor):
+            return fbank(item[1], self.num_mel_bins)
+        try:
+            wav = load_audio(item[1], offset=item[4], seconds=item[3])
+        except Exception as e:  # soundfile's own error types: a file that changed, or is corrupt past its header
+            raise ManifestError(f"unreadable audio {item[1]} (utterance {item[0]}): {e}") from None
         return fbank(wav, self.num_mel_bins)
 
     def __len__(self):

@@ -1,5 +1,5 @@
 """A small transducer: conv-subsampled LSTM or Conformer encoder, LSTM or stateless predictor,
-and a joiner fused with the loss (``transducer.fused_joiner_loss``) or building the compact
+and a joiner fused with the loss (``transducer.FusedJoinerLoss``) or building the compact
 (sum_b T_b*(U_b+1), V) logits through ``transducer.pack``."""
 
 import math
@@ -98,27 +98,48 @@ def select_state(state, keep, new):
     return torch.where(keep[:, None], state, new)
 
 
+class Joiner(nn.Module):
+    """The unfused joiner and its loss: ``output(tanh(enc + pred))`` as compact (sum_b T_b*(U_b+1), V) logits
+    through ``transducer.pack``, then ``criterion``. The same interface as ``transducer.FusedJoinerLoss``
+    (``forward`` gives the loss, ``logits`` the scores for decoding, ``output`` the Linear)."""
+
+    def __init__(self, joiner_dim, outputs, criterion):
+        super().__init__()
+        self.output = nn.Linear(joiner_dim, outputs)
+        self.criterion = criterion
+
+    def forward(self, enc, pred, targets, enc_lens, target_lens):
+        from transducer import pack
+
+        # the logits as they are (bf16 / fp16 under autocast): the loss reads them in their own dtype and
+        # accumulates in fp32, where a .float() copy would double the largest tensor of the step
+        logits = self.output(torch.tanh(pack(enc, pred, enc_lens, target_lens)))
+        return self.criterion(logits, targets, enc_lens, target_lens)
+
+    def logits(self, enc, pred):
+        return self.output(torch.tanh(enc + pred))
+
+
 class Transducer(nn.Module):
     """Encoder, predictor and joiner ``out(tanh(enc_proj(enc) + pred_proj(pred)))``; ``forward`` gives the
     batch's mean loss. ``loss``: "rnnt", "rna" (one symbol per frame), "tdt" (Token-and-Duration
     Transducer: the joiner also scores ``durations``) or "multiblank" (multi-blank RNN-T: the joiner also scores
     big blanks of ``big_blank_durations`` frames and, last, the blank of the loss; the predictor's start
-    symbol 0 is then no output). ``joiner="fused"`` computes joiner and loss together
-    (transducer.fused_joiner_loss: no logits in memory), ``"unfused"`` builds the compact
-    logits through transducer.pack and passes them to ``self.criterion``; both give the same loss."""
+    symbol 0 is then no output). ``self.joiner`` holds ``out`` and the loss: with ``joiner="fused"`` it is a
+    transducer.FusedJoinerLoss (joiner and loss together, no logits in memory); with ``"unfused"`` a Joiner
+    (the compact logits through transducer.pack, then the loss); both give the same loss."""
 
     def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
                  predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0, joiner="fused",
                  loss="rnnt", durations=(0, 1, 2, 3, 4), sigma=0.0, omega=0.0, fastemit_lambda=0.0,
                  delay_penalty=0.0, big_blank_durations=(2, 4, 8)):
         super().__init__()
-        from transducer import MultiblankLoss, TDTLoss, TransducerLoss
+        from transducer import FusedJoinerLoss, MultiblankLoss, TDTLoss, TransducerLoss
 
         if joiner not in ("fused", "unfused"):
             raise ValueError(f"joiner: expected 'fused' or 'unfused', got {joiner!r}")
         if loss not in ("rnnt", "rna", "tdt", "multiblank"):
             raise ValueError(f"loss: expected 'rnnt', 'rna', 'tdt' or 'multiblank', got {loss!r}")
-        self.joiner = joiner
         self.loss = loss
         self.durations = list(durations) if loss == "tdt" else []
         self.big_blank_durations = list(big_blank_durations) if loss == "multiblank" else []
@@ -128,38 +149,39 @@ class Transducer(nn.Module):
         self.predictor = Predictor(predictor, vocab_size, predictor_dim, blank)
         self.enc_proj = nn.Linear(encoder_dim, joiner_dim)
         self.pred_proj = nn.Linear(predictor_dim, joiner_dim)
-        extra = len(self.durations) + (len(self.big_blank_durations) + 1 if loss == "multiblank" else 0)
-        self.out = nn.Linear(joiner_dim, vocab_size + extra)
         if loss == "tdt":
             self.loss_options = dict(blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda,
                                      delay_penalty=delay_penalty)
-            self.criterion = TDTLoss(self.durations, **self.loss_options)
+            extra = dict(durations=self.durations)
+            criterion = TDTLoss(self.durations, **self.loss_options)
         elif loss == "multiblank":
             self.loss_options = dict(blank=-1, sigma=sigma, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
-            self.criterion = MultiblankLoss(self.big_blank_durations, **self.loss_options)
+            extra = dict(big_blank_durations=self.big_blank_durations)
+            criterion = MultiblankLoss(self.big_blank_durations, **self.loss_options)
         else:
             # RNA utterances with more labels than frames have no alignment: they are left out of the loss
             rna = loss == "rna"
             self.loss_options = dict(blank=blank, one_sym_per_frame=rna, zero_infinity=rna,
                                      fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
-            self.criterion = TransducerLoss(**self.loss_options)
+            extra = {}
+            criterion = TransducerLoss(**self.loss_options)
+        # the big blanks and the blank are output columns; the durations are columns after them
+        outputs = vocab_size + (len(self.big_blank_durations) + 1 if loss == "multiblank" else 0)
+        if joiner == "fused":
+            self.joiner = FusedJoinerLoss(joiner_dim, outputs, **self.loss_options, **extra)
+        else:
+            self.joiner = Joiner(joiner_dim, outputs + len(self.durations), criterion)
+
+    @property
+    def out(self):
+        """The joiner's output Linear (joiner_dim, output columns)."""
+        return self.joiner.output
 
     def forward(self, feats, feat_lens, targets, target_lens):
         """The mean loss of the batch (float32; the joiner's GEMMs in the autocast dtype under autocast)."""
-        from transducer import fused_joiner_loss, pack
-
         enc, enc_lens = self.encoder(feats, feat_lens)
         pred, _ = self.predictor(self.predictor.prepend_blank(targets))
-        enc, pred = self.enc_proj(enc), self.pred_proj(pred)
-        if self.joiner == "fused":
-            extra = (dict(durations=self.durations) if self.loss == "tdt" else
-                     dict(big_blank_durations=self.big_blank_durations) if self.loss == "multiblank" else {})
-            return fused_joiner_loss(enc, pred, self.out.weight, self.out.bias, targets, enc_lens, target_lens,
-                                     **self.loss_options, **extra)
-        # the logits as they are (bf16 / fp16 under autocast): the loss reads them in their own dtype and
-        # accumulates in fp32, where a .float() copy would double the largest tensor of the step
-        logits = self.out(torch.tanh(pack(enc, pred, enc_lens, target_lens)))
-        return self.criterion(logits, targets, enc_lens, target_lens)
+        return self.joiner(self.enc_proj(enc), self.pred_proj(pred), targets, enc_lens, target_lens)
 
     @torch.no_grad()
     def decode(self, feats, feat_lens, max_symbols=5):
@@ -233,7 +255,7 @@ class Transducer(nn.Module):
             active = t < enc_lens
             if not bool(active.any()):
                 break
-            token, emit, step = choose(self.out(torch.tanh(enc[rows, t.clamp(max=T - 1)] + pred)))
+            token, emit, step = choose(self.joiner.logits(enc[rows, t.clamp(max=T - 1)], pred))
             emit = active & emit
             if bool(emit.any()):
                 pred, state = self._greedy_emit(hyps, token, emit, pred, state)
@@ -252,7 +274,7 @@ class Transducer(nn.Module):
         for t in range(enc.size(1)):
             active = enc_lens > t
             for _ in range(1 if one_sym_per_frame else max_symbols):
-                best = self.out(torch.tanh(enc[:, t] + pred)).argmax(-1)
+                best = self.joiner.logits(enc[:, t], pred).argmax(-1)
                 emit = active & (best != self.blank)
                 if not bool(emit.any()):
                     break

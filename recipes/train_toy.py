@@ -6,6 +6,7 @@
     python recipes/train_toy.py --manifest train.jsonl --test-manifest test.jsonl   # your data
     python recipes/train_toy.py --quick --write-manifests   # the toy corpus as such manifests, in data/
     torchrun --nproc_per_node=2 recipes/train_toy.py   # DDP: NCCL on GPUs, gloo on CPU
+    torchrun --nproc_per_node=2 recipes/train_toy.py --fsdp   # FSDP2: the model sharded over the processes
 
 Features are 80-dim Kaldi fbank, normalised per utterance, with SpecAugment in
 training. The encoder is 4x conv subsampling followed by --encoder-layers layers
@@ -15,24 +16,30 @@ of a Conformer (--encoder conformer: torchaudio's, 4 heads, feed-forward
 embedding and a one-layer LSTM (--predictor lstm) or an embedding of the last
 2 labels and a Linear (--predictor stateless). The joiner is
 out(tanh(enc_proj(enc) + pred_proj(pred))), --joiner-dim wide; by default the
-joiner and the loss are fused (``transducer.fused_joiner_loss``: no logits in
+joiner and the loss are fused (``transducer.FusedJoinerLoss``: no logits in
 memory), and ``--joiner unfused`` builds compact (sum_b T_b*(U_b+1), V) logits
 through ``transducer.pack`` for the loss. ``--loss rnnt|rna|tdt|multiblank`` picks the loss
 and the matching greedy decoding. Tokens are characters.
 Each epoch writes a checkpoint and a plot of train loss and dev WER to the
 run folder (--exp-dir; by default runs/toy/<configuration>, one folder for each
-configuration of the model and loss); the run ends with greedy-search WER/CER
-on the test set, written to results.json there.
+configuration of the model and loss), checked writable with room for a
+checkpoint before training; the run ends with greedy-search WER/CER on the test
+set, written to results.json there. Under torchrun the processes replicate the
+model (DDP), or with --fsdp shard it (FSDP2); a checkpoint holds the whole model
+either way, and a run of one kind resumes from the other's.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import pickle
 import random
+import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -98,7 +105,8 @@ def build_parser():
                         "WAV files in DIR/audio, and exit without training (DIR by default: data/toy_manifests, "
                         "data/toy_manifests_quick with --quick)")
     d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
-                   help="manifest lines with missing/unreadable audio or empty text: skip them or stop")
+                   help="manifest lines that are not UTF-8 or not valid, with missing, unreadable or too short "
+                        "audio, or with empty text: report them as file:line and skip them, or stop")
     d.add_argument("--workers", type=int, default=0,
                    help="DataLoader worker processes, for training and evaluation (default: %(default)s, the main "
                         "process)")
@@ -125,7 +133,7 @@ def build_parser():
                         "decoding")
     m.add_argument("--rna", action="store_true", help="the same as --loss rna")
     m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
-                   help="fused: joiner and loss in one (transducer.fused_joiner_loss, no logits in "
+                   help="fused: joiner and loss in one (transducer.FusedJoinerLoss, no logits in "
                         "memory); unfused: compact logits through transducer.pack, then the loss")
     m.add_argument("--durations", help="TDT durations (frames), comma-separated (default: 0,1,2,3,4)")
     m.add_argument("--big-blank-durations",
@@ -154,6 +162,10 @@ def build_parser():
     t.add_argument("--no-amp", action="store_true",
                    help="train in fp32 on a GPU (otherwise bf16 autocast, or fp16 with a gradient scaler where "
                         "bf16 is not supported); the CPU trains in fp32 either way")
+    t.add_argument("--fsdp", action="store_true",
+                   help="under torchrun, shard the model over the processes with FSDP2 (torch >= 2.6: "
+                        "torch.distributed.fsdp.fully_shard), each encoder block, the predictor and the joiner a "
+                        "unit of its own, then the whole model; otherwise torchrun's processes replicate it (DDP)")
     t.add_argument("--seed", type=int, default=0, help="seed of the toy corpus and of training")
     t.add_argument("--threads", type=positive(int), default=None,
                    help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
@@ -166,8 +178,8 @@ def build_parser():
                         "by the loss and each model or loss flag that differs from its default, e.g. "
                         "runs/toy/tdt_durations=0,1,2_joiner=unfused)")
     t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
-                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir; a checkpoint "
-                        "of another configuration is refused (default: start afresh, replacing an earlier run of "
+                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir of the run "
+                        "that the folder holds (its run.json); a checkpoint of another configuration is refused (default: start afresh, replacing an earlier run of "
                         "the configuration in --exp-dir)")
     t.add_argument("--keep-checkpoints", type=positive(int), default=2, help="epoch-N.pt files to keep")
     t.add_argument("--quick", action="store_true",
@@ -176,6 +188,11 @@ def build_parser():
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--show", type=int, default=5, help="reference/hypothesis pairs to print")
     return p
+
+
+def torch_version():
+    """torch's (major, minor)."""
+    return tuple(int(x) for x in torch.__version__.split(".")[:2])
 
 
 def parse_args(argv=None):
@@ -204,6 +221,13 @@ def parse_flags(argv):
         p.error("--write-manifests writes the toy corpus; with --manifest there is none")
     if a.write_manifests is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         p.error("--write-manifests runs in one process, not under torchrun")
+    if a.fsdp:
+        if torch_version() < (2, 6):
+            p.error(f"--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch "
+                    f"{torch.__version__}: upgrade torch, or leave --fsdp out to train with DDP")
+        if "WORLD_SIZE" not in os.environ:
+            p.error("--fsdp shards the model over the processes that torchrun starts: run "
+                    "torchrun --nproc_per_node=N recipes/train_toy.py --fsdp ...")
     if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
@@ -318,12 +342,13 @@ def check_run_folder(exp, config, quick):
                          f"or delete {exp} to reuse it")
 
 
-def earlier_checkpoints(exp, resumed_from):
+def earlier_checkpoints(exp, resumed_from, ckpt):
     """The checkpoints in ``exp`` that this run does not continue: all of them when it starts afresh or resumes
-    from a checkpoint elsewhere; those after the resumed epoch when it resumes from one in ``exp``."""
-    found = sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
+    from a checkpoint elsewhere; when it resumes from ``ckpt`` in ``exp``, those of other runs and those after the
+    resumed epoch."""
+    found = checkpoints(exp)
     if resumed_from is not None and resumed_from.resolve().parent == Path(exp).resolve():
-        return [c for c in found if checkpoint_epoch(c) > checkpoint_epoch(resumed_from)]
+        return [c for c in found if checkpoint_epoch(c) > ckpt["epoch"] or checkpoint_run(c) != ckpt.get("run_id")]
     return found
 
 
@@ -340,12 +365,13 @@ def default_threads(threads, device):
 
 
 class Dist:
-    def __init__(self, device):
+    def __init__(self, device, fsdp=False):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = torch.device(device)
-        if self.world > 1:
+        self.group = self.world > 1 or fsdp  # FSDP needs a process group even for one process
+        if self.group:
             import torch.distributed as dist
             if self.device.type == "cuda":
                 self.device = torch.device("cuda", self.local_rank)
@@ -364,6 +390,15 @@ class Dist:
             dist.all_reduce(t)
         return t.tolist()
 
+    def broadcast(self, value):
+        """The first process's ``value`` (a picklable object), on every process."""
+        if self.world > 1:
+            import torch.distributed as dist
+            box = [value]
+            dist.broadcast_object_list(box, 0, device=self.device if self.device.type == "cuda" else None)
+            return box[0]
+        return value
+
     def sync_buffers(self, model):
         """Give every rank rank 0's buffers (BatchNorm statistics move with each rank's own data)."""
         if self.world > 1:
@@ -380,7 +415,7 @@ class Dist:
         """Tear the process group down on every rank together. Whatever holds it (DDP's reducer) must be
         gone first: a gloo group destroyed at interpreter exit can abort the process ("terminate called
         without an active exception"), so the caller drops its references and we collect them here."""
-        if self.world > 1:
+        if self.group:
             import gc
 
             import torch.distributed as dist
@@ -388,6 +423,90 @@ class Dist:
             if ok:
                 dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
             dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- FSDP2
+
+def shard(model):
+    """FSDP2 over all processes: each encoder block (a Conformer layer, or the LSTM), the predictor and the joiner
+    (the loss and its output Linear, whose weight the fused loss reads in the joiner's forward) a unit of its own,
+    then the model (the subsampling and the joiner's input projections)."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    # the LSTM predictor's output is a view; FSDP warns that an in-place op on it would skip a hook, and the
+    # model reads it out of place only
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPPredictor\) returned a view tensor")
+    encoder = model.encoder
+    blocks = list(encoder.conformer.conformer_layers) if encoder.kind == "conformer" else [encoder.rnn]
+    for unit in [*blocks, model.predictor, model.joiner]:
+        fully_shard(unit)
+    fully_shard(model)
+
+
+def units(model):
+    from torch.distributed.fsdp import FSDPModule
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(model, fsdp):
+    """Every FSDP unit's parameters whole, and kept whole across forward calls, for greedy search: it calls the
+    joiner's and the predictor's layers outside their modules' forward, where FSDP would not gather them."""
+    if not fsdp:
+        yield
+        return
+    for unit in units(model):
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units(model):
+            unit.reshard()
+            if unit is not model:  # the root keeps FSDP's default for it: not resharded after forward
+                unit.set_reshard_after_forward(True, recurse=False)
+
+
+def full_model_state(model, fsdp):
+    """The model's state dict, whole: under FSDP gathered from every process (all must call) onto the first
+    process's CPU (the others get an empty dict)."""
+    if not fsdp:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_state(model, optimizer, fsdp):
+    """The model's and the optimiser's state dicts, whole and on the CPU, as torch's own state_dict() gives them
+    (the optimiser's keyed by parameter index): under FSDP gathered from every process (all must call), on the
+    first process only (the others get empty dicts)."""
+    if not fsdp:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    model_state = full_model_state(model, fsdp)
+    optimizer_state = get_optimizer_state_dict(model, optimizer,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not optimizer_state:
+        return model_state, optimizer_state
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    return model_state, dict(state={index[k]: v for k, v in optimizer_state["state"].items()},
+                             param_groups=[dict(g, params=[index[n] for n in g["params"]])
+                                           for g in optimizer_state["param_groups"]])
+
+
+def load_optimizer_state(model, optimizer, state, fsdp):
+    """Load a whole optimiser state dict (torch's, keyed by parameter index) into ``optimizer``; under FSDP each
+    process keeps its shards of it."""
+    if not fsdp:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    names = [name for name, _ in model.named_parameters()]
+    by_name = dict(state={names[i]: v for i, v in state["state"].items()},
+                   param_groups=[dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]])
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 # ---------------------------------------------------------------------- data
@@ -447,6 +566,11 @@ def forward_loss(net, x, xl, y, yl, amp_dtype=None):
 
 def evaluate(model, dataset, tokenizer, a, dist, max_frames):
     """Greedy-search WER and CER (%) over the dataset, summed over ranks; some (ref, hyp) pairs."""
+    with gathered(model, a.fsdp):
+        return _evaluate(model, dataset, tokenizer, a, dist, max_frames)
+
+
+def _evaluate(model, dataset, tokenizer, a, dist, max_frames):
     model.eval()
     sampler = BucketSampler([dataset.num_frames(i) for i in range(len(dataset))], max_frames, shuffle=False,
                             rank=dist.rank, world=dist.world)
@@ -491,17 +615,53 @@ def checkpoint_epoch(path):
         return -1
 
 
-def latest_checkpoint(exp):
-    found = sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
-    return found[-1] if found else None
+def checkpoints(exp):
+    """The epoch-N.pt files in ``exp``, by epoch."""
+    return sorted(Path(exp).glob("epoch-*.pt"), key=checkpoint_epoch)
 
 
-def param_digest(model):
+RUN_FILE = "run.json"  # the id of the run whose checkpoints the run folder holds
+
+
+def folder_run(exp):
+    """The id of the run in folder ``exp`` (its run.json), or None (a folder of no run, or of a recipe before run
+    ids: every checkpoint there is then taken as the run's)."""
+    path = Path(exp) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["run_id"]
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f'{path} is not a run id file ({{"run_id": ...}}): delete it if {exp} holds no run you '
+                         f"want to keep") from None
+
+
+def checkpoint_run(path):
+    """The run id in a checkpoint (None in one from before run ids); its tensors are mapped, not read."""
+    return load_checkpoint(path, mmap=True).get("run_id")
+
+
+def latest_checkpoint(exp, run_id=None):
+    """The latest checkpoint in ``exp``; with ``run_id``, the latest of that run."""
+    for path in reversed(checkpoints(exp)):
+        if run_id is None or checkpoint_run(path) == run_id:
+            return path
+    return None
+
+
+def param_digest(state):
+    """A digest of a model's state dict."""
     import hashlib
     h = hashlib.sha1()
-    for _, p in sorted(model.state_dict().items()):
+    for _, p in sorted(state.items()):
         h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def write_atomically(path, text):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def save_checkpoint(path, **state):
@@ -512,16 +672,83 @@ def save_checkpoint(path, **state):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path):
+# what every checkpoint holds; "config" too, or in those from before it "args" (checkpoint_config)
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "history", "rng", "chars")
+
+
+def torch_reason(e):
+    """What torch says is wrong, without its advice: the WeightsUnpickler error, or the paragraphs between its
+    first ("Weights only load failed...") and its last ("Check the documentation...")."""
+    text = str(e)
+    if "WeightsUnpickler error: " in text:
+        return text.split("WeightsUnpickler error: ")[-1].split("\n")[0].split(". ")[0].strip()
+    paragraphs = [x.strip() for x in text.split("\n\n") if x.strip()]
+    if paragraphs and paragraphs[0].startswith("Weights only load failed"):
+        paragraphs = [x for x in paragraphs[1:] if not x.startswith("Check the documentation")]
+    return " ".join(" ".join(paragraphs).split()).rstrip(".") or type(e).__name__
+
+
+def load_checkpoint(path, mmap=False):
     """A checkpoint's state, loaded with ``weights_only=True``: a file that holds any object other than tensors,
-    numbers, strings and plain containers is refused, since unpickling one could run any code."""
+    numbers, strings and plain containers is refused, since unpickling one could run any code. An empty,
+    truncated or incomplete file is refused too; each error names the file and what is wrong with it."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise UsageError(f"{path} is empty, not a checkpoint (a save cut short?): delete it, or resume from another")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        found = str(e).split("WeightsUnpickler error: ")[-1].split(". ")[0]  # torch's reason, in its first sentence
-        raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
-                         f"strings and plain containers ({found}), and those are not loaded: unpickling them could "
-                         f"run any code") from None
+        if "Weights only load failed" in str(e):
+            raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, "
+                             f"numbers, strings and plain containers ({torch_reason(e)}), and those are not loaded: "
+                             f"unpickling them could run any code") from None
+        raise UsageError(f"{path} cannot be read as a checkpoint ({torch_reason(e)}): truncated, or not written by "
+                         f"torch.save; delete it, or resume from another") from None
+    except Exception as e:  # torch.load's errors for a truncated or foreign file: RuntimeError, EOFError, ...
+        reason = str(e).split(". ")[0].strip() or "no data"
+        raise UsageError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {reason}): truncated, or not "
+                         f"written by torch.save; delete it, or resume from another") from None
+    if not isinstance(state, dict):
+        raise UsageError(f"{path} is not a checkpoint of this recipe: it holds a {type(state).__name__}, not a dict")
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] + ([] if "config" in state or "args" in state
+                                                                else ["config"])
+    if missing:
+        raise UsageError(f"{path} is not a complete checkpoint of this recipe: it has no {', '.join(missing)} "
+                         f"(a checkpoint holds {', '.join(CHECKPOINT_KEYS)} and config)")
+    return state
+
+
+@contextlib.contextmanager
+def loading(path, what):
+    """Errors of loading a checkpoint's ``what`` into this run, naming the checkpoint."""
+    try:
+        yield
+    except (RuntimeError, KeyError, ValueError, IndexError, TypeError) as e:
+        raise UsageError(f"--resume: {path}: its {what} does not fit this run ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:500]})") from None
+
+
+def run_folder_problem(exp, size):
+    """Why the run folder ``exp`` cannot take a checkpoint of ``size`` bytes, or None: it is made if need be, a
+    file is written there and removed, and its file system's free space is compared with ``size``."""
+    exp = Path(exp)
+    probe = exp / f".write-test-{os.getpid()}"
+    try:
+        exp.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and Path(e.filename) not in (exp, probe) else ""
+        return (f"--exp-dir {exp}: cannot write there: {e.strerror or e}{where}; give --exp-dir a folder that can "
+                f"be written")
+    free = shutil.disk_usage(exp).free
+    if free < size:
+        return (f"--exp-dir {exp}: {free / 2**20:.1f} MiB free on its file system, and a checkpoint takes about "
+                f"{size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on another file system")
+    return None
 
 
 def plot(history, path):
@@ -552,7 +779,7 @@ def main(argv=None):
     t_start = time.time()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(default_threads(a.threads, device))
-    dist = Dist(device)
+    dist = Dist(device, a.fsdp)
     ok = False
     try:
         result = train(a, dist, t_start)  # its DDP wrapper and loaders are gone when it returns
@@ -573,7 +800,12 @@ def train(a, dist, t_start):
     check_run_folder(exp, config, a.quick)
     ckpt = path = None
     if a.resume:
-        path = latest_checkpoint(exp) if a.resume == "auto" else Path(a.resume)
+        path = latest_checkpoint(exp, folder_run(exp)) if a.resume == "auto" else Path(a.resume)
+        if path is None and latest_checkpoint(exp) is not None:
+            raise UsageError(f"--resume: {exp} holds no checkpoint of its current run ({folder_run(exp)}, in "
+                             f"{exp / RUN_FILE}), only of another ({', '.join(c.name for c in checkpoints(exp))}): "
+                             f"give one of those to --resume to continue that run, or leave --resume out to start "
+                             f"afresh")
         if path is None or not path.is_file():
             raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
         ckpt = load_checkpoint(path)
@@ -581,7 +813,9 @@ def train(a, dist, t_start):
             raise UsageError(f"--resume: {path} is a checkpoint of another configuration "
                              f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "
                              f"was trained with, or leave --resume out to start afresh")
-    earlier = earlier_checkpoints(exp, path)
+    # a run's checkpoints carry its id, and the run folder names the run that its checkpoints continue
+    run_id = (ckpt.get("run_id") if ckpt else None) or dist.broadcast(uuid.uuid4().hex)
+    earlier = earlier_checkpoints(exp, path, ckpt)
     if ckpt:
         log(f"resuming from {path} (epoch {ckpt['epoch']} done)")
     if earlier:
@@ -608,7 +842,20 @@ def train(a, dist, t_start):
                        fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty,
                        big_blank_durations=a.big_blank_durations).to(device)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
-        f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}")
+        f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}"
+        + (", sharded (FSDP2)" if a.fsdp else ", replicated (DDP)" if dist.world > 1 else ""))
+    if ckpt is not None:
+        # checkpoints from before the joiner was a module name its output Linear "out"
+        state = {("joiner.output." + k[4:] if k.startswith("out.") else k): v for k, v in ckpt["model"].items()}
+        with loading(path, "model"):
+            model.load_state_dict(state)
+    # a checkpoint: the parameters, and AdamW's two moments of each
+    size = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) + 2**20
+    problem = dist.broadcast(run_folder_problem(exp, size) if dist.main else None)
+    if problem:
+        raise UsageError(problem)
+    if a.fsdp:
+        shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
                             seed=a.seed, rank=dist.rank, world=dist.world)
@@ -625,17 +872,20 @@ def train(a, dist, t_start):
     amp = device.type == "cuda" and not a.no_amp
     amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
+    if a.fsdp and scaler.is_enabled():  # its inf checks would see one process's shards only
+        raise UsageError("--fsdp trains in bf16 autocast or fp32; this GPU has no bf16, and fp16's gradient scaler "
+                         "does not work across FSDP's shards: add --no-amp")
 
     start_epoch, history = 0, []
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
+        with loading(path, "optimiser, scheduler, scaler or random-number state"):
+            load_optimizer_state(model, optimizer, ckpt["optimizer"], a.fsdp)
+            scheduler.load_state_dict(ckpt["scheduler"])
+            scaler.load_state_dict(ckpt["scaler"])
+            set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
         start_epoch, history = ckpt["epoch"], ckpt["history"]
-        set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
     net = model
-    if dist.world > 1:
+    if dist.world > 1 and not a.fsdp:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler, collate_fn=collate,
@@ -690,12 +940,18 @@ def train(a, dist, t_start):
             tdist.all_gather_object(rngs, rng_state())
         else:
             rngs = [rng_state()]
+        model_state, optimizer_state = full_state(model, optimizer, a.fsdp)
         if dist.main:
             saved = exp / f"epoch-{epoch + 1}.pt"
             exp.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(saved, model=model.state_dict(), optimizer=optimizer.state_dict(),
+            # the folder names this run before it holds the run's first checkpoint: --resume then takes this run's
+            # checkpoints only, also where a kill leaves the earlier run's beside them
+            if folder_run(exp) != run_id:
+                write_atomically(exp / RUN_FILE, json.dumps(dict(run_id=run_id)) + "\n")
+            save_checkpoint(saved, model=model_state, optimizer=optimizer_state,
                             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch + 1,
-                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config)
+                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config,
+                            run_id=run_id)
             # the folder holds a run of this configuration from its first checkpoint on
             (exp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
             plot(history, exp / "train.png")
@@ -705,16 +961,20 @@ def train(a, dist, t_start):
                 if old.name != saved.name:
                     old.unlink(missing_ok=True)
             earlier = []
-            for old in sorted(exp.glob("epoch-*.pt"), key=checkpoint_epoch)[: -a.keep_checkpoints]:
+            for old in checkpoints(exp)[: -a.keep_checkpoints]:
                 old.unlink()
         dist.barrier()
 
-    digests = [param_digest(model)]
-    if dist.world > 1:  # DDP keeps replicas in step; check it
+    if a.fsdp:  # each process holds its shards: the digest of the whole model, on the first process
+        state = full_model_state(model, a.fsdp)
+        digests = [param_digest(state)] if dist.main else []
+    elif dist.world > 1:  # DDP keeps replicas in step; check it
         import torch.distributed as tdist
         digests = [None] * dist.world
-        tdist.all_gather_object(digests, param_digest(model))
+        tdist.all_gather_object(digests, param_digest(model.state_dict()))
         log(f"DDP: parameters {'agree' if len(set(digests)) == 1 else 'DIFFER'} across {dist.world} ranks")
+    else:
+        digests = [param_digest(model.state_dict())]
     test_wer, test_cer, pairs = evaluate(model, test_set, tokenizer, a, dist, a.max_frames)
     decode_s = evaluate.seconds
     wall = time.time() - t_start

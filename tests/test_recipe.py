@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,19 +97,60 @@ def test_rna_stateless_predictor_unfused_joiner(corpus, tmp_path):
     assert np.isfinite(r["history"][0]["train_loss"])
 
 
-def test_ddp_two_gloo_processes_agree(corpus, tmp_path):
+def torchrun(args, timeout=300):
+    """The recipe run by torchrun in 2 processes on the CPU (gloo)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(RECIPES / "train_toy.py"), *FAST, "--device", "cpu", "--data-dir", str(corpus),
-           "--exp-dir", str(tmp_path), "--epochs", "1", "--max-steps", "3"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+           str(RECIPES / "train_toy.py"), *FAST, "--device", "cpu", *map(str, args)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "terminate called" not in p.stderr and "process group has NOT been destroyed" not in p.stderr, p.stderr
-    res = json.loads((tmp_path / "results.json").read_text())
-    assert res["world"] == 2
-    assert len(res["param_digests"]) == 2 and res["param_digests"][0] == res["param_digests"][1]
+    return p
+
+
+@pytest.mark.skipif(train_toy.torch_version() < (2, 6), reason="FSDP2's fully_shard is public from torch 2.6")
+def test_ddp_and_fsdp_two_gloo_processes(corpus, tmp_path):
+    """torchrun's 2 processes replicate the model (DDP) or, with --fsdp, shard it. Each epoch's checkpoint holds
+    the whole model and optimiser either way: DDP's epoch 1 resumed under FSDP gives DDP's epoch 2 (to rounding:
+    the gradient norm is summed in another order) and a checkpoint of the same form."""
+    steps = ["--data-dir", corpus, "--epochs", 2, "--max-steps", 3]
+    p = torchrun([*steps, "--exp-dir", tmp_path / "ddp"])
+    ddp = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert ddp["world"] == 2 and "world 2, replicated (DDP)" in p.stdout
+    assert len(ddp["param_digests"]) == 2 and ddp["param_digests"][0] == ddp["param_digests"][1]
     assert "parameters agree across 2 ranks" in p.stdout
+    losses = [h["train_loss"] for h in ddp["history"]]
+    assert all(np.isfinite(losses)) and losses[1] < losses[0], losses
+
+    p = torchrun([*steps, "--exp-dir", tmp_path / "fsdp", "--fsdp", "--resume", tmp_path / "ddp" / "epoch-1.pt"])
+    assert "world 2, sharded (FSDP2)" in p.stdout
+    fsdp = json.loads((tmp_path / "fsdp" / "results.json").read_text())
+    assert fsdp["history"][0] == ddp["history"][0]
+    assert fsdp["history"][1]["train_loss"] == pytest.approx(losses[1], rel=1e-5)
+    assert 0 <= fsdp["test_wer"] and 0 <= fsdp["test_cer"] and fsdp["decode_s"] > 0
+    a, b = (torch.load(tmp_path / run / "epoch-2.pt", map_location="cpu", weights_only=True) for run in ("ddp", "fsdp"))
+    assert fsdp["param_digests"] == [train_toy.param_digest(b["model"])]
+    assert a["model"].keys() == b["model"].keys()  # whole tensors, the names of the unsharded model
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-6, msg=k)
+    assert sorted(b["optimizer"]["state"]) == sorted(a["optimizer"]["state"])  # keyed by parameter index
+    assert [dict(g, betas=tuple(g["betas"])) for g in b["optimizer"]["param_groups"]] == a["optimizer"]["param_groups"]
+    for i, s in a["optimizer"]["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(b["optimizer"]["state"][i][k], s[k], rtol=1e-3, atol=1e-8, msg=(i, k))
+
+
+def test_fsdp_needs_torchrun(monkeypatch, capsys):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit):
+        train_toy.parse_args(["--fsdp"])
+    assert "--fsdp shards the model over the processes that torchrun starts" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "__version__", "2.5.1")
+    with pytest.raises(SystemExit):
+        train_toy.parse_args(["--fsdp"])
+    assert "--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch 2.5.1" in \
+        capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- run folders
@@ -247,6 +289,124 @@ def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, cor
     assert json.loads((folder / "results.json").read_text())["history"] == r["history"] and len(r["history"]) == 1
 
 
+def test_the_run_folder_is_checked_before_training(corpus, tmp_path, monkeypatch, capsys):
+    """A run folder that cannot be written, or without room for a checkpoint, stops the run before its first
+    step, naming the folder and the cause."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(train_toy.UsageError) as e:
+        run(["--data-dir", corpus, "--exp-dir", tmp_path / "file" / "run"])
+    assert str(e.value) == (f"--exp-dir {tmp_path / 'file' / 'run'}: cannot write there: Not a directory; give "
+                            f"--exp-dir a folder that can be written")
+    assert "epoch 1" not in capsys.readouterr().out
+
+    def full(path):
+        return shutil._ntuple_diskusage(10 * 2**30, 10 * 2**30 - 2**19, 2**19)
+    monkeypatch.setattr(train_toy.shutil, "disk_usage", full)
+    with pytest.raises(train_toy.UsageError) as e:
+        run(["--data-dir", corpus, "--exp-dir", tmp_path / "full"])
+    # 3 copies (the parameters, AdamW's two moments) of the quick model's 4-byte parameters, and 1 MiB
+    from asr_model import Transducer
+    model = Transducer(27, encoder="conformer", encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32)
+    size = 3 * 4 * sum(p.numel() for p in model.parameters()) + 2**20
+    assert str(e.value) == (f"--exp-dir {tmp_path / 'full'}: 0.5 MiB free on its file system, and a checkpoint "
+                            f"takes about {size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on "
+                            f"another file system")
+    assert "epoch 1" not in capsys.readouterr().out
+    assert list((tmp_path / "full").iterdir()) == []  # the test file is gone
+
+
+def test_resume_takes_the_checkpoints_of_the_folders_run(corpus, tmp_path, monkeypatch, capsys):
+    """A new run names itself in the run folder (run.json) before its first checkpoint, and each checkpoint
+    names its run: killed before the earlier run's checkpoints are removed, --resume continues the new run,
+    not the earlier one; killed before its first checkpoint, --resume says so."""
+    folder = tmp_path / "run"
+    short = ["--data-dir", corpus, "--exp-dir", folder, "--max-steps", 1]
+    first = run([*short, "--epochs", 2])
+    first_id = json.loads((folder / "run.json").read_text())["run_id"]
+    assert [torch.load(folder / f"epoch-{n}.pt", weights_only=True)["run_id"] for n in (1, 2)] == [first_id] * 2
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # between the new run's first checkpoint and the earlier run's removal
+    monkeypatch.setattr(train_toy, "plot", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run([*short, "--epochs", 2, "--lr", "1e-3"])
+    monkeypatch.undo()
+    second_id = json.loads((folder / "run.json").read_text())["run_id"]
+    new, old = (torch.load(folder / f"epoch-{n}.pt", weights_only=True) for n in (1, 2))
+    assert second_id != first_id and new["run_id"] == second_id and old["run_id"] == first_id
+    capsys.readouterr()
+    resumed = run([*short, "--epochs", 2, "--lr", "1e-3", "--resume"])
+    assert f"resuming from {folder / 'epoch-1.pt'} (epoch 1 done)" in capsys.readouterr().out
+    assert resumed["history"][0] == new["history"][0] != first["history"][0]
+    assert {torch.load(p, weights_only=True)["run_id"] for p in folder.glob("epoch-*.pt")} == {second_id}
+
+    # a run killed after naming itself and before its first checkpoint: the folder's checkpoints are another run's
+    monkeypatch.setattr(train_toy, "save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run([*short, "--epochs", 1])
+    monkeypatch.undo()
+    third_id = json.loads((folder / "run.json").read_text())["run_id"]
+    with pytest.raises(train_toy.UsageError) as e:
+        run([*short, "--epochs", 3, "--resume"])
+    assert str(e.value) == (f"--resume: {folder} holds no checkpoint of its current run ({third_id}, in "
+                            f"{folder / 'run.json'}), only of another (epoch-1.pt, epoch-2.pt): give one of those to "
+                            f"--resume to continue that run, or leave --resume out to start afresh")
+
+
+def test_a_checkpoint_from_before_the_joiner_module_resumes(two_runs, corpus, tmp_path):
+    """Its output Linear named "out" (now "joiner.output"): it loads, and training goes on from it."""
+    runs, rnnt, *_ = two_runs
+    state = torch.load(runs / "rnnt" / "epoch-3.pt", map_location="cpu", weights_only=True)
+    old = {k.replace("joiner.output.", "out."): v for k, v in state["model"].items()}
+    assert "out.weight" in old and "joiner.output.weight" not in old
+    torch.save(dict({k: v for k, v in state.items() if k != "run_id"}, model=old), tmp_path / "epoch-3.pt")
+    r = run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--max-steps", 1, "--epochs", 4,
+             "--resume", tmp_path / "epoch-3.pt"])
+    assert r["history"][:3] == rnnt["history"] and len(r["history"]) == 4
+
+
+def test_bad_checkpoints_are_named_with_what_is_wrong(two_runs, corpus, tmp_path):
+    """Empty, truncated, incomplete and foreign checkpoints, and one whose model does not fit: each refused by
+    name, saying what is wrong, with torch's reason where torch gives one."""
+    import os as os_module
+
+    runs, *_ = two_runs
+    good = (runs / "rnnt" / "epoch-3.pt").read_bytes()
+    state = torch.load(runs / "rnnt" / "epoch-3.pt", map_location="cpu", weights_only=True)
+
+    class System:
+        def __reduce__(self):
+            return os_module.system, ("true",)
+    cases = {
+        "empty.pt": (b"", "is empty, not a checkpoint (a save cut short?): delete it, or resume from another"),
+        "truncated.pt": (good[: len(good) // 2], "cannot be read as a checkpoint (RuntimeError: PytorchStreamReader "
+                                                  "failed reading zip archive: failed finding central directory): "
+                                                  "truncated, or not written by torch.save; delete it, or resume "
+                                                  "from another"),
+        "text.pt": (b"hello", "cannot be read as a checkpoint ("),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+    torch.save({k: v for k, v in state.items() if k != "chars"}, tmp_path / "incomplete.pt")
+    cases["incomplete.pt"] = (None, "is not a complete checkpoint of this recipe: it has no chars (a checkpoint "
+                                    "holds model, optimizer, scheduler, scaler, epoch, history, rng, chars and config)")
+    torch.save(dict(state, history=System()), tmp_path / "system.pt")
+    cases["system.pt"] = (None, "is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
+                                "strings and plain containers (Trying to load unsupported GLOBAL posix.system whose "
+                                "module posix is blocked)")
+    torch.save(dict(state, model={k: v for k, v in state["model"].items() if k != "out.weight"
+                                  and not k.endswith("output.weight")}), tmp_path / "misfit.pt")
+    for name, (_, message) in cases.items():
+        with pytest.raises(train_toy.UsageError) as e:
+            run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--resume", tmp_path / name])
+        assert str(e.value).startswith(f"{tmp_path / name} {message}"), str(e.value)
+    with pytest.raises(train_toy.UsageError) as e:
+        run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--resume", tmp_path / "misfit.pt"])
+    assert str(e.value).startswith(f"--resume: {tmp_path / 'misfit.pt'}: its model does not fit this run "
+                                   f"(RuntimeError: Error(s) in loading state_dict for Transducer: Missing key(s) in "
+                                   f"state_dict: \"joiner.output.weight\""), str(e.value)
+
+
 @pytest.mark.parametrize("args, folder", [
     ([], "runs/toy/rnnt"),
     (["--epochs", "3", "--lr", "1e-3", "--seed", "4", "--max-frames", "2000", "--threads", "1", "--no-specaug"],
@@ -324,12 +484,14 @@ def test_short_clips_and_duration_field(tmp_path):
     short = tmp_path / "short.wav"
     sf.write(short, np.zeros(int(0.02 * 16000), dtype=np.float32), 16000)  # 20 ms: one fbank frame
     (tmp_path / "junk.wav").write_bytes(b"not audio, but the manifest gives its duration")
+    long = json.dumps({"audio": good.name, "text": text, "duration": 9.5})  # the header says less: trusted
     lines = [
         json.dumps({"audio": short.name, "text": "one"}),
         json.dumps({"audio": good.name, "text": text, "duration": 0.03}),
         json.dumps({"audio": "junk.wav", "text": "two", "duration": 1.25}),
         json.dumps({"audio": good.name, "text": text, "duration": "long"}),
         json.dumps({"audio": good.name, "text": text}),
+        long,
     ]
     m = tmp_path / "train.jsonl"
     m.write_text("\n".join(lines) + "\n")
@@ -338,9 +500,14 @@ def test_short_clips_and_duration_field(tmp_path):
     joined = "\n".join(msgs)
     assert f"{m}:1: audio too short: 20 ms" in joined, joined
     assert f"{m}:2: audio too short: 30 ms" in joined, joined
+    # a duration is no reason not to read the file's header: audio that cannot be read is found here
+    assert f"{m}:3: unreadable audio {tmp_path / 'junk.wav'}: " in joined, joined
     assert f"{m}:4: 'duration' must be a number of seconds" in joined, joined
-    assert [(Path(i[1]).name, i[3]) for i in items][0] == ("junk.wav", 1.25)  # trusted, never opened
-    assert Path(items[1][1]).name == good.name and items[1][3] == pytest.approx(sf.info(good).duration)
+    assert f"{m}: skipped 4 bad line(s), kept 2" in joined, joined
+    assert [(Path(i[1]).name, i[3]) for i in items] == [(good.name, pytest.approx(sf.info(good).duration)),
+                                                        (good.name, 9.5)]
+    with pytest.raises(asr_data.ManifestError, match=r"train\.jsonl:1: audio too short"):
+        asr_data.read_manifest(m, "stop")
     with pytest.raises(ValueError, match="audio too short"):
         asr_data.fbank(torch.zeros(500))
     assert torch.isfinite(asr_data.fbank(torch.randn(560))).all()  # two frames: the shortest clip kept
@@ -382,7 +549,8 @@ def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
         model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
                            joiner_dim=8, joiner=joiner, loss=loss_kind, durations=(0, 1, 2), sigma=0.05).eval()
         seen = []
-        model.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+        if joiner == "unfused":
+            model.joiner.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
         with autocast_lstms(model):  # the encoder's and predictor's, outside autocast where this CPU needs it
             loss = train_toy.forward_loss(model, x, xl, y, yl, torch.bfloat16)
         loss.backward()
@@ -404,6 +572,36 @@ def test_manifest_training_run(tmp_path, capsys):
     assert np.isfinite(r["test_wer"])
     with pytest.raises(asr_data.ManifestError, match="train.tsv:9"):
         run(["--manifest", m, "--exp-dir", tmp_path / "exp2", "--bad-lines", "stop"])
+
+    # a JSON line's duration with audio that cannot be read: reported and skipped, not met in the epoch
+    (tmp_path / "junk.flac").write_bytes(b"fLaC" + bytes(200))
+    jsonl = tmp_path / "train.jsonl"
+    lines = [dict(audio=str(p), text=t, duration=sf.info(p).duration) for p, t in wavs]
+    lines.insert(3, dict(audio="junk.flac", text="seven", duration=1.5))
+    jsonl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = run(["--manifest", jsonl, "--exp-dir", tmp_path / "exp3", "--epochs", 1])
+    out = capsys.readouterr().out
+    assert f"warning: {jsonl}:4: unreadable audio {tmp_path / 'junk.flac'}: " in out, out
+    assert f"{jsonl}: skipped 1 bad line(s), kept 8" in out
+    assert len(r["history"]) == 1 and np.isfinite(r["step_losses"]).all() and np.isfinite(r["test_wer"])
+    with pytest.raises(asr_data.ManifestError, match=re.escape(f"{jsonl}:4: unreadable audio")):
+        run(["--manifest", jsonl, "--exp-dir", tmp_path / "exp4", "--bad-lines", "stop"])
+    assert not (tmp_path / "exp4").exists()
+
+
+def test_a_manifest_line_that_is_not_utf8(tmp_path):
+    """A line that is not UTF-8 is a bad line like any other, named by file and line; a UTF-8 byte order mark
+    is no part of the first line."""
+    (good, text), = _write_wavs(tmp_path, 1)
+    m = tmp_path / "train.tsv"
+    m.write_bytes(b"\xef\xbb\xbf" + f"{good}\t{text}\n".encode() + f"{good}\tcaf".encode() + b"\xe9\n")
+    msgs = []
+    items = asr_data.read_manifest(m, "skip", log=msgs.append)
+    assert [(i[1], i[2]) for i in items] == [(str(good), text)]
+    assert f"warning: {m}:2: not UTF-8 text (byte 0xe9 at column {len(str(good)) + 5}); manifests are UTF-8; " \
+           f"skipping this line" in msgs
+    with pytest.raises(asr_data.ManifestError, match=re.escape(f"{m}:2: not UTF-8 text (byte 0xe9")):
+        asr_data.read_manifest(m, "stop")
 
 
 def test_nemo_manifest(tmp_path):
