@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from _batches import random_batch
+from _cpu import autocast_convs
 from _imports import require
 from transducer import multiblank_loss_reference, transducer_loss_reference
 from transducer.integrations import espnet as integration
@@ -189,7 +190,7 @@ def test_losses_refuse_what_warp_transducer_would_not_take():
         MultiblankRNNTLoss(4, [2], sigma="0.05")
     with pytest.raises(TypeError, match="fastemit_lambda: expected a number, got str '0.1'"):
         RNNTLoss(fastemit_lambda="0.1")
-    with pytest.raises(ValueError, match="fastemit_lambda: expected a number >= 0"):
+    with pytest.raises(ValueError, match=r"fastemit_lambda: expected a number in \[0, 65503\]"):
         RNNTLoss(fastemit_lambda=-0.1)
     loss = MultiblankRNNTLoss(4, [2, 3], clamp=1, sigma=0)
     assert (loss.big_blank_durations, loss.clamp, loss.sigma) == ((2, 3), 1.0, 0.0)
@@ -355,7 +356,7 @@ def test_applied_step_equals_the_reference_step(kind, activation, fused):
     criterion = model.criterion_transducer
     if kind == "multiblank":
         assert isinstance(criterion, MultiblankRNNTLoss)
-        assert (criterion.blank, criterion.big_blank_durations, criterion.sigma) == (2, BIG_BLANKS, 0.05)
+        assert (criterion.blank, criterion.big_blank_durations, criterion.sigma) == (2, tuple(BIG_BLANKS), 0.05)
     else:
         assert isinstance(criterion, RNNTLoss) and criterion.reduction == "mean"
     method = "forward" if kind.startswith("transducer") else "_calc_transducer_loss"
@@ -400,7 +401,7 @@ def test_bf16_autocast_step_near_the_reference(kind, fused):
     torch.manual_seed(0)
     model = MODELS[kind]()
     data = batch(model)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), autocast_convs():  # some CPUs' bf16 convolutions err
         want_loss, want_grads, _ = training_step(with_criterion(model, reference_criterion(kind)), data)
         loss, grads, _ = training_step(apply(model, fused=fused), data)
     torch.testing.assert_close(loss, want_loss, rtol=2e-2, atol=0)
