@@ -32,6 +32,7 @@ do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_con
 """
 
 import math
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -77,6 +78,54 @@ class CUTE_OPS:
     minimum = staticmethod(cute.arch.fmin)
 
 
+class Arguments(NamedTuple):
+    """__call__'s arguments but the stream, as its docstring says."""
+    h: Any
+    w: Any
+    col_bias: Any
+    labels: Any
+    row_values: Any
+    g: Any
+    n_rows: Any
+    n_cols: Any
+    h_stride: Any
+    row_values_stride: Any
+    g_stride: Any
+    blank: Any
+    clamp: Any
+    extra_start: Any
+
+
+class Operands(NamedTuple):
+    """The GEMM's operands in the kernel: the TMA atoms of H and W and the tensors they load from."""
+    tma_h: Any
+    mH: Any
+    tma_w: Any
+    mW: Any
+
+
+class EpilogueArguments(NamedTuple):
+    """What the epilogues read and write in the kernel: the column bias, the labels, the rows' values (statistics
+    written, or gradient coefficients read), G's TMA atom and tensor, and the blank, the clamp and the first extra
+    column."""
+    col_bias: Any
+    labels: Any
+    row_values: Any
+    tma_g: Any
+    mG: Any
+    blank: Any
+    clamp: Any
+    extra_start: Any
+
+
+class Layouts(NamedTuple):
+    """The kernel's tiled MMA and the shared-memory layouts of H's, W's and G's tiles."""
+    tiled_mma: Any
+    h_smem: Any
+    w_smem: Any
+    g_smem: Any
+
+
 class LogitsGemm:
     """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
     (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
@@ -107,15 +156,22 @@ class LogitsGemm:
         self.acc_dtype = cutlass.Float32
         self.g_buffers = G_BUFFERS
 
-    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
+    def _setup_mma(self, h: cute.Tensor, w: cute.Tensor, warpgroups: int):
+        """The operands' dtype and layouts, the tiled MMA of ``warpgroups`` warpgroups along the rows, and the tile
+        (tile_m, tile_n, tile_k) of a k step."""
         self.ab_dtype = h.element_type
         self.h_layout = utils.LayoutEnum.from_tensor(h)
         self.w_layout = utils.LayoutEnum.from_tensor(w)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
-            self.acc_dtype, (self.warpgroups, 1, 1), tiler_mn=(64, self.tile_n))
+            self.acc_dtype, (warpgroups, 1, 1), tiler_mn=(64, self.tile_n))
         tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
         self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
+
+    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
+        """The tiled MMA, the number of load stages and the shared-memory layouts."""
+        self._setup_mma(h, w, self.warpgroups)
+        tile_k = self.tile_mnk[2]
         stage_bytes = (self.tile_m + self.tile_n) * tile_k * self.ab_dtype.width // 8
         capacity = utils.get_smem_capacity_in_bytes("sm_90") // self.occupancy - 1024  # 1024: the barriers
         self.g_subtile = (self.tile_m, min(G_SUBTILE_N, self.tile_n))
@@ -144,9 +200,11 @@ class LogitsGemm:
         (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
         multiple of 8): the gradient (written; the statistics never touch it)."""
-        h, w, col_bias, labels, row_values, g = self._tensors(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr,
-                                                              g_ptr, n_rows, n_cols, h_stride, row_values_stride,
-                                                              g_stride)
+        # TVM FFI's calling convention passes each pointer and number as an argument of its own: this one boundary is
+        # flat, its arguments gathered into Arguments once
+        args = Arguments(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride,
+                         row_values_stride, g_stride, blank, clamp, extra_start)
+        h, w, col_bias, labels, row_values, g = self._tensors(args)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
@@ -162,49 +220,56 @@ class LogitsGemm:
         tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
             self.g_subtile)
-        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
-
-        @cute.struct
-        class SharedStorage:
-            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
-            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
-
-        self.shared_storage = SharedStorage
-        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
-        clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
-                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
-                    self.g_smem_layout).launch(
-            grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
+        self.shared_storage = self._shared_storage()
+        self.kernel(Operands(tma_h, tma_h_tensor, tma_w, tma_w_tensor),
+                    EpilogueArguments(col_bias, labels, row_values, tma_g, tma_g_tensor, blank, clamp, extra_start),
+                    Layouts(self.tiled_mma, self.h_smem_layout, self.w_smem_layout, self.g_smem_layout)).launch(
+            grid=[self._ctas(h.shape[0]), 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
             stream=stream)
 
-    def _tensors(self, h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride,
-                 row_values_stride, g_stride):
+    def _shared_storage(self):
+        """The kernel's shared memory: the load ring's barriers, then the fields _storage_fields adds, then the tiles
+        of H, W and G (8 elements where the statistics never use it), each 1024-byte aligned (TMA's swizzle)."""
+        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
+        fields = {"barriers": cute.struct.MemRange[cutlass.Int64, self.stages * 2], **self._storage_fields(),
+                  "sH": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024],
+                  "sW": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024],
+                  "sG": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]}
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def _storage_fields(self):
+        """The shared memory's fields between the barriers and the tiles: none."""
+        return {}
+
+    def _ctas(self, n_rows):
+        """The grid: a CTA per row tile, in whole clusters."""
+        m_blocks = (n_rows + self.tile_m - 1) // self.tile_m
+        clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
+        return clusters * self.cluster_m
+
+    def _tensors(self, args: Arguments):
         """(h, w, col_bias, labels, row_values, g): the tensors of __call__'s pointers, as its docstring says."""
         J, width = self.J, self.n_tiles * self.tile_n
-        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
-        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
-        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
-        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
-                                                                        n_rows),
-                                                                       stride=(row_values_stride, 1)))
+        n_rows, h_stride, g_stride = args.n_rows, args.h_stride, args.g_stride
+        h = cute.make_tensor(args.h, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
+        w = cute.make_tensor(args.w, cute.make_layout((args.n_cols, J), stride=(J, 1)))
+        col_bias = cute.make_tensor(args.col_bias, cute.make_layout(width))
+        labels = cute.make_tensor(args.labels, cute.make_layout(n_rows))
+        row_values = cute.make_tensor(args.row_values, cute.make_layout(((5 if self.gradient else 3) + self.extra,
+                                                                         n_rows),
+                                                                        stride=(args.row_values_stride, 1)))
         if self.gradient:
             g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
-            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
+            g = cute.make_tensor(args.g, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
         else:  # never written: one tile, so that the store's TMA descriptor describes memory of a plausible shape
-            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
+            g = cute.make_tensor(args.g, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
         return h, w, col_bias, labels, row_values, g
 
     @cute.kernel
-    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
-               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
-               tiled_mma: cute.TiledMma,
-               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
-               g_smem_layout: cute.ComposedLayout):
+    def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
+        tma_h, mH, tma_w, mW = operands
+        col_bias, labels, row_values, tma_g, mG, blank, clamp, extra_start = epilogue
+        tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -609,14 +674,8 @@ class LogitsGemmPingpong(LogitsGemm):
         self.resident = resident
 
     def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
-        self.ab_dtype = h.element_type
-        self.h_layout = utils.LayoutEnum.from_tensor(h)
-        self.w_layout = utils.LayoutEnum.from_tensor(w)
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
-            self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_n))
-        tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
-        self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
+        self._setup_mma(h, w, 1)  # each consumer's MMAs: one warpgroup's
+        tile_k = self.tile_mnk[2]
         self.k_tiles = -(-self.J // tile_k)
         element = self.ab_dtype.width // 8
         self.g_subtile = (self.tile_m, min(self.g_subtile_n, self.tile_n))
@@ -647,52 +706,23 @@ class LogitsGemmPingpong(LogitsGemm):
                                                            self.k_tiles if self.resident else self.stages)
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
-    @cute.jit
-    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
-                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
-                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
-                 blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
-        """As LogitsGemm's."""
-        h, w, col_bias, labels, row_values, g = self._tensors(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr,
-                                                              g_ptr, n_rows, n_cols, h_stride, row_values_stride,
-                                                              g_stride)
-        self._setup(h, w, g)
-        tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
-            (self.tile_m, self.tile_mnk[2]))
-        tma_w, tma_w_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_layout, (None, None, 0)),
-            (self.tile_n, self.tile_mnk[2]))
-        tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
-            self.g_subtile)
-        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
+    def _storage_fields(self):
+        """The resident H's load barrier, and the statistics' merge of the consumers (its barrier and buffer)."""
         merge_values = 4 * self.tile_m if self.resident and not self.gradient else 4
+        return {"h_barriers": cute.struct.MemRange[cutlass.Int64, 2],
+                "merge_barrier": cute.struct.MemRange[cutlass.Int64, 1],
+                "merge": cute.struct.MemRange[cutlass.Float32, merge_values]}
 
-        @cute.struct
-        class SharedStorage:
-            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            h_barriers: cute.struct.MemRange[cutlass.Int64, 2]
-            merge_barrier: cute.struct.MemRange[cutlass.Int64, 1]
-            merge: cute.struct.MemRange[cutlass.Float32, merge_values]
-            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
-            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
-
-        self.shared_storage = SharedStorage
-        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
-        ctas = (m_blocks if self.resident else (m_blocks + 1) // 2) * self.vocab_groups
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
-                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
-                    self.g_smem_layout).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
+    def _ctas(self, n_rows):
+        """The grid: a CTA per row tile, or per two of them where H is not resident, times the vocabulary groups."""
+        m_blocks = (n_rows + self.tile_m - 1) // self.tile_m
+        return (m_blocks if self.resident else (m_blocks + 1) // 2) * self.vocab_groups
 
     @cute.kernel
-    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
-               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
-               tiled_mma: cute.TiledMma,
-               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
-               g_smem_layout: cute.ComposedLayout):
+    def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
+        tma_h, mH, tma_w, mW = operands
+        col_bias, labels, row_values, tma_g, mG, blank, clamp, extra_start = epilogue
+        tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
