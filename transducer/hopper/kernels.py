@@ -126,6 +126,53 @@ class Layouts(NamedTuple):
     g_smem: Any
 
 
+class ThreadTile(NamedTuple):
+    """A thread's part of a tile and its rows' registers: the accumulators and each one's (row, column) in the tile,
+    both viewed as (rows, columns) of this thread (LogitsGemm._accumulators), each row's values (the statistics or
+    the gradient's coefficients, LogitsGemm._init_rows) and its label."""
+    acc_rc: Any
+    coords_rc: Any
+    values: Any
+    label: Any
+
+
+class GradientStore(NamedTuple):
+    """The gradient's way out of a thread's accumulators (LogitsGemm._g_copy's tiled copy, its shared memory, the
+    accumulators retiled, a subtile's registers), the subtile buffers, G's TMA atom and tensor, and the TMA stores'
+    pipeline."""
+    copy: Any
+    copy_smem: Any
+    copy_acc: Any
+    copy_regs: Any
+    sG: Any
+    tma_g: Any
+    mG: Any
+    stores: Any
+
+
+class StoreGroup(NamedTuple):
+    """The threads holding a tile of G: whether this thread's warp issues the TMA stores, their first subtile
+    buffer, their named barrier and their count."""
+    storing: Any
+    first_buffer: Any
+    barrier_id: Any
+    threads: Any
+
+
+class TmaLoads(NamedTuple):
+    """LogitsGemm's loads: their pipeline, the TMA atoms of H and W with their partitions of global and shared
+    memory, W's multicast mask and the k tiles a vocabulary tile."""
+    pipeline: Any
+    tma_h: Any
+    tHgH: Any
+    tHsH: Any
+    tma_w: Any
+    tWgW: Any
+    tWsW: Any
+    mcast_mask: Any
+    k_tiles: Any
+
+
 class LogitsGemm:
     """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
     (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
@@ -268,7 +315,7 @@ class LogitsGemm:
     @cute.kernel
     def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
         tma_h, mH, tma_w, mW = operands
-        col_bias, labels, row_values, tma_g, mG, blank, clamp, extra_start = epilogue
+        row_values, tma_g, mG = epilogue.row_values, epilogue.tma_g, epilogue.mG
         tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -319,16 +366,18 @@ class LogitsGemm:
         # the tiles
         if cutlass.const_expr(self.gradient):
             sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)
-            g_copy, g_copy_smem, g_copy_acc, g_copy_regs = self._g_copy(tiled_mma, tidx, sG, acc)
             g_stores = pipeline.PipelineTmaStore.create(
                 num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads))
+            g_store = GradientStore(*self._g_copy(tiled_mma, tidx, sG, acc), sG, tma_g, mG, g_stores)
 
         # each of the thread's rows' values and label in registers (_init_rows)
         values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)
         label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-        self._init_rows(coords_rc, row_values, labels, values, label, m_block, n_rows)
+        tile = ThreadTile(acc_rc, coords_rc, values, label)
+        self._init_rows(tile, epilogue, m_block, n_rows)
 
         k_tiles = cute.size(gH, mode=[2])
+        tma_loads = TmaLoads(loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
         total = self.n_tiles * k_tiles
         produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -337,7 +386,7 @@ class LogitsGemm:
 
         if warp_idx == 0:
             for _ in cutlass.range(cutlass.min(self.stages, total), unroll=1):
-                self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                self._load(tma_loads, produced)
                 produced.advance()
 
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -356,25 +405,24 @@ class LogitsGemm:
                     loads.consumer_release(release)
                     release.advance()
                     if warp_idx == 0 and produced.count < total:
-                        self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                        self._load(tma_loads, produced)
                         produced.advance()
                 read.advance()
             cute.nvgpu.warpgroup.wait_group(0)
             loads.consumer_release(release)
             release.advance()
             if warp_idx == 0 and produced.count < total:
-                self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                self._load(tma_loads, produced)
                 produced.advance()
 
-            self._epilogue_tile(acc_rc, coords_rc, values, label, col_bias, row_values, blank, clamp, extra_start,
-                                m_block, n_rows, n_tile)
+            self._epilogue_tile(tile, epilogue, m_block, n_rows, n_tile)
             if cutlass.const_expr(self.gradient):
-                self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                          warp_idx == 0, m_block, n_tile)
+                self._store_gradient_tile(g_store, StoreGroup(warp_idx == 0, 0, G_BARRIER, self.threads), m_block,
+                                          n_tile)
 
         if cutlass.const_expr(not self.gradient):
             self._merge_quad_statistics(values)
-            self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
+            self._write_statistics(tile, row_values, m_block, n_rows)
         else:
             if warp_idx == 0:
                 g_stores.producer_tail()  # the last subtiles' stores are done before the CTA leaves
@@ -412,11 +460,13 @@ class LogitsGemm:
         return EXTRA_ARCS + self.extra if self.gradient else 4
 
     @cute.jit
-    def _init_rows(self, coords_rc: cute.Tensor, row_values: cute.Tensor, labels: cute.Tensor, values: cute.Tensor,
-                   label: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32):
+    def _init_rows(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32,
+                   n_rows: cutlass.Int32):
         """Each of the thread's rows' values before the tiles: the statistics' running max, sum and picks start
         empty; the gradient's coefficients are read once (rows past N: den = +inf and the rest 0, so that their
         gradient is 0); and its label (-1 past N)."""
+        _, coords_rc, values, label = tile
+        row_values, labels = epilogue.row_values, epilogue.labels
         rows = cute.size(coords_rc, mode=[0])
         n_values = cute.size(values, mode=[0])
         for r in cutlass.range_constexpr(rows):
@@ -437,35 +487,35 @@ class LogitsGemm:
                 label[r] = labels[row]
 
     @cute.jit
-    def _epilogue_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                       col_bias: cute.Tensor, row_values: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32,
-                       extra_start: cutlass.Int32, m_block: cutlass.Int32, n_rows: cutlass.Int32,
-                       n_tile: cutlass.Int32):
+    def _epilogue_tile(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32,
+                       n_rows: cutlass.Int32, n_tile: cutlass.Int32):
         """The epilogue of vocabulary tile ``n_tile`` in the accumulators: the statistics first store the extra
         columns' raw entries (the bias added next is -inf past the softmax's columns), then the bias is added, then
         the statistics or the gradient are formed (the gradient in the accumulators; _store_gradient_tile stores it).
         The loops over the accumulators are unrolled at trace time, so that every register index is a constant (a
         run-time index would move the accumulators to local memory)."""
+        acc_rc, coords_rc = tile.acc_rc, tile.coords_rc
+        col_bias, extra_start = epilogue.col_bias, epilogue.extra_start
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         first_col = n_tile * self.tile_n
         if cutlass.const_expr(self.extra > 0 and not self.gradient):
             if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
+                self._store_extra(tile, epilogue.row_values, m_block, n_rows, extra_start - first_col)
         for c in cutlass.range_constexpr(cols):
             b = col_bias[first_col + coords_rc[0, c][1]]
             for r in cutlass.range_constexpr(rows):
                 acc_rc[r, c] = acc_rc[r, c] + b
         if cutlass.const_expr(self.gradient):
-            self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
+            self._gradient_tile(tile, epilogue.blank, epilogue.clamp, first_col, extra_start)
         else:
-            self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
+            self._statistics_tile(tile, epilogue.blank, first_col)
 
     @cute.jit
-    def _statistics_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                         blank: cutlass.Int32, first_col: cutlass.Int32):
+    def _statistics_tile(self, tile: ThreadTile, blank: cutlass.Int32, first_col: cutlass.Int32):
         """The running max and sum of each row over one more vocabulary tile, and the blank and label logits if
         they lie in it."""
+        acc_rc, coords_rc, values, label = tile
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
@@ -491,10 +541,11 @@ class LogitsGemm:
                 values[PICK_BLANK, r] = acc_rc[r, c] if col == blank_at else values[PICK_BLANK, r]
 
     @cute.jit
-    def _store_extra(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, row_values: cute.Tensor,
-                     m_block: cutlass.Int32, n_rows: cutlass.Int32, extra_at: cutlass.Int32):
+    def _store_extra(self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32,
+                     extra_at: cutlass.Int32):
         """The entries of the extra columns in this tile (from its column ``extra_at`` on) into row_values[3 + i],
         each by the one thread holding it (the caller runs it on the tiles holding any)."""
+        acc_rc, coords_rc = tile.acc_rc, tile.coords_rc
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
@@ -527,10 +578,11 @@ class LogitsGemm:
             values[PICK_LABEL, r] = z_l
 
     @cute.jit
-    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
-                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
+    def _write_statistics(self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32,
+                          n_rows: cutlass.Int32):
         """Each row's den, z_blank and z_label from its quad-merged statistics (_merge_quad_statistics), written by
         the quad's first thread."""
+        coords_rc, values = tile.coords_rc, tile.values
         rows = cute.size(coords_rc, mode=[0])
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(rows):
@@ -542,13 +594,13 @@ class LogitsGemm:
                     row_values[2, row] = values[PICK_LABEL, r]
 
     @cute.jit
-    def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                       blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
+    def _gradient_tile(self, tile: ThreadTile, blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
                        extra_start: cutlass.Int32):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
         vocabulary tile (epilogue.token_gradient, which the CPU tests evaluate with torch), in place of the tile's
         logits in the accumulators; with extra columns, less each row's term i on column extra_start + i too
         (multi-blank's big blank arcs)."""
+        acc_rc, coords_rc, values, label = tile
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         clamp_to = clamp if self.clamp else None
@@ -573,18 +625,16 @@ class LogitsGemm:
         return ColumnFlags(col == blank_at, col == label_at, tuple(col == extra_at + i for i in range(self.extra)))
 
     @cute.jit
-    def _store_gradient_tile(self, g_copy: cute.TiledCopy, g_copy_acc: cute.Tensor, g_copy_smem: cute.Tensor,
-                             g_copy_regs: cute.Layout, sG: cute.Tensor, tma_g: cute.CopyAtom, mG: cute.Tensor,
-                             g_stores: pipeline.PipelineTmaStore, storing: cutlass.Boolean, m_block: cutlass.Int32,
-                             n_tile: cutlass.Int32, first_buffer: cutlass.Int32 = 0, barrier_id: int = G_BARRIER,
-                             threads: int = 0):
+    def _store_gradient_tile(self, store: GradientStore, group: StoreGroup, m_block: cutlass.Int32,
+                             n_tile: cutlass.Int32):
         """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
-        buffer in mG's dtype by the ``threads`` threads holding the tile (default: the CTA's), then stored by TMA
-        from the warp where ``storing`` is true while the next subtile is written; a buffer is written again only
-        once its previous store has read it (``g_stores``); the last subtile's store runs on into the next tile's
-        MMAs. The threads use the g_buffers buffers from ``first_buffer`` on, and meet at named barrier
-        ``barrier_id``."""
-        threads = threads if threads else self.threads
+        buffer in mG's dtype by the ``group.threads`` threads holding the tile, then stored by TMA from the warp
+        where ``group.storing`` is true while the next subtile is written; a buffer is written again only once its
+        previous store has read it (``store.stores``); the last subtile's store runs on into the next tile's MMAs.
+        The threads use the g_buffers buffers from ``group.first_buffer`` on, and meet at named barrier
+        ``group.barrier_id``."""
+        g_copy, g_copy_smem, g_copy_acc, g_copy_regs, sG, tma_g, mG, g_stores = store
+        storing, first_buffer, barrier_id, threads = group
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
         smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
             tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)
@@ -612,9 +662,10 @@ class LogitsGemm:
                 g_stores.producer_acquire()  # the other buffer's store has read it
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
-    def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
+    def _load(self, tma_loads: TmaLoads, state: pipeline.PipelineState):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
         k_tiles) into stage ``state.index``."""
+        loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles = tma_loads
         loads.producer_acquire(state)
         n_tile = state.count // k_tiles
         k_tile = state.count % k_tiles
@@ -721,7 +772,7 @@ class LogitsGemmPingpong(LogitsGemm):
     @cute.kernel
     def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
         tma_h, mH, tma_w, mW = operands
-        col_bias, labels, row_values, tma_g, mG, blank, clamp, extra_start = epilogue
+        row_values, tma_g, mG = epilogue.row_values, epilogue.tma_g, epilogue.mG
         tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -831,14 +882,15 @@ class LogitsGemmPingpong(LogitsGemm):
 
             if cutlass.const_expr(self.gradient):
                 sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # g_buffers each
-                g_copy, g_copy_smem, g_copy_acc, g_copy_regs = self._g_copy(tiled_mma, tidx, sG, acc)
                 g_stores = pipeline.PipelineTmaStore.create(
                     num_stages=self.g_buffers,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
+                g_store = GradientStore(*self._g_copy(tiled_mma, tidx, sG, acc), sG, tma_g, mG, g_stores)
 
             values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)  # as LogitsGemm's
             label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-            self._init_rows(coords_rc, row_values, labels, values, label, row_block, n_rows)
+            tile = ThreadTile(acc_rc, coords_rc, values, label)
+            self._init_rows(tile, epilogue, row_block, n_rows)
 
             if cutlass.const_expr(self.resident):
                 h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -888,16 +940,15 @@ class LogitsGemmPingpong(LogitsGemm):
                     read.advance()
                     release.advance()
 
-                self._epilogue_tile(acc_rc, coords_rc, values, label, col_bias, row_values, blank, clamp,
-                                    extra_start, row_block, n_rows, n_tile)
+                self._epilogue_tile(tile, epilogue, row_block, n_rows, n_tile)
                 if cutlass.const_expr(self.gradient):
-                    self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                              warp_idx % 4 == 0, row_block, n_tile, self.g_buffers * consumer,
-                                              1 + consumer, THREADS_PER_WARPGROUP)
+                    stored_by = StoreGroup(warp_idx % 4 == 0, self.g_buffers * consumer, 1 + consumer,
+                                           THREADS_PER_WARPGROUP)
+                    self._store_gradient_tile(g_store, stored_by, row_block, n_tile)
 
             if cutlass.const_expr(not self.gradient and not self.resident):
                 self._merge_quad_statistics(values)
-                self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
+                self._write_statistics(tile, row_values, row_block, n_rows)
             elif cutlass.const_expr(not self.gradient):
                 # the second consumer's statistics of each row through shared memory, merged into the first's
                 self._merge_quad_statistics(values)
@@ -922,7 +973,7 @@ class LogitsGemmPingpong(LogitsGemm):
                         values[ROW_MAX, r] = new_max
                         values[PICK_BLANK, r] = values[PICK_BLANK, r] + merge[PICK_BLANK, coords_rc[r, 0][0]]
                         values[PICK_LABEL, r] = values[PICK_LABEL, r] + merge[PICK_LABEL, coords_rc[r, 0][0]]
-                    self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
+                    self._write_statistics(tile, row_values, row_block, n_rows)
             else:
                 if warp_idx % 4 == 0:
                     g_stores.producer_tail()
