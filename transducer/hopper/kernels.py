@@ -171,6 +171,27 @@ class TmaLoads(NamedTuple):
     tWsW: Any
     mcast_mask: Any
     k_tiles: Any
+    total: Any
+    warp_idx: Any
+
+
+class Mma(NamedTuple):
+    """A warpgroup's MMAs of a tile: the tiled MMA, the accumulators, the fragments of H's and W's stages, the loads'
+    pipeline and the k tiles a vocabulary tile."""
+    tiled_mma: Any
+    acc: Any
+    tCrH: Any
+    tCrW: Any
+    loads: Any
+    k_tiles: Any
+
+
+class Stages(NamedTuple):
+    """The load pipeline's states: the stage read next, the stage released next, and (LogitsGemm, whose warp 0 also
+    loads) the stage loaded next; None where a producer warp loads."""
+    read: Any
+    release: Any
+    produced: Any = None
 
 
 class LogitsGemm:
@@ -202,6 +223,7 @@ class LogitsGemm:
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
         self.g_buffers = G_BUFFERS
+        self.resident = False  # H's tiles stream through the load stages
 
     def _setup_mma(self, h: cute.Tensor, w: cute.Tensor, warpgroups: int):
         """The operands' dtype and layouts, the tiled MMA of ``warpgroups`` warpgroups along the rows, and the tile
@@ -314,23 +336,14 @@ class LogitsGemm:
 
     @cute.kernel
     def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
+        tidx, bidx, warp_idx, storage, sH, sW = self._start(operands, layouts)
         tma_h, mH, tma_w, mW = operands
         row_values, tma_g, mG = epilogue.row_values, epilogue.tma_g, epilogue.mG
         tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
         n_rows = mH.shape[0]
         m_block = bidx
         rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
-        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
         stage_bytes = (cute.size_in_bytes(self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0)))
                        + cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0))))
         # a stage is free once every warp of every CTA that W's multicast writes into has released it
@@ -377,8 +390,8 @@ class LogitsGemm:
         self._init_rows(tile, epilogue, m_block, n_rows)
 
         k_tiles = cute.size(gH, mode=[2])
-        tma_loads = TmaLoads(loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
         total = self.n_tiles * k_tiles
+        tma_loads = TmaLoads(loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles, total, warp_idx)
         produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -390,30 +403,13 @@ class LogitsGemm:
                 produced.advance()
 
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        k_blocks = cute.size(tCrH, mode=[2])
+        mma = Mma(tiled_mma, acc, tCrH, tCrW, loads, k_tiles)
         for n_tile in cutlass.range(self.n_tiles, unroll=1):
-            acc.fill(0.0)
-            for k_tile in cutlass.range(k_tiles, unroll=1):
-                loads.consumer_wait(read)
-                cute.nvgpu.warpgroup.fence()
-                for k_block in cutlass.range_constexpr(k_blocks):
-                    coord = (None, None, k_block, read.index)
-                    cute.gemm(tiled_mma, acc, tCrH[coord], tCrW[coord], acc)
-                cute.nvgpu.warpgroup.commit_group()
-                cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
-                if k_tile > 0:
-                    loads.consumer_release(release)
-                    release.advance()
-                    if warp_idx == 0 and produced.count < total:
-                        self._load(tma_loads, produced)
-                        produced.advance()
-                read.advance()
+            read, release, produced = self._mma_tile(mma, Stages(read, release, produced), tma_loads)
             cute.nvgpu.warpgroup.wait_group(0)
             loads.consumer_release(release)
             release.advance()
-            if warp_idx == 0 and produced.count < total:
-                self._load(tma_loads, produced)
-                produced.advance()
+            produced = self._load_next(tma_loads, produced)
 
             self._epilogue_tile(tile, epilogue, m_block, n_rows, n_tile)
             if cutlass.const_expr(self.gradient):
@@ -431,6 +427,59 @@ class LogitsGemm:
         if cutlass.const_expr(self.cluster_m > 1):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def _start(self, operands: Operands, layouts: Layouts):
+        """Both kernels' start: the TMA descriptors prefetched by warp 0; (the thread's, the block's and the warp's
+        index, the shared storage, its tiles of H and W)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(operands.tma_h)
+            cute.nvgpu.cpasync.prefetch_descriptor(operands.tma_w)
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        sH = storage.sH.get_tensor(layouts.h_smem.outer, swizzle=layouts.h_smem.inner)
+        sW = storage.sW.get_tensor(layouts.w_smem.outer, swizzle=layouts.w_smem.inner)
+        return tidx, bidx, warp_idx, storage, sH, sW
+
+    @cute.jit
+    def _mma_tile(self, mma: Mma, stages: Stages, refill=None):
+        """The main loop of both kernels over one vocabulary tile: the MMAs into mma.acc, k tile after k tile, each
+        from its stage once the stage's loads have landed, one MMA group in flight; each stage but the last released
+        once its MMAs are done (the last is the caller's, after warpgroup.wait_group(0)), and then with ``refill``
+        (LogitsGemm's TmaLoads: its warp 0 loads as well) the next load issued (_load_next). H's k tile is the
+        stage's, or with a resident H its k_tile'th. Returns the Stages past the tile."""
+        tiled_mma, acc, tCrH, tCrW, loads, k_tiles = mma
+        read, release, produced = stages
+        k_blocks = cute.size(tCrH, mode=[2])
+        acc.fill(0.0)
+        for k_tile in cutlass.range(k_tiles, unroll=1):
+            loads.consumer_wait(read)
+            cute.nvgpu.warpgroup.fence()
+            h_index = read.index
+            if cutlass.const_expr(self.resident):
+                h_index = k_tile
+            for k_block in cutlass.range_constexpr(k_blocks):
+                cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
+                          tCrW[(None, None, k_block, read.index)], acc)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
+            if k_tile > 0:
+                loads.consumer_release(release)
+                release.advance()
+                if cutlass.const_expr(refill is not None):
+                    produced = self._load_next(refill, produced)
+            read.advance()
+        return Stages(read, release, produced)
+
+    @cute.jit
+    def _load_next(self, tma_loads: TmaLoads, produced: pipeline.PipelineState):
+        """Warp 0: the next load (_load) while any is left; returns the producer's state past it."""
+        if tma_loads.warp_idx == 0 and produced.count < tma_loads.total:
+            self._load(tma_loads, produced)
+            produced.advance()
+        return produced
 
     def _accumulators(self, tiled_mma: cute.TiledMma, tidx):
         """The thread's accumulators of a tile, and they and each one's (row, column) in the tile viewed as (rows,
@@ -665,7 +714,7 @@ class LogitsGemm:
     def _load(self, tma_loads: TmaLoads, state: pipeline.PipelineState):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
         k_tiles) into stage ``state.index``."""
-        loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles = tma_loads
+        loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles, _, _ = tma_loads
         loads.producer_acquire(state)
         n_tile = state.count // k_tiles
         k_tile = state.count % k_tiles
@@ -774,13 +823,8 @@ class LogitsGemmPingpong(LogitsGemm):
         tma_h, mH, tma_w, mW = operands
         row_values, tma_g, mG = epilogue.row_values, epilogue.tma_g, epilogue.mG
         tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, bidx, warp_idx, storage, sH, sW = self._start(operands, layouts)
         warpgroup = cute.arch.make_warp_uniform(warp_idx // 4)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
         n_rows = mH.shape[0]
         m_block = bidx
         first_tile = 0  # the CTA's vocabulary tiles: [first_tile, first_tile + tiles)
@@ -796,10 +840,6 @@ class LogitsGemmPingpong(LogitsGemm):
                 tiles = (group + 1) * self.n_tiles // self.vocab_groups - first_tile
         k_tiles = self.k_tiles
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
-        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
         h_bytes = cute.size_in_bytes(self.ab_dtype, h_smem_layout)
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
         if cutlass.const_expr(not self.resident):  # a stage holds a k tile of H beside W's
@@ -901,7 +941,7 @@ class LogitsGemmPingpong(LogitsGemm):
                 read.advance()
                 release.advance()
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            k_blocks = cute.size(tCrH, mode=[2])
+            mma = Mma(tiled_mma, acc, tCrH, tCrW, loads, k_tiles)
             turns = self.n_tiles if self.resident else 2 * tiles
             for n_tile in cutlass.range(consumer if self.resident else first_tile,
                                         self.n_tiles if self.resident else first_tile + tiles,
@@ -914,22 +954,7 @@ class LogitsGemmPingpong(LogitsGemm):
                 # phase ahead of it (an mbarrier's parity tells only the current phase from the one before)
                 if turn > 0:
                     cute.arch.barrier(barrier_id=ORDER_BARRIER + consumer, number_of_threads=2 * THREADS_PER_WARPGROUP)
-                acc.fill(0.0)
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    loads.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    h_index = k_tile
-                    if cutlass.const_expr(not self.resident):
-                        h_index = read.index
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
-                                  tCrW[(None, None, k_block, read.index)], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
-                    if k_tile > 0:
-                        loads.consumer_release(release)
-                        release.advance()
-                    read.advance()
+                read, release, _ = self._mma_tile(mma, Stages(read, release))
                 if turn + 1 < turns:  # the other consumer's turn
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - consumer,
                                              number_of_threads=2 * THREADS_PER_WARPGROUP)
