@@ -78,6 +78,15 @@ class CUTE_OPS:
     minimum = staticmethod(cute.arch.fmin)
 
 
+class Epilogue(NamedTuple):
+    """Which epilogue a kernel is compiled with: the gradient's (else the statistics), the gradient's clamp applied or
+    not, and E extra columns (the statistics store their entries of H W^T; the gradient subtracts a term of each row
+    on them)."""
+    gradient: bool = False
+    clamp: bool = False
+    extra: int = 0
+
+
 class Arguments(NamedTuple):
     """__call__'s arguments but the stream, as its docstring says."""
     h: Any
@@ -197,13 +206,11 @@ class Stages(NamedTuple):
 class LogitsGemm:
     """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
     (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
-    CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages;
-    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied, ``extra``: E
-    extra columns from ``extra_start`` on (the statistics store their entries of H W^T; the gradient subtracts a term
-    of each row on them)."""
+    CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages,
+    and the ``epilogue`` (its extra columns from ``extra_start`` on)."""
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
-                 occupancy: int = 1, gradient: bool = False, clamp: bool = False, extra: int = 0):
+                 occupancy: int = 1, epilogue: Epilogue = Epilogue()):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
@@ -217,9 +224,7 @@ class LogitsGemm:
         self.tile_m = 64 * warpgroups
         self.cluster_m = cluster_m
         self.occupancy = occupancy
-        self.gradient = gradient
-        self.clamp = clamp
-        self.extra = extra
+        self.gradient, self.clamp, self.extra = epilogue
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
         self.g_buffers = G_BUFFERS
@@ -759,14 +764,14 @@ class LogitsGemmPingpong(LogitsGemm):
 
     MIN_STAGES = 3
 
-    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, gradient: bool = False, clamp: bool = False,
-                 extra: int = 0, g_subtile_n: int = 16, resident: bool = True, vocab_groups: int = 1):
+    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, epilogue: Epilogue = Epilogue(), g_subtile_n: int = 16,
+                 resident: bool = True, vocab_groups: int = 1):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
-        if vocab_groups < 1 or vocab_groups > 1 and (resident or not gradient or vocab_groups > n_tiles):
+        if vocab_groups < 1 or vocab_groups > 1 and (resident or not epilogue.gradient or vocab_groups > n_tiles):
             raise ValueError(f"vocab_groups: expected 1, or at most n_tiles = {n_tiles} for the gradient over two row "
                              f"blocks a CTA, got {vocab_groups}")
-        super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
+        super().__init__(J, n_tiles, tile_n, 2, 1, 1, epilogue)
         self.vocab_groups = vocab_groups
         self.tile_m = 128
         self.threads = 3 * THREADS_PER_WARPGROUP
