@@ -28,7 +28,10 @@ needs no padded W (TMA fills the rows of W past its last with zeros).
 ``LogitsGemmPingpong`` runs the same epilogues on CUTLASS's ping-pong schedule (its sm90 warp-specialized ping-pong
 GEMM; the warpgroup roles of examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py): a
 producer warp issues the loads, two consumer warpgroups take turns, and one's epilogue runs while the other's MMAs
-do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_config picks).
+do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_config picks). Both run one main loop
+over a vocabulary tile (``LogitsGemm._mma_tile``) and the same epilogue functions (``_epilogue_tile``: the
+statistics' ``_statistics_tile``, or the gradient's ``_gradient_tile`` then ``_store_gradient_tile``); their
+arguments travel in small NamedTuples, as CUTLASS's Params do.
 """
 
 import math
@@ -85,6 +88,9 @@ class Epilogue(NamedTuple):
     gradient: bool = False
     clamp: bool = False
     extra: int = 0
+
+
+STATISTICS = Epilogue()  # the constructors' default epilogue
 
 
 class Arguments(NamedTuple):
@@ -210,7 +216,7 @@ class LogitsGemm:
     and the ``epilogue`` (its extra columns from ``extra_start`` on)."""
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
-                 occupancy: int = 1, epilogue: Epilogue = Epilogue()):
+                 occupancy: int = 1, epilogue: Epilogue = STATISTICS):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
@@ -764,7 +770,7 @@ class LogitsGemmPingpong(LogitsGemm):
 
     MIN_STAGES = 3
 
-    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, epilogue: Epilogue = Epilogue(), g_subtile_n: int = 16,
+    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, epilogue: Epilogue = STATISTICS, g_subtile_n: int = 16,
                  resident: bool = True, vocab_groups: int = 1):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
