@@ -85,7 +85,7 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     import cutlass
     import cutlass.cute as cute
 
-    from .kernels import LogitsGemm, LogitsGemmPingpong
+    from .kernels import Epilogue, LogitsGemm, LogitsGemmPingpong
 
     from cutlass.cute.runtime import load_module
 
@@ -101,11 +101,12 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     make_ptr, gmem, types = _runtime()
     pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
         (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
+    epilogue = Epilogue(gradient, clamp, extra)
     if config.pingpong:
-        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, gradient=gradient, clamp=clamp, extra=extra,
-                                    resident=config.pingpong == 1, vocab_groups=config.vocab_groups)
+        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, epilogue, resident=config.pingpong == 1,
+                                    vocab_groups=config.vocab_groups)
     else:
-        kernel = LogitsGemm(J, n_tiles, *config[:4], gradient=gradient, clamp=clamp, extra=extra)
+        kernel = LogitsGemm(J, n_tiles, *config[:4], epilogue=epilogue)
     result = cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8),
                           cutlass.Int64(1), cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0),
                           cutlass.Int32(1), cuda.CUstream(torch.cuda.current_stream().cuda_stream),

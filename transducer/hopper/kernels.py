@@ -28,10 +28,14 @@ needs no padded W (TMA fills the rows of W past its last with zeros).
 ``LogitsGemmPingpong`` runs the same epilogues on CUTLASS's ping-pong schedule (its sm90 warp-specialized ping-pong
 GEMM; the warpgroup roles of examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py): a
 producer warp issues the loads, two consumer warpgroups take turns, and one's epilogue runs while the other's MMAs
-do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_config picks).
+do. ``LogitsGemm`` stays for rows too wide for it (transducer.hopper.default_config picks). Both run one main loop
+over a vocabulary tile (``LogitsGemm._mma_tile``) and the same epilogue functions (``_epilogue_tile``: the
+statistics' ``_statistics_tile``, or the gradient's ``_gradient_tile`` then ``_store_gradient_tile``); their
+arguments travel in small NamedTuples, as CUTLASS's Params do.
 """
 
 import math
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -77,16 +81,142 @@ class CUTE_OPS:
     minimum = staticmethod(cute.arch.fmin)
 
 
+class Epilogue(NamedTuple):
+    """Which epilogue a kernel is compiled with: the gradient's (else the statistics), the gradient's clamp applied or
+    not, and E extra columns (the statistics store their entries of H W^T; the gradient subtracts a term of each row
+    on them)."""
+    gradient: bool = False
+    clamp: bool = False
+    extra: int = 0
+
+
+STATISTICS = Epilogue()  # the constructors' default epilogue
+
+
+class Arguments(NamedTuple):
+    """__call__'s arguments but the stream, as its docstring says."""
+    h: Any
+    w: Any
+    col_bias: Any
+    labels: Any
+    row_values: Any
+    g: Any
+    n_rows: Any
+    n_cols: Any
+    h_stride: Any
+    row_values_stride: Any
+    g_stride: Any
+    blank: Any
+    clamp: Any
+    extra_start: Any
+
+
+class Operands(NamedTuple):
+    """The GEMM's operands in the kernel: the TMA atoms of H and W and the tensors they load from."""
+    tma_h: Any
+    mH: Any
+    tma_w: Any
+    mW: Any
+
+
+class EpilogueArguments(NamedTuple):
+    """What the epilogues read and write in the kernel: the column bias, the labels, the rows' values (statistics
+    written, or gradient coefficients read), G's TMA atom and tensor, and the blank, the clamp and the first extra
+    column."""
+    col_bias: Any
+    labels: Any
+    row_values: Any
+    tma_g: Any
+    mG: Any
+    blank: Any
+    clamp: Any
+    extra_start: Any
+
+
+class Layouts(NamedTuple):
+    """The kernel's tiled MMA and the shared-memory layouts of H's, W's and G's tiles."""
+    tiled_mma: Any
+    h_smem: Any
+    w_smem: Any
+    g_smem: Any
+
+
+class ThreadTile(NamedTuple):
+    """A thread's part of a tile and its rows' registers: the accumulators and each one's (row, column) in the tile,
+    both viewed as (rows, columns) of this thread (LogitsGemm._accumulators), each row's values (the statistics or
+    the gradient's coefficients, LogitsGemm._init_rows) and its label."""
+    acc_rc: Any
+    coords_rc: Any
+    values: Any
+    label: Any
+
+
+class GradientStore(NamedTuple):
+    """The gradient's way out of a thread's accumulators (LogitsGemm._g_copy's tiled copy, its shared memory, the
+    accumulators retiled, a subtile's registers), the subtile buffers, G's TMA atom and tensor, and the TMA stores'
+    pipeline."""
+    copy: Any
+    copy_smem: Any
+    copy_acc: Any
+    copy_regs: Any
+    sG: Any
+    tma_g: Any
+    mG: Any
+    stores: Any
+
+
+class StoreGroup(NamedTuple):
+    """The threads holding a tile of G: whether this thread's warp issues the TMA stores, their first subtile
+    buffer, their named barrier and their count."""
+    storing: Any
+    first_buffer: Any
+    barrier_id: Any
+    threads: Any
+
+
+class TmaLoads(NamedTuple):
+    """LogitsGemm's loads: their pipeline, the TMA atoms of H and W with their partitions of global and shared
+    memory, W's multicast mask and the k tiles a vocabulary tile."""
+    pipeline: Any
+    tma_h: Any
+    tHgH: Any
+    tHsH: Any
+    tma_w: Any
+    tWgW: Any
+    tWsW: Any
+    mcast_mask: Any
+    k_tiles: Any
+    total: Any
+    warp_idx: Any
+
+
+class Mma(NamedTuple):
+    """A warpgroup's MMAs of a tile: the tiled MMA, the accumulators, the fragments of H's and W's stages, the loads'
+    pipeline and the k tiles a vocabulary tile."""
+    tiled_mma: Any
+    acc: Any
+    tCrH: Any
+    tCrW: Any
+    loads: Any
+    k_tiles: Any
+
+
+class Stages(NamedTuple):
+    """The load pipeline's states: the stage read next, the stage released next, and (LogitsGemm, whose warp 0 also
+    loads) the stage loaded next; None where a producer warp loads."""
+    read: Any
+    release: Any
+    produced: Any = None
+
+
 class LogitsGemm:
     """The kernel for one configuration: rows of J entries, ``warpgroups`` consumer warpgroups of 64 rows each
     (tile_m = 64 * warpgroups), vocabulary tiles of ``tile_n`` columns, ``n_tiles`` of them, clusters of ``cluster_m``
-    CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages;
-    ``gradient``: the gradient epilogue (else the statistics), ``clamp``: the gradient's clamp applied, ``extra``: E
-    extra columns from ``extra_start`` on (the statistics store their entries of H W^T; the gradient subtracts a term
-    of each row on them)."""
+    CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages,
+    and the ``epilogue`` (its extra columns from ``extra_start`` on)."""
 
     def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
-                 occupancy: int = 1, gradient: bool = False, clamp: bool = False, extra: int = 0):
+                 occupancy: int = 1, epilogue: Epilogue = STATISTICS):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
@@ -100,22 +230,28 @@ class LogitsGemm:
         self.tile_m = 64 * warpgroups
         self.cluster_m = cluster_m
         self.occupancy = occupancy
-        self.gradient = gradient
-        self.clamp = clamp
-        self.extra = extra
+        self.gradient, self.clamp, self.extra = epilogue
         self.threads = THREADS_PER_WARPGROUP * warpgroups
         self.acc_dtype = cutlass.Float32
         self.g_buffers = G_BUFFERS
+        self.resident = False  # H's tiles stream through the load stages
 
-    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
+    def _setup_mma(self, h: cute.Tensor, w: cute.Tensor, warpgroups: int):
+        """The operands' dtype and layouts, the tiled MMA of ``warpgroups`` warpgroups along the rows, and the tile
+        (tile_m, tile_n, tile_k) of a k step."""
         self.ab_dtype = h.element_type
         self.h_layout = utils.LayoutEnum.from_tensor(h)
         self.w_layout = utils.LayoutEnum.from_tensor(w)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
-            self.acc_dtype, (self.warpgroups, 1, 1), tiler_mn=(64, self.tile_n))
+            self.acc_dtype, (warpgroups, 1, 1), tiler_mn=(64, self.tile_n))
         tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
         self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
+
+    def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
+        """The tiled MMA, the number of load stages and the shared-memory layouts."""
+        self._setup_mma(h, w, self.warpgroups)
+        tile_k = self.tile_mnk[2]
         stage_bytes = (self.tile_m + self.tile_n) * tile_k * self.ab_dtype.width // 8
         capacity = utils.get_smem_capacity_in_bytes("sm_90") // self.occupancy - 1024  # 1024: the barriers
         self.g_subtile = (self.tile_m, min(G_SUBTILE_N, self.tile_n))
@@ -144,9 +280,11 @@ class LogitsGemm:
         (read);
         g (n_rows rounded up to whole row tiles, n_tiles * tile_n) of h's dtype, row stride ``g_stride`` (a
         multiple of 8): the gradient (written; the statistics never touch it)."""
-        h, w, col_bias, labels, row_values, g = self._tensors(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr,
-                                                              g_ptr, n_rows, n_cols, h_stride, row_values_stride,
-                                                              g_stride)
+        # TVM FFI's calling convention passes each pointer and number as an argument of its own: this one boundary is
+        # flat, its arguments gathered into Arguments once
+        args = Arguments(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride,
+                         row_values_stride, g_stride, blank, clamp, extra_start)
+        h, w, col_bias, labels, row_values, g = self._tensors(args)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
@@ -162,63 +300,61 @@ class LogitsGemm:
         tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
             self.g_subtile)
-        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
-
-        @cute.struct
-        class SharedStorage:
-            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
-            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
-
-        self.shared_storage = SharedStorage
-        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
-        clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
-                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
-                    self.g_smem_layout).launch(
-            grid=[clusters * self.cluster_m, 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
+        self.shared_storage = self._shared_storage()
+        self.kernel(Operands(tma_h, tma_h_tensor, tma_w, tma_w_tensor),
+                    EpilogueArguments(col_bias, labels, row_values, tma_g, tma_g_tensor, blank, clamp, extra_start),
+                    Layouts(self.tiled_mma, self.h_smem_layout, self.w_smem_layout, self.g_smem_layout)).launch(
+            grid=[self._ctas(h.shape[0]), 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
             stream=stream)
 
-    def _tensors(self, h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride,
-                 row_values_stride, g_stride):
+    def _shared_storage(self):
+        """The kernel's shared memory: the load ring's barriers, then the fields _storage_fields adds, then the tiles
+        of H, W and G (8 elements where the statistics never use it), each 1024-byte aligned (TMA's swizzle)."""
+        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
+        fields = {"barriers": cute.struct.MemRange[cutlass.Int64, self.stages * 2], **self._storage_fields(),
+                  "sH": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024],
+                  "sW": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024],
+                  "sG": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]}
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def _storage_fields(self):
+        """The shared memory's fields between the barriers and the tiles: none."""
+        return {}
+
+    def _ctas(self, n_rows):
+        """The grid: a CTA per row tile, in whole clusters."""
+        m_blocks = (n_rows + self.tile_m - 1) // self.tile_m
+        clusters = (m_blocks + self.cluster_m - 1) // self.cluster_m
+        return clusters * self.cluster_m
+
+    def _tensors(self, args: Arguments):
         """(h, w, col_bias, labels, row_values, g): the tensors of __call__'s pointers, as its docstring says."""
         J, width = self.J, self.n_tiles * self.tile_n
-        h = cute.make_tensor(h_ptr, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
-        w = cute.make_tensor(w_ptr, cute.make_layout((n_cols, J), stride=(J, 1)))
-        col_bias = cute.make_tensor(col_bias_ptr, cute.make_layout(width))
-        labels = cute.make_tensor(labels_ptr, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(row_values_ptr, cute.make_layout(((5 if self.gradient else 3) + self.extra,
-                                                                        n_rows),
-                                                                       stride=(row_values_stride, 1)))
+        n_rows, h_stride, g_stride = args.n_rows, args.h_stride, args.g_stride
+        h = cute.make_tensor(args.h, cute.make_layout((n_rows, J), stride=(cute.assume(h_stride, divby=8), 1)))
+        w = cute.make_tensor(args.w, cute.make_layout((args.n_cols, J), stride=(J, 1)))
+        col_bias = cute.make_tensor(args.col_bias, cute.make_layout(width))
+        labels = cute.make_tensor(args.labels, cute.make_layout(n_rows))
+        row_values = cute.make_tensor(args.row_values, cute.make_layout(((5 if self.gradient else 3) + self.extra,
+                                                                         n_rows),
+                                                                        stride=(args.row_values_stride, 1)))
         if self.gradient:
             g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
-            g = cute.make_tensor(g_ptr, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
+            g = cute.make_tensor(args.g, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
         else:  # never written: one tile, so that the store's TMA descriptor describes memory of a plausible shape
-            g = cute.make_tensor(g_ptr, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
+            g = cute.make_tensor(args.g, cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1)))
         return h, w, col_bias, labels, row_values, g
 
     @cute.kernel
-    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
-               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
-               tiled_mma: cute.TiledMma,
-               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
-               g_smem_layout: cute.ComposedLayout):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+    def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
+        tidx, bidx, warp_idx, storage, sH, sW = self._start(operands, layouts)
+        tma_h, mH, tma_w, mW = operands
+        row_values, tma_g, mG = epilogue.row_values, epilogue.tma_g, epilogue.mG
+        tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
         n_rows = mH.shape[0]
         m_block = bidx
         rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
-        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
         stage_bytes = (cute.size_in_bytes(self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0)))
                        + cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0))))
         # a stage is free once every warp of every CTA that W's multicast writes into has released it
@@ -254,17 +390,19 @@ class LogitsGemm:
         # the tiles
         if cutlass.const_expr(self.gradient):
             sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)
-            g_copy, g_copy_smem, g_copy_acc, g_copy_regs = self._g_copy(tiled_mma, tidx, sG, acc)
             g_stores = pipeline.PipelineTmaStore.create(
                 num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads))
+            g_store = GradientStore(*self._g_copy(tiled_mma, tidx, sG, acc), sG, tma_g, mG, g_stores)
 
         # each of the thread's rows' values and label in registers (_init_rows)
         values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)
         label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-        self._init_rows(coords_rc, row_values, labels, values, label, m_block, n_rows)
+        tile = ThreadTile(acc_rc, coords_rc, values, label)
+        self._init_rows(tile, epilogue, m_block, n_rows)
 
         k_tiles = cute.size(gH, mode=[2])
         total = self.n_tiles * k_tiles
+        tma_loads = TmaLoads(loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles, total, warp_idx)
         produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -272,44 +410,26 @@ class LogitsGemm:
 
         if warp_idx == 0:
             for _ in cutlass.range(cutlass.min(self.stages, total), unroll=1):
-                self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
+                self._load(tma_loads, produced)
                 produced.advance()
 
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        k_blocks = cute.size(tCrH, mode=[2])
+        mma = Mma(tiled_mma, acc, tCrH, tCrW, loads, k_tiles)
         for n_tile in cutlass.range(self.n_tiles, unroll=1):
-            acc.fill(0.0)
-            for k_tile in cutlass.range(k_tiles, unroll=1):
-                loads.consumer_wait(read)
-                cute.nvgpu.warpgroup.fence()
-                for k_block in cutlass.range_constexpr(k_blocks):
-                    coord = (None, None, k_block, read.index)
-                    cute.gemm(tiled_mma, acc, tCrH[coord], tCrW[coord], acc)
-                cute.nvgpu.warpgroup.commit_group()
-                cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
-                if k_tile > 0:
-                    loads.consumer_release(release)
-                    release.advance()
-                    if warp_idx == 0 and produced.count < total:
-                        self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
-                        produced.advance()
-                read.advance()
+            read, release, produced = self._mma_tile(mma, Stages(read, release, produced), tma_loads)
             cute.nvgpu.warpgroup.wait_group(0)
             loads.consumer_release(release)
             release.advance()
-            if warp_idx == 0 and produced.count < total:
-                self._load(loads, produced, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles)
-                produced.advance()
+            produced = self._load_next(tma_loads, produced)
 
-            self._epilogue_tile(acc_rc, coords_rc, values, label, col_bias, row_values, blank, clamp, extra_start,
-                                m_block, n_rows, n_tile)
+            self._epilogue_tile(tile, epilogue, m_block, n_rows, n_tile)
             if cutlass.const_expr(self.gradient):
-                self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                          warp_idx == 0, m_block, n_tile)
+                self._store_gradient_tile(g_store, StoreGroup(warp_idx == 0, 0, G_BARRIER, self.threads), m_block,
+                                          n_tile)
 
         if cutlass.const_expr(not self.gradient):
             self._merge_quad_statistics(values)
-            self._write_statistics(coords_rc, values, row_values, m_block, n_rows)
+            self._write_statistics(tile, row_values, m_block, n_rows)
         else:
             if warp_idx == 0:
                 g_stores.producer_tail()  # the last subtiles' stores are done before the CTA leaves
@@ -318,6 +438,59 @@ class LogitsGemm:
         if cutlass.const_expr(self.cluster_m > 1):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def _start(self, operands: Operands, layouts: Layouts):
+        """Both kernels' start: the TMA descriptors prefetched by warp 0; (the thread's, the block's and the warp's
+        index, the shared storage, its tiles of H and W)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(operands.tma_h)
+            cute.nvgpu.cpasync.prefetch_descriptor(operands.tma_w)
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        sH = storage.sH.get_tensor(layouts.h_smem.outer, swizzle=layouts.h_smem.inner)
+        sW = storage.sW.get_tensor(layouts.w_smem.outer, swizzle=layouts.w_smem.inner)
+        return tidx, bidx, warp_idx, storage, sH, sW
+
+    @cute.jit
+    def _mma_tile(self, mma: Mma, stages: Stages, refill=None):
+        """The main loop of both kernels over one vocabulary tile: the MMAs into mma.acc, k tile after k tile, each
+        from its stage once the stage's loads have landed, one MMA group in flight; each stage but the last released
+        once its MMAs are done (the last is the caller's, after warpgroup.wait_group(0)), and then with ``refill``
+        (LogitsGemm's TmaLoads: its warp 0 loads as well) the next load issued (_load_next). H's k tile is the
+        stage's, or with a resident H its k_tile'th. Returns the Stages past the tile."""
+        tiled_mma, acc, tCrH, tCrW, loads, k_tiles = mma
+        read, release, produced = stages
+        k_blocks = cute.size(tCrH, mode=[2])
+        acc.fill(0.0)
+        for k_tile in cutlass.range(k_tiles, unroll=1):
+            loads.consumer_wait(read)
+            cute.nvgpu.warpgroup.fence()
+            h_index = read.index
+            if cutlass.const_expr(self.resident):
+                h_index = k_tile
+            for k_block in cutlass.range_constexpr(k_blocks):
+                cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
+                          tCrW[(None, None, k_block, read.index)], acc)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
+            if k_tile > 0:
+                loads.consumer_release(release)
+                release.advance()
+                if cutlass.const_expr(refill is not None):
+                    produced = self._load_next(refill, produced)
+            read.advance()
+        return Stages(read, release, produced)
+
+    @cute.jit
+    def _load_next(self, tma_loads: TmaLoads, produced: pipeline.PipelineState):
+        """Warp 0: the next load (_load) while any is left; returns the producer's state past it."""
+        if tma_loads.warp_idx == 0 and produced.count < tma_loads.total:
+            self._load(tma_loads, produced)
+            produced.advance()
+        return produced
 
     def _accumulators(self, tiled_mma: cute.TiledMma, tidx):
         """The thread's accumulators of a tile, and they and each one's (row, column) in the tile viewed as (rows,
@@ -347,11 +520,13 @@ class LogitsGemm:
         return EXTRA_ARCS + self.extra if self.gradient else 4
 
     @cute.jit
-    def _init_rows(self, coords_rc: cute.Tensor, row_values: cute.Tensor, labels: cute.Tensor, values: cute.Tensor,
-                   label: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32):
+    def _init_rows(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32,
+                   n_rows: cutlass.Int32):
         """Each of the thread's rows' values before the tiles: the statistics' running max, sum and picks start
         empty; the gradient's coefficients are read once (rows past N: den = +inf and the rest 0, so that their
         gradient is 0); and its label (-1 past N)."""
+        _, coords_rc, values, label = tile
+        row_values, labels = epilogue.row_values, epilogue.labels
         rows = cute.size(coords_rc, mode=[0])
         n_values = cute.size(values, mode=[0])
         for r in cutlass.range_constexpr(rows):
@@ -372,35 +547,35 @@ class LogitsGemm:
                 label[r] = labels[row]
 
     @cute.jit
-    def _epilogue_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                       col_bias: cute.Tensor, row_values: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32,
-                       extra_start: cutlass.Int32, m_block: cutlass.Int32, n_rows: cutlass.Int32,
-                       n_tile: cutlass.Int32):
+    def _epilogue_tile(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32,
+                       n_rows: cutlass.Int32, n_tile: cutlass.Int32):
         """The epilogue of vocabulary tile ``n_tile`` in the accumulators: the statistics first store the extra
         columns' raw entries (the bias added next is -inf past the softmax's columns), then the bias is added, then
         the statistics or the gradient are formed (the gradient in the accumulators; _store_gradient_tile stores it).
         The loops over the accumulators are unrolled at trace time, so that every register index is a constant (a
         run-time index would move the accumulators to local memory)."""
+        acc_rc, coords_rc = tile.acc_rc, tile.coords_rc
+        col_bias, extra_start = epilogue.col_bias, epilogue.extra_start
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         first_col = n_tile * self.tile_n
         if cutlass.const_expr(self.extra > 0 and not self.gradient):
             if first_col + self.tile_n > extra_start and first_col < extra_start + self.extra:
-                self._store_extra(acc_rc, coords_rc, row_values, m_block, n_rows, extra_start - first_col)
+                self._store_extra(tile, epilogue.row_values, m_block, n_rows, extra_start - first_col)
         for c in cutlass.range_constexpr(cols):
             b = col_bias[first_col + coords_rc[0, c][1]]
             for r in cutlass.range_constexpr(rows):
                 acc_rc[r, c] = acc_rc[r, c] + b
         if cutlass.const_expr(self.gradient):
-            self._gradient_tile(acc_rc, coords_rc, values, label, blank, clamp, first_col, extra_start)
+            self._gradient_tile(tile, epilogue.blank, epilogue.clamp, first_col, extra_start)
         else:
-            self._statistics_tile(acc_rc, coords_rc, values, label, blank, first_col)
+            self._statistics_tile(tile, epilogue.blank, first_col)
 
     @cute.jit
-    def _statistics_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                         blank: cutlass.Int32, first_col: cutlass.Int32):
+    def _statistics_tile(self, tile: ThreadTile, blank: cutlass.Int32, first_col: cutlass.Int32):
         """The running max and sum of each row over one more vocabulary tile, and the blank and label logits if
         they lie in it."""
+        acc_rc, coords_rc, values, label = tile
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
@@ -426,10 +601,11 @@ class LogitsGemm:
                 values[PICK_BLANK, r] = acc_rc[r, c] if col == blank_at else values[PICK_BLANK, r]
 
     @cute.jit
-    def _store_extra(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, row_values: cute.Tensor,
-                     m_block: cutlass.Int32, n_rows: cutlass.Int32, extra_at: cutlass.Int32):
+    def _store_extra(self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32,
+                     extra_at: cutlass.Int32):
         """The entries of the extra columns in this tile (from its column ``extra_at`` on) into row_values[3 + i],
         each by the one thread holding it (the caller runs it on the tiles holding any)."""
+        acc_rc, coords_rc = tile.acc_rc, tile.coords_rc
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         for r in cutlass.range_constexpr(rows):
@@ -462,10 +638,11 @@ class LogitsGemm:
             values[PICK_LABEL, r] = z_l
 
     @cute.jit
-    def _write_statistics(self, coords_rc: cute.Tensor, values: cute.Tensor, row_values: cute.Tensor,
-                          m_block: cutlass.Int32, n_rows: cutlass.Int32):
+    def _write_statistics(self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32,
+                          n_rows: cutlass.Int32):
         """Each row's den, z_blank and z_label from its quad-merged statistics (_merge_quad_statistics), written by
         the quad's first thread."""
+        coords_rc, values = tile.coords_rc, tile.values
         rows = cute.size(coords_rc, mode=[0])
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(rows):
@@ -477,13 +654,13 @@ class LogitsGemm:
                     row_values[2, row] = values[PICK_LABEL, r]
 
     @cute.jit
-    def _gradient_tile(self, acc_rc: cute.Tensor, coords_rc: cute.Tensor, values: cute.Tensor, label: cute.Tensor,
-                       blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
+    def _gradient_tile(self, tile: ThreadTile, blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
                        extra_start: cutlass.Int32):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
         vocabulary tile (epilogue.token_gradient, which the CPU tests evaluate with torch), in place of the tile's
         logits in the accumulators; with extra columns, less each row's term i on column extra_start + i too
         (multi-blank's big blank arcs)."""
+        acc_rc, coords_rc, values, label = tile
         rows = cute.size(acc_rc, mode=[0])
         cols = cute.size(acc_rc, mode=[1])
         clamp_to = clamp if self.clamp else None
@@ -508,18 +685,16 @@ class LogitsGemm:
         return ColumnFlags(col == blank_at, col == label_at, tuple(col == extra_at + i for i in range(self.extra)))
 
     @cute.jit
-    def _store_gradient_tile(self, g_copy: cute.TiledCopy, g_copy_acc: cute.Tensor, g_copy_smem: cute.Tensor,
-                             g_copy_regs: cute.Layout, sG: cute.Tensor, tma_g: cute.CopyAtom, mG: cute.Tensor,
-                             g_stores: pipeline.PipelineTmaStore, storing: cutlass.Boolean, m_block: cutlass.Int32,
-                             n_tile: cutlass.Int32, first_buffer: cutlass.Int32 = 0, barrier_id: int = G_BARRIER,
-                             threads: int = 0):
+    def _store_gradient_tile(self, store: GradientStore, group: StoreGroup, m_block: cutlass.Int32,
+                             n_tile: cutlass.Int32):
         """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
-        buffer in mG's dtype by the ``threads`` threads holding the tile (default: the CTA's), then stored by TMA
-        from the warp where ``storing`` is true while the next subtile is written; a buffer is written again only
-        once its previous store has read it (``g_stores``); the last subtile's store runs on into the next tile's
-        MMAs. The threads use the g_buffers buffers from ``first_buffer`` on, and meet at named barrier
-        ``barrier_id``."""
-        threads = threads if threads else self.threads
+        buffer in mG's dtype by the ``group.threads`` threads holding the tile, then stored by TMA from the warp
+        where ``group.storing`` is true while the next subtile is written; a buffer is written again only once its
+        previous store has read it (``store.stores``); the last subtile's store runs on into the next tile's MMAs.
+        The threads use the g_buffers buffers from ``group.first_buffer`` on, and meet at named barrier
+        ``group.barrier_id``."""
+        g_copy, g_copy_smem, g_copy_acc, g_copy_regs, sG, tma_g, mG, g_stores = store
+        storing, first_buffer, barrier_id, threads = group
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
         smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
             tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)
@@ -547,9 +722,10 @@ class LogitsGemm:
                 g_stores.producer_acquire()  # the other buffer's store has read it
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
-    def _load(self, loads, state, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles):
+    def _load(self, tma_loads: TmaLoads, state: pipeline.PipelineState):
         """Warp 0: the TMA loads of load number ``state.count`` (vocabulary tile count // k_tiles, k tile count %
         k_tiles) into stage ``state.index``."""
+        loads, tma_h, tHgH, tHsH, tma_w, tWgW, tWsW, w_mcast_mask, k_tiles, _, _ = tma_loads
         loads.producer_acquire(state)
         n_tile = state.count // k_tiles
         k_tile = state.count % k_tiles
@@ -594,14 +770,14 @@ class LogitsGemmPingpong(LogitsGemm):
 
     MIN_STAGES = 3
 
-    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, gradient: bool = False, clamp: bool = False,
-                 extra: int = 0, g_subtile_n: int = 16, resident: bool = True, vocab_groups: int = 1):
+    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, epilogue: Epilogue = STATISTICS, g_subtile_n: int = 16,
+                 resident: bool = True, vocab_groups: int = 1):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
-        if vocab_groups < 1 or vocab_groups > 1 and (resident or not gradient or vocab_groups > n_tiles):
+        if vocab_groups < 1 or vocab_groups > 1 and (resident or not epilogue.gradient or vocab_groups > n_tiles):
             raise ValueError(f"vocab_groups: expected 1, or at most n_tiles = {n_tiles} for the gradient over two row "
                              f"blocks a CTA, got {vocab_groups}")
-        super().__init__(J, n_tiles, tile_n, 2, 1, 1, gradient, clamp, extra)
+        super().__init__(J, n_tiles, tile_n, 2, 1, 1, epilogue)
         self.vocab_groups = vocab_groups
         self.tile_m = 128
         self.threads = 3 * THREADS_PER_WARPGROUP
@@ -609,14 +785,8 @@ class LogitsGemmPingpong(LogitsGemm):
         self.resident = resident
 
     def _setup(self, h: cute.Tensor, w: cute.Tensor, g: cute.Tensor):
-        self.ab_dtype = h.element_type
-        self.h_layout = utils.LayoutEnum.from_tensor(h)
-        self.w_layout = utils.LayoutEnum.from_tensor(w)
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
-            self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_n))
-        tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
-        self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
+        self._setup_mma(h, w, 1)  # each consumer's MMAs: one warpgroup's
+        tile_k = self.tile_mnk[2]
         self.k_tiles = -(-self.J // tile_k)
         element = self.ab_dtype.width // 8
         self.g_subtile = (self.tile_m, min(self.g_subtile_n, self.tile_n))
@@ -647,59 +817,25 @@ class LogitsGemmPingpong(LogitsGemm):
                                                            self.k_tiles if self.resident else self.stages)
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
-    @cute.jit
-    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
-                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
-                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
-                 blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
-        """As LogitsGemm's."""
-        h, w, col_bias, labels, row_values, g = self._tensors(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr,
-                                                              g_ptr, n_rows, n_cols, h_stride, row_values_stride,
-                                                              g_stride)
-        self._setup(h, w, g)
-        tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
-            (self.tile_m, self.tile_mnk[2]))
-        tma_w, tma_w_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), w, cute.slice_(self.w_smem_layout, (None, None, 0)),
-            (self.tile_n, self.tile_mnk[2]))
-        tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
-            self.g_subtile)
-        g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
+    def _storage_fields(self):
+        """The resident H's load barrier, and the statistics' merge of the consumers (its barrier and buffer)."""
         merge_values = 4 * self.tile_m if self.resident and not self.gradient else 4
+        return {"h_barriers": cute.struct.MemRange[cutlass.Int64, 2],
+                "merge_barrier": cute.struct.MemRange[cutlass.Int64, 1],
+                "merge": cute.struct.MemRange[cutlass.Float32, merge_values]}
 
-        @cute.struct
-        class SharedStorage:
-            barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            h_barriers: cute.struct.MemRange[cutlass.Int64, 2]
-            merge_barrier: cute.struct.MemRange[cutlass.Int64, 1]
-            merge: cute.struct.MemRange[cutlass.Float32, merge_values]
-            sH: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024]
-            sG: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]
-
-        self.shared_storage = SharedStorage
-        m_blocks = (h.shape[0] + self.tile_m - 1) // self.tile_m
-        ctas = (m_blocks if self.resident else (m_blocks + 1) // 2) * self.vocab_groups
-        self.kernel(tma_h, tma_h_tensor, tma_w, tma_w_tensor, col_bias, labels, row_values, tma_g, tma_g_tensor,
-                    blank, clamp, extra_start, self.tiled_mma, self.h_smem_layout, self.w_smem_layout,
-                    self.g_smem_layout).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
+    def _ctas(self, n_rows):
+        """The grid: a CTA per row tile, or per two of them where H is not resident, times the vocabulary groups."""
+        m_blocks = (n_rows + self.tile_m - 1) // self.tile_m
+        return (m_blocks if self.resident else (m_blocks + 1) // 2) * self.vocab_groups
 
     @cute.kernel
-    def kernel(self, tma_h: cute.CopyAtom, mH: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               col_bias: cute.Tensor, labels: cute.Tensor, row_values: cute.Tensor, tma_g: cute.CopyAtom,
-               mG: cute.Tensor, blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32,
-               tiled_mma: cute.TiledMma,
-               h_smem_layout: cute.ComposedLayout, w_smem_layout: cute.ComposedLayout,
-               g_smem_layout: cute.ComposedLayout):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    def kernel(self, operands: Operands, epilogue: EpilogueArguments, layouts: Layouts):
+        tma_h, mH, tma_w, mW = operands
+        row_values, tma_g, mG = epilogue.row_values, epilogue.tma_g, epilogue.mG
+        tiled_mma, h_smem_layout, w_smem_layout, g_smem_layout = layouts
+        tidx, bidx, warp_idx, storage, sH, sW = self._start(operands, layouts)
         warpgroup = cute.arch.make_warp_uniform(warp_idx // 4)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_h)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
         n_rows = mH.shape[0]
         m_block = bidx
         first_tile = 0  # the CTA's vocabulary tiles: [first_tile, first_tile + tiles)
@@ -715,10 +851,6 @@ class LogitsGemmPingpong(LogitsGemm):
                 tiles = (group + 1) * self.n_tiles // self.vocab_groups - first_tile
         k_tiles = self.k_tiles
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sH = storage.sH.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
-        sW = storage.sW.get_tensor(w_smem_layout.outer, swizzle=w_smem_layout.inner)
         h_bytes = cute.size_in_bytes(self.ab_dtype, h_smem_layout)
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
         if cutlass.const_expr(not self.resident):  # a stage holds a k tile of H beside W's
@@ -801,14 +933,15 @@ class LogitsGemmPingpong(LogitsGemm):
 
             if cutlass.const_expr(self.gradient):
                 sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # g_buffers each
-                g_copy, g_copy_smem, g_copy_acc, g_copy_regs = self._g_copy(tiled_mma, tidx, sG, acc)
                 g_stores = pipeline.PipelineTmaStore.create(
                     num_stages=self.g_buffers,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
+                g_store = GradientStore(*self._g_copy(tiled_mma, tidx, sG, acc), sG, tma_g, mG, g_stores)
 
             values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)  # as LogitsGemm's
             label = cute.make_rmem_tensor((rows,), cutlass.Int32)
-            self._init_rows(coords_rc, row_values, labels, values, label, row_block, n_rows)
+            tile = ThreadTile(acc_rc, coords_rc, values, label)
+            self._init_rows(tile, epilogue, row_block, n_rows)
 
             if cutlass.const_expr(self.resident):
                 h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -819,7 +952,7 @@ class LogitsGemmPingpong(LogitsGemm):
                 read.advance()
                 release.advance()
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            k_blocks = cute.size(tCrH, mode=[2])
+            mma = Mma(tiled_mma, acc, tCrH, tCrW, loads, k_tiles)
             turns = self.n_tiles if self.resident else 2 * tiles
             for n_tile in cutlass.range(consumer if self.resident else first_tile,
                                         self.n_tiles if self.resident else first_tile + tiles,
@@ -832,22 +965,7 @@ class LogitsGemmPingpong(LogitsGemm):
                 # phase ahead of it (an mbarrier's parity tells only the current phase from the one before)
                 if turn > 0:
                     cute.arch.barrier(barrier_id=ORDER_BARRIER + consumer, number_of_threads=2 * THREADS_PER_WARPGROUP)
-                acc.fill(0.0)
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    loads.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    h_index = k_tile
-                    if cutlass.const_expr(not self.resident):
-                        h_index = read.index
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
-                                  tCrW[(None, None, k_block, read.index)], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
-                    if k_tile > 0:
-                        loads.consumer_release(release)
-                        release.advance()
-                    read.advance()
+                read, release, _ = self._mma_tile(mma, Stages(read, release))
                 if turn + 1 < turns:  # the other consumer's turn
                     cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - consumer,
                                              number_of_threads=2 * THREADS_PER_WARPGROUP)
@@ -858,16 +976,15 @@ class LogitsGemmPingpong(LogitsGemm):
                     read.advance()
                     release.advance()
 
-                self._epilogue_tile(acc_rc, coords_rc, values, label, col_bias, row_values, blank, clamp,
-                                    extra_start, row_block, n_rows, n_tile)
+                self._epilogue_tile(tile, epilogue, row_block, n_rows, n_tile)
                 if cutlass.const_expr(self.gradient):
-                    self._store_gradient_tile(g_copy, g_copy_acc, g_copy_smem, g_copy_regs, sG, tma_g, mG, g_stores,
-                                              warp_idx % 4 == 0, row_block, n_tile, self.g_buffers * consumer,
-                                              1 + consumer, THREADS_PER_WARPGROUP)
+                    stored_by = StoreGroup(warp_idx % 4 == 0, self.g_buffers * consumer, 1 + consumer,
+                                           THREADS_PER_WARPGROUP)
+                    self._store_gradient_tile(g_store, stored_by, row_block, n_tile)
 
             if cutlass.const_expr(not self.gradient and not self.resident):
                 self._merge_quad_statistics(values)
-                self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
+                self._write_statistics(tile, row_values, row_block, n_rows)
             elif cutlass.const_expr(not self.gradient):
                 # the second consumer's statistics of each row through shared memory, merged into the first's
                 self._merge_quad_statistics(values)
@@ -892,7 +1009,7 @@ class LogitsGemmPingpong(LogitsGemm):
                         values[ROW_MAX, r] = new_max
                         values[PICK_BLANK, r] = values[PICK_BLANK, r] + merge[PICK_BLANK, coords_rc[r, 0][0]]
                         values[PICK_LABEL, r] = values[PICK_LABEL, r] + merge[PICK_LABEL, coords_rc[r, 0][0]]
-                    self._write_statistics(coords_rc, values, row_values, row_block, n_rows)
+                    self._write_statistics(tile, row_values, row_block, n_rows)
             else:
                 if warp_idx % 4 == 0:
                     g_stores.producer_tail()
