@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from common import gpu_clock  # first: common puts the repository root on sys.path
 from transducer import hopper
 from transducer.cuda.stages import layout as make_layout, log_probs
+from transducer.layout import LabelCheck
 from transducer.options import LossOptions
 
 ROUNDS = 5
@@ -65,7 +66,7 @@ def run_case(name, config_names):
     targets = torch.randint(1, V, (B, U), device="cuda", generator=g, dtype=torch.int32)
     T_b = torch.full((B,), T, device="cuda", dtype=torch.int32)
     U_b = torch.full((B,), U, device="cuda", dtype=torch.int32)
-    layout = make_layout(T_b, U_b, U + 1, 0, targets, V, 0, False)
+    layout = make_layout(T_b, U_b, U + 1, 0, LabelCheck(targets, V, 0), False)
     # each row's label: targets[b, u] for u < U, none (-1) on the last row of each frame
     labels = torch.cat([targets, targets.new_full((B, 1), -1)], dim=1)[:, None, :].expand(B, T, U + 1)
     labels = labels.reshape(N).contiguous()

@@ -25,6 +25,7 @@ from transducer.cuda import stages as cuda  # noqa: E402
 from transducer.lattices import Lattice  # noqa: E402
 from transducer.options import LossOptions  # noqa: E402
 from transducer.custom_ops import make_layout  # noqa: E402
+from transducer.layout import LabelCheck  # noqa: E402
 
 SIZES = [(32, 150, 40, 500), (16, 400, 100, 1024), (8, 800, 100, 4096)]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -101,7 +102,7 @@ def primitives():
         "x * (x + 1)": lambda: x * (x + 1),
         "torch.cumsum": lambda: torch.cumsum(x, 0),
         "y.tolist() (sync)": lambda: y.tolist(),
-        "cuda.layout (one launch)": lambda: cuda.layout(lengths, lengths, 41, 0, lengths[None], 500, 0, True),
+        "cuda.layout (one launch)": lambda: cuda.layout(lengths, lengths, 41, 0, LabelCheck(lengths[None], 500, 0), True),
     }
     for name, fn in cases.items():
         us = host_ms(fn, n=2000) * 1e3

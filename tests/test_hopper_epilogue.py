@@ -12,6 +12,7 @@ import torch
 from _batches import random_batch
 from transducer.cpu import stages as cpu
 from transducer.custom_ops import make_layout
+from transducer.layout import LabelCheck
 from transducer.hopper.epilogue import ColumnFlags, RowTerms, token_gradient
 from transducer.lattices import Lattice
 from transducer.options import LossOptions
@@ -87,14 +88,14 @@ def test_token_gradient_matches_tdt_token_scores(lam, clamp):
     for b in range(len(T)):
         mask[b, :T[b], :U[b] + 1] = True
     z2d = logits[mask]
-    layout = cpu.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
+    layout = cpu.layout(T, U, targets.size(1) + 1, labels=LabelCheck(targets, V, blank))
     scale = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
     options = LossOptions(blank=blank, durations=durations, fastemit_lambda=lam, clamp=clamp)
     lp, den, lp_arcs, den_arcs = cpu.tdt_log_probs(z2d[:, :V], z2d[:, V:], targets, layout, options)
     walks = cpu.tdt_alpha_beta(lp, lp_arcs, layout, options)
     lattice = Lattice(layout, lp, den, *walks, lp_arcs, den_arcs)
     want = torch.empty_like(z2d)
-    cpu.tdt_gradient(z2d[:, :V], z2d[:, V:], targets, lattice, scale, options, want[:, :V], want[:, V:])
+    cpu.tdt_gradient(z2d[:, :V], z2d[:, V:], targets, lattice, scale, options, (want[:, :V], want[:, V:]))
 
     N = z2d.size(0)
     cells = cpu._cells(layout, 0, N)

@@ -64,9 +64,9 @@ def test_every_option_on_every_backend(kind_name, name, device):
     args = (targets.to(device), T.to(device), U.to(device))
     if device not in SUPPORTED[kind_name].get(name, ()):
         with pytest.raises(ValueError, match=f"{name}: the {kind_name} loss does not take this option"):
-            loss_call(x, None, *args, V, options, True)
+            loss_call((x, None), *args, V, options, True)
         return
-    loss = loss_call(x, None, *args, V, options, True)
+    loss = loss_call((x, None), *args, V, options, True)
     grad, = torch.autograd.grad(loss.sum(), x)
     ref_x = logits.clone().requires_grad_()
     want = reference(ref_x, targets, T, U, options)
@@ -79,7 +79,7 @@ def test_every_option_on_every_backend(kind_name, name, device):
     # the option changes the loss or its gradient (an option no stage reads would pass the comparison above with a
     # reference that ignores it too)
     if name != "blank":  # its labels exclude the blank it gives
-        default = loss_call(x, None, *args, V, options._replace(**{name: getattr(BASE[kind_name], name)}), True)
+        default = loss_call((x, None), *args, V, options._replace(**{name: getattr(BASE[kind_name], name)}), True)
         default_grad, = torch.autograd.grad(default.sum(), x)
         assert not (torch.allclose(loss, default) and torch.allclose(grad, default_grad))
 

@@ -16,7 +16,7 @@ from transducer import pack, tdt_loss_reference
 from transducer.cpu import stages as cpu
 from transducer.cuda import stages as cuda
 from transducer.backend import Stages, stages_for
-from transducer.layout import NUM_STATS, Layout, Stats
+from transducer.layout import NUM_STATS, LabelCheck, Layout, Stats
 from transducer.lattices import Lattice
 from transducer.options import LossOptions
 from transducer.custom_ops import make_layout
@@ -298,7 +298,7 @@ def test_gradient_into_rows_of_another_stride(V):
     out_durs = torch.empty(N, D, dtype=x.dtype, device=DEV)
     for out in (same[:, :V], staged):
         cuda.tdt_gradient(tokens, durs, targets, Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs), scale,
-                          o, out, out_durs)
+                          o, (out, out_durs))
     assert_no_nan(staged)
     assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
 
@@ -315,8 +315,8 @@ def test_layout_matches_cpu(itype):
         targets = torch.randint(-2, V + 2, (B, S), generator=gen).to(itype)
         for padded_t in (0, 51):
             for stats in (True, False):
-                want = cpu.layout(T, U, S + 3, padded_t, targets, V, 3, stats)
-                got = cuda.layout(T.to(DEV), U.to(DEV), S + 3, padded_t, targets.to(DEV), V, 3, stats)
+                want = cpu.layout(T, U, S + 3, padded_t, LabelCheck(targets, V, 3), stats)
+                got = cuda.layout(T.to(DEV), U.to(DEV), S + 3, padded_t, LabelCheck(targets.to(DEV), V, 3), stats)
                 assert (got.padded, got.max_u1, got.batch_size) == (want.padded, want.max_u1, B)
                 n = got.table.numel() - (0 if stats else NUM_STATS)
                 assert got.table.cpu()[:n].tolist() == want.table[:n].tolist()
@@ -376,9 +376,9 @@ def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0,
         logits2d = logits[mask]  # cells in (b, t, u) order: the compact layout
     logits2d, targets, T, U = (x.to(device) for x in (logits2d, targets, T, U))
     if padded:
-        layout = stages.layout(T, U, max_u1, padded_t=max_t, targets=targets, vocab_size=V, blank=blank)
+        layout = stages.layout(T, U, max_u1, padded_t=max_t, labels=LabelCheck(targets, V, blank))
     else:
-        layout = stages.layout(T, U, targets.size(1) + 1, targets=targets, vocab_size=V, blank=blank)
+        layout = stages.layout(T, U, targets.size(1) + 1, labels=LabelCheck(targets, V, blank))
     assert Stats(*layout.stats.tolist()).bad_labels == 0
     options = LossOptions(blank=blank, durations=tuple(durations), sigma=sigma, omega=omega, fastemit_lambda=lam)
     lp, den, lp_arcs, den_arcs = stages.tdt_log_probs(logits2d[:, :V], logits2d[:, V:], targets, layout, options)
@@ -390,8 +390,8 @@ def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0,
     scale = torch.ones(B, dtype=lp.dtype) if scale is None else scale
     out = logits2d if alias else torch.empty_like(logits2d)
     lattice = Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs, rnnt)
-    stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, lattice, scale.to(device), options, out[:, :V],
-                        out[:, V:])
+    stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, lattice, scale.to(device), options,
+                        (out[:, :V], out[:, V:]))
     out, total = out.cpu(), total.cpu()
     if padded:
         grad = out.view(logits.shape)
@@ -445,7 +445,7 @@ def test_tdt_log_probs_contract():
     W = V + len(durations)
     mask = cell_mask(logits, T, U)
     logits[0, 1, 1, V + 2] = math.inf  # a non-finite duration logit makes the whole row's den NaN
-    layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1), targets=targets, vocab_size=V, blank=blank)
+    layout = cpu.layout(T, U, logits.size(2), padded_t=logits.size(1), labels=LabelCheck(targets, V, blank))
     rows = logits.masked_fill(~mask[..., None], math.nan).reshape(-1, W)
     options = LossOptions(blank=blank, sigma=sigma)
     lp, den, lp_arcs, den_arcs = cpu.tdt_log_probs(rows[:, :V], rows[:, V:], targets, layout, options)
@@ -641,7 +641,7 @@ def test_stages_need_out_for_a_tile(device):
     stages = stages_for(torch.device(device))
     T, U = torch.tensor([3, 2], device=device), torch.tensor([1, 2], device=device)
     targets = torch.tensor([[1, 0], [2, 1]], device=device)
-    layout = stages.layout(T, U, 3, 0, targets, 5, 0, False)
+    layout = stages.layout(T, U, 3, 0, LabelCheck(targets, 5, 0), False)
     x = torch.randn(4, 5 + 2, device=device)
     with pytest.raises(ValueError, match="row_start > 0 needs out"):
         stages.log_probs(x[:, :5].contiguous(), targets, layout, LossOptions(), 2)
@@ -698,8 +698,8 @@ def pack_backward_over_tiles(device, T, U, max_t, max_u1, D, activation, p, dtyp
     grad_enc, grad_pred = torch.zeros_like(enc, dtype=acc), torch.zeros_like(pred, dtype=acc)
     for start, end in zip(bounds, bounds[1:] + [N]):
         utterances = (bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1))
-        stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, grad_enc, grad_pred, (enc, pred),
-                                 activation, dropout)
+        stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, (grad_enc, grad_pred),
+                                 (enc, pred), activation, dropout)
     return (grad_enc.cpu().double(), grad_pred.cpu().double()), (e.grad, q.grad)
 
 
@@ -764,15 +764,15 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
     row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
     utterances = (max(b for b in range(len(T)) if row_splits[b] <= start),
                   min(b for b in range(1, len(T) + 1) if row_splits[b] >= end))
-    stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred, (enc, pred), activation)
+    stages.pack_backward_add(grad_rows, layout, start, utterances, (grad_enc, grad_pred), (enc, pred), activation)
     assert grad_enc.abs().sum() > 0 and grad_pred.abs().sum() > 0
     torch.testing.assert_close(grad_enc, e.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad_pred, p.grad, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="pack_backward_add: inputs must be"):
-        stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred, None, activation)
+        stages.pack_backward_add(grad_rows, layout, start, utterances, (grad_enc, grad_pred), None, activation)
     if device == "cuda":  # inputs on another device than the rows: named, not read through a host pointer
         with pytest.raises(ValueError, match="pack_backward_add: inputs must be .* device"):
-            stages.pack_backward_add(grad_rows, layout, start, utterances, grad_enc, grad_pred,
+            stages.pack_backward_add(grad_rows, layout, start, utterances, (grad_enc, grad_pred),
                                      (enc.cpu(), pred.cpu()), activation)
 
 

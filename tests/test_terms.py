@@ -206,10 +206,10 @@ def test_tdt_terms_match_the_cpu_stages(lib, case, durations):
     lattice = Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll, lp_arcs=lp_arcs, den_arcs=den_arcs,
                       rnnt=rnnt)
     want, want_dur = torch.empty_like(tokens), torch.empty_like(dur)
-    cpu.tdt_gradient(tokens, dur, targets, lattice, scale, options, want, want_dur)
+    cpu.tdt_gradient(tokens, dur, targets, lattice, scale, options, (want, want_dur))
     plain, plain_dur = torch.empty_like(tokens), torch.empty_like(dur)
     cpu.tdt_gradient(tokens, dur, targets, lattice, scale,
-                     options._replace(fastemit_lambda=0.0, clamp=-1.0, omega=0.0), plain, plain_dur)
+                     options._replace(fastemit_lambda=0.0, clamp=-1.0, omega=0.0), (plain, plain_dur))
     assert case in ("plain", "sigma", "delay_penalty") or _differs(torch.cat([want, want_dur], 1),
                                                                      torch.cat([plain, plain_dur], 1))
     live = _live(lattice, scale, b, cells, rnnt=rnnt)

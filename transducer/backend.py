@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .joiner import Dropout
-from .layout import Layout
+from .layout import LabelCheck, Layout
 from .lattices import Lattice, Walks
 from .options import LossOptions
 
@@ -45,12 +45,10 @@ class Stages(Protocol):
     """The stages of one backend (a module: ``transducer.cpu.stages`` or ``transducer.cuda.stages``)."""
 
     def layout(self, logit_lengths: Tensor, target_lengths: Tensor, max_u1: int, padded_t: int = 0,
-               targets: Optional[Tensor] = None, vocab_size: int = 0, blank: int = 0, with_stats: bool = True,
-               big_blanks: int = 0) -> Layout:
+               labels: Optional[LabelCheck] = None, with_stats: bool = True) -> Layout:
         """One pass over the lengths (one launch on CUDA, no host synchronisation): padded (B, padded_t, max_u1)
         grids when ``padded_t > 0``, compact ones otherwise. With ``with_stats``, ``Layout.stats`` holds what the
-        value checks need (``Stats``); ``targets`` (B, S) are then checked against ``[0, vocab_size)`` and the
-        blanks, ``[blank - big_blanks, blank]``."""
+        value checks need (``Stats``); with ``labels`` (a LabelCheck) the labels are then checked too."""
 
     def log_probs(self, logits2d: Tensor, targets: Tensor, layout: Layout, options: LossOptions, row_start: int = 0,
                   out: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
@@ -101,9 +99,8 @@ class Stages(Protocol):
         columns. Returns ``out``."""
 
     def tdt_gradient(self, tokens2d: Tensor, duration_scores: Tensor, targets: Tensor, lattice: Lattice,
-                     scale: Tensor, options: LossOptions, out_tokens: Tensor, out_duration_scores: Tensor,
-                     row_start: int = 0) -> None:
-        """Writes into out_tokens (N, V) and out_duration_scores (N, D), the scores' dtype, the gradient of sum_b
+                     scale: Tensor, options: LossOptions, out: Tuple[Tensor, Tensor], row_start: int = 0) -> None:
+        """Writes into ``out`` = (out_tokens (N, V), out_duration_scores (N, D)), the scores' dtype, the gradient of sum_b
         scale[b] * L_b with L_b = (1 - omega) * tdt_b + omega * rnnt_b; ``lattice.rnnt`` holds the walks of the
         plain RNN-T loss of the token columns without sigma (``alpha_beta(lp + sigma, layout, ...)``) when
         omega > 0. With gamma the cell posterior, B_i / L_i the posteriors of the blank / label arcs of duration
@@ -135,9 +132,9 @@ class Stages(Protocol):
         dtype."""
 
     def pack_backward_add(self, grad_rows: Tensor, layout: Layout, row_start: int, utterances: Tuple[int, int],
-                          grad_enc: Tensor, grad_pred: Tensor, inputs: Optional[Tuple[Tensor, Tensor]] = None,
+                          grads: Tuple[Tensor, Tensor], inputs: Optional[Tuple[Tensor, Tensor]] = None,
                           activation: str = "identity", dropout: Optional[Dropout] = None) -> Tuple[Tensor, Tensor]:
-        """grad_enc (B, maxT, J) and grad_pred (B, maxU+1, J), of the accumulation dtype, += the sums over u and
+        """``grads`` = (grad_enc (B, maxT, J), grad_pred (B, maxU+1, J)), of the accumulation dtype, += the sums over u and
         over t of grad_rows * mask * act'(a) for the rows [row_start, row_start + len(grad_rows)), which lie in
         the utterances [first, end) = ``utterances``; a, h = act(a) and the mask are recomputed from ``inputs``
         = (encoder_out, predictor_out) as pack_forward computes them (grad_rows alone for the identity without

@@ -37,7 +37,7 @@ from ops.cuda import host_reader
 from .backend import stages_for
 from .checks import check_loss_values, check_pack_values, check_rows
 from .lattices import check_supported, kind_of
-from .layout import NUM_STATS, Layout, table_size
+from .layout import NUM_STATS, LabelCheck, Layout, table_size
 from .lattices import Lattice, Walks
 from .options import LossOptions
 
@@ -50,11 +50,10 @@ def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_st
     """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits (one launch on CUDA, no sync);
     labels are checked against ``vocab_size`` (default: logits.size(-1)) and the blanks."""
     padded = logits.dim() == 4
+    labels = LabelCheck(targets, logits.size(-1) if vocab_size is None else vocab_size, blank, big_blanks)
     return stages_for(logits.device).layout(logit_lengths, target_lengths,
                                             logits.size(2) if padded else targets.size(1) + 1,
-                                            logits.size(1) if padded else 0, targets,
-                                            logits.size(-1) if vocab_size is None else vocab_size, blank, with_stats,
-                                            big_blanks)
+                                            logits.size(1) if padded else 0, labels, with_stats)
 
 
 def saved_layout(table, logits, targets):
@@ -294,8 +293,8 @@ def _loss_backward(grad_nll: Tensor, logits: Tensor, extra_scores: Optional[Tens
                          (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
     tokens, extra = score_views(logits, extra_scores, vocab_size)
     out_tokens, out_extra = score_views(out, out_extra if extra_scores is not None else None, vocab_size)
-    kind_of(options).gradient(stages_for(logits.device), tokens, extra, targets, lattice, grad_nll.to(lp.dtype),
-                              options, out_tokens, out_extra)
+    kind_of(options).gradient(stages_for(logits.device), (tokens, extra), targets, lattice, grad_nll.to(lp.dtype),
+                              options, (out_tokens, out_extra))
 
 
 def _loss_setup_context(ctx, inputs, output):
@@ -339,9 +338,10 @@ def _(*args):
     return None
 
 
-def loss_call(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, options, check_inputs,
-              inplace_grad=False):
-    """The per-utterance loss (B,) of the ``loss`` op for ``options`` (a LossOptions)."""
+def loss_call(scores, targets, logit_lengths, target_lengths, vocab_size, options, check_inputs, inplace_grad=False):
+    """The per-utterance loss (B,) of the ``loss`` op for ``options`` (a LossOptions); ``scores`` = (logits,
+    extra_scores or None)."""
+    logits, extra_scores = scores
     ints, floats = options.flat()
     return loss(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, ints, floats,
                 bool(check_inputs), bool(inplace_grad))[0]

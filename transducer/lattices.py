@@ -93,8 +93,9 @@ class Kind:
         """The Lattice of the log-probs: the walks over them (and what the gradient needs beside them)."""
         raise NotImplementedError
 
-    def gradient(self, stages, tokens, extra, targets, lattice, scale, options, out_tokens, out_extra, row_start=0):
-        """The gradient of sum_b scale[b] * loss_b w.r.t. tokens (and extra) into out_tokens (and out_extra)."""
+    def gradient(self, stages, scores, targets, lattice, scale, options, out, row_start=0):
+        """The gradient of sum_b scale[b] * loss_b w.r.t. ``scores`` = (tokens, extra or None) into ``out`` =
+        (out_tokens, out_extra or None)."""
         raise NotImplementedError
 
     def nll(self, lattice, options):
@@ -113,8 +114,8 @@ class _RNNT(Kind):
         walks = stages.alpha_beta(log_probs.lp, layout, options)
         return Lattice(layout, log_probs.lp, log_probs.den, *walks)
 
-    def gradient(self, stages, tokens, extra, targets, lattice, scale, options, out_tokens, out_extra, row_start=0):
-        stages.gradient(tokens, targets, lattice, scale, options, out_tokens, row_start)
+    def gradient(self, stages, scores, targets, lattice, scale, options, out, row_start=0):
+        stages.gradient(scores[0], targets, lattice, scale, options, out[0], row_start)
 
 
 class _Multiblank(_RNNT):
@@ -151,8 +152,8 @@ class _TDT(Kind):
         return Lattice(layout, log_probs.lp, log_probs.den, *walks, lp_arcs=log_probs.lp_arcs,
                        den_arcs=log_probs.den_arcs, rnnt=rnnt)
 
-    def gradient(self, stages, tokens, extra, targets, lattice, scale, options, out_tokens, out_extra, row_start=0):
-        stages.tdt_gradient(tokens, extra, targets, lattice, scale, options, out_tokens, out_extra, row_start)
+    def gradient(self, stages, scores, targets, lattice, scale, options, out, row_start=0):
+        stages.tdt_gradient(*scores, targets, lattice, scale, options, out, row_start)
 
     def nll(self, lattice, options):
         if options.omega:

@@ -53,6 +53,15 @@ class Stats(NamedTuple):
     first_bad_label: int  # the first of them, b * targets.size(1) + u (the int64 maximum when none)
 
 
+class LabelCheck(NamedTuple):
+    """What the layout checks the labels against: ``targets`` (B, S) in ``[0, vocab_size)`` and none of the blanks,
+    the columns ``[blank - big_blanks, blank]``."""
+    targets: torch.Tensor
+    vocab_size: int
+    blank: int
+    big_blanks: int = 0
+
+
 class Layout(NamedTuple):
     """The grids of one batch, all in one int64 tensor so that it is built by one launch:
 

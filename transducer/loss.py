@@ -51,7 +51,7 @@ def _transducer_loss(logits, targets, logit_lengths, target_lengths, options):
     reduction, zero_infinity, check_inputs = o.pop("reduction"), o.pop("zero_infinity"), o.pop("check_inputs")
     loss_options = LossOptions(blank=blank, **o)
     joint_checks(loss_options)
-    nll = custom_ops.loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths,
+    nll = custom_ops.loss_call((logits.contiguous(), None), targets.contiguous(), logit_lengths, target_lengths,
                                logits.size(-1), loss_options, check_inputs, inplace_grad)
     return reduce_losses(nll, reduction, zero_infinity)
 

@@ -39,7 +39,7 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     loss_options = LossOptions(blank=blank, **o)
     check_device_limits(loss_options, logits.device)
     joint_checks(loss_options)
-    nll = loss_call(logits.contiguous(), None, targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
+    nll = loss_call((logits.contiguous(), None), targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
                     loss_options, check_inputs)
     return reduce_losses(nll, reduction, zero_infinity)
 

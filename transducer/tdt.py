@@ -57,7 +57,7 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
     loss_options = LossOptions(blank=blank, **o)
     check_device_limits(loss_options, device)
     joint_checks(loss_options)
-    nll = loss_call(in_place_rows(logits), None if duration_logits is None else in_place_rows(duration_logits),
+    nll = loss_call((in_place_rows(logits), None if duration_logits is None else in_place_rows(duration_logits)),
                     targets.contiguous(), logit_lengths, target_lengths, V, loss_options, check_inputs)
     return reduce_losses(nll, reduction, zero_infinity)
 

@@ -22,8 +22,7 @@ _CHUNK_ELEMENTS = 1 << 22
 _INT64_MAX = 2**63 - 1
 
 
-def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
-           with_stats=True, big_blanks=0):
+def layout(logit_lengths, target_lengths, max_u1, padded_t=0, labels=None, with_stats=True):
     T, U = logit_lengths.long(), target_lengths.long()
     B = T.numel()
     if padded_t:
@@ -35,7 +34,8 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, voca
     row_splits = torch.zeros(B + 1, dtype=torch.int64)
     torch.cumsum(cells, 0, out=row_splits[1:])
     bad, first_bad = 0, _INT64_MAX
-    if targets is not None and targets.size(1) > 0:
+    if labels is not None and labels.targets.size(1) > 0:
+        targets, vocab_size, blank, big_blanks = labels
         in_label = torch.arange(targets.size(1))[None, :] < U[:, None]
         is_blank = (targets >= blank - big_blanks) & (targets <= blank)
         wrong = (in_label & ((targets < 0) | (targets >= vocab_size) | is_blank)).flatten()
@@ -367,12 +367,13 @@ def _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation,
 def pack_backward(grad_rows, layout, max_t, max_u1):
     B, D = layout.batch_size, grad_rows.size(1)
     grad_enc, grad_pred = grad_rows.new_zeros(B, max_t, D), grad_rows.new_zeros(B, max_u1, D)
-    return pack_backward_add(grad_rows, layout, 0, (0, B), grad_enc, grad_pred)
+    return pack_backward_add(grad_rows, layout, 0, (0, B), (grad_enc, grad_pred))
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
-                      activation="identity", dropout=None):
+def pack_backward_add(grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity",
+                      dropout=None):
     # ``utterances``: the CUDA twin launches over them; here every row finds its own
+    grad_enc, grad_pred = grads
     B, max_t, D = grad_enc.shape
     num_rows = grad_rows.size(0)
     b, t, u = _coordinates(layout, row_start, row_start + num_rows)
@@ -615,7 +616,8 @@ def _big_blank_occupancies(layout, lattice, big_blank_durations, live, start, en
     return _posterior(log_norm[:, None] + lattice.lp_arcs[start:end] + after)
 
 
-def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out_tokens, out_duration_scores, row_start=0):
+def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out, row_start=0):
+    out_tokens, out_duration_scores = out
     num_rows, V = tokens2d.shape
     durations, omega, lam, clamp, blank = (options.durations, options.omega, float(options.fastemit_lambda),
                                            options.clamp, options.blank)

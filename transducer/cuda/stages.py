@@ -230,18 +230,18 @@ def _rows_struct(x, row_start, vec, aligned):
 # --------------------------------------------------------------------------- RNN-T and RNA stages
 
 
-def layout(logit_lengths, target_lengths, max_u1, padded_t=0, targets=None, vocab_size=0, blank=0,
-           with_stats=True, big_blanks=0):
+def layout(logit_lengths, target_lengths, max_u1, padded_t=0, labels=None, with_stats=True):
     _check_cuda(logit_lengths, target_lengths)
     B = logit_lengths.numel()
     table = torch.empty(table_size(B), dtype=torch.int64, device=logit_lengths.device)
-    if targets is None:
-        labels, itype = LABELS(targets=None, cols=0, blank=blank), "int"
+    if labels is None:
+        checked, itype, vocab_size, big_blanks = LABELS(targets=None, cols=0, blank=0), "int", 0, 0
     else:
-        targets = targets.contiguous()
-        labels, itype = _labels_struct(targets, blank), targets.dtype
+        targets = labels.targets.contiguous()
+        checked, itype = _labels_struct(targets, labels.blank), targets.dtype
+        vocab_size, big_blanks = labels.vocab_size, labels.big_blanks
     params = LAYOUT_PARAMS(logit_lengths=logit_lengths.contiguous(), target_lengths=target_lengths.contiguous(),
-                           labels=labels, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, big_blanks=big_blanks,
+                           labels=checked, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, big_blanks=big_blanks,
                            table=table)
     name = _name("layout_kernel", logit_lengths.dtype, target_lengths.dtype, itype, bool(with_stats))
     launch(_STAGES, name, table, (1,), (MAX_BLOCK_THREADS,), (params,))
@@ -584,13 +584,12 @@ def pack_backward(grad_rows, layout, max_t, max_u1):
     return grad_enc, grad_pred
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grad_enc, grad_pred, inputs=None,
-                      activation="identity", dropout=None):
+def pack_backward_add(grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity",
+                      dropout=None):
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
-        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, (grad_enc, grad_pred), inputs,
-                   activation, dropout)
-    return grad_enc, grad_pred
+        _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, grads, inputs, activation, dropout)
+    return grads
 
 
 # --------------------------------------------------------------------------- TDT stages
@@ -670,8 +669,8 @@ def _duration_walks(lp, lp_arcs, layout, durations, multiblank):
     return walks
 
 
-def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out_tokens, out_duration_scores,
-                 row_start=0):
+def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out, row_start=0):
+    out_tokens, out_duration_scores = out
     for name, x in (("tokens2d", tokens2d), ("duration_scores", duration_scores), ("out_tokens", out_tokens),
                     ("out_duration_scores", out_duration_scores)):
         _row_major(name, x)

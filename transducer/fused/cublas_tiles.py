@@ -39,7 +39,7 @@ class CublasTiles:
         hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
         dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
         tokens, extra = dz[:rows, :V], dz[:rows, V:V + D] if D else None
-        s.kind.gradient(s.stages, tokens, extra, s.targets, lattice, scale, s.options, tokens, extra, start)
+        s.kind.gradient(s.stages, (tokens, extra), s.targets, lattice, scale, s.options, (tokens, extra), start)
         del tokens, extra  # views of dz: a view left alive kept a third tile buffer
         if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
             dz[:, self.rows:] = 0

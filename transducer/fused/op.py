@@ -45,7 +45,7 @@ from ..checks import bad_labels_error, duration_scores_note, row_count
 from ..custom_ops import Op, fake_outputs, lattice_of, lattice_outputs, saved_tensors
 from ..joiner import Dropout
 from ..lattices import check_supported, kind_of
-from ..layout import MAX_ROWS, NUM_STATS, Layout
+from ..layout import MAX_ROWS, NUM_STATS, LabelCheck, Layout
 from ..options import LossOptions
 from .tiles import Step, tile_path, tiles
 
@@ -100,8 +100,8 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     D = kind.extra_columns(options)
     V = weight.size(0) - D  # the token columns
     big = len(options.big_blank_durations)
-    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0, targets, V, options.blank,
-                           check_inputs, big)
+    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0,
+                           LabelCheck(targets, V, options.blank, big), check_inputs)
     step = _step(encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats),
                  (activation, dropout, seed))
     path = tile_path(step, weight, bias, compute_dtype)  # its set-up launched before the wait below
@@ -205,8 +205,8 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         dh = dz.mm(W[:width])
         del dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
-        step.stages.pack_backward_add(dh[:end - start], layout, start, _utterances(row_splits, start, end), grad_enc,
-                                      grad_pred, (encoder_out, predictor_out), activation, step.dropout)
+        step.stages.pack_backward_add(dh[:end - start], layout, start, _utterances(row_splits, start, end),
+                                      (grad_enc, grad_pred), (encoder_out, predictor_out), activation, step.dropout)
         del dh
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
