@@ -16,8 +16,10 @@ when called.
 
 import sys
 import types
+from typing import Sequence
 
 import torch
+from torch import Tensor
 
 from .. import fused_joiner_loss, multiblank_loss, transducer_loss
 from ..checks import check_big_blank_durations
@@ -51,7 +53,7 @@ class _WarpLoss(torch.nn.Module):
         self.blank = blank
         self.reduction = reduction
 
-    def forward(self, acts, labels, act_lens, label_lens):
+    def forward(self, acts: Tensor, labels: Tensor, act_lens: Tensor, label_lens: Tensor) -> Tensor:
         losses = self._loss_function(acts, labels, act_lens, label_lens, blank=self.blank, reduction="none",
                                      **self.options())
         return reduce(self._as_returned(losses), self.reduction)
@@ -90,7 +92,7 @@ class RNNTLoss(_WarpLoss):
 
     _loss_function = staticmethod(transducer_loss)
 
-    def __init__(self, blank=0, fastemit_lambda=0.001, reduction="mean"):
+    def __init__(self, blank: int = 0, fastemit_lambda: float = 0.001, reduction: str = "mean") -> None:
         super().__init__(blank, reduction)
         self.fastemit_lambda = checked("fastemit_lambda", fastemit_lambda)
 
@@ -99,7 +101,8 @@ class RNNTLoss(_WarpLoss):
         return {"fastemit_lambda": self.fastemit_lambda}
 
 
-def rnnt_loss(acts, labels, act_lens, label_lens, blank=0, reduction="mean", fastemit_lambda=0.001):
+def rnnt_loss(acts: Tensor, labels: Tensor, act_lens: Tensor, label_lens: Tensor, blank: int = 0,
+              reduction: str = "mean", fastemit_lambda: float = 0.001) -> Tensor:
     """warp-transducer's ``warprnnt_pytorch.rnnt_loss``: :class:`RNNTLoss`'s forward, its arguments as there."""
     return RNNTLoss(blank, fastemit_lambda, reduction)(acts, labels, act_lens, label_lens)
 
@@ -122,7 +125,8 @@ class MultiblankRNNTLoss(_WarpLoss):
 
     _loss_function = staticmethod(multiblank_loss)
 
-    def __init__(self, blank, big_blank_durations, reduction="mean", fastemit_lambda=0.0, clamp=-1.0, sigma=0.0):
+    def __init__(self, blank: int, big_blank_durations: Sequence[int], reduction: str = "mean",
+                 fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0) -> None:
         super().__init__(blank, reduction)
         # the losses' own checks, on the values as given: a float duration or a bool clamp is refused
         self.big_blank_durations = check_big_blank_durations(big_blank_durations, blank if blank >= 0 else None)
@@ -140,7 +144,7 @@ class MultiblankRNNTLoss(_WarpLoss):
         return losses + self.fastemit_lambda * losses.detach() if self.fastemit_lambda else losses
 
 
-def install():
+def install() -> types.ModuleType:
     """Make ``import warprnnt_pytorch`` give this module in this process, so that ESPnet builds and trains its
     transducer models on :class:`RNNTLoss` without warp-transducer (whether or not it is installed). Returns the
     module."""
@@ -210,7 +214,7 @@ def _loss_of(model):
                      f"expected warp-transducer's RNNTLoss or ESPnet's MultiblankRNNTLossNumba")
 
 
-def apply(model, fused=True):
+def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     r"""Train an ESPnet transducer model on this library's losses; the model is changed in place and returned.
 
     ``model.criterion_transducer`` becomes :class:`RNNTLoss` (warp-transducer's, with the model's blank, FastEmit

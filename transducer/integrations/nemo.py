@@ -15,8 +15,10 @@ Example::
 import re
 import types
 import warnings
+from typing import Any, Mapping, Optional
 
 import torch
+from torch import Tensor
 
 from .. import fused_joiner_loss, multiblank_loss, tdt_loss, transducer_loss
 from ..checks import check_big_blank_durations
@@ -83,7 +85,8 @@ class RNNTLoss(torch.nn.Module):
     joints).
     """
 
-    def __init__(self, num_classes, reduction="mean_batch", loss_name="default", loss_kwargs=None):
+    def __init__(self, num_classes: int, reduction: str = "mean_batch", loss_name: str = "default",
+                 loss_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
         if loss_name not in LOSS_NAMES:
             raise ValueError(f"loss_name: {loss_name!r} has no counterpart in transducer; expected one of "
@@ -126,7 +129,7 @@ class RNNTLoss(torch.nn.Module):
     def extra_repr(self):
         return f"loss_name={self.loss_name!r}, blank={self._blank}, reduction={self.reduction!r}, {self.options}"
 
-    def forward(self, log_probs, targets, input_lengths, target_lengths):
+    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor) -> Tensor:
         loss = {"rnnt": transducer_loss, "tdt": tdt_loss, "multiblank": multiblank_loss}[self.kind]
         losses = loss(log_probs, targets, input_lengths, target_lengths, blank=self._blank, reduction="none",
                       **self.options)
@@ -281,7 +284,7 @@ def _loss_of(model, joint):
                     loss_kwargs=loss_kwargs)
 
 
-def apply(model, fused=True):
+def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     r"""Train a NeMo transducer model on this library's losses; the model is changed in place and returned.
 
     ``model.loss`` becomes :class:`RNNTLoss` with the model's own loss (``cfg.loss.loss_name`` and its

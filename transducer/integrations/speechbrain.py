@@ -19,6 +19,7 @@ loss computed from the projected encoder and decoder outputs by :func:`transduce
 """
 
 import torch
+from torch import Tensor
 
 from .. import fused_joiner_loss
 from .. import transducer_loss as _transducer_loss
@@ -31,7 +32,7 @@ __all__ = ["transducer_loss", "fused_transducer_loss", "absolute_lengths", "REDU
 REDUCTIONS = ("mean", "sum", "none")  # SpeechBrain's numba loss's (it raises on any other, "batchmean" too)
 
 
-def absolute_lengths(relative_lengths, padded_length):
+def absolute_lengths(relative_lengths: Tensor, padded_length: int) -> Tensor:
     """SpeechBrain's lengths in frames or labels: ``(relative_lengths * padded_length).round().int()``, as its
     ``transducer_loss`` computes them."""
     return (relative_lengths * padded_length).round().int()
@@ -81,7 +82,8 @@ def _reduce(losses, frames, reduction, use_torchaudio):
     return losses
 
 
-def transducer_loss(logits, targets, input_lens, target_lens, blank_index, reduction="mean", use_torchaudio=False):
+def transducer_loss(logits: Tensor, targets: Tensor, input_lens: Tensor, target_lens: Tensor, blank_index: int,
+                    reduction: str = "mean", use_torchaudio: bool = False) -> Tensor:
     r"""SpeechBrain's ``transducer_loss``: the same arguments and values, on the CPU and CUDA, for 16-bit logits
     without a float32 copy, with the gradient of the value it returns.
 
@@ -112,8 +114,9 @@ def transducer_loss(logits, targets, input_lens, target_lens, blank_index, reduc
     return _reduce(losses, frames, reduction, use_torchaudio)
 
 
-def fused_transducer_loss(encoder_out, decoder_out, joint, output, targets, input_lens, target_lens, blank_index,
-                          reduction="mean", use_torchaudio=False):
+def fused_transducer_loss(encoder_out: Tensor, decoder_out: Tensor, joint: torch.nn.Module, output: torch.nn.Module,
+                          targets: Tensor, input_lens: Tensor, target_lens: Tensor, blank_index: int,
+                          reduction: str = "mean", use_torchaudio: bool = False) -> Tensor:
     r""":func:`transducer_loss` of ``output(joint(encoder_out.unsqueeze(2), decoder_out.unsqueeze(1)))``, computed
     by :func:`transducer.fused_joiner_loss`: no ``(B, maxT, maxU+1, V)`` joint or logits in forward or backward.
 

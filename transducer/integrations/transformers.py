@@ -12,6 +12,10 @@ Example::
 """
 
 import types
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
 
 from .. import fused_joiner_loss, tdt_loss, transducer_loss
 from ..joiner import ACTIVATIONS as JOINER_ACTIVATIONS
@@ -32,8 +36,8 @@ def _check_reduction(reduction):  # transformers' message
                          f'{", ".join(repr(r) for r in REDUCTIONS)}.')
 
 
-def ParakeetForRNNTLoss(logits, labels, logit_lengths, label_lengths, blank_token_id, reduction="mean_volume",
-                        **kwargs):
+def ParakeetForRNNTLoss(logits: Tensor, labels: Tensor, logit_lengths: Tensor, label_lengths: Tensor,
+                        blank_token_id: int, reduction: str = "mean_volume", **kwargs: Any) -> Tensor:
     r"""transformers' ``ParakeetForRNNTLoss`` (the RNN-T loss ``ParakeetForRNNT`` trains with) on
     :func:`transducer.transducer_loss`: no torchaudio, no float32 copy of 16-bit logits, right on every device
     (torchaudio's CUDA loss is wrong for an utterance with ``T_b = 1`` or ``U_b = 0``).
@@ -63,8 +67,9 @@ def ParakeetForRNNTLoss(logits, labels, logit_lengths, label_lengths, blank_toke
     return reduce(losses, label_lengths, reduction)
 
 
-def ParakeetForTDTLoss(token_logits, duration_logits, labels, logit_lengths, label_lengths, blank_token_id, durations,
-                       sigma=0.0, reduction="mean", **kwargs):
+def ParakeetForTDTLoss(token_logits: Tensor, duration_logits: Tensor, labels: Tensor, logit_lengths: Tensor,
+                       label_lengths: Tensor, blank_token_id: int, durations: Sequence[int], sigma: float = 0.0,
+                       reduction: str = "mean", **kwargs: Any) -> Tensor:
     r"""transformers' ``ParakeetForTDTLoss`` (the TDT loss ``ParakeetForTDT`` trains with) on
     :func:`transducer.tdt_loss`: the two heads read in place (column slices of one joint output are fine), 16-bit
     scores without a float32 copy, and a finite gradient whatever the durations (transformers' loss gives NaN
@@ -115,7 +120,7 @@ def _parakeet_classes():
     return ParakeetForRNNT, ParakeetForTDT
 
 
-def apply(model, fused=True):
+def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     r"""Train a transformers ``ParakeetForRNNT`` or ``ParakeetForTDT`` (or a subclass) on this library's losses.
 
     Sets ``model.loss_function`` to :func:`ParakeetForRNNTLoss` or :func:`ParakeetForTDTLoss`. With ``fused``,
