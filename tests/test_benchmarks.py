@@ -2,8 +2,9 @@
 contenders in turn, the mean over batches of each one's minimum, a failing contender dropped with its reason),
 fused_step.py's figures (against the floor, as bench.py's section F reads them) and its --changing-shapes figures,
 on steps that report made-up times; the GEMM floor's rows padded as the fused loss pads its projection; the
-integrations' step scripts' batches on the CPU; every step script's --help."""
+integrations' step scripts' batches on the CPU; sharded_step.py under torchrun on gloo; every step script's --help."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,37 @@ def test_fused_step_case_figures_as_bench_reads_them(no_gpu, monkeypatch):
                                  "ours fused": dict(time_ms=6.0, peak_mb=1.0)}
     assert out["failed"] == {"Flash RNN-T": "failed: ZeroDivisionError: division by zero"}
     assert [r["vs"] for r in bench.rows_f(dict(cases=[out]))] == ["1.00x floor", "2.00x floor"]
+
+
+@pytest.mark.parametrize("mode, case", [("fsdp", "protocol-a"), ("ddp", "parakeet-tdt")])
+def test_sharded_step_on_gloo(tmp_path, mode, case):
+    """sharded_step.py under torchrun, 2 processes on the CPU (gloo, tiny sizes): its table and its figures, each
+    contender timed, the ratios of those times, the rank's parameters a half under FSDP2 and whole under DDP."""
+    out = tmp_path / "sharded.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "benchmarks" / "sharded_step.py"), "--mode", mode, "--case", case, "--device", "cpu",
+           "--batches", "2", "--rounds", "2", "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["commit"] and figures["date"] and len(figures["results"]) == 1
+    r = figures["results"][0]
+    wrapped = {"fsdp": "FSDP2", "ddp": "DDP"}[mode]
+    assert (r["case"], r["mode"], r["world"], r["backend"], r["precision"]) == (case, mode, 2, "gloo", "fp32")
+    assert r["batches"] == 2 and r["rounds"] == 2 and r["rows"] == 6 * 4 + 4 * 3
+    assert list(r["contenders"]) == ["one GPU", wrapped, "collectives"]
+    times = {name: c["time_ms"] for name, c in r["contenders"].items()}
+    assert all(t > 0 for t in times.values()) and all(c["peak_mb"] is None for c in r["contenders"].values())
+    assert r["vs_one"] == pytest.approx(times[wrapped] / times["one GPU"])
+    assert r["collective_share"] == pytest.approx(times["collectives"] / times[wrapped])
+    rows = r["V"] + len(r["durations"] or [])
+    one = (rows * r["J"] + rows) * 4 / 2**20
+    assert r["contenders"]["one GPU"]["params_mb"] == pytest.approx(one)
+    assert r["contenders"][wrapped]["params_mb"] == pytest.approx(one / 2 if mode == "fsdp" else one)
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith(f"{case}, {wrapped} on 2 processes on the CPU (gloo), fp32")
+    assert [line.split()[0] for line in lines[2:5]] == ["one", wrapped, "collectives"]
+    assert lines[5].startswith(f"  {wrapped} step / one GPU's: {r['vs_one']:.2f}x; the collectives alone: ")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
