@@ -19,7 +19,18 @@ Measurements go to results.json (raw); the rows are derived from it, so
 --from-json re-renders exactly what a run printed. Only the text between
 the bench:begin / bench:end markers of RESULTS.md is rewritten.
 """
-import argparse, datetime, gc, json, math, os, platform, statistics, subprocess, sys, time, warnings
+import argparse
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -191,7 +202,8 @@ def joiner_alone_contender():
 
 def peer_contenders(cuda):
     """torchaudio always; warp_rnnt and warprnnt_numba (NeMo) when importable (CUDA only)."""
-    pack = lambda enc, pred, bt: torch_pack(enc, pred, bt.T, bt.U, bt.N)
+    def pack(enc, pred, bt):
+        return torch_pack(enc, pred, bt.T, bt.U, bt.N)
     out = []
     try:
         from torchaudio.functional import rnnt_loss as ta
@@ -203,7 +215,9 @@ def peer_contenders(cuda):
         out.append(dict(name="torchaudio", layout="padded", loss=None, error="not installed: " + short_error(e)))
     if cuda:
         try:
-            import inspect, warp_rnnt
+            import inspect
+
+            import warp_rnnt
             if "compact" in inspect.signature(warp_rnnt.rnnt_loss).parameters:
                 out.append(dict(name="warp_rnnt compact", layout="compact", error=None, loss=lambda x, bt: warp_rnnt.rnnt_loss(
                     torch.log_softmax(x.float(), -1), bt.labels_cat32, bt.T32, bt.U32, reduction="sum", compact=True)))
@@ -288,7 +302,7 @@ def loss_alone(cands, bt, warmup, reps, cuda):
                 r.update(status="error", msg=short_error(e))
                 log(f"  {c['name']}: {r['msg']}")
             x.grad = None
-            del x, fn
+            x = fn = None  # freed (the closures above read them)
             if r["status"] == "ok" and i >= warmup:
                 r["times_ms"].append(ms)
                 r["extras"].append(peak - base if cuda else None)
@@ -332,7 +346,7 @@ def copy_bandwidth(dev, n=2**28):
     src = torch.randn(n, device=dev)
     dst = torch.empty_like(src)
     ms = [measure(lambda: dst.copy_(src), dev == "cuda")[1] for _ in range(13)][3:]
-    del src, dst
+    src = dst = None  # freed (the closures above read them)
     free()
     return 2 * 4 * n / (statistics.median(ms) * 1e-3) / 1e9
 
@@ -409,7 +423,7 @@ def protocol_a(args, dev):
                         r["cupy_mb"] = max(r["cupy_mb"], cupy_pool_mb())
                 line.append(f"{c['name']} {ms:.1f} ms" + (f" {peak / 2**20:.0f} MB" if cuda else ""))
             log(f"[A {prec}] batch {i + 1}/{nb} {'(warm-up) ' if i < args.a_warmup else ''}" + " | ".join(line))
-            del enc, pred, bt
+            enc = pred = bt = None  # freed (the closures above read them)
             gc.collect()  # no empty_cache: the allocator stays warm, as in training
         for r in rec.values():
             if r["status"] == "ok" and r["times_ms"]:

@@ -30,10 +30,10 @@ import argparse
 import functools
 from typing import NamedTuple
 
+import common  # first: it puts the repository root on sys.path
 import numpy as np
 import torch
 
-import common  # first: it puts the repository root on sys.path
 from transducer.integrations.espnet import RNNTLoss
 
 FLOOR = "floor (4 GEMMs)"

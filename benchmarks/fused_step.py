@@ -56,6 +56,7 @@ import torch
 
 # common first: it puts the repository root on sys.path
 from common import attempt, cuda_call, floor_gemms, gpu_clock, interleaved
+
 from transducer import fused_joiner_loss
 from transducer.fused.hopper_tiles import use_hopper
 from transducer.lattices import kind_of

@@ -9,8 +9,8 @@ extra memory is torch.cuda.max_memory_allocated above what was allocated before 
 benchmarks/common.py's cuda_ms).
 """
 import torch
-
 from common import cuda_ms  # first: it puts the repository root on sys.path
+
 import transducer
 
 
@@ -41,7 +41,7 @@ def main(B=8, T=200, U=50, J=512):
                     lin.zero_grad(set_to_none=True)
                 ms, extra = cuda_ms(step, warmup=1, reps=1)
                 print(f"{prec:<5} {V:6d} {name:<8} {ms:9.2f} {extra:10.1f}", flush=True)
-            del enc, pred, lin
+            enc = pred = lin = None  # freed (the closures above read them)
             torch.cuda.empty_cache()
 
 

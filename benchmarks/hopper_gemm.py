@@ -27,10 +27,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from common import gpu_clock  # first: common puts the repository root on sys.path
+
 from transducer import hopper
-from transducer.cuda.stages import layout as make_layout, log_probs
+from transducer.cuda.stages import layout as make_layout
+from transducer.cuda.stages import log_probs
 from transducer.layout import LabelCheck
 from transducer.options import LossOptions
 

@@ -8,9 +8,9 @@ RNN-T CPU loss. Prints one table; benchmarks/RESULTS.md keeps the figures.
     python benchmarks/multiblank.py --cpu-only
 """
 
+import common  # first: it puts the repository root on sys.path
 import torch
 
-import common  # first: it puts the repository root on sys.path
 import transducer
 
 BIG = [2, 4, 8]  # big blanks of durations 2, 4, 8 in the columns before the blank, which is the last column

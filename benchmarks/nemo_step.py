@@ -24,9 +24,9 @@ each batch, each batch built once and shared by the contenders. Time: the mean o
 import argparse
 import functools
 
+import common  # first: it puts the repository root on sys.path
 import torch
 
-import common  # first: it puts the repository root on sys.path
 from transducer.integrations.nemo import FusedJointMixin, RNNTLoss
 
 DURATIONS = [0, 1, 2, 3, 4]

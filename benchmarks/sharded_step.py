@@ -42,11 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from bench import versions
 
 # common first: it puts the repository root on sys.path
 from common import cuda_call, gpu_clock
-from bench import versions
 from fused_step import CASES, batches
+
 from transducer import fused_joiner_loss
 from transducer.fused.hopper_tiles import use_hopper
 from transducer.lattices import kind_of

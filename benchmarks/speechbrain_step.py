@@ -30,10 +30,10 @@ import functools
 import importlib
 from typing import NamedTuple
 
+import common  # first: it puts the repository root on sys.path
 import numpy as np
 import torch
 
-import common  # first: it puts the repository root on sys.path
 from transducer import fused_joiner_loss
 from transducer.integrations.speechbrain import absolute_lengths, fused_transducer_loss, transducer_loss
 

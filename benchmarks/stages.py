@@ -22,10 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transducer import transducer_loss  # noqa: E402
 from transducer.cuda import stages as cuda  # noqa: E402
-from transducer.lattices import Lattice  # noqa: E402
-from transducer.options import LossOptions  # noqa: E402
 from transducer.custom_ops import make_layout  # noqa: E402
+from transducer.lattices import Lattice  # noqa: E402
 from transducer.layout import LabelCheck  # noqa: E402
+from transducer.options import LossOptions  # noqa: E402
 
 SIZES = [(32, 150, 40, 500), (16, 400, 100, 1024), (8, 800, 100, 4096)]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -167,7 +167,7 @@ def main():
                   f"{t_gr:.3f} ({2 * nbytes / t_gr / 1e6:.0f}) | {hosts[0]:.3f}/{hosts[1]:.3f} | "
                   f"{eagers[0]:.3f}/{eagers[1]:.3f} | {t_graph:.3f} | {floor:.3f} | "
                   f"{t_graph / floor:.2f}x {eagers[0] / floor:.2f}x", flush=True)
-            del logits, grad, x, lp, den, alpha, beta, graph, lattice
+            logits = grad = x = lp = den = alpha = beta = graph = lattice = None  # freed (the closures above read them)
             torch.cuda.empty_cache()
 
 

@@ -8,9 +8,9 @@ the CPU loss against the RNN-T CPU loss. Prints one table; benchmarks/RESULTS.md
     python benchmarks/tdt.py --cpu-only
 """
 
+import common  # first: it puts the repository root on sys.path
 import torch
 
-import common  # first: it puts the repository root on sys.path
 import transducer
 
 DURATIONS = [0, 1, 2, 3, 4]

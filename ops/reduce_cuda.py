@@ -19,9 +19,9 @@ import os
 import torch
 
 from .cuda import ceil_div, launch, num_sms
-from .params import FAST_DIVMOD, struct
 from .dtypes import accumulate_dtype, ctype
 from .fast_divmod import FastDivmod
+from .params import FAST_DIVMOD, struct
 
 _CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reduce.cu")
 _OPS = {"sum": "ops::kSum", "max": "ops::kMax", "logsumexp": "ops::kLogSumExp"}  # ops/reduce.cuh

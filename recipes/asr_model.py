@@ -5,9 +5,8 @@ and a joiner fused with the loss (``transducer.FusedJoinerLoss``) or building th
 import math
 
 import torch
-from torch import nn
-
 from asr_data import num_subsampled
+from torch import nn
 
 
 class Subsampling(nn.Module):

@@ -207,10 +207,10 @@ CHUNK = 250  # utterances per worker process
 
 def make_corpus(data_dir, config, log=print, workers=None):
     """Synthesise the corpus described by ``config`` into ``data_dir``."""
+    import tempfile
+
     import torch
     import torchaudio.transforms as AT
-
-    import tempfile
 
     workers = workers or os.cpu_count() or 1
     data_dir = Path(data_dir)

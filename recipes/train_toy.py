@@ -49,11 +49,11 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(1, str(HERE.parent))
 
-import torch  # noqa: E402
-
 import asr_data  # noqa: E402
+import torch  # noqa: E402
 from asr_data import BucketSampler, CharTokenizer, SpeechDataset, collate  # noqa: E402
 from asr_model import Transducer  # noqa: E402
+
 from transducer.checks import check_big_blank_durations, check_durations  # noqa: E402
 
 QUICK = dict(n_train=96, n_dev=16, n_test=16, max_words=3)

@@ -8,9 +8,8 @@ import tempfile
 from types import SimpleNamespace
 
 import torch
-from omegaconf import OmegaConf
-
 from nemo.utils import logging as nemo_logging
+from omegaconf import OmegaConf
 
 nemo_logging.setLevel(logging.ERROR)
 

@@ -21,6 +21,7 @@ import espnet_step  # noqa: E402
 import fused_step  # noqa: E402
 import nemo_step  # noqa: E402
 import speechbrain_step  # noqa: E402
+
 from transducer.fused.tiles import projection  # noqa: E402
 
 SCRIPTS = ["speechbrain_step.py", "espnet_step.py", "nemo_step.py", "fused_step.py"]

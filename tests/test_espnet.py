@@ -13,10 +13,10 @@ import sys
 
 import pytest
 import torch
-
 from _batches import random_batch
 from _cpu import float32_convs
 from _imports import require
+
 from transducer import multiblank_loss_reference, transducer_loss_reference
 from transducer.integrations import espnet as integration
 from transducer.integrations.espnet import MultiblankRNNTLoss, RNNTLoss, apply, install, rnnt_loss

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _imports import require
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
-
 from _batches import DEVICES, random_targets
+
 from transducer import FusedJoinerLoss, fused_joiner_loss, multiblank_loss, pack, tdt_loss, transducer_loss
 from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
 from transducer.options import LossOptions

@@ -3,10 +3,9 @@ probe (whether this CPU runs an LSTM under CPU bf16 autocast: its answer is what
 forced, skip or run the LSTMs as they say) and _batches (the lengths, labels and shapes random_batch promises;
 compact and cell_mask agree)."""
 
+import _cpu
 import pytest
 import torch
-
-import _cpu
 from _batches import cell_mask, compact, random_batch, random_targets
 from _imports import require
 

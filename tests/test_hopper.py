@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_fused import composed, joiner_batch, seeded
+
 from transducer import fused_joiner_loss, hopper
-from transducer.hopper import compile as hopper_compile
 from transducer.fused.hopper_tiles import use_hopper
+from transducer.hopper import compile as hopper_compile
 from transducer.joiner import ACTIVATIONS
 from transducer.lattices import MULTIBLANK, RNNT, TDT
 

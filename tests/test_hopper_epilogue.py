@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from _batches import random_batch
+
 from transducer.cpu import stages as cpu
 from transducer.custom_ops import make_layout
-from transducer.layout import LabelCheck
 from transducer.hopper.epilogue import ColumnFlags, RowTerms, token_gradient
 from transducer.lattices import Lattice
+from transducer.layout import LabelCheck
 from transducer.options import LossOptions
 
 TORCH_OPS = SimpleNamespace(exp_minus=lambda a, b: torch.exp(a - b), where=torch.where, maximum=torch.maximum,

@@ -11,10 +11,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-
 from _batches import DEVICES, compact, random_batch, to_device
-from transducer import (FusedJoinerLoss, RNNTLoss, TDTLoss, TransducerLoss, fused_joiner_loss, multiblank_loss, pack,
-                        rnnt_loss, tdt_loss, tdt_loss_reference, transducer_loss, transducer_loss_reference)
+
+from transducer import (
+    FusedJoinerLoss,
+    RNNTLoss,
+    TDTLoss,
+    TransducerLoss,
+    fused_joiner_loss,
+    multiblank_loss,
+    pack,
+    rnnt_loss,
+    tdt_loss,
+    tdt_loss_reference,
+    transducer_loss,
+    transducer_loss_reference,
+)
 
 DEV = "cuda"
 

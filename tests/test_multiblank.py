@@ -9,10 +9,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from _batches import DEVICES, compact, random_batch
-from transducer import (FusedJoinerLoss, MultiblankLoss, fused_joiner_loss, multiblank_loss,
-                        multiblank_loss_reference, pack)
+
+from transducer import (
+    FusedJoinerLoss,
+    MultiblankLoss,
+    fused_joiner_loss,
+    multiblank_loss,
+    multiblank_loss_reference,
+    pack,
+)
 from transducer.options import LossOptions
 
 V, BLANK, BIG = 9, 8, [2, 4]  # NeMo's layout: the blank last, big blanks 7 (duration 2) and 6 (duration 4)

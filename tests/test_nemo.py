@@ -8,10 +8,10 @@ import importlib.metadata
 
 import pytest
 import torch
-
 from _batches import random_batch
 from _cpu import autocast_lstms
 from _imports import require
+
 from transducer import multiblank_loss_reference, tdt_loss_reference, transducer_loss_reference
 from transducer.integrations import nemo as integration
 from transducer.integrations.nemo import RNNTLoss, apply

@@ -8,8 +8,8 @@ import importlib
 import numpy as np
 import pytest
 import torch
-
 from _batches import random_batch
+
 from transducer.integrations.nemo import RNNTLoss
 
 pytestmark = pytest.mark.cuda

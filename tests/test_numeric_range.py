@@ -4,10 +4,17 @@ loss; a FastEmit lambda whose gradient cannot be finite is refused."""
 
 import pytest
 import torch
-
 from _batches import DEVICES, random_batch, to_device
-from transducer import (fused_joiner_loss, multiblank_loss, multiblank_loss_reference, tdt_loss, tdt_loss_reference,
-                        transducer_loss, transducer_loss_reference)
+
+from transducer import (
+    fused_joiner_loss,
+    multiblank_loss,
+    multiblank_loss_reference,
+    tdt_loss,
+    tdt_loss_reference,
+    transducer_loss,
+    transducer_loss_reference,
+)
 
 DURATIONS = [0, 1, 2]
 BIG_BLANKS = [2, 3]

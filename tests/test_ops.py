@@ -891,6 +891,7 @@ def test_host_reader_goes_with_its_thread():
     import gc
     import threading
     import weakref
+
     from ops.cuda import host_reader
     refs, destroyed, got = [], [], []
     want = torch.randint(-2**40, 2**40, (6,), generator=torch.Generator().manual_seed(6))

@@ -5,12 +5,12 @@ LossOptions travels flat through the ops: flat and from_flat are inverses."""
 
 import pytest
 import torch
-
 from _batches import random_batch
+
 from transducer import multiblank_loss_reference, tdt_loss_reference, transducer_loss_reference
+from transducer.custom_ops import loss_call
 from transducer.lattices import KINDS, MULTIBLANK, RNNT, TDT, check_supported, kind_of
 from transducer.options import SUPPORTED, LossOptions
-from transducer.custom_ops import loss_call
 
 V = 7  # token columns
 # a value other than the default for each option
@@ -159,6 +159,7 @@ def test_written_signature_and_docstring_are_the_declared_ones(name):
     declared type and default, and its docstring's ``Args`` section is the declared lines, one per argument.
     ``python -m transducer.entries NAME`` prints both as the source must spell them."""
     import inspect
+
     import transducer
     from transducer.entries import DECLARED, REQUIRED, annotation, args_section, arguments, signature_source
     entry, public = DECLARED[name], getattr(transducer, name)
@@ -231,7 +232,8 @@ def _walk_cases():
 def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
     """Each option given to a public function or module (other than its default) reaches the op as given: a
     LossOptions field in the options the op gets, a call option in the op's arguments or in the reduction's."""
-    from transducer import custom_ops, loss as loss_module, multiblank, tdt
+    from transducer import custom_ops, multiblank, tdt
+    from transducer import loss as loss_module
     from transducer.fused import loss as fused
     seen, reductions = [], []
     for module, attribute in ((custom_ops, "loss"), (fused, "fused")):

@@ -7,8 +7,8 @@ import importlib.util
 
 import pytest
 import torch
-
 from _batches import random_batch
+
 from transducer import transducer_loss
 
 pytestmark = pytest.mark.cuda

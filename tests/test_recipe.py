@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _cpu import autocast_lstms
 from _imports import require
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from _batches import random_batch
+
 from transducer import tdt_loss, tdt_loss_reference, transducer_loss_reference
 
 # ---------------------------------------------------------------------------------------------------------

@@ -5,10 +5,9 @@ import math
 
 import pytest
 import torch
-
 from _batches import DEVICES, compact, random_batch, to_device
-from transducer import RNNTLoss, rnnt_loss, transducer_loss, transducer_loss_reference
 
+from transducer import RNNTLoss, rnnt_loss, transducer_loss, transducer_loss_reference
 
 CASES = [(layout, rna, fls) for layout in ("compact", "padded") for rna in (False, True) for fls in (False, True)]
 

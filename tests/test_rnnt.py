@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-
 from _batches import DEVICES, cell_mask, compact, random_batch, to_device
 from _imports import require
+
 from transducer import RNNTLoss, TransducerLoss, rnnt_loss, transducer_loss, transducer_loss_reference
 
 DEV = "cuda"
@@ -60,7 +60,9 @@ def test_gradcheck(layout, rna, reduction):
     if layout == "compact":
         logits = compact(logits, T, U)
     logits.requires_grad_()
-    loss = lambda x: transducer_loss(x, targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
+
+    def loss(x):
+        return transducer_loss(x, targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
     # fast mode checks random projections of the Jacobian: the full one costs 2 * numel forward passes
     assert torch.autograd.gradcheck(loss, (logits,), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
 

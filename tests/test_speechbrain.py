@@ -12,15 +12,15 @@ import sys
 
 import pytest
 import torch
-
 from _imports import require
+
 from transducer import transducer_loss_reference
 from transducer.integrations.speechbrain import absolute_lengths, fused_transducer_loss, transducer_loss
 
 require("speechbrain", "speechbrain")
-from speechbrain.nnet.RNN import LSTM  # noqa: E402
 from speechbrain.nnet.embedding import Embedding  # noqa: E402
 from speechbrain.nnet.linear import Linear  # noqa: E402
+from speechbrain.nnet.RNN import LSTM  # noqa: E402
 from speechbrain.nnet.transducer.transducer_joint import Transducer_joint  # noqa: E402
 
 REDUCTIONS = ["mean", "sum", "none"]

@@ -9,18 +9,18 @@ import math
 
 import pytest
 import torch
-
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
+
 from ops.cuda import launch
 from transducer import pack, tdt_loss_reference
+from transducer.backend import Stages, stages_for
 from transducer.cpu import stages as cpu
 from transducer.cuda import stages as cuda
-from transducer.backend import Stages, stages_for
-from transducer.layout import NUM_STATS, LabelCheck, Layout, Stats
-from transducer.lattices import Lattice
-from transducer.options import LossOptions
 from transducer.custom_ops import make_layout
 from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
+from transducer.lattices import Lattice
+from transducer.layout import NUM_STATS, LabelCheck, Layout, Stats
+from transducer.options import LossOptions
 
 
 def test_both_backends_implement_the_stage_contract():

@@ -8,14 +8,13 @@ import math
 import pytest
 import torch
 import torch._dynamo
+from _batches import DEVICES, cell_mask, compact, random_batch
 
 import transducer.tdt
-from _batches import DEVICES, cell_mask, compact, random_batch
 from transducer import TDTLoss, tdt_loss, tdt_loss_reference
-from transducer.cpu import stages as cpu
 from transducer.checks import check_durations
+from transducer.cpu import stages as cpu
 from transducer.options import LossOptions
-
 
 CASES = [  # durations, blank, options
     ([0, 1, 2, 3, 4], 0, {}),

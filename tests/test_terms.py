@@ -15,9 +15,9 @@ import subprocess
 
 import pytest
 import torch
+from _batches import compact, random_batch
 
 import ops
-from _batches import compact, random_batch
 from transducer.cpu import stages as cpu
 from transducer.cuda.stages import TERMS
 from transducer.custom_ops import make_layout

@@ -5,8 +5,8 @@ TDT and fused ops' own opcheck and compile tests are in test_tdt.py and test_fus
 import pytest
 import torch
 import torch._dynamo
-
 from _batches import DEVICES, compact, random_batch, random_targets, to_device
+
 from transducer import TransducerLoss, pack, transducer_loss
 from transducer.options import LossOptions
 

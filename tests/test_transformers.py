@@ -9,10 +9,10 @@ import types
 
 import pytest
 import torch
-
 from _batches import DEVICES, random_batch
 from _cpu import autocast_lstms
 from _imports import require
+
 from transducer import tdt_loss_reference, transducer_loss_reference
 from transducer.integrations.transformers import ParakeetForRNNTLoss, ParakeetForTDTLoss, apply
 

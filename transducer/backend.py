@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from .joiner import Dropout
-from .layout import LabelCheck, Layout
 from .lattices import Lattice, Walks
+from .layout import LabelCheck, Layout
 from .options import LossOptions
 
 __all__ = ["Stages", "stages_for", "BACKENDS"]

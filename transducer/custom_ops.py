@@ -36,9 +36,8 @@ from ops.cuda import host_reader
 
 from .backend import stages_for
 from .checks import check_loss_values, check_pack_values, check_rows
-from .lattices import check_supported, kind_of
+from .lattices import Lattice, Walks, check_supported, kind_of
 from .layout import NUM_STATS, LabelCheck, Layout, table_size
-from .lattices import Lattice, Walks
 from .options import LossOptions
 
 __all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs",

@@ -14,9 +14,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .layout import Layout
 from . import options as _options
+from .layout import Layout
 from .options import LossOptions
+
 
 class Walks(NamedTuple):
     """alpha and beta over the rows (N,), and the per-utterance negative log-likelihood nll (B,)."""

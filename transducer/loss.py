@@ -6,15 +6,14 @@ makes logits and targets contiguous where autograd sees the copy, and reduces th
 losses with plain torch ops, so that torch.compile traces all of it.
 """
 
-from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from . import custom_ops
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
-from .options import LossOptions, RNNT, joint_checks
 from .entries import Entry, LossModule, Param, check_options, declare
+from .options import RNNT, LossOptions, joint_checks
 
 #: The tensors every loss over logits takes first.
 LOGITS_TENSORS = (

@@ -5,15 +5,15 @@ log-probs and gradient with the big blanks' columns, and TDT's walk with the big
 several frames.
 """
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 from torch import Tensor
 
 from .checks import FLOAT_DTYPES, check_batch, check_big_blank_durations, check_blank, check_tensor
 from .custom_ops import loss_call
+from .entries import Entry, LossModule, check_options, declare
 from .loss import LOGITS_TENSORS, reduce_losses
 from .options import MULTIBLANK, REQUIRED, LossOptions, check_device_limits, joint_checks
-from .entries import Entry, LossModule, check_options, declare
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]
 

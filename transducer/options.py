@@ -14,8 +14,15 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .checks import (REDUCTIONS, check_big_blank_durations, check_blank_type, check_durations, is_flag, is_index,
-                     is_number)
+from .checks import (
+    REDUCTIONS,
+    check_big_blank_durations,
+    check_blank_type,
+    check_durations,
+    is_flag,
+    is_index,
+    is_number,
+)
 from .joiner import ACTIVATIONS, check_activation, check_dropout
 from .layout import MAX_DURATIONS
 

@@ -9,9 +9,9 @@ from torch import Tensor
 
 from .checks import FLOAT_DTYPES, check_batch, check_blank, check_tensor
 from .custom_ops import in_place_rows, loss_call
+from .entries import Entry, LossModule, Param, check_options, declare
 from .loss import LOGITS_TENSORS, reduce_losses
 from .options import REQUIRED, TDT, LossOptions, check_device_limits, joint_checks
-from .entries import Entry, LossModule, Param, check_options, declare
 
 __all__ = ["tdt_loss", "TDTLoss"]
 

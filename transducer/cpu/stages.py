@@ -15,8 +15,8 @@ from ops.numeric import exp_, logsumexp
 from ragged import row_of
 
 from ..joiner import ACTIVATIONS, dropout_mask
-from ..layout import CELLS_CAP, Layout
 from ..lattices import Walks
+from ..layout import CELLS_CAP, Layout
 
 _CHUNK_ELEMENTS = 1 << 22
 _INT64_MAX = 2**63 - 1

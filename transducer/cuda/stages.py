@@ -21,8 +21,8 @@ from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, max_shared_mem, num_s
 from ops.params import FAST_DIVMOD, struct
 
 from ..joiner import ACTIVATIONS
-from ..layout import MAX_DURATIONS, Layout, table_size
 from ..lattices import Walks
+from ..layout import MAX_DURATIONS, Layout, table_size
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STAGES = os.path.join(_HERE, "stages.cu")

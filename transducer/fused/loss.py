@@ -12,9 +12,9 @@ from ..entries import Entry, LossModule, Param, check_options, declare
 from ..joiner import ACTIVATIONS
 from ..lattices import check_supported, kind_of
 from ..loss import reduce_losses
+from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
 from ..pack import check_rows_before_copy
 from ..sharding import full_parameters
-from ..options import BY_NAME, LATTICES, REQUIRED, LossOptions, check_device_limits, joint_checks
 from .op import fused
 from .tiles import default_max_rows
 

@@ -28,7 +28,9 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .compile import compiled as _compiled, launch as _launch, lock as _lock
+from .compile import compiled as _compiled
+from .compile import launch as _launch
+from .compile import lock as _lock
 
 __all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection",
            "statistics_tile", "gradient_tile"]

@@ -84,10 +84,9 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
+    from cutlass.cute.runtime import load_module
 
     from .kernels import Epilogue, LogitsGemm, LogitsGemmPingpong
-
-    from cutlass.cute.runtime import load_module
 
     file = _cache_file(J, n_tiles, dtype, config, gradient, clamp, extra)
     if file is not None and not _usable(file):
