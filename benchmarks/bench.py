@@ -19,6 +19,7 @@ Measurements go to results.json (raw); the rows are derived from it, so
 --from-json re-renders exactly what a run printed. Only the text between
 the bench:begin / bench:end markers of RESULTS.md is rewritten.
 """
+
 import argparse
 import datetime
 import gc
@@ -45,7 +46,7 @@ warnings.filterwarnings("ignore")
 A_BATCH, A_WARMUP, A_STEPS, A_WIDTH, A_VOCAB = 30, 3, 20, 512, 500
 B_CASES = [(32, 150, 40, 500), (16, 400, 100, 1024), (8, 800, 100, 4096)]
 B_WARMUP, B_REPS = 3, 10
-SCALE_CASE = (8, 800, 100, 4096)             # every length at its max: 2.65e9 elements
+SCALE_CASE = (8, 800, 100, 4096)  # every length at its max: 2.65e9 elements
 CPU_CASES = [(4, 100, 20, 128), (8, 150, 40, 500)]
 CPU_WARMUP, CPU_REPS = 1, 5
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -60,8 +61,11 @@ OURS = [
     dict(name="ours compact inplace", layout="compact", kwargs={"inplace_grad": True}, step_only=True),
 ]
 # Protocol A's precisions: the encoder and predictor outputs' dtype and the autocast dtype (None: no autocast)
-PRECISIONS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, torch.bfloat16),
-              "bf16-fp32in": (torch.float32, torch.bfloat16)}
+PRECISIONS = {
+    "fp32": (torch.float32, None),
+    "bf16": (torch.bfloat16, torch.bfloat16),
+    "bf16-fp32in": (torch.float32, torch.bfloat16),
+}
 FP32_INPUTS = "bf16-fp32in"  # runs ours only (compact, fused, the joiner alone)
 
 
@@ -82,6 +86,7 @@ def free():
 
 # ----------------------------------------------------------------------------- inputs
 
+
 class Batch(SimpleNamespace):
     """Lengths and targets of one batch, in the dtypes each contender wants."""
 
@@ -92,10 +97,22 @@ def make_batch(Ts, Us, V, device, gen):
     tgt = torch.randint(1, V, (B, max(maxU, 1)), generator=gen, dtype=torch.int64).to(device)
     T = torch.tensor(Ts, device=device)
     U = torch.tensor(Us, device=device)
-    return Batch(Ts=Ts, Us=Us, B=B, maxT=max(Ts), maxU=maxU, V=V, T=T, U=U, tgt=tgt,
-                 T32=T.int(), U32=U.int(), tgt32=tgt.int(),
-                 labels_cat32=torch.cat([tgt[b, :u] for b, u in enumerate(Us)]).int(),
-                 N=sum(t * (u + 1) for t, u in zip(Ts, Us)))
+    return Batch(
+        Ts=Ts,
+        Us=Us,
+        B=B,
+        maxT=max(Ts),
+        maxU=maxU,
+        V=V,
+        T=T,
+        U=U,
+        tgt=tgt,
+        T32=T.int(),
+        U32=U.int(),
+        tgt32=tgt.int(),
+        labels_cat32=torch.cat([tgt[b, :u] for b, u in enumerate(Us)]).int(),
+        N=sum(t * (u + 1) for t, u in zip(Ts, Us)),
+    )
 
 
 def draw_lengths(B, maxT, maxU, rng):
@@ -115,7 +132,7 @@ def randn(shape, dtype, dev, gen):
 
 
 def padded_to_compact(x, bt):
-    return torch.cat([x[b, :t, :u + 1].reshape(-1, x.size(-1)) for b, (t, u) in enumerate(zip(bt.Ts, bt.Us))])
+    return torch.cat([x[b, :t, : u + 1].reshape(-1, x.size(-1)) for b, (t, u) in enumerate(zip(bt.Ts, bt.Us))])
 
 
 def torch_pack(enc, pred, T, U, N):
@@ -129,10 +146,12 @@ def torch_pack(enc, pred, T, U, N):
 
 # ----------------------------------------------------------------------------- contenders
 
+
 def ours_contenders(step=False):
     """Our variants; ``step``: Protocol A's (with the step-only ones)."""
     try:
         import transducer
+
         ok = None
     except Exception as e:
         ok = short_error(e)
@@ -153,13 +172,16 @@ def fused_contender():
     """Protocol A only: joiner and loss fused (transducer.fused_joiner_loss), no logits in memory."""
     try:
         import transducer
+
         err = None
     except Exception as e:
         err = short_error(e)
     joiner_loss = lambda enc, pred, joiner, bt: transducer.fused_joiner_loss(  # noqa: E731
-        enc, pred, joiner.weight, joiner.bias, bt.tgt, bt.T, bt.U, reduction="sum")
-    return dict(name="ours fused joiner", layout="compact", peer=False, error=err,
-                joiner_loss=joiner_loss, loss=None, pack=None)
+        enc, pred, joiner.weight, joiner.bias, bt.tgt, bt.T, bt.U, reduction="sum"
+    )
+    return dict(
+        name="ours fused joiner", layout="compact", peer=False, error=err, joiner_loss=joiner_loss, loss=None, pack=None
+    )
 
 
 def k2_pruned_contender(width, vocab, dev):
@@ -168,7 +190,14 @@ def k2_pruned_contender(width, vocab, dev):
     try:
         import fast_rnnt
     except Exception as e:
-        return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error="not installed: " + short_error(e), loss=None, pack=None)
+        return dict(
+            name="k2 pruned (approximate)",
+            layout="compact",
+            peer=True,
+            error="not installed: " + short_error(e),
+            loss=None,
+            pack=None,
+        )
     torch.manual_seed(2)
     am_proj, lm_proj = torch.nn.Linear(width, vocab).to(dev), torch.nn.Linear(width, vocab).to(dev)
 
@@ -176,16 +205,38 @@ def k2_pruned_contender(width, vocab, dev):
         boundary = torch.stack([torch.zeros_like(bt.T), torch.zeros_like(bt.T), bt.U, bt.T], 1).long()
         am, lm = am_proj(enc).float(), lm_proj(pred).float()
         simple, (px_grad, py_grad) = fast_rnnt.rnnt_loss_smoothed(
-            lm=lm, am=am, symbols=bt.tgt, termination_symbol=0, lm_only_scale=0.25, am_only_scale=0.0,
-            boundary=boundary, reduction="sum", return_grad=True)
+            lm=lm,
+            am=am,
+            symbols=bt.tgt,
+            termination_symbol=0,
+            lm_only_scale=0.25,
+            am_only_scale=0.0,
+            boundary=boundary,
+            reduction="sum",
+            return_grad=True,
+        )
         ranges = fast_rnnt.get_rnnt_prune_ranges(px_grad=px_grad, py_grad=py_grad, boundary=boundary, s_range=5)
         am_p, lm_p = fast_rnnt.do_rnnt_pruning(am=enc, lm=pred, ranges=ranges)
         logits = joiner(torch.tanh(am_p + lm_p))
-        pruned = fast_rnnt.rnnt_loss_pruned(logits=logits.float(), symbols=bt.tgt, ranges=ranges, termination_symbol=0,
-                                            boundary=boundary, reduction="sum")
+        pruned = fast_rnnt.rnnt_loss_pruned(
+            logits=logits.float(),
+            symbols=bt.tgt,
+            ranges=ranges,
+            termination_symbol=0,
+            boundary=boundary,
+            reduction="sum",
+        )
         return 0.5 * simple + pruned
-    return dict(name="k2 pruned (approximate)", layout="compact", peer=True, error=None,
-                joiner_loss=joiner_loss, loss=None, pack=None)
+
+    return dict(
+        name="k2 pruned (approximate)",
+        layout="compact",
+        peer=True,
+        error=None,
+        joiner_loss=joiner_loss,
+        loss=None,
+        pack=None,
+    )
 
 
 # Protocol A's step without the loss (pack + tanh + Linear, backward from logits.sum()): the part of the
@@ -195,21 +246,31 @@ JOINER_ALONE = "joiner alone (no loss)"
 
 def joiner_alone_contender():
     import transducer
-    return dict(name=JOINER_ALONE, layout="compact", peer=False, error=None,
-                pack=lambda enc, pred, bt: transducer.pack(enc, pred, bt.T, bt.U),
-                loss=lambda x, bt: x.float().sum())
+
+    return dict(
+        name=JOINER_ALONE,
+        layout="compact",
+        peer=False,
+        error=None,
+        pack=lambda enc, pred, bt: transducer.pack(enc, pred, bt.T, bt.U),
+        loss=lambda x, bt: x.float().sum(),
+    )
 
 
 def peer_contenders(cuda):
     """torchaudio always; warp_rnnt and warprnnt_numba (NeMo) when importable (CUDA only)."""
+
     def pack(enc, pred, bt):
         return torch_pack(enc, pred, bt.T, bt.U, bt.N)
+
     out = []
     try:
         from torchaudio.functional import rnnt_loss as ta
+
         def ta_loss(x, bt):
             x = x if x.dtype in (torch.float32, torch.float16) else x.float()  # no bf16 in torchaudio
             return ta(x, bt.tgt32, bt.T32, bt.U32, blank=0, reduction="sum")
+
         out.append(dict(name="torchaudio", layout="padded", loss=ta_loss, error=None, max_numel=2**31 - 1))
     except Exception as e:
         out.append(dict(name="torchaudio", layout="padded", loss=None, error="not installed: " + short_error(e)))
@@ -218,12 +279,34 @@ def peer_contenders(cuda):
             import inspect
 
             import warp_rnnt
+
             if "compact" in inspect.signature(warp_rnnt.rnnt_loss).parameters:
-                out.append(dict(name="warp_rnnt compact", layout="compact", error=None, loss=lambda x, bt: warp_rnnt.rnnt_loss(
-                    torch.log_softmax(x.float(), -1), bt.labels_cat32, bt.T32, bt.U32, reduction="sum", compact=True)))
+                out.append(
+                    dict(
+                        name="warp_rnnt compact",
+                        layout="compact",
+                        error=None,
+                        loss=lambda x, bt: warp_rnnt.rnnt_loss(
+                            torch.log_softmax(x.float(), -1),
+                            bt.labels_cat32,
+                            bt.T32,
+                            bt.U32,
+                            reduction="sum",
+                            compact=True,
+                        ),
+                    )
+                )
             else:
-                out.append(dict(name="warp_rnnt gather", layout="padded", error=None, loss=lambda x, bt: warp_rnnt.rnnt_loss(
-                    torch.log_softmax(x.float(), -1), bt.tgt32, bt.T32, bt.U32, reduction="sum", gather=True)))
+                out.append(
+                    dict(
+                        name="warp_rnnt gather",
+                        layout="padded",
+                        error=None,
+                        loss=lambda x, bt: warp_rnnt.rnnt_loss(
+                            torch.log_softmax(x.float(), -1), bt.tgt32, bt.T32, bt.U32, reduction="sum", gather=True
+                        ),
+                    )
+                )
         except Exception as e:
             out.append(dict(name="warp_rnnt", layout="padded", loss=None, error="not installed: " + short_error(e)))
         try:
@@ -234,16 +317,25 @@ def peer_contenders(cuda):
             except ImportError:
                 from nemo.collections.asr.parts.numba.rnnt_loss import RNNTLossNumba
             mod = RNNTLossNumba(blank=0, reduction="sum")
-            out.append(dict(name="warprnnt_numba", layout="padded", error=None,
-                            loss=lambda x, bt: mod(x.float().contiguous(), bt.tgt32, bt.T32, bt.U32).sum()))
+            out.append(
+                dict(
+                    name="warprnnt_numba",
+                    layout="padded",
+                    error=None,
+                    loss=lambda x, bt: mod(x.float().contiguous(), bt.tgt32, bt.T32, bt.U32).sum(),
+                )
+            )
         except Exception as e:
-            out.append(dict(name="warprnnt_numba", layout="padded", loss=None, error="not installed: " + short_error(e)))
+            out.append(
+                dict(name="warprnnt_numba", layout="padded", loss=None, error="not installed: " + short_error(e))
+            )
     for c in out:
         c.update(peer=True, pack=pack)
     return out
 
 
 # ----------------------------------------------------------------------------- timing and memory
+
 
 def measure(fn, cuda):
     """Run fn() once: (result, ms, peak bytes during it, bytes allocated before it).
@@ -295,6 +387,7 @@ def loss_alone(cands, bt, warmup, reps, cuda):
                 l = c["loss"](x, bt)
                 l.backward()
                 return l.detach()
+
             try:
                 loss, ms, peak, base = measure(fn, cuda)
                 r["loss"] = float(loss.float().sum())
@@ -341,6 +434,7 @@ def run_case(contenders, padded, compact, bt, warmup, reps, cuda):
 
 # ----------------------------------------------------------------------------- protocols
 
+
 def copy_bandwidth(dev, n=2**28):
     """Copy of n floats (1 GiB) on dev: bytes read + written over the median time (GB/s)."""
     src = torch.randn(n, device=dev)
@@ -355,28 +449,36 @@ def protocol_a(args, dev):
     cuda = dev == "cuda"
     rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64)
     nb, bs = args.a_warmup + args.a_steps, args.a_batch
-    batches = [rows[i * bs:(i + 1) * bs] for i in range(nb)]
+    batches = [rows[i * bs : (i + 1) * bs] for i in range(nb)]
     res = dict(batch=bs, warmup=args.a_warmup, steps=args.a_steps, width=args.a_width, vocab=args.a_vocab)
     everyone = ours_contenders(step=True) + [fused_contender()] + peer_contenders(cuda) + [joiner_alone_contender()]
     if cuda:
         everyone.append(k2_pruned_contender(args.a_width, args.a_vocab, dev))
     for prec in args.a_precisions:
         dtype, autocast = PRECISIONS[prec]
-        contenders = everyone if prec != FP32_INPUTS else [
-            c for c in everyone if c["name"] in ("ours compact", "ours fused joiner", JOINER_ALONE)]
+        contenders = (
+            everyone
+            if prec != FP32_INPUTS
+            else [c for c in everyone if c["name"] in ("ours compact", "ours fused joiner", JOINER_ALONE)]
+        )
         log(f"[A {prec}] {len(batches)} batches of {bs}, contenders: " + ", ".join(c["name"] for c in contenders))
         torch.manual_seed(0)
         joiner = torch.nn.Linear(args.a_width, args.a_vocab).to(dev)
         gen = torch.Generator().manual_seed(1)
-        rec = {c["name"]: dict(status="ok", times_ms=[], peaks_mb=[], base_mb=[], losses=[], cupy_mb=0.0) for c in contenders}
+        rec = {
+            c["name"]: dict(status="ok", times_ms=[], peaks_mb=[], base_mb=[], losses=[], cupy_mb=0.0)
+            for c in contenders
+        }
         for c in contenders:
             if c["error"]:
-                rec[c["name"]] = dict(status="not installed" if c["error"].startswith("not installed") else "error", msg=c["error"])
+                rec[c["name"]] = dict(
+                    status="not installed" if c["error"].startswith("not installed") else "error", msg=c["error"]
+                )
         for i, bt_rows in enumerate(batches):
             bt = make_batch(bt_rows[:, 0], bt_rows[:, 1], args.a_vocab, dev, gen)
             enc = torch.randn(bt.B, bt.maxT, args.a_width, generator=gen).to(dev, dtype).requires_grad_()
             pred = torch.randn(bt.B, bt.maxU + 1, args.a_width, generator=gen).to(dev, dtype).requires_grad_()
-            order = contenders[i % len(contenders):] + contenders[:i % len(contenders)]
+            order = contenders[i % len(contenders) :] + contenders[: i % len(contenders)]
             line = []
             for c in order:
                 r = rec[c["name"]]
@@ -393,10 +495,15 @@ def protocol_a(args, dev):
                         if c.get("joiner_loss"):
                             loss = c["joiner_loss"](enc, pred, joiner, bt)
                         else:
-                            h = c["pack"](enc, pred, bt) if c["layout"] == "compact" else enc[:, :, None] + pred[:, None]
+                            h = (
+                                c["pack"](enc, pred, bt)
+                                if c["layout"] == "compact"
+                                else enc[:, :, None] + pred[:, None]
+                            )
                             loss = c["loss"](joiner(torch.tanh(h)), bt)
                     loss.backward()
                     return loss.detach()
+
                 try:
                     # an untimed step on the batch first: a contender's first step on new shapes, between
                     # contenders of very different footprints, paid the allocator's new segments (synchronous
@@ -448,9 +555,17 @@ def protocol_b(args, dev):
             dt = DTYPES[dn]
             item = torch.finfo(dt).bits // 8
             floor_ms = 3 * bt.N * V * item / (bw * 1e9) * 1e3
-            case = dict(shape=[B, maxT, maxU, V], dtype=dn, N=bt.N, floor_ms=floor_ms, contenders={},
-                        grad_mb=dict(compact=bt.N * V * item / 2**20, padded=B * maxT * (maxU + 1) * V * item / 2**20))
-            log(f"[B] case {k + 1}/{len(args.b_cases)} {(B, maxT, maxU, V)} {dn}: sum TU = {bt.N}, floor {floor_ms:.3f} ms")
+            case = dict(
+                shape=[B, maxT, maxU, V],
+                dtype=dn,
+                N=bt.N,
+                floor_ms=floor_ms,
+                contenders={},
+                grad_mb=dict(compact=bt.N * V * item / 2**20, padded=B * maxT * (maxU + 1) * V * item / 2**20),
+            )
+            log(
+                f"[B] case {k + 1}/{len(args.b_cases)} {(B, maxT, maxU, V)} {dn}: sum TU = {bt.N}, floor {floor_ms:.3f} ms"
+            )
             padded = randn((B, maxT, maxU + 1, V), dt, dev, gen)
             compact = padded_to_compact(padded, bt)
             case["contenders"] = run_case(contenders, padded, compact, bt, B_WARMUP, B_REPS, cuda)
@@ -466,8 +581,14 @@ def protocol_scale(args, dev, bw):
     bt = make_batch([maxT] * B, [maxU] * B, V, dev, torch.Generator().manual_seed(5))
     elems = bt.N * V
     log(f"[scale] compact fp16 {tuple(args.scale_case)}: {elems / 1e9:.2f}e9 logit elements (2^31 = 2.15e9)")
-    res = dict(shape=list(args.scale_case), dtype="fp16", N=bt.N, elements=elems,
-               floor_ms=3 * elems * 2 / (bw * 1e9) * 1e3, grad_mb=elems * 2 / 2**20)
+    res = dict(
+        shape=list(args.scale_case),
+        dtype="fp16",
+        N=bt.N,
+        elements=elems,
+        floor_ms=3 * elems * 2 / (bw * 1e9) * 1e3,
+        grad_mb=elems * 2 / 2**20,
+    )
     c = ours_contenders()[0]
     if c["error"]:
         res["ours"] = dict(status="error", msg=c["error"])
@@ -502,6 +623,7 @@ def protocol_cpu(args):
 
 # ----------------------------------------------------------------------------- evaluation
 
+
 def ok_time(r):
     return r["time_ms"] if r and r.get("status") == "ok" and r.get("time_ms") is not None else None
 
@@ -510,8 +632,16 @@ def row(section, case, name, r, mem="", vs="", pt=None, pm=None):
     """One table line; pt / pm are the numbers the chart draws (time-like, memory-like)."""
     status = r.get("status", "ok") if r else "missing"
     if status != "ok":
-        return dict(section=section, case=case, contender=name, time="", mem="", vs=r.get("msg", status) if r else status,
-                    pt=None, pm=None)
+        return dict(
+            section=section,
+            case=case,
+            contender=name,
+            time="",
+            mem="",
+            vs=r.get("msg", status) if r else status,
+            pt=None,
+            pm=None,
+        )
     return dict(section=section, case=case, contender=name, time=f"{r['time_ms']:.2f}", mem=mem, vs=vs, pt=pt, pm=pm)
 
 
@@ -532,8 +662,18 @@ def rows_a(sec):
             if t and t_ta and r.get("losses") and ta.get("losses"):
                 d = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(r["losses"], ta["losses"]))
                 vs += f", loss rel diff {d:.1e}"
-            out.append(row(f"A {prec}", f"{sec['steps']} batches of {sec['batch']}", name, r, mem, vs,
-                           t, r.get("peak_mb") if t else None))
+            out.append(
+                row(
+                    f"A {prec}",
+                    f"{sec['steps']} batches of {sec['batch']}",
+                    name,
+                    r,
+                    mem,
+                    vs,
+                    t,
+                    r.get("peak_mb") if t else None,
+                )
+            )
     return out
 
 
@@ -557,12 +697,16 @@ def rows_b(sec):
 def rows_scale(sec):
     r, case = sec.get("ours", {}), f"{tuple(sec['shape'])} fp16 compact, {sec['elements'] / 1e9:.2f}e9 elem"
     t = ok_time(r)
-    mem = f"extra {r['extra_mb']:.0f} MB = {r['extra_mb'] / sec['grad_mb']:.2f}x grad" if t and r.get("extra_mb") else ""
+    mem = (
+        f"extra {r['extra_mb']:.0f} MB = {r['extra_mb'] / sec['grad_mb']:.2f}x grad" if t and r.get("extra_mb") else ""
+    )
     vs = f"{t / sec['floor_ms']:.2f}x floor {sec['floor_ms']:.2f} ms" if t else ""
     if t:
         vs += f", loss {r['loss']:.6g}" + ("" if math.isfinite(r["loss"]) else " (not finite)")
-    return [row("scale", case, "ours compact", r, mem, vs),
-            dict(section="scale", case=case, contender="torchaudio", time="", mem="", pt=None, pm=None, vs=TOO_LARGE)]
+    return [
+        row("scale", case, "ours compact", r, mem, vs),
+        dict(section="scale", case=case, contender="torchaudio", time="", mem="", pt=None, pm=None, vs=TOO_LARGE),
+    ]
 
 
 def rows_cpu(sec):
@@ -596,28 +740,40 @@ def rows_f(sec):
         floor = c["contenders"]["floor (4 GEMMs)"]["time_ms"]
         flash = c["contenders"].get("Flash RNN-T", {}).get("time_ms")
         name = f"{c['case']} {c['precision']}, {c['rows']} rows, {c['J']} -> {c['V']}" + (
-            f" + {len(c['durations'])}" if c.get("durations") else "")
+            f" + {len(c['durations'])}" if c.get("durations") else ""
+        )
         for who, r in c["contenders"].items():
             t = r["time_ms"]
             vs = f"{t / floor:.2f}x floor"
             if who == "ours fused" and flash:
                 vs += f", {flash / t:.2f}x faster than Flash RNN-T"
-            out.append(row("F", name, who, dict(r, status="ok"), f"peak {r['peak_mb']:.0f} MB", vs, t / floor,
-                           r["peak_mb"]))
+            out.append(
+                row("F", name, who, dict(r, status="ok"), f"peak {r['peak_mb']:.0f} MB", vs, t / floor, r["peak_mb"])
+            )
     return out
 
 
 def build_rows(res):
     s = res["sections"]
-    return ((rows_a(s["A"]) if "A" in s else []) + (rows_f(s["F"]) if "F" in s else [])
-            + (rows_b(s["B"]) if "B" in s else [])
-            + (rows_scale(s["scale"]) if "scale" in s else []) + (rows_cpu(s["CPU"]) if "CPU" in s else []))
+    return (
+        (rows_a(s["A"]) if "A" in s else [])
+        + (rows_f(s["F"]) if "F" in s else [])
+        + (rows_b(s["B"]) if "B" in s else [])
+        + (rows_scale(s["scale"]) if "scale" in s else [])
+        + (rows_cpu(s["CPU"]) if "CPU" in s else [])
+    )
 
 
 # ----------------------------------------------------------------------------- output
 
-COLS = [("section", "section"), ("case", "case"), ("contender", "contender"), ("time", "time ms"),
-        ("mem", "memory"), ("vs", "vs")]
+COLS = [
+    ("section", "section"),
+    ("case", "case"),
+    ("contender", "contender"),
+    ("time", "time ms"),
+    ("mem", "memory"),
+    ("vs", "vs"),
+]
 
 
 def text_table(rows):
@@ -632,36 +788,44 @@ def md_block(res, rows):
     metas = {}
     for name, sec in res["sections"].items():
         m = sec["meta"]
-        metas.setdefault(f"{m['date']}, {m['device']}; torch {m['torch']}, torchaudio {m['torchaudio']}, cupy {m['cupy']}, "
-                         f"warp_rnnt {m['warp_rnnt']}, numba {m['numba']}, python {m['python']}, tf32 matmul {m.get('tf32')}; commit {m['commit']}",
-                         []).append(name)
+        metas.setdefault(
+            f"{m['date']}, {m['device']}; torch {m['torch']}, torchaudio {m['torchaudio']}, cupy {m['cupy']}, "
+            f"warp_rnnt {m['warp_rnnt']}, numba {m['numba']}, python {m['python']}, tf32 matmul {m.get('tf32')}; commit {m['commit']}",
+            [],
+        ).append(name)
     lines += [f"- **{', '.join(names)}**: {m}" for m, names in metas.items()]
     if "B" in res["sections"]:
         b = res["sections"]["B"]
-        lines.append(f"- copy bandwidth ({b.get('copy_bytes', 2**31) / 2**30:.2f} GiB read + written by one "
-                     f"device-to-device copy): {b['copy_gbps']:.0f} GB/s")
-    lines += ["", "| " + " | ".join(h for _, h in COLS) + " |",
-              "|" + "---|" * len(COLS)]
+        lines.append(
+            f"- copy bandwidth ({b.get('copy_bytes', 2**31) / 2**30:.2f} GiB read + written by one "
+            f"device-to-device copy): {b['copy_gbps']:.0f} GB/s"
+        )
+    lines += ["", "| " + " | ".join(h for _, h in COLS) + " |", "|" + "---|" * len(COLS)]
     lines += ["| " + " | ".join(str(r[k]).replace("|", "/") for k, _ in COLS) + " |" for r in rows]
-    lines += ["", "How to read it:",
-              "- A: mean step time over the timed batches (CUDA events around joiner + loss(sum) + backward); "
-              "peak = max over steps of torch.cuda.max_memory_allocated after reset_peak_memory_stats. It includes the "
-              "inputs already resident (joiner weights, encoder/predictor outputs, targets: the 'inputs' figure) and "
-              "everything the step allocates (joiner activations, logits, loss workspace, gradients of logits, "
-              "encoder/predictor outputs and weights); it excludes CuPy's own memory pool (shown as +cupy pool when used) "
-              "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast, bf16-fp32in "
-              "runs fp32 ones (ours only); peers without bf16 get logits cast to fp32. Padded paths build the joiner "
-              "over (B, maxT, maxU+1, 512). Peers' compact "
-              "input comes from a plain-torch gather.",
-              "- F: the fused step (forward under the precision's autocast and backward) against its floor, the four "
-              "GEMMs it cannot avoid (the logits in forward and again in backward's recompute, dH and dW) timed alone "
-              "at its sizes; floor and steps in turns, each one's minimum over the rounds, summed over the batches "
-              "(benchmarks/fused_step.py). Peak: memory allocated during the step beyond its inputs.",
-              "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
-              "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
-              "includes the gradient itself; grad = size of the layout's gradient.",
-              "- loss rel diff: against torchaudio on the same inputs (a cross-check).",
-              "- CPU: wall-clock median of fwd+bwd.", "", END]
+    lines += [
+        "",
+        "How to read it:",
+        "- A: mean step time over the timed batches (CUDA events around joiner + loss(sum) + backward); "
+        "peak = max over steps of torch.cuda.max_memory_allocated after reset_peak_memory_stats. It includes the "
+        "inputs already resident (joiner weights, encoder/predictor outputs, targets: the 'inputs' figure) and "
+        "everything the step allocates (joiner activations, logits, loss workspace, gradients of logits, "
+        "encoder/predictor outputs and weights); it excludes CuPy's own memory pool (shown as +cupy pool when used) "
+        "and memory cached but free. bf16 runs take bf16 encoder/predictor outputs under autocast, bf16-fp32in "
+        "runs fp32 ones (ours only); peers without bf16 get logits cast to fp32. Padded paths build the joiner "
+        "over (B, maxT, maxU+1, 512). Peers' compact "
+        "input comes from a plain-torch gather.",
+        "- F: the fused step (forward under the precision's autocast and backward) against its floor, the four "
+        "GEMMs it cannot avoid (the logits in forward and again in backward's recompute, dH and dW) timed alone "
+        "at its sizes; floor and steps in turns, each one's minimum over the rounds, summed over the batches "
+        "(benchmarks/fused_step.py). Peak: memory allocated during the step beyond its inputs.",
+        "- B: median of the timed fwd+bwd runs; floor = 3 passes over the valid logits at the measured copy "
+        "bandwidth; extra = peak during fwd+bwd minus memory allocated before (logits already resident), so it "
+        "includes the gradient itself; grad = size of the layout's gradient.",
+        "- loss rel diff: against torchaudio on the same inputs (a cross-check).",
+        "- CPU: wall-clock median of fwd+bwd.",
+        "",
+        END,
+    ]
     return "\n".join(lines)
 
 
@@ -681,27 +845,37 @@ outside it: they are kept.
 
 
 def write_md(path, block, seed):
-    text = path.read_text() if path.exists() else seed.read_text() if seed.exists() else \
-        TEMPLATE.replace("{BEGIN}", BEGIN).replace("{END}", END)
+    text = (
+        path.read_text()
+        if path.exists()
+        else seed.read_text()
+        if seed.exists()
+        else TEMPLATE.replace("{BEGIN}", BEGIN).replace("{END}", END)
+    )
     i, j = text.find(BEGIN), text.find(END)
     if i < 0 or j < i:
         text = text.rstrip() + "\n\n" + block + "\n"
     else:
-        text = text[:i] + block + text[j + len(END):]
+        text = text[:i] + block + text[j + len(END) :]
     path.write_text(text)
 
 
 def plot(rows, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as e:
         log(f"no chart: {short_error(e)}")
         return
-    panels = [("A", "pt", "A: step time (ms)", None), ("A", "pm", "A: peak memory (MB)", None),
-              ("CPU", "pt", "CPU: fwd+bwd (ms)", None),
-              ("B", "pt", "B: fwd+bwd time / floor", 1.0), ("B", "pm", "B: extra peak memory / gradient size", 1.05)]
+    panels = [
+        ("A", "pt", "A: step time (ms)", None),
+        ("A", "pm", "A: peak memory (MB)", None),
+        ("CPU", "pt", "CPU: fwd+bwd (ms)", None),
+        ("B", "pt", "B: fwd+bwd time / floor", 1.0),
+        ("B", "pm", "B: extra peak memory / gradient size", 1.05),
+    ]
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     axes = axes.ravel()
     for ax, (sec, key, title, line) in zip(axes, panels):
@@ -733,18 +907,34 @@ def versions():
             return __import__(mod).__version__
         except Exception:
             return "not installed"
+
     try:  # the device machine gets a copy of the tree without .git: BENCH_COMMIT names it
-        commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-            capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+        commit = (
+            os.environ.get("BENCH_COMMIT")
+            or subprocess.run(
+                ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
     except Exception:
         commit = "unknown"
-    dev = (torch.cuda.get_device_name() + f", CUDA {torch.version.cuda}") if torch.cuda.is_available() \
+    dev = (
+        (torch.cuda.get_device_name() + f", CUDA {torch.version.cuda}")
+        if torch.cuda.is_available()
         else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=dev,
-                torch=torch.__version__, torchaudio=ver("torchaudio"), cupy=ver("cupy"), warp_rnnt=ver("warp_rnnt"),
-                numba=ver("numba"), python=platform.python_version(), commit=commit,
-                tf32=bool(torch.backends.cuda.matmul.allow_tf32))
+    )
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        device=dev,
+        torch=torch.__version__,
+        torchaudio=ver("torchaudio"),
+        cupy=ver("cupy"),
+        warp_rnnt=ver("warp_rnnt"),
+        numba=ver("numba"),
+        python=platform.python_version(),
+        commit=commit,
+        tf32=bool(torch.backends.cuda.matmul.allow_tf32),
+    )
 
 
 def main():
@@ -762,8 +952,11 @@ def main():
     ap.add_argument("--b-dtypes", default="fp32,fp16")
     ap.add_argument("--f-batches", type=int, default=4, help="F: batches of each case")
     ap.add_argument("--flash-rnnt", type=Path, help="F: the folder that holds NeMo's Flash RNN-T (its nemo package)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny sizes, every section, on CUDA if present else CPU: checks the script, not the library")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, every section, on CUDA if present else CPU: checks the script, not the library",
+    )
     args = ap.parse_args()
     args.a_precisions, args.b_dtypes = args.a_precisions.split(","), args.b_dtypes.split(",")
     args.b_cases, args.scale_case, args.cpu_cases, args.copy_elems = B_CASES, SCALE_CASE, CPU_CASES, 2**28
@@ -783,8 +976,9 @@ def main():
     else:
         cuda = torch.cuda.is_available() and not args.cpu_only
         dev = "cuda" if cuda else "cpu" if args.smoke else None
-        want = {s.strip() for s in args.only.split(",") if s.strip()} or \
-            ({"CPU"} if args.cpu_only else {"A", "F", "B", "scale", "CPU"} if dev else {"CPU"})
+        want = {s.strip() for s in args.only.split(",") if s.strip()} or (
+            {"CPU"} if args.cpu_only else {"A", "F", "B", "scale", "CPU"} if dev else {"CPU"}
+        )
         if want - {"A", "F", "B", "scale", "CPU"}:
             ap.error(f"--only: unknown sections {sorted(want - {'A', 'F', 'B', 'scale', 'CPU'})}")
         if not dev and want - {"CPU"}:

@@ -43,6 +43,7 @@ def cuda_ms(fn, warmup=3, reps=10):
 
 class Timing(NamedTuple):
     """One contender's figures from ``interleaved``."""
+
     ms: float | None  # the mean over the batches of its minimum time on each; None if it failed
     peak_mib: float  # the largest peak, MiB beyond what was allocated before the step
     batches: int  # the batches it was timed on
@@ -96,9 +97,16 @@ def interleaved(batches, steps, rounds=3):
             if failed[name] is None:
                 minima[name].append(ms)
         del named, batch
-    return {name: Timing(statistics.fmean(ms) if ms and failed[name] is None else None, peaks.get(name, 0.0),
-                         len(ms), first_s[name], failed[name])
-            for name, ms in minima.items()}
+    return {
+        name: Timing(
+            statistics.fmean(ms) if ms and failed[name] is None else None,
+            peaks.get(name, 0.0),
+            len(ms),
+            first_s[name],
+            failed[name],
+        )
+        for name, ms in minima.items()
+    }
 
 
 def padded_rows(rows):
@@ -121,14 +129,19 @@ def floor_gemms(N, J, rows, dtype):
         torch.mm(H, W.t())
         torch.mm(G, W)
         torch.mm(G.t(), H)
+
     return run
 
 
 def gpu_clock():
     """The SM clock and temperature nvidia-smi reads now, as text ("SM 1980 MHz, 54 C"), or "?"."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return f"SM {out} C" if out else "?"
     except Exception:  # noqa: BLE001
         return "?"
@@ -138,8 +151,11 @@ def write_results(path, results):
     """Writes a step benchmark's ``results`` (a list of dicts) to ``path`` as JSON, with the device, torch's version
     and the SM clock now."""
     with open(path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, clock=gpu_clock(),
-                       results=results), f, indent=1)
+        json.dump(
+            dict(device=torch.cuda.get_device_name(), torch=torch.__version__, clock=gpu_clock(), results=results),
+            f,
+            indent=1,
+        )
 
 
 def nemo_class(name):
@@ -149,6 +165,7 @@ def nemo_class(name):
         if not hasattr(np, "row_stack"):  # NeMo 3.0's numba losses still call it
             np.row_stack = np.vstack
         from nemo.collections.asr.parts.numba import rnnt_loss
+
         return getattr(rnnt_loss, name)
     except Exception as e:  # noqa: BLE001
         print(f"NeMo {name}: not importable ({type(e).__name__}: {str(e)[:80]})")
@@ -169,20 +186,20 @@ def protocol_a(label, make_contenders, modules, vocab=500, batches=4, width=512)
     3 warm-up batches, then ``batches`` timed ones, each timed step after an untimed one on the same batch
     (a contender's first step on new shapes pays the allocator's new segments). Returns rows (case, name,
     mean ms, peak MB)."""
-    rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
-                      dtype=np.int64)
+    rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64)
     out = []
     for prec in ("fp32", "bf16"):
         dtype = torch.float32 if prec == "fp32" else torch.bfloat16
         torch.manual_seed(0)
         recs = {}
         for i in range(3 + batches):
-            r = rows[i * 30:(i + 1) * 30]
+            r = rows[i * 30 : (i + 1) * 30]
             T, U = torch.tensor(r[:, 0], device="cuda"), torch.tensor(r[:, 1], device="cuda")
             y = torch.randint(1, vocab, (30, int(U.max())), device="cuda")
             enc = torch.randn(30, int(T.max()), width, device="cuda", dtype=dtype, requires_grad=True)
             pred = torch.randn(30, int(U.max()) + 1, width, device="cuda", dtype=dtype, requires_grad=True)
             for name, loss_fn in make_contenders(enc, pred, y, T, U).items():
+
                 def step():
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=prec == "bf16"):
                         loss = loss_fn()
@@ -190,13 +207,15 @@ def protocol_a(label, make_contenders, modules, vocab=500, batches=4, width=512)
                     enc.grad = pred.grad = None
                     for m in modules:
                         m.zero_grad(set_to_none=True)
+
                 ms, _ = cuda_ms(step, warmup=1, reps=1)  # resets the peak counter before the timed step
                 peak = torch.cuda.max_memory_allocated() / 2**20
                 if i >= 3:
                     recs.setdefault(name, []).append((ms, peak))
         for name, v in recs.items():
-            out.append((f"Protocol A step {prec} ({label})", name,
-                        statistics.fmean(m for m, _ in v), max(p for _, p in v)))
+            out.append(
+                (f"Protocol A step {prec} ({label})", name, statistics.fmean(m for m, _ in v), max(p for _, p in v))
+            )
     return out
 
 
@@ -206,11 +225,13 @@ def cpu_pairs(case, losses, reps=11):
     the per-pair ratios of the second to the first, printed."""
     steps = []
     for _, x, fn in losses:
+
         def step(x=x, fn=fn):
             x.grad = None
             t0 = time.perf_counter()
             fn(x).backward()
             return (time.perf_counter() - t0) * 1e3
+
         step()
         steps.append(step)
     times = [[] for _ in steps]

@@ -66,8 +66,10 @@ def peer_loss():
         import warp_rnnt
 
         def loss(x, y, T, U):
-            return warp_rnnt.rnnt_loss(torch.log_softmax(x.float(), -1), y, T, U, reduction="mean", blank=0,
-                                       gather=True)
+            return warp_rnnt.rnnt_loss(
+                torch.log_softmax(x.float(), -1), y, T, U, reduction="mean", blank=0, gather=True
+            )
+
         return "warp-rnnt (gather)", loss
     except ImportError as e:
         return f"{reason}; warp-rnnt: {e}", None
@@ -81,16 +83,23 @@ def contenders(joint, peer):
         return lambda enc, dec, y, T, U: loss(joint(enc.unsqueeze(2), dec.unsqueeze(1)), y, T, U)
 
     def fused(enc, dec, y, T, U):
-        return ours.joint_loss(joint.lin_enc(enc), joint.lin_dec(dec), joint.lin_out.weight, joint.lin_out.bias,
-                               y, T, U, "tanh")
+        return ours.joint_loss(
+            joint.lin_enc(enc), joint.lin_dec(dec), joint.lin_out.weight, joint.lin_out.bias, y, T, U, "tanh"
+        )
+
     steps = {f"ESPnet's joint + {peer[0]}": unfused(peer[1])} if peer[1] is not None else {}
-    steps.update({"ESPnet's joint + install()'s RNNTLoss": unfused(lambda x, y, T, U: ours(x.float(), y, T, U)),
-                  "apply(model): fused": fused})
+    steps.update(
+        {
+            "ESPnet's joint + install()'s RNNTLoss": unfused(lambda x, y, T, U: ours(x.float(), y, T, U)),
+            "apply(model): fused": fused,
+        }
+    )
     return steps
 
 
 class Batch(NamedTuple):
     """A batch as ESPnet's transducer model gives it to its joint and loss, and its rows N = sum_b T_b (U_b + 1)."""
+
     enc: torch.Tensor  # (B, T, 512) encoder outputs
     dec: torch.Tensor  # (B, U + 1, 512) decoder outputs
     y: torch.Tensor  # (B, U) int32 labels in [1, V)
@@ -101,11 +110,12 @@ class Batch(NamedTuple):
 
 def batches(count, V, B, device="cuda"):
     """``count`` Batches of ``B`` consecutive LibriSpeech (T, U) pairs on ``device``."""
-    rows = np.loadtxt(common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
-                      dtype=np.int64)
+    rows = np.loadtxt(
+        common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64
+    )
     gen = torch.Generator().manual_seed(0)
     for i in range(count):
-        r = rows[i * B:(i + 1) * B]
+        r = rows[i * B : (i + 1) * B]
         T, U = torch.tensor(r[:, 0], dtype=torch.int32), torch.tensor(r[:, 1], dtype=torch.int32)
         y = torch.randint(1, V, (B, int(U.max())), generator=gen, dtype=torch.int32)
         enc = torch.randn(B, int(T.max()), 512, generator=gen).to(device).requires_grad_()
@@ -116,6 +126,7 @@ def batches(count, V, B, device="cuda"):
 def steps(joint, losses, V, precision):
     """common.interleaved's steps(batch): on a batch, {name: step()} of the floor and of each loss of ``losses``
     (``contenders``), under ``precision``."""
+
     def on(batch):
         def clear():
             joint.zero_grad(set_to_none=True)
@@ -127,10 +138,12 @@ def steps(joint, losses, V, precision):
                 loss = loss_fn(batch.enc, batch.dec, batch.y, batch.T, batch.U)
             loss.sum().backward()
             clear()
+
         gemm_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         out = {FLOOR: common.floor_gemms(batch.rows, joint.lin_out.in_features, V, gemm_dtype)}
         out.update({name: functools.partial(step, loss_fn) for name, loss_fn in losses.items()})
         return out
+
     return on
 
 
@@ -156,16 +169,33 @@ def main():
         joint = Joint(V).cuda().train()
         losses = contenders(joint, peer)
         for precision in args.precision:
-            timings = common.interleaved(batches(args.batches, V, args.batch), steps(joint, losses, V, precision),
-                                         args.rounds)
+            timings = common.interleaved(
+                batches(args.batches, V, args.batch), steps(joint, losses, V, precision), args.rounds
+            )
             floor = timings[FLOOR].ms
             for name, t in timings.items():
                 x_floor = t.ms / floor if t.ms is not None and floor else None
-                results.append(dict(vocab=V, precision=precision, contender=name, ms=t.ms, peak_mib=t.peak_mib,
-                                    x_floor=x_floor, batch=args.batch, batches=t.batches, rounds=args.rounds,
-                                    failed=t.failed, clock=common.gpu_clock()))
-                shown = f"  {t.failed}" if t.failed else f"{t.ms:8.2f} ms  {t.peak_mib:8.0f} MiB" + (
-                    f"  {x_floor:5.2f}x floor" if x_floor is not None else "")
+                results.append(
+                    dict(
+                        vocab=V,
+                        precision=precision,
+                        contender=name,
+                        ms=t.ms,
+                        peak_mib=t.peak_mib,
+                        x_floor=x_floor,
+                        batch=args.batch,
+                        batches=t.batches,
+                        rounds=args.rounds,
+                        failed=t.failed,
+                        clock=common.gpu_clock(),
+                    )
+                )
+                shown = (
+                    f"  {t.failed}"
+                    if t.failed
+                    else f"{t.ms:8.2f} ms  {t.peak_mib:8.0f} MiB"
+                    + (f"  {x_floor:5.2f}x floor" if x_floor is not None else "")
+                )
                 print(f"V {V:5d} {precision}  {name:42s}{shown}", flush=True)
             torch.cuda.empty_cache()
         del joint, losses

@@ -8,6 +8,7 @@ the kernel's peak resident-set counter (VmHWM) is reset and one step at (B, T, U
 runs; the peak above the resident set before the step is the step's extra memory (large buffers are
 mmap'ed and returned to the system when freed, so the counter sees the real peak). Linux only.
 """
+
 import argparse
 import subprocess
 import sys
@@ -27,6 +28,7 @@ def _status_mb(key):
 def one(variant, V, threads):
     """Runs in the child: prints 'peak_mb time_ms loss'."""
     import torch
+
     sys.path.insert(0, str(ROOT))
     import transducer
 
@@ -71,8 +73,12 @@ def main():
     for V in a.vocab:
         out = {}
         for variant in ("unfused", "fused"):
-            r = subprocess.run([sys.executable, __file__, "--child", variant, str(V), "--threads", str(a.threads)],
-                               capture_output=True, text=True, check=True)
+            r = subprocess.run(
+                [sys.executable, __file__, "--child", variant, str(V), "--threads", str(a.threads)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             out[variant] = [float(x) for x in r.stdout.split()]
         (um, ut, ul), (fm, ft, fl) = out["unfused"], out["fused"]
         print(f"{V:6d} {um:11.1f} {fm:9.1f} {fm / um:6.3f} {ut:11.0f} {ft:9.0f}  {abs(ul - fl) <= 1e-4 * abs(ul)}")

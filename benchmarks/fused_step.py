@@ -89,6 +89,7 @@ def flash_loss():
     """NeMo's Flash RNN-T (benchmarks/README.md, Peers), or None."""
     try:
         from nemo.collections.asr.losses.flash_rnnt import FlashRNNTLoss
+
         return FlashRNNTLoss
     except Exception as e:  # noqa: BLE001
         print(f"Flash RNN-T: not importable ({type(e).__name__}: {str(e)[:100]})")
@@ -99,9 +100,10 @@ def batches(case, count, seed=0):
     """(T, U) lists of ``count`` batches of the case."""
     rng = np.random.default_rng(seed)
     if case == "protocol-a":
-        rows = np.loadtxt(HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
-                          dtype=np.int64)
-        return [(rows[i * 30:(i + 1) * 30, 0], rows[i * 30:(i + 1) * 30, 1]) for i in range(count)]
+        rows = np.loadtxt(
+            HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64
+        )
+        return [(rows[i * 30 : (i + 1) * 30, 0], rows[i * 30 : (i + 1) * 30, 1]) for i in range(count)]
     if case == "flash":
         return [(rng.integers(200, 401, 32), rng.integers(64, 129, 32)) for _ in range(count)]
     return [(np.full(16, 375), np.full(16, 100)) for _ in range(count)]
@@ -138,11 +140,20 @@ def contenders(case, prec, flash):
     linear = torch.nn.Linear(J, V + len(durations or []), device="cuda")
     joint = NemoLikeJoint(linear, activation)
     flash_mod = flash(blank=blank) if flash and not durations and not big_blanks else None
-    options = (dict(durations=durations, sigma=0.05) if durations else
-               dict(big_blank_durations=big_blanks, sigma=0.05) if big_blanks else {})
+    options = (
+        dict(durations=durations, sigma=0.05)
+        if durations
+        else dict(big_blank_durations=big_blanks, sigma=0.05)
+        if big_blanks
+        else {}
+    )
     os.environ["TRANSDUCER_HOPPER"] = "1"
-    hopper = use_hopper(kind_of(LossOptions(durations=tuple(durations or ()), big_blank_durations=tuple(big_blanks))),
-                        gemm_dtype(prec), torch.device("cuda"), J)
+    hopper = use_hopper(
+        kind_of(LossOptions(durations=tuple(durations or ()), big_blank_durations=tuple(big_blanks))),
+        gemm_dtype(prec),
+        torch.device("cuda"),
+        J,
+    )
     os.environ["TRANSDUCER_HOPPER"] = "0"
 
     def steps(batch):
@@ -161,8 +172,19 @@ def contenders(case, prec, flash):
             os.environ["TRANSDUCER_HOPPER"] = hopper_path
             try:
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                    loss = fused_joiner_loss(enc, pred, linear.weight, linear.bias, y, Tt, Ut, activation=activation,
-                                             blank=blank, reduction="sum", **options)
+                    loss = fused_joiner_loss(
+                        enc,
+                        pred,
+                        linear.weight,
+                        linear.bias,
+                        y,
+                        Tt,
+                        Ut,
+                        activation=activation,
+                        blank=blank,
+                        reduction="sum",
+                        **options,
+                    )
                 loss.backward()
             finally:
                 os.environ["TRANSDUCER_HOPPER"] = "0"
@@ -174,12 +196,14 @@ def contenders(case, prec, flash):
                 loss = flash_mod(joint, enc, pred, y, Tt, Ut).sum()
             loss.backward()
             clear()
+
         out = {DEFAULT: functools.partial(ours, "0")}
         if hopper:
             out[HOPPER] = functools.partial(ours, "1")
         if flash_mod is not None:
             out[FLASH] = flash_step
         return out
+
     return steps
 
 
@@ -192,11 +216,13 @@ def run_case(case, prec, count, profile, flash):
     def with_floor(batch):
         T, U = batch
         return {FLOOR: floor_gemms(int((T * (U + 1)).sum()), J, rows, gemm_dtype(prec)), **steps(batch)}
+
     shapes = batches(case, count)
     timings = interleaved(shapes, with_floor, ROUNDS)
     if HOPPER in timings:
-        print(f"{case} {prec}: the first step on the Hopper kernels took {timings[HOPPER].first_s:.1f} s "
-              f"(they compile)")
+        print(
+            f"{case} {prec}: the first step on the Hopper kernels took {timings[HOPPER].first_s:.1f} s (they compile)"
+        )
     if profile:
         profiled = HOPPER if HOPPER in timings else DEFAULT
         step = steps(shapes[0])[profiled]
@@ -210,17 +236,27 @@ def run_case(case, prec, count, profile, flash):
     floor = timings[FLOOR].ms
     rows_avg = sum(int((T * (U + 1)).sum()) for T, U in shapes) // count
     clock = gpu_clock()
-    print(f"\n{case} {prec} ({count} batches, {rows_avg} rows a batch on average; the mean over the batches of the "
-          f"minimum of {ROUNDS} interleaved rounds; clock {clock})")
+    print(
+        f"\n{case} {prec} ({count} batches, {rows_avg} rows a batch on average; the mean over the batches of the "
+        f"minimum of {ROUNDS} interleaved rounds; clock {clock})"
+    )
     for name, t in timings.items():
         if t.failed:
             print(f"  {name:<36} {t.failed}")
         else:
             print(f"  {name:<36} {t.ms:8.2f} ms  {t.ms / floor:5.2f}x floor  {t.peak_mib:8.0f} MB")
-    return dict(case=case, precision=prec, batches=count, rows=rows_avg, clock=clock, J=J, V=V,
-                durations=durations, contenders={name: dict(time_ms=t.ms, peak_mb=t.peak_mib)
-                                                 for name, t in timings.items() if not t.failed},
-                failed={name: t.failed for name, t in timings.items() if t.failed})
+    return dict(
+        case=case,
+        precision=prec,
+        batches=count,
+        rows=rows_avg,
+        clock=clock,
+        J=J,
+        V=V,
+        durations=durations,
+        contenders={name: dict(time_ms=t.ms, peak_mb=t.peak_mib) for name, t in timings.items() if not t.failed},
+        failed={name: t.failed for name, t in timings.items() if t.failed},
+    )
 
 
 def run_changing_shapes(case, prec, count, skip, repeats, time_limit, flash):
@@ -232,9 +268,10 @@ def run_changing_shapes(case, prec, count, skip, repeats, time_limit, flash):
     def new_and_repeated(step):
         new_ms = cuda_call(step)[0]
         return new_ms, min(cuda_call(step)[0] for _ in range(repeats))
+
     out = {}
     for k, name in enumerate(names):
-        shapes = every[k * count:(k + 1) * count]  # batches of its own: no shape another contender met first
+        shapes = every[k * count : (k + 1) * count]  # batches of its own: no shape another contender met first
         torch.cuda.empty_cache()
         new, repeated, failed = [], [], None
         start = time.perf_counter()
@@ -248,27 +285,50 @@ def run_changing_shapes(case, prec, count, skip, repeats, time_limit, flash):
             repeated.append(timed[1])
         mean_new = statistics.fmean(new[skip:]) if len(new) > skip else None
         mean_repeated = statistics.fmean(repeated[skip:]) if len(repeated) > skip else None
-        out[name] = dict(new_shape_ms=mean_new, repeated_shape_ms=mean_repeated,
-                         ratio=mean_new / mean_repeated if mean_new is not None else None, first_ms=new[:3],
-                         steps=len(new), seconds=time.perf_counter() - start, failed=failed)
+        out[name] = dict(
+            new_shape_ms=mean_new,
+            repeated_shape_ms=mean_repeated,
+            ratio=mean_new / mean_repeated if mean_new is not None else None,
+            first_ms=new[:3],
+            steps=len(new),
+            seconds=time.perf_counter() - start,
+            failed=failed,
+        )
     clock = gpu_clock()
-    print(f"\n{case} {prec}: {count} batches of new shapes, one step each then {repeats} on the same shapes; means "
-          f"after the first {skip} steps (clock {clock})")
+    print(
+        f"\n{case} {prec}: {count} batches of new shapes, one step each then {repeats} on the same shapes; means "
+        f"after the first {skip} steps (clock {clock})"
+    )
     print(f"  {'contender':<28} {'new shapes':>10} {'repeated':>10} {'ratio':>6}  {'first 3 steps (ms)':<26} steps")
     for name, r in out.items():
-        means = (f"{r['new_shape_ms']:7.2f} ms {r['repeated_shape_ms']:7.2f} ms {r['ratio']:5.2f}x"
-                 if r["ratio"] is not None else f"{'-':>10} {'-':>10} {'-':>6}")
+        means = (
+            f"{r['new_shape_ms']:7.2f} ms {r['repeated_shape_ms']:7.2f} ms {r['ratio']:5.2f}x"
+            if r["ratio"] is not None
+            else f"{'-':>10} {'-':>10} {'-':>6}"
+        )
         first = " ".join(f"{ms:.1f}" for ms in r["first_ms"])
         ran = f"{r['steps']} in {r['seconds']:.0f} s" + (f" ({r['failed']})" if r["failed"] else "")
         print(f"  {name:<28} {means}  {first:<26} {ran}")
-    return dict(case=case, precision=prec, batches=count, skip=skip, repeats=repeats, time_limit_s=time_limit,
-                clock=clock, contenders=out)
+    return dict(
+        case=case,
+        precision=prec,
+        batches=count,
+        skip=skip,
+        repeats=repeats,
+        time_limit_s=time_limit,
+        clock=clock,
+        contenders=out,
+    )
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", nargs="*", choices=list(CASES),
-                   help="default: every case; with --changing-shapes, protocol-a and flash")
+    p.add_argument(
+        "--cases",
+        nargs="*",
+        choices=list(CASES),
+        help="default: every case; with --changing-shapes, protocol-a and flash",
+    )
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-flash", action="store_true")

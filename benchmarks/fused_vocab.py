@@ -8,6 +8,7 @@ and predictor outputs). The step is joiner + loss (sum) + backward after one war
 extra memory is torch.cuda.max_memory_allocated above what was allocated before it (CUDA events time it:
 benchmarks/common.py's cuda_ms).
 """
+
 import torch
 from common import cuda_ms  # first: it puts the repository root on sys.path
 
@@ -27,18 +28,22 @@ def main(B=8, T=200, U=50, J=512):
             y = torch.randint(1, V, (B, U), device="cuda")
             t, u = torch.full((B,), T, device="cuda"), torch.full((B,), U, device="cuda")
             contenders = {
-                "fused": lambda: transducer.fused_joiner_loss(enc, pred, lin.weight, lin.bias, y, t, u,
-                                                              reduction="sum"),
-                "unfused": lambda: transducer.transducer_loss(lin(torch.tanh(transducer.pack(enc, pred, t, u))), y,
-                                                              t, u, reduction="sum"),
+                "fused": lambda: transducer.fused_joiner_loss(
+                    enc, pred, lin.weight, lin.bias, y, t, u, reduction="sum"
+                ),
+                "unfused": lambda: transducer.transducer_loss(
+                    lin(torch.tanh(transducer.pack(enc, pred, t, u))), y, t, u, reduction="sum"
+                ),
             }
             for name, fn in contenders.items():
+
                 def step():
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=prec == "bf16"):
                         loss = fn()
                     loss.backward()
                     enc.grad = pred.grad = None
                     lin.zero_grad(set_to_none=True)
+
                 ms, extra = cuda_ms(step, warmup=1, reps=1)
                 print(f"{prec:<5} {V:6d} {name:<8} {ms:9.2f} {extra:10.1f}", flush=True)
             enc = pred = lin = None  # freed (the closures above read them)

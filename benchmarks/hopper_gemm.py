@@ -57,12 +57,13 @@ def timed(fn):
 
 def run_case(name, config_names):
     B, T, U, J, V, Vp = CASES[name]
-    configs = [hopper.default_config(V, J) if c == "default" else hopper.Config(*map(int, c.split(",")))
-               for c in config_names]
+    configs = [
+        hopper.default_config(V, J) if c == "default" else hopper.Config(*map(int, c.split(","))) for c in config_names
+    ]
     N = B * T * (U + 1)
     g = torch.Generator(device="cuda").manual_seed(0)
     H = torch.randn(N, J, device="cuda", generator=g).to(torch.bfloat16)
-    Wp = (torch.randn(Vp, J, device="cuda", generator=g) / J ** 0.5).to(torch.bfloat16)
+    Wp = (torch.randn(Vp, J, device="cuda", generator=g) / J**0.5).to(torch.bfloat16)
     W = Wp[:V]
     targets = torch.randint(1, V, (B, U), device="cuda", generator=g, dtype=torch.int32)
     T_b = torch.full((B,), T, device="cuda", dtype=torch.int32)
@@ -92,24 +93,33 @@ def run_case(name, config_names):
         want = (torch.logsumexp(Z, 1), Z[:, 0], torch.where(lab >= 0, Z[rows, lab.clamp(min=0).long()], 0.0))
         errors = [float((o[check_rows] - w).abs().max()) for o, w in zip(out, want)]
         print(f"  {tuple(config)}: max |error| den {errors[0]:.2e}, z_blank {errors[1]:.2e}, z_label {errors[2]:.2e}")
-        contenders[f"ours {tuple(config)}"] = (
-            lambda proj=proj: hopper.statistics_tile(proj, H, labels, 0))
-        coefficients = torch.stack([out[0], torch.rand_like(out[0]), torch.rand_like(out[0]) * 0.1,
-                                    torch.rand_like(out[0]) * 0.1, torch.ones_like(out[0])])
+        contenders[f"ours {tuple(config)}"] = lambda proj=proj: hopper.statistics_tile(proj, H, labels, 0)
+        coefficients = torch.stack(
+            [
+                out[0],
+                torch.rand_like(out[0]),
+                torch.rand_like(out[0]) * 0.1,
+                torch.rand_like(out[0]) * 0.1,
+                torch.ones_like(out[0]),
+            ]
+        )
         G = hopper.gradient_tile(proj, H, labels, 0, coefficients, 0.0)
         P = torch.softmax(Z, 1) * coefficients[1, check_rows, None]
         P[:, 0] -= coefficients[2, check_rows]
         P[rows, lab.clamp(min=0).long()] -= torch.where(lab >= 0, coefficients[3, check_rows], 0.0)
-        print(f"  {tuple(config)}: gradient max |error| {float((G[check_rows, :V].float() - P).abs().max()):.2e} "
-              f"(|G| <= {float(P.abs().max()):.2e})")
-        contenders[f"ours, gradient {tuple(config)}"] = (
-            lambda proj=proj, c=coefficients: hopper.gradient_tile(proj, H, labels, 0, c, 0.0))
+        print(
+            f"  {tuple(config)}: gradient max |error| {float((G[check_rows, :V].float() - P).abs().max()):.2e} "
+            f"(|G| <= {float(P.abs().max()):.2e})"
+        )
+        contenders[f"ours, gradient {tuple(config)}"] = lambda proj=proj, c=coefficients: hopper.gradient_tile(
+            proj, H, labels, 0, c, 0.0
+        )
     for fn in contenders.values():
         fn()
     best = {k: float("inf") for k in contenders}
     names = list(contenders)
     for r in range(ROUNDS):
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             best[k] = min(best[k], timed(contenders[k]))
     floor = best["cuBLAS H W^T (floor)"]
     flops = 2 * N * J * Vp
@@ -121,9 +131,13 @@ def run_case(name, config_names):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    p.add_argument("--configs", nargs="*", default=["default"],
-                   help="kernel shapes: default (hopper.default_config) or "
-                        "tile_n,warpgroups,cluster_m,occupancy[,pingpong[,vocab_groups]] (hopper.Config)")
+    p.add_argument(
+        "--configs",
+        nargs="*",
+        default=["default"],
+        help="kernel shapes: default (hopper.default_config) or "
+        "tile_n,warpgroups,cluster_m,occupancy[,pingpong[,vocab_groups]] (hopper.Config)",
+    )
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, available: {hopper.available()}")
     for name in a.cases:

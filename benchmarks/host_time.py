@@ -79,8 +79,12 @@ def child(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parents[1])],
-                    help="repository roots to import transducer from, in turns")
+    ap.add_argument(
+        "--trees",
+        nargs="+",
+        default=[str(Path(__file__).resolve().parents[1])],
+        help="repository roots to import transducer from, in turns",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--dtypes", default="fp32,fp16")
@@ -100,8 +104,10 @@ def main():
             for name in args.dtypes.split(","):
                 old = best.setdefault((tree, name), result[name])
                 best[tree, name] = {k: min(old[k], result[name][k]) for k in old}
-    print(f"{CASE} compact, the loss alone, forward and backward; minima over {args.rounds} rounds of "
-          f"{args.steps} steps ({result['device']})")
+    print(
+        f"{CASE} compact, the loss alone, forward and backward; minima over {args.rounds} rounds of "
+        f"{args.steps} steps ({result['device']})"
+    )
     print(f"{'tree':<40} {'dtype':<6} {'step ms':>8} {'host ms':>8}")
     for (tree, name), t in best.items():
         print(f"{tree:<40} {name:<6} {t['step_ms']:>8.3f} {t['host_ms']:>8.3f}")

@@ -33,6 +33,7 @@ def loss_alone(B=16, T=400, U=100, V=1024):
         def step():  # the gradient freed after the step: the extra memory counts it
             transducer.multiblank_loss(x, y, Ts, Us, BIG, -1, sigma=SIGMA, reduction="sum").backward()
             x.grad = None
+
         ms, mb = common.cuda_ms(step)
         out.append((case, name, ms, mb))
     loss_class = common.nemo_class("MultiblankRNNTLossNumba")
@@ -43,6 +44,7 @@ def loss_alone(B=16, T=400, U=100, V=1024):
         def step():
             fn(x, y, Ts, Us).sum().backward()
             x.grad = None
+
         ms, mb = common.cuda_ms(step)
         out.append((case, "NeMo MultiblankRNNTLossNumba", ms, mb))
     print(f"  (gradient size {rows.numel() * 4 / 2**20:.0f} MB)")
@@ -57,18 +59,32 @@ def protocol_a(width=512, vocab=500):
     def contenders(enc, pred, y, T, U):
         return {
             "ours RNN-T fused (scale)": lambda: transducer.fused_joiner_loss(
-                enc, pred, joiner_rnnt.weight, joiner_rnnt.bias, y, T, U, reduction="sum"),
+                enc, pred, joiner_rnnt.weight, joiner_rnnt.bias, y, T, U, reduction="sum"
+            ),
             "ours multi-blank fused": lambda: transducer.fused_joiner_loss(
-                enc, pred, joiner_mb.weight, joiner_mb.bias, y, T, U, blank=-1, big_blank_durations=BIG,
-                sigma=SIGMA, reduction="sum"),
+                enc,
+                pred,
+                joiner_mb.weight,
+                joiner_mb.bias,
+                y,
+                T,
+                U,
+                blank=-1,
+                big_blank_durations=BIG,
+                sigma=SIGMA,
+                reduction="sum",
+            ),
             "ours RNN-T compact (scale)": lambda: transducer.transducer_loss(
-                joiner_rnnt(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, reduction="sum"),
+                joiner_rnnt(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, reduction="sum"
+            ),
             "ours multi-blank compact": lambda: transducer.multiblank_loss(
-                joiner_mb(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, BIG, -1, sigma=SIGMA,
-                reduction="sum"),
+                joiner_mb(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, BIG, -1, sigma=SIGMA, reduction="sum"
+            ),
         }
-    return common.protocol_a(f"30 utts, {width} -> {vocab} (+{len(BIG) + 1})", contenders,
-                             [joiner_mb, joiner_rnnt], vocab, width=width)
+
+    return common.protocol_a(
+        f"30 utts, {width} -> {vocab} (+{len(BIG) + 1})", contenders, [joiner_mb, joiner_rnnt], vocab, width=width
+    )
 
 
 def cpu(B=8, T=100, U=30, V=256):
@@ -78,10 +94,17 @@ def cpu(B=8, T=100, U=30, V=256):
     y = torch.randint(1, V - len(BIG) - 1, (B, U), generator=gen)
     x_rnnt = torch.randn(B * T * (U + 1), V, generator=gen).requires_grad_()
     x_mb = torch.randn(B * T * (U + 1), V, generator=gen).requires_grad_()
-    return common.cpu_pairs(f"CPU loss alone ({B},{T},{U},{V}) fp32", [
-        ("RNN-T", x_rnnt, lambda x: transducer.transducer_loss(x, y, Ts, Us, reduction="sum")),
-        ("multi-blank", x_mb, lambda x: transducer.multiblank_loss(x, y, Ts, Us, BIG, -1, sigma=SIGMA,
-                                                                   reduction="sum"))])
+    return common.cpu_pairs(
+        f"CPU loss alone ({B},{T},{U},{V}) fp32",
+        [
+            ("RNN-T", x_rnnt, lambda x: transducer.transducer_loss(x, y, Ts, Us, reduction="sum")),
+            (
+                "multi-blank",
+                x_mb,
+                lambda x: transducer.multiblank_loss(x, y, Ts, Us, BIG, -1, sigma=SIGMA, reduction="sum"),
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

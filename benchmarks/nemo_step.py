@@ -40,8 +40,11 @@ class NemoJoint(torch.nn.Module):
         super().__init__()
         self.enc = torch.nn.Linear(enc_hidden, joint_hidden)
         self.pred = torch.nn.Linear(pred_hidden, joint_hidden)
-        self.joint_net = torch.nn.Sequential(torch.nn.ReLU(inplace=True), torch.nn.Dropout(dropout),
-                                             torch.nn.Linear(joint_hidden, num_classes + 1 + len(DURATIONS)))
+        self.joint_net = torch.nn.Sequential(
+            torch.nn.ReLU(inplace=True),
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(joint_hidden, num_classes + 1 + len(DURATIONS)),
+        )
         self.fuse_loss_wer, self.fused_batch_size, self.loss, self.masking_prob = True, fused_batch_size, None, -1.0
 
     def project_encoder(self, x):
@@ -56,17 +59,30 @@ class NemoJoint(torch.nn.Module):
     def joint(self, f, g):
         return self.joint_net(self.project_encoder(f)[:, :, None] + self.project_prednet(g)[:, None])
 
-    def forward(self, encoder_outputs, decoder_outputs, encoder_lengths=None, transcripts=None,
-                transcript_lengths=None, compute_wer=False, keep_hypotheses=False):
+    def forward(
+        self,
+        encoder_outputs,
+        decoder_outputs,
+        encoder_lengths=None,
+        transcripts=None,
+        transcript_lengths=None,
+        compute_wer=False,
+        keep_hypotheses=False,
+    ):
         enc, dec = encoder_outputs.transpose(1, 2), decoder_outputs.transpose(1, 2)
         losses = []
         for begin in range(0, enc.size(0), self.fused_batch_size):
             end = min(begin + self.fused_batch_size, enc.size(0))
             t_max, u_max = int(encoder_lengths[begin:end].max()), int(transcript_lengths[begin:end].max())
-            sub_joint = self.joint(enc[begin:end, :t_max], dec[begin:end, :u_max + 1])
-            losses.append(self.loss(log_probs=sub_joint, targets=transcripts[begin:end, :u_max],
-                                    input_lengths=encoder_lengths[begin:end],
-                                    target_lengths=transcript_lengths[begin:end]))
+            sub_joint = self.joint(enc[begin:end, :t_max], dec[begin:end, : u_max + 1])
+            losses.append(
+                self.loss(
+                    log_probs=sub_joint,
+                    targets=transcripts[begin:end, :u_max],
+                    input_lengths=encoder_lengths[begin:end],
+                    target_lengths=transcript_lengths[begin:end],
+                )
+            )
         return torch.cat(losses).mean(), None, None, None
 
 
@@ -83,8 +99,12 @@ class NemoTDTLoss(torch.nn.Module):
         self.loss = common.nemo_class("TDTLossNumba")(blank=num_classes, reduction="none", **TDT_KWARGS)
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
-        return self.loss(acts=log_probs.float(), labels=targets.long().contiguous(), act_lens=input_lengths.long(),
-                         label_lens=target_lengths.long())
+        return self.loss(
+            acts=log_probs.float(),
+            labels=targets.long().contiguous(),
+            act_lens=input_lengths.long(),
+            label_lens=target_lengths.long(),
+        )
 
 
 def batches(count, V, B=16, T=375, U=100, seed=0, device="cuda"):
@@ -116,6 +136,7 @@ def make_joints(V, fused_batch_sizes, dropout):
 def steps(joints):
     """common.interleaved's steps(batch): on a batch, {name: step()} of each joint of ``joints`` = {name: joint},
     its forward with the loss under bf16 autocast and backward."""
+
     def on(batch):
         enc, dec, T, y, U = batch
 
@@ -123,12 +144,15 @@ def steps(joints):
             joint.zero_grad(set_to_none=True)
             enc.grad = dec.grad = None
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss, _, _, _ = joint(encoder_outputs=enc, decoder_outputs=dec, encoder_lengths=T, transcripts=y,
-                                      transcript_lengths=U)
+                loss, _, _, _ = joint(
+                    encoder_outputs=enc, decoder_outputs=dec, encoder_lengths=T, transcripts=y, transcript_lengths=U
+                )
             loss.backward()
             joint.zero_grad(set_to_none=True)
             enc.grad = dec.grad = None
+
         return {name: functools.partial(step, joint) for name, joint in joints.items()}
+
     return on
 
 
@@ -143,8 +167,10 @@ def main():
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     TDT_KWARGS["omega"] = args.omega
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; "
-          f"dropout {args.dropout}, omega {args.omega}")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; "
+        f"dropout {args.dropout}, omega {args.omega}"
+    )
     print(f"ms: the mean over {args.batches} batches of the minimum of {args.rounds} interleaved rounds")
     nemo_loss = common.nemo_class("TDTLossNumba") is not None
     results = []
@@ -152,9 +178,20 @@ def main():
         joints = make_joints(V, args.fused_batch_sizes if nemo_loss else [], args.dropout)
         timings = common.interleaved(batches(args.batches, V), steps(joints), args.rounds)
         for name, t in timings.items():
-            results.append(dict(vocab=V, contender=name, ms=t.ms, peak_mib=t.peak_mib, batches=t.batches,
-                                rounds=args.rounds, failed=t.failed, clock=common.gpu_clock(), dropout=args.dropout,
-                                omega=args.omega))
+            results.append(
+                dict(
+                    vocab=V,
+                    contender=name,
+                    ms=t.ms,
+                    peak_mib=t.peak_mib,
+                    batches=t.batches,
+                    rounds=args.rounds,
+                    failed=t.failed,
+                    clock=common.gpu_clock(),
+                    dropout=args.dropout,
+                    omega=args.omega,
+                )
+            )
             shown = f"  {t.failed}" if t.failed else f"{t.ms:8.2f} ms  {t.peak_mib:8.0f} MiB"
             print(f"V {V:5d} + 1 + 5  {name:28s}{shown}", flush=True)
         print(f"  clock: {common.gpu_clock()}")

@@ -39,6 +39,7 @@ def random_row_splits(rng, num_rows, num_elems, device):
 
 def time_us(rs, num_elems, dtype, method, calls):
     """Median GPU time of one call, in microseconds."""
+
     def run():
         for _ in range(calls):
             ragged.row_splits_to_row_ids(rs, num_elems, dtype=dtype, method=method)
@@ -76,8 +77,10 @@ def main():
     num_elems_list, num_rows_list = ((10**4,), (16, 1000)) if args.smoke else (NUM_ELEMS, NUM_ROWS)
     methods = ragged.ROW_IDS_METHODS
     rng = np.random.default_rng(0)
-    print(f"row_splits (int64) -> row_ids ({args.out_dtype}) on {torch.cuda.get_device_name()}; "
-          f"median of {REPLAYS} graph replays; default method: {DEFAULT_METHOD}")
+    print(
+        f"row_splits (int64) -> row_ids ({args.out_dtype}) on {torch.cuda.get_device_name()}; "
+        f"median of {REPLAYS} graph replays; default method: {DEFAULT_METHOD}"
+    )
     header = f"{'num_elems':>10} {'num_rows':>8}"
     for m in methods:
         header += f" {m + ' us':>17} {'GB/s':>7}"

@@ -83,8 +83,10 @@ def wrap(joint, mode, device):
     """``joint`` under FSDP2 (the Linear a unit of its own, then the root) or DDP."""
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
+
         return DistributedDataParallel(joint, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
+
     fully_shard(joint.out)
     return fully_shard(joint)
 
@@ -98,14 +100,17 @@ def collectives(joint, mode, world, device):
             ops.append(lambda grad=grad: dist.all_reduce(grad))
         else:
             rows = -(-p.size(0) // world)  # dim 0 as DTensor pads an uneven shard
-            shard, full = torch.zeros((rows, *p.shape[1:]), device=device), torch.zeros((rows * world, *p.shape[1:]),
-                                                                                         device=device)
+            shard, full = (
+                torch.zeros((rows, *p.shape[1:]), device=device),
+                torch.zeros((rows * world, *p.shape[1:]), device=device),
+            )
             ops.append(lambda shard=shard, full=full: dist.all_gather_into_tensor(full, shard))
             ops.append(lambda shard=shard, full=full: dist.reduce_scatter_tensor(shard, full, op=dist.ReduceOp.AVG))
 
     def run():
         for op in ops:
             op()
+
     return run
 
 
@@ -134,7 +139,9 @@ def contenders(shape, mode, world, device, dtype):
             loss.backward()
             enc.grad = pred.grad = None
             model.zero_grad(set_to_none=True)
+
         return {ONE: lambda: step(one), WRAPPED[mode]: lambda: step(wrapped), COLLECTIVES: comm}
+
     return steps, {ONE: one, WRAPPED[mode]: wrapped}
 
 
@@ -150,7 +157,7 @@ def timed_rounds(shapes, steps, rounds, call, sync):
         per_round = {name: [] for name in named}
         for r in range(rounds):
             names = list(named)
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 dist.barrier()
                 ms, mb = call(named[name])
                 per_round[name].append(ms)
@@ -188,32 +195,50 @@ def run(case, mode, count, rounds, device):
     call, sync = (cuda_call, torch.cuda.synchronize) if cuda else (cpu_call, lambda: None)
     timed = timed_rounds(shapes, steps, rounds, call, sync)
     wrapped = timed[WRAPPED[mode]][0]
-    return dict(case=case, mode=mode, world=world, backend=dist.get_backend(), precision="bf16" if cuda else "fp32",
-                hopper=hopper, J=J, V=V, durations=durations, batches=count, rounds=rounds,
-                rows=sum(int((T * (U + 1)).sum()) for T, U in shapes) // count,
-                clock=gpu_clock() if cuda else None,
-                contenders={name: dict(time_ms=ms, peak_mb=mb, params_mb=params_mb(models[name]) if name in models
-                                       else None) for name, (ms, mb) in timed.items()},
-                vs_one=wrapped / timed[ONE][0], collective_share=timed[COLLECTIVES][0] / wrapped)
+    return dict(
+        case=case,
+        mode=mode,
+        world=world,
+        backend=dist.get_backend(),
+        precision="bf16" if cuda else "fp32",
+        hopper=hopper,
+        J=J,
+        V=V,
+        durations=durations,
+        batches=count,
+        rounds=rounds,
+        rows=sum(int((T * (U + 1)).sum()) for T, U in shapes) // count,
+        clock=gpu_clock() if cuda else None,
+        contenders={
+            name: dict(time_ms=ms, peak_mb=mb, params_mb=params_mb(models[name]) if name in models else None)
+            for name, (ms, mb) in timed.items()
+        },
+        vs_one=wrapped / timed[ONE][0],
+        collective_share=timed[COLLECTIVES][0] / wrapped,
+    )
 
 
 def table(r):
     """The figures of ``run`` as printed text."""
     where = f"{r['world']} GPUs" if r["backend"] == "nccl" else f"{r['world']} processes on the CPU"
     path = "" if r["backend"] != "nccl" else ", the Hopper kernels" if r["hopper"] else ", cuBLAS and the CUDA stages"
-    lines = [f"{r['case']}, {WRAPPED[r['mode']]} on {where} ({r['backend']}), {r['precision']}{path}; "
-             f"{r['batches']} batches of {r['rows']} rows on average, the same on every rank; the mean over the "
-             f"batches of the minimum of {r['rounds']} interleaved rounds, the slowest rank's time; "
-             f"clock {r['clock'] or '-'}",
-             f"  {'contender':<14} {'ms':>9} {'vs one GPU':>11} {'peak MB':>9} {'params MB':>10}"]
+    lines = [
+        f"{r['case']}, {WRAPPED[r['mode']]} on {where} ({r['backend']}), {r['precision']}{path}; "
+        f"{r['batches']} batches of {r['rows']} rows on average, the same on every rank; the mean over the "
+        f"batches of the minimum of {r['rounds']} interleaved rounds, the slowest rank's time; "
+        f"clock {r['clock'] or '-'}",
+        f"  {'contender':<14} {'ms':>9} {'vs one GPU':>11} {'peak MB':>9} {'params MB':>10}",
+    ]
     one = r["contenders"][ONE]["time_ms"]
     for name, c in r["contenders"].items():
         peak = "-" if c["peak_mb"] is None else f"{c['peak_mb']:.0f}"
         params = "" if c["params_mb"] is None else f"{c['params_mb']:.3g}"
         vs = "" if name == COLLECTIVES else f"{c['time_ms'] / one:10.2f}x"
         lines.append(f"  {name:<14} {c['time_ms']:9.3f} {vs:>11} {peak:>9} {params:>10}")
-    lines.append(f"  {WRAPPED[r['mode']]} step / one GPU's: {r['vs_one']:.2f}x; the collectives alone: "
-                 f"{100 * r['collective_share']:.0f}% of the {WRAPPED[r['mode']]} step")
+    lines.append(
+        f"  {WRAPPED[r['mode']]} step / one GPU's: {r['vs_one']:.2f}x; the collectives alone: "
+        f"{100 * r['collective_share']:.0f}% of the {WRAPPED[r['mode']]} step"
+    )
     return "\n".join(lines)
 
 
@@ -221,8 +246,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=list(WRAPPED), default="fsdp")
     p.add_argument("--case", choices=["protocol-a", "parakeet-tdt"], default="protocol-a")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cuda: NCCL, one GPU a process; cpu: gloo, tiny sizes (checks the script)")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda: NCCL, one GPU a process; cpu: gloo, tiny sizes (checks the script)",
+    )
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", type=Path, help="write the figures here (rank 0)")

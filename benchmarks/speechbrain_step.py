@@ -77,6 +77,7 @@ def speechbrain_loss():
 
 class Batch(NamedTuple):
     """A batch as SpeechBrain's recipe gives it to the loss, and its rows N = sum_b T_b (U_b + 1)."""
+
     x: torch.Tensor  # (B, T, 640) projected encoder outputs
     h: torch.Tensor  # (B, U + 1, 640) projected decoder outputs
     tokens: torch.Tensor  # (B, U) labels in [1, 1000)
@@ -87,11 +88,12 @@ class Batch(NamedTuple):
 
 def batches(count, batch, seed=0, device="cuda"):
     """``count`` Batches of ``batch`` consecutive LibriSpeech (T, U) pairs on ``device``."""
-    rows = np.loadtxt(common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
-                      dtype=np.int64)
+    rows = np.loadtxt(
+        common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64
+    )
     gen = torch.Generator().manual_seed(seed)
     for i in range(count):
-        T, U = (torch.tensor(c) for c in rows[i * batch:(i + 1) * batch].T)
+        T, U = (torch.tensor(c) for c in rows[i * batch : (i + 1) * batch].T)
         max_t, max_u = int(T.max()), int(U.max())
         x = torch.randn(batch, max_t, JOINT, generator=gen).to(device).requires_grad_()
         h = torch.randn(batch, max_u + 1, JOINT, generator=gen).to(device).requires_grad_()
@@ -103,6 +105,7 @@ def batches(count, batch, seed=0, device="cuda"):
 
 def contenders(joint, lin, weight, is_speechbrain, numba_loss):
     """{name: loss(x, h, tokens, wav_lens, token_lens)}."""
+
     def logits(x, h):
         return lin(joint(x.unsqueeze(2), h.unsqueeze(1)))
 
@@ -136,9 +139,11 @@ def steps(losses, precision, weight):
                 loss = loss_fn(batch.x, batch.h, batch.tokens, batch.wav_lens, batch.token_lens)
             loss.backward()
             clear()
+
         out = {FLOOR: common.floor_gemms(batch.rows, JOINT, VOCAB, dtype or torch.float32)}
         out.update({name: functools.partial(step, loss_fn) for name, loss_fn in losses.items()})
         return out
+
     return on
 
 
@@ -152,8 +157,10 @@ def main():
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; joint {JOINT} "
-          f"-> {VOCAB}, GELU, batch {args.batch}")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, clock {common.gpu_clock()}; joint {JOINT} "
+        f"-> {VOCAB}, GELU, batch {args.batch}"
+    )
     torch.manual_seed(0)
     joint, lin, weight, is_speechbrain = modules()
     numba_loss = speechbrain_loss() if is_speechbrain else None
@@ -162,15 +169,28 @@ def main():
     print(f"ms: the mean over {args.batches} batches of the minimum of {args.rounds} interleaved rounds")
     print(f"{'precision':10s}{'loss':24s}{'ms':>10s}{'peak MiB':>10s}{'x floor':>9s}")
     for precision in args.precision:
-        timings = common.interleaved(batches(args.batches, args.batch), steps(losses, precision, weight),
-                                     args.rounds)
+        timings = common.interleaved(batches(args.batches, args.batch), steps(losses, precision, weight), args.rounds)
         floor = timings[FLOOR].ms
         for name, t in timings.items():
             x_floor = t.ms / floor if t.ms is not None and floor else None
-            results.append(dict(precision=precision, loss=name, ms=t.ms, peak_mib=t.peak_mib, x_floor=x_floor,
-                                batch=args.batch, batches=t.batches, rounds=args.rounds, failed=t.failed))
-            shown = f"  {t.failed}" if t.failed else f"{t.ms:10.2f}{t.peak_mib:10.0f}" + (
-                f"{x_floor:8.2f}x" if x_floor is not None else "")
+            results.append(
+                dict(
+                    precision=precision,
+                    loss=name,
+                    ms=t.ms,
+                    peak_mib=t.peak_mib,
+                    x_floor=x_floor,
+                    batch=args.batch,
+                    batches=t.batches,
+                    rounds=args.rounds,
+                    failed=t.failed,
+                )
+            )
+            shown = (
+                f"  {t.failed}"
+                if t.failed
+                else f"{t.ms:10.2f}{t.peak_mib:10.0f}" + (f"{x_floor:8.2f}x" if x_floor is not None else "")
+            )
             print(f"{precision:10s}{name:24s}{shown}", flush=True)
         torch.cuda.empty_cache()
     if args.json:

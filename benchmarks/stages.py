@@ -77,19 +77,26 @@ def timeline(step, label):
     """The GPU kernels and the host's launch and copy calls of one eager step, in microseconds from its start
     (torch.profiler; the profiler adds host time of its own): where the GPU waits for the host."""
     from torch.profiler import ProfilerActivity, profile
+
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-              or any(k in e.name for k in ("LaunchKernel", "Memcpy", "Synchronize", "run_backward"))]
+    events = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        or any(k in e.name for k in ("LaunchKernel", "Memcpy", "Synchronize", "run_backward"))
+    ]
     t0 = min(e.time_range.start for e in events)
     print(f"--- timeline, {label} (us: start, duration; [gpu] kernels, host calls otherwise)")
     for e in sorted(events, key=lambda e: e.time_range.start):
         gpu = e.device_type == torch.autograd.DeviceType.CUDA
-        print(f"  {e.time_range.start - t0:8.1f} {e.time_range.elapsed_us():8.1f} {'[gpu] ' if gpu else '      '}"
-              f"{e.name[:90]}")
+        print(
+            f"  {e.time_range.start - t0:8.1f} {e.time_range.elapsed_us():8.1f} {'[gpu] ' if gpu else '      '}"
+            f"{e.name[:90]}"
+        )
 
 
 def primitives():
@@ -102,7 +109,9 @@ def primitives():
         "x * (x + 1)": lambda: x * (x + 1),
         "torch.cumsum": lambda: torch.cumsum(x, 0),
         "y.tolist() (sync)": lambda: y.tolist(),
-        "cuda.layout (one launch)": lambda: cuda.layout(lengths, lengths, 41, 0, LabelCheck(lengths[None], 500, 0), True),
+        "cuda.layout (one launch)": lambda: cuda.layout(
+            lengths, lengths, 41, 0, LabelCheck(lengths[None], 500, 0), True
+        ),
     }
     for name, fn in cases.items():
         us = host_ms(fn, n=2000) * 1e3
@@ -115,8 +124,10 @@ def main():
     parser.add_argument("--sizes", default="0,1,2", help="indices into " + str(SIZES))
     parser.add_argument("--profile", action="store_true", help="cProfile the host side of an eager step")
     args = parser.parse_args()
-    print("size dtype | copy GB/s | log_probs ms (GB/s) | alpha_beta ms | gradient ms (GB/s) | "
-          "host ms check/no-check | eager ms check/no-check | graph ms | floor ms | graph/floor eager/floor")
+    print(
+        "size dtype | copy GB/s | log_probs ms (GB/s) | alpha_beta ms | gradient ms (GB/s) | "
+        "host ms check/no-check | eager ms check/no-check | graph ms | floor ms | graph/floor eager/floor"
+    )
     if args.profile:
         primitives()
     for B, T, U, V in [SIZES[int(i)] for i in args.sizes.split(",")]:
@@ -163,10 +174,13 @@ def main():
                 transducer_loss(x, targets, lengths_t, lengths_u, reduction="sum", check_inputs=False).backward()
             t_graph = gpu_ms(graph.replay, n=5)
             floor = 3 * nbytes / (copy_gbps * 1e9) * 1e3
-            print(f"{(B, T, U, V)} {name} | {copy_gbps:.0f} | {t_lp:.3f} ({nbytes / t_lp / 1e6:.0f}) | {t_ab:.3f} | "
-                  f"{t_gr:.3f} ({2 * nbytes / t_gr / 1e6:.0f}) | {hosts[0]:.3f}/{hosts[1]:.3f} | "
-                  f"{eagers[0]:.3f}/{eagers[1]:.3f} | {t_graph:.3f} | {floor:.3f} | "
-                  f"{t_graph / floor:.2f}x {eagers[0] / floor:.2f}x", flush=True)
+            print(
+                f"{(B, T, U, V)} {name} | {copy_gbps:.0f} | {t_lp:.3f} ({nbytes / t_lp / 1e6:.0f}) | {t_ab:.3f} | "
+                f"{t_gr:.3f} ({2 * nbytes / t_gr / 1e6:.0f}) | {hosts[0]:.3f}/{hosts[1]:.3f} | "
+                f"{eagers[0]:.3f}/{eagers[1]:.3f} | {t_graph:.3f} | {floor:.3f} | "
+                f"{t_graph / floor:.2f}x {eagers[0] / floor:.2f}x",
+                flush=True,
+            )
             logits = grad = x = lp = den = alpha = beta = graph = lattice = None  # freed (the closures above read them)
             torch.cuda.empty_cache()
 

@@ -31,6 +31,7 @@ def loss_alone(B=16, T=400, U=100, V=1024):
         def step():  # the gradient freed after the step: the extra memory counts it
             transducer.tdt_loss(x, y, Ts, Us, DURATIONS, sigma=0.05, reduction="sum").backward()
             x.grad = None
+
         ms, mb = common.cuda_ms(step)
         out.append((case, name, ms, mb))
     TDTLossNumba = common.nemo_class("TDTLossNumba")
@@ -41,6 +42,7 @@ def loss_alone(B=16, T=400, U=100, V=1024):
         def step():
             fn(acts=x, labels=y, act_lens=Ts, label_lens=Us).backward()
             x.grad = None
+
         ms, mb = common.cuda_ms(step)
         out.append((case, "NeMo TDTLossNumba", ms, mb))
     print(f"  (gradient size {rows.numel() * 4 / 2**20:.0f} MB)")
@@ -59,27 +61,50 @@ def protocol_a(width=512, vocab=500):
     def contenders(enc, pred, y, T, U):
         out = {
             "ours RNN-T compact (scale)": lambda: transducer.transducer_loss(
-                joiner_rnnt(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, reduction="sum"),
+                joiner_rnnt(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, reduction="sum"
+            ),
             "ours TDT compact": lambda: transducer.tdt_loss(
-                joiner_tdt(torch.tanh(transducer.pack(enc, pred, T, U))), y, T, U, DURATIONS, sigma=0.05,
-                reduction="sum"),
-            "ours TDT compact, joint padded to x8 (views)": lambda: (lambda z: transducer.tdt_loss(
-                z[:, :vocab], y, T, U, DURATIONS, sigma=0.05, reduction="sum",
-                duration_logits=z[:, -len(DURATIONS):]))(joiner_tdt8(torch.tanh(transducer.pack(enc, pred, T, U)))),
+                joiner_tdt(torch.tanh(transducer.pack(enc, pred, T, U))),
+                y,
+                T,
+                U,
+                DURATIONS,
+                sigma=0.05,
+                reduction="sum",
+            ),
+            "ours TDT compact, joint padded to x8 (views)": lambda: (
+                lambda z: transducer.tdt_loss(
+                    z[:, :vocab],
+                    y,
+                    T,
+                    U,
+                    DURATIONS,
+                    sigma=0.05,
+                    reduction="sum",
+                    duration_logits=z[:, -len(DURATIONS) :],
+                )
+            )(joiner_tdt8(torch.tanh(transducer.pack(enc, pred, T, U)))),
             "ours RNN-T fused (scale)": lambda: transducer.fused_joiner_loss(
-                enc, pred, joiner_rnnt.weight, joiner_rnnt.bias, y, T, U, reduction="sum"),
+                enc, pred, joiner_rnnt.weight, joiner_rnnt.bias, y, T, U, reduction="sum"
+            ),
             "ours TDT fused": lambda: transducer.fused_joiner_loss(
-                enc, pred, joiner_tdt.weight, joiner_tdt.bias, y, T, U, durations=DURATIONS, sigma=0.05,
-                reduction="sum"),
+                enc, pred, joiner_tdt.weight, joiner_tdt.bias, y, T, U, durations=DURATIONS, sigma=0.05, reduction="sum"
+            ),
         }
         if TDTLossNumba is not None:
             nemo = TDTLossNumba(blank=0, durations=DURATIONS, reduction="sum", sigma=0.05)
             out["NeMo TDTLossNumba (padded, fp32 logits)"] = lambda: nemo(
-                acts=joiner_tdt(torch.tanh(enc[:, :, None] + pred[:, None])).float(), labels=y, act_lens=T,
-                label_lens=U)
+                acts=joiner_tdt(torch.tanh(enc[:, :, None] + pred[:, None])).float(), labels=y, act_lens=T, label_lens=U
+            )
         return out
-    return common.protocol_a(f"30 utts, {width} -> {vocab} (+{len(DURATIONS)})", contenders,
-                             [joiner_tdt, joiner_rnnt, joiner_tdt8], vocab, width=width)
+
+    return common.protocol_a(
+        f"30 utts, {width} -> {vocab} (+{len(DURATIONS)})",
+        contenders,
+        [joiner_tdt, joiner_rnnt, joiner_tdt8],
+        vocab,
+        width=width,
+    )
 
 
 def cpu(B=8, T=100, U=30, V=256):
@@ -89,9 +114,13 @@ def cpu(B=8, T=100, U=30, V=256):
     y = torch.randint(1, V, (B, U), generator=gen)
     x_rnnt = torch.randn(B * T * (U + 1), V, generator=gen).requires_grad_()
     x_tdt = torch.randn(B * T * (U + 1), V + len(DURATIONS), generator=gen).requires_grad_()
-    return common.cpu_pairs(f"CPU loss alone ({B},{T},{U},{V}) fp32", [
-        ("RNN-T", x_rnnt, lambda x: transducer.transducer_loss(x, y, Ts, Us, reduction="sum")),
-        ("TDT", x_tdt, lambda x: transducer.tdt_loss(x, y, Ts, Us, DURATIONS, reduction="sum"))])
+    return common.cpu_pairs(
+        f"CPU loss alone ({B},{T},{U},{V}) fp32",
+        [
+            ("RNN-T", x_rnnt, lambda x: transducer.transducer_loss(x, y, Ts, Us, reduction="sum")),
+            ("TDT", x_tdt, lambda x: transducer.tdt_loss(x, y, Ts, Us, DURATIONS, reduction="sum")),
+        ],
+    )
 
 
 if __name__ == "__main__":

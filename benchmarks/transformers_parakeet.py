@@ -33,15 +33,33 @@ PATHS = ["transformers", "ours", "fused"]
 
 
 def encoder_config(hidden_size, num_mel_bins):
-    return dict(hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4, intermediate_size=4 * hidden_size,
-                num_mel_bins=num_mel_bins, subsampling_factor=4, subsampling_conv_channels=16, conv_kernel_size=9,
-                dropout=0.0, dropout_positions=0.0, layerdrop=0.0, activation_dropout=0.0, attention_dropout=0.0)
+    return dict(
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=4 * hidden_size,
+        num_mel_bins=num_mel_bins,
+        subsampling_factor=4,
+        subsampling_conv_channels=16,
+        conv_kernel_size=9,
+        dropout=0.0,
+        dropout_positions=0.0,
+        layerdrop=0.0,
+        activation_dropout=0.0,
+        attention_dropout=0.0,
+    )
 
 
 def make_model(kind, vocab_size, decoder_hidden_size, num_decoder_layers, encoder):
-    options = dict(encoder_config=encoder, vocab_size=vocab_size, decoder_hidden_size=decoder_hidden_size,
-                   num_decoder_layers=num_decoder_layers, blank_token_id=vocab_size - 1, pad_token_id=0,
-                   hidden_act="relu")
+    options = dict(
+        encoder_config=encoder,
+        vocab_size=vocab_size,
+        decoder_hidden_size=decoder_hidden_size,
+        num_decoder_layers=num_decoder_layers,
+        blank_token_id=vocab_size - 1,
+        pad_token_id=0,
+        hidden_act="relu",
+    )
     if kind == "rnnt":
         return ParakeetForRNNT(ParakeetRNNTConfig(**options))
     return ParakeetForTDT(ParakeetTDTConfig(durations=[0, 1, 2, 3, 4], **options))
@@ -145,9 +163,12 @@ def tiny_models(args, device, timer):
         base = make_model(kind, args.tiny_vocab, 64, 1, encoder_config(64, 32))
         B, frames, U = args.tiny_batch, args.tiny_frames, args.tiny_labels
         labels, decoder_input_ids = labels_batch(gen, B, U, args.tiny_vocab)
-        batch = dict(input_features=torch.randn(B, frames, 32, generator=gen),
-                     attention_mask=torch.ones(B, frames, dtype=torch.long), labels=labels,
-                     decoder_input_ids=decoder_input_ids)
+        batch = dict(
+            input_features=torch.randn(B, frames, 32, generator=gen),
+            attention_mask=torch.ones(B, frames, dtype=torch.long),
+            labels=labels,
+            decoder_input_ids=decoder_input_ids,
+        )
         batch = {k: v.to(device) for k, v in batch.items()}
         for path in PATHS:
             [row] = measure_path(base, path, device, timer, [(batch, False)])
@@ -161,9 +182,11 @@ def joint_inputs(B, T, U, J, V, device):
     labels, decoder_input_ids = labels_batch(gen, B, U, V)
     encoder_hidden_states = torch.randn(B, T, J, generator=gen).to(device, torch.bfloat16).requires_grad_()
     encoder_outputs = ParakeetEncoderModelOutput(
-        pooler_output=encoder_hidden_states, attention_mask=torch.ones(B, T, dtype=torch.int32, device=device))
-    return dict(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input_ids.to(device),
-                labels=labels.to(device))
+        pooler_output=encoder_hidden_states, attention_mask=torch.ones(B, T, dtype=torch.int32, device=device)
+    )
+    return dict(
+        encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input_ids.to(device), labels=labels.to(device)
+    )
 
 
 def parakeet_joint(args, device, timer):
@@ -175,8 +198,15 @@ def parakeet_joint(args, device, timer):
     rows = []
     for path in PATHS:
         # each batch's inputs made when it runs: the largest alone are 15 MiB, not worth keeping
-        batches = ((None if path == "transformers" and B > args.transformers_max_batch
-                    else joint_inputs(B, T, U, J, V, device), True) for B in args.batches)
+        batches = (
+            (
+                None
+                if path == "transformers" and B > args.transformers_max_batch
+                else joint_inputs(B, T, U, J, V, device),
+                True,
+            )
+            for B in args.batches
+        )
         for B, row in zip(args.batches, measure_path(base, path, device, timer, batches)):
             rows.append(dict(B=B, path=path, **row))
     return sorted(rows, key=lambda r: (r["B"], PATHS.index(r["path"])))
@@ -195,25 +225,35 @@ def memory(row):
 
 
 def report(tiny, joint, args):
-    lines = ["(a) tiny random models, one training step (forward + backward, fp32)", "",
-             "| model | loss | step ms | peak MiB (step's own) | speed-up over transformers' loss |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "(a) tiny random models, one training step (forward + backward, fp32)",
+        "",
+        "| model | loss | step ms | peak MiB (step's own) | speed-up over transformers' loss |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     base = {r["model"]: r["ms"] for r in tiny if r["path"] == "transformers"}
     for r in tiny:
-        lines.append(f"| {r['model']} | {r['path']} | {fmt(r['ms'], '.1f')} | {memory(r)} | "
-                     f"{fmt(ratio(base[r['model']], r['ms']), '.1f')}x |")
-    lines += ["", f"(b) Parakeet-0.6B joint + TDT loss (V = {args.vocab - 1} + blank, durations 0-4, joint "
-              f"{args.joint}, T = {args.frames}, U = {args.labels}), bf16 autocast, forward + backward from the "
-              "encoder outputs", "",
-              "| B | loss | step ms | peak MiB (step's own) | fused against ours unfused: speed-up, peak |",
-              "| --- | --- | --- | --- | --- |"]
+        lines.append(
+            f"| {r['model']} | {r['path']} | {fmt(r['ms'], '.1f')} | {memory(r)} | "
+            f"{fmt(ratio(base[r['model']], r['ms']), '.1f')}x |"
+        )
+    lines += [
+        "",
+        f"(b) Parakeet-0.6B joint + TDT loss (V = {args.vocab - 1} + blank, durations 0-4, joint "
+        f"{args.joint}, T = {args.frames}, U = {args.labels}), bf16 autocast, forward + backward from the "
+        "encoder outputs",
+        "",
+        "| B | loss | step ms | peak MiB (step's own) | fused against ours unfused: speed-up, peak |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     by = {(r["B"], r["path"]): r for r in joint}
     for r in joint:
         versus = ""
         if r["path"] == "fused":
             ours = by[(r["B"], "ours")]
-            versus = (f"{fmt(ratio(ours['ms'], r['ms']), '.2f')}x, "
-                      f"1/{fmt(ratio(ours['peak_mib'], r['peak_mib']), '.0f')}")
+            versus = (
+                f"{fmt(ratio(ours['ms'], r['ms']), '.2f')}x, 1/{fmt(ratio(ours['peak_mib'], r['peak_mib']), '.0f')}"
+            )
         lines.append(f"| {r['B']} | {r['path']} | {fmt(r['ms'], '.1f')} | {memory(r)} | {r.get('note', versus)} |")
     return "\n".join(lines)
 
@@ -228,11 +268,17 @@ def targets(tiny, joint, B=16):
     speedup_fused = ratio(tdt["transformers"]["ms"], tdt["fused"]["ms"])
     memory = ratio(fused.get("peak_mib"), ours.get("peak_mib"))
     faster = ratio(ours.get("ms"), fused.get("ms"))
-    return dict(tiny_tdt_speedup_ours=speedup_ours, tiny_tdt_speedup_fused=speedup_fused,
-                fused_b16_memory_fraction=memory, fused_b16_speedup=faster,
-                met=dict(tiny_tdt_50x=None if speedup_ours is None else min(speedup_ours, speedup_fused) >= 50,
-                         fused_b16_memory_1_50=None if memory is None else memory <= 1 / 50,
-                         fused_b16_1_8x=None if faster is None else faster >= 1.8))
+    return dict(
+        tiny_tdt_speedup_ours=speedup_ours,
+        tiny_tdt_speedup_fused=speedup_fused,
+        fused_b16_memory_fraction=memory,
+        fused_b16_speedup=faster,
+        met=dict(
+            tiny_tdt_50x=None if speedup_ours is None else min(speedup_ours, speedup_fused) >= 50,
+            fused_b16_memory_1_50=None if memory is None else memory <= 1 / 50,
+            fused_b16_1_8x=None if faster is None else faster >= 1.8,
+        ),
+    )
 
 
 def main():
@@ -240,9 +286,13 @@ def main():
     parser.add_argument("--out", help="write the figures as JSON to this path")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks that the script runs)")
     parser.add_argument("--batches", type=int, nargs="+", default=[4, 8, 16, 32])
-    parser.add_argument("--transformers-max-batch", type=int, default=16,
-                        help="largest B run with transformers' TDT loss in (b): seconds a step, and its float32 "
-                             "copies of the logits need about 5.4 GB per utterance (default 16)")
+    parser.add_argument(
+        "--transformers-max-batch",
+        type=int,
+        default=16,
+        help="largest B run with transformers' TDT loss in (b): seconds a step, and its float32 "
+        "copies of the logits need about 5.4 GB per utterance (default 16)",
+    )
     args = parser.parse_args()
     if args.smoke:
         device = torch.device("cpu")
@@ -259,9 +309,15 @@ def main():
 
     tiny = tiny_models(args, device, timer)
     joint = parakeet_joint(args, device, timer)
-    figures = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-                   torch=torch.__version__, transformers=transformers.__version__, smoke=args.smoke,
-                   tiny=tiny, joint=joint, targets=targets(tiny, joint) if not args.smoke else None)
+    figures = dict(
+        device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        smoke=args.smoke,
+        tiny=tiny,
+        joint=joint,
+        targets=targets(tiny, joint) if not args.smoke else None,
+    )
     print(report(tiny, joint, args))
     if figures["targets"]:
         print("\ntargets:", json.dumps(figures["targets"], indent=1))

@@ -45,17 +45,23 @@ def main():
         ref = transducer_loss_reference(logits, targets, T, U)
         for d in devices:
             x, y, t, u = logits.float().to(d), targets.to(d), T.to(d), U.to(d)
-            got = {"torchaudio": ta.rnnt_loss(x, y[:, :max(int(U.max()), 1)].int().contiguous(), t.int(), u.int(),
-                                              blank=0, reduction="none"),
-                   "transducer": transducer_loss(x, y, t, u, reduction="none")}
+            got = {
+                "torchaudio": ta.rnnt_loss(
+                    x, y[:, : max(int(U.max()), 1)].int().contiguous(), t.int(), u.int(), blank=0, reduction="none"
+                ),
+                "transducer": transducer_loss(x, y, t, u, reduction="none"),
+            }
             for who, loss in got.items():
                 err = ((loss.double().cpu() - ref).abs() / ref.abs()).max().item()
                 if not err <= 1e-4:
                     wrong[f"{who} {d}"] += 1
-                    print(f"batch {i}: {who} on {d}: T={T.tolist()} U={U.tolist()}\n"
-                          f"  reference {[round(v, 4) for v in ref.tolist()]}\n"
-                          f"  {who:<9} {[round(v, 4) for v in loss.double().cpu().tolist()]}")
+                    print(
+                        f"batch {i}: {who} on {d}: T={T.tolist()} U={U.tolist()}\n"
+                        f"  reference {[round(v, 4) for v in ref.tolist()]}\n"
+                        f"  {who:<9} {[round(v, 4) for v in loss.double().cpu().tolist()]}"
+                    )
     import torchaudio
+
     print(f"torch {torch.__version__}, torchaudio {torchaudio.__version__}")
     for k, n in wrong.items():
         print(f"{k}: {n} of {a.batches} batches off the float64 reference by more than 1e-4")

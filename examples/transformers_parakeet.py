@@ -11,14 +11,29 @@ from transformers import ParakeetForTDT, ParakeetTDTConfig
 
 from transducer.integrations.transformers import apply
 
-ENCODER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_mel_bins=80,
-               subsampling_factor=4, subsampling_conv_channels=16, conv_kernel_size=9)
+ENCODER = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    num_mel_bins=80,
+    subsampling_factor=4,
+    subsampling_conv_channels=16,
+    conv_kernel_size=9,
+)
 
 
 def tiny_model():
     """A ParakeetForTDT with a vocabulary of 32 tokens (0 the padding, 31 the blank) and durations 0-4."""
-    config = ParakeetTDTConfig(encoder_config=ENCODER, vocab_size=32, pad_token_id=0, blank_token_id=31,
-                               decoder_hidden_size=64, num_decoder_layers=1, durations=[0, 1, 2, 3, 4])
+    config = ParakeetTDTConfig(
+        encoder_config=ENCODER,
+        vocab_size=32,
+        pad_token_id=0,
+        blank_token_id=31,
+        decoder_hidden_size=64,
+        num_decoder_layers=1,
+        durations=[0, 1, 2, 3, 4],
+    )
     return ParakeetForTDT(config)
 
 
@@ -31,8 +46,9 @@ def random_batch(config, frames=(160, 120, 96, 64), lengths=(9, 7, 5, 3)):
     labels = torch.randint(1, config.blank_token_id, (B, S))  # neither the padding nor the blank
     labels[torch.arange(S) >= torch.tensor(lengths)[:, None]] = config.pad_token_id
     decoder_input_ids = torch.cat([torch.full((B, 1), config.blank_token_id), labels], 1)
-    return dict(input_features=input_features, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                labels=labels)
+    return dict(
+        input_features=input_features, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, labels=labels
+    )
 
 
 def main(steps=30):

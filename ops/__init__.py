@@ -21,8 +21,17 @@ from .gather import gather, sharded_gather
 from .reduce import REDUCE_OPS, reduce
 
 __all__ = [
-    "FastDivmod", "MAX_DIVISOR", "MAX_NUMERATOR",
-    "gather", "sharded_gather", "reduce", "REDUCE_OPS",
-    "accumulate_dtype", "is_integer_dtype", "ctype", "FLOAT_DTYPES", "INDEX_DTYPES",
+    "FastDivmod",
+    "MAX_DIVISOR",
+    "MAX_NUMERATOR",
+    "gather",
+    "sharded_gather",
+    "reduce",
+    "REDUCE_OPS",
+    "accumulate_dtype",
+    "is_integer_dtype",
+    "ctype",
+    "FLOAT_DTYPES",
+    "INDEX_DTYPES",
     "cuda_include_dir",
 ]

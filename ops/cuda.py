@@ -27,9 +27,23 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["launch", "vector_width", "num_sms", "max_shared_mem", "DEFAULT_SHARED_MEM", "ceil_div", "i32", "i64",
-           "cuda_include_dir", "cupy", "host_reader", "HostReader", "KernelArguments", "allow_shared_mem",
-           "shared_mem_allowed"]
+__all__ = [
+    "launch",
+    "vector_width",
+    "num_sms",
+    "max_shared_mem",
+    "DEFAULT_SHARED_MEM",
+    "ceil_div",
+    "i32",
+    "i64",
+    "cuda_include_dir",
+    "cupy",
+    "host_reader",
+    "HostReader",
+    "KernelArguments",
+    "allow_shared_mem",
+    "shared_mem_allowed",
+]
 
 _INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,9 +57,7 @@ def cupy():
     try:
         import cupy as cp
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "CUDA tensors need CuPy: pip install -e '.[cuda]' (cupy-cuda13x) or '.[cuda12]'"
-        ) from e
+        raise RuntimeError("CUDA tensors need CuPy: pip install -e '.[cuda]' (cupy-cuda13x) or '.[cuda12]'") from e
     return cp
 
 
@@ -86,8 +98,11 @@ def _function(path, name, dev):
         if fn is None:
             cp = cupy()
             with cp.cuda.Device(dev):
-                module = cp.RawModule(code=_source(path), options=("-std=c++17", f"-I{_INCLUDE_ROOT}"),
-                                      name_expressions=(name,) if name.endswith(">") else None)
+                module = cp.RawModule(
+                    code=_source(path),
+                    options=("-std=c++17", f"-I{_INCLUDE_ROOT}"),
+                    name_expressions=(name,) if name.endswith(">") else None,
+                )
                 kernel = module.get_function(name).kernel
                 fn = _functions[key] = (kernel, kernel.ptr, cp.cuda.driver.launchKernel)
     return fn
@@ -137,8 +152,10 @@ class KernelArguments:
             elif isinstance(a, np.void):
                 align = _alignment(a.dtype)
                 if a.dtype.itemsize % align:
-                    raise TypeError(f"launch: struct argument {i} of dtype {a.dtype} lacks its trailing padding "
-                                    f"(make the dtype with align=True)")
+                    raise TypeError(
+                        f"launch: struct argument {i} of dtype {a.dtype} lacks its trailing padding "
+                        f"(make the dtype with align=True)"
+                    )
                 kinds.append(_STRUCT)
                 self.structs.append((i, a.dtype))
                 fmt += f"{-struct.calcsize(fmt) % align}x{a.dtype.itemsize}s"
@@ -149,9 +166,11 @@ class KernelArguments:
             else:
                 code = _SCALAR_FORMATS.get(type(a))
                 if code is None:
-                    raise TypeError(f"launch: argument {i} has type {type(a).__name__}; expected a tensor, a numpy "
-                                    f"scalar of the parameter's C type (i32, i64, numpy.float32, ...), a structured "
-                                    f"numpy scalar or 0 (a NULL pointer)")
+                    raise TypeError(
+                        f"launch: argument {i} has type {type(a).__name__}; expected a tensor, a numpy "
+                        f"scalar of the parameter's C type (i32, i64, numpy.float32, ...), a structured "
+                        f"numpy scalar or 0 (a NULL pointer)"
+                    )
                 kinds.append(_SCALAR)
                 fmt += code
         self.kinds = tuple(kinds)
@@ -159,23 +178,31 @@ class KernelArguments:
         self.layout = struct.Struct(fmt)
         self.buffer = ctypes.create_string_buffer(max(self.layout.size, 1))
         self.size = ctypes.c_size_t(self.layout.size)
-        self.extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(self.buffer), _PARAM_BUFFER_SIZE,
-                                           ctypes.addressof(self.size), _PARAM_END)
+        self.extra = (ctypes.c_void_p * 5)(
+            _PARAM_BUFFER_POINTER,
+            ctypes.addressof(self.buffer),
+            _PARAM_BUFFER_SIZE,
+            ctypes.addressof(self.size),
+            _PARAM_END,
+        )
         self.extra_ptr = ctypes.addressof(self.extra)
 
     def pack(self, args) -> int:
         """``args`` into the buffer; the address of cuLaunchKernel's `extra` that points at it."""
         for i in self.nulls:
             if args[i] != 0:
-                raise TypeError(f"launch: argument {i} is the Python int {args[i]}; only 0 (a NULL pointer) may be "
-                                f"a Python int, integers go as i32() / i64()")
+                raise TypeError(
+                    f"launch: argument {i} is the Python int {args[i]}; only 0 (a NULL pointer) may be "
+                    f"a Python int, integers go as i32() / i64()"
+                )
         for i, dtype in self.structs:
             if args[i].dtype != dtype:
                 raise TypeError(f"launch: struct argument {i} has dtype {args[i].dtype}, this kernel took {dtype}")
         for i, cls in self.params:
             if type(args[i]) is not cls:
-                raise TypeError(f"launch: argument {i} is a {type(args[i]).__name__}, this kernel took a "
-                                f"{cls.__name__}")
+                raise TypeError(
+                    f"launch: argument {i} is a {type(args[i]).__name__}, this kernel took a {cls.__name__}"
+                )
         if self.params:  # a parameter struct flattens into its fields
             values = []
             for a, kind in zip(args, self.kinds):
@@ -299,10 +326,16 @@ class HostReader:
         self.runtime.eventRecord(self.marked, _current_raw_stream(self.device))
 
     def read(self, src: torch.Tensor) -> list:
-        if (src.numel() != self.numel or src.dtype != self.dtype or src.get_device() != self.device
-                or not src.is_contiguous()):
-            raise ValueError(f"HostReader.read: src must be a contiguous {self.dtype} tensor of {self.numel} "
-                             f"elements on cuda:{self.device}, got {src.dtype} {tuple(src.shape)} on {src.device}")
+        if (
+            src.numel() != self.numel
+            or src.dtype != self.dtype
+            or src.get_device() != self.device
+            or not src.is_contiguous()
+        ):
+            raise ValueError(
+                f"HostReader.read: src must be a contiguous {self.dtype} tensor of {self.numel} "
+                f"elements on cuda:{self.device}, got {src.dtype} {tuple(src.shape)} on {src.device}"
+            )
         rt = self.runtime
         rt.streamWaitEvent(self.stream, self.marked, 0)
         rt.memcpyAsync(self.host.data_ptr(), src.data_ptr(), self.nbytes, rt.memcpyDeviceToHost, self.stream)

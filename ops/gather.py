@@ -75,16 +75,15 @@ def _plan(pshape, ishape, axis, batch_dims) -> _Plan:
         raise ValueError(f"batch_dims={batch_dims} must be <= axis={axis}")
     if tuple(pshape[:bd]) != tuple(ishape[:bd]):
         raise ValueError(
-            f"the first batch_dims={bd} dims of params {tuple(pshape)} and indices "
-            f"{tuple(ishape)} must match"
+            f"the first batch_dims={bd} dims of params {tuple(pshape)} and indices {tuple(ishape)} must match"
         )
     p = _Plan()
     p.B = math.prod(pshape[:bd])
     p.O = math.prod(pshape[bd:a])
     p.G = int(pshape[a])
-    p.K = math.prod(pshape[a + 1:])
+    p.K = math.prod(pshape[a + 1 :])
     p.I = math.prod(ishape[bd:])
-    p.out_shape = tuple(pshape[:a]) + tuple(ishape[bd:]) + tuple(pshape[a + 1:])
+    p.out_shape = tuple(pshape[:a]) + tuple(ishape[bd:]) + tuple(pshape[a + 1 :])
     p.axis, p.batch_dims = a, bd
     return p
 
@@ -101,8 +100,7 @@ def _bounds(idx, is_torch):
     return int(idx.min()), int(idx.max())
 
 
-def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_size=None,
-           check_bounds=True, out=None):
+def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_size=None, check_bounds=True, out=None):
     """numpy.take / tf.gather(params, indices, axis, batch_dims).
 
     ``axis`` defaults to ``batch_dims`` (0 without batch dims), as in tf.gather.
@@ -137,8 +135,8 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
             full_size = int(full_size)
             if full_size < shard_offset + G:
                 raise ValueError(
-                    f"full_size={full_size} is smaller than shard_offset + shard length "
-                    f"({shard_offset} + {G})")
+                    f"full_size={full_size} is smaller than shard_offset + shard length ({shard_offset} + {G})"
+                )
         wrap = full_size  # None: negative indices are an error
         offset = shard_offset
     else:
@@ -150,7 +148,8 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
         if tuple(out.shape) != plan.out_shape or out.dtype != params.dtype or out.device != params.device:
             raise ValueError(
                 f"out must have shape {plan.out_shape}, dtype {params.dtype}, device {params.device}; "
-                f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+                f"got {tuple(out.shape)}, {out.dtype}, {out.device}"
+            )
 
     # bounds: one min/max over indices (host sync on CUDA)
     lo = hi = None
@@ -160,16 +159,16 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
             lo, hi = _bounds(indices, is_torch)
             if sharded and wrap is None and lo < 0:
                 raise IndexError(
-                    f"indices has negative values (min {lo}); pass full_size to let them wrap "
-                    "in a sharded gather")
+                    f"indices has negative values (min {lo}); pass full_size to let them wrap in a sharded gather"
+                )
             if check_bounds:
                 bound = wrap if wrap is not None else None
                 if bound is not None and (lo < -bound or hi >= bound):
-                    raise IndexError(
-                        f"indices out of range: values in [{lo}, {hi}] for an axis of size {bound}")
+                    raise IndexError(f"indices out of range: values in [{lo}, {hi}] for an axis of size {bound}")
 
     if is_torch and params.is_cuda:
         from .gather_cuda import gather_cuda
+
         return gather_cuda(params, indices, plan, offset, wrap, out)
 
     # what the bounds check proved: no negatives to wrap / nothing to mask
@@ -182,12 +181,21 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
     return res
 
 
-def sharded_gather(params_shard, indices, axis=None, shard_offset=0, *, full_size=None,
-                   batch_dims=0, check_bounds=True, out=None):
+def sharded_gather(
+    params_shard, indices, axis=None, shard_offset=0, *, full_size=None, batch_dims=0, check_bounds=True, out=None
+):
     """gather from a shard holding rows [shard_offset, shard_offset + len) of ``axis``;
     indices outside the shard give 0 (sum over shards == full gather)."""
-    return gather(params_shard, indices, axis, batch_dims, shard_offset=shard_offset,
-                  full_size=full_size, check_bounds=check_bounds, out=out)
+    return gather(
+        params_shard,
+        indices,
+        axis,
+        batch_dims,
+        shard_offset=shard_offset,
+        full_size=full_size,
+        check_bounds=check_bounds,
+        out=out,
+    )
 
 
 def _gather_cpu(params, indices, plan, offset, wrap, need_mask, is_torch):
@@ -199,8 +207,7 @@ def _gather_cpu(params, indices, plan, offset, wrap, need_mask, is_torch):
         idx = indices.reshape(-1).astype(np.int64, copy=False)
     where = torch.where if is_torch else np.where
     if n_rows == 0 or K == 0:
-        return (params.new_zeros(plan.out_shape) if is_torch
-                else np.zeros(plan.out_shape, dtype=params.dtype))
+        return params.new_zeros(plan.out_shape) if is_torch else np.zeros(plan.out_shape, dtype=params.dtype)
     # wrap negatives, localise to the shard, mask everything outside [0, G)
     if wrap is not None:
         idx = where(idx < 0, idx + wrap, idx)
@@ -212,8 +219,7 @@ def _gather_cpu(params, indices, plan, offset, wrap, need_mask, is_torch):
     else:
         valid, all_valid = None, True
     if G == 0:
-        return (params.new_zeros(plan.out_shape) if is_torch
-                else np.zeros(plan.out_shape, dtype=params.dtype))
+        return params.new_zeros(plan.out_shape) if is_torch else np.zeros(plan.out_shape, dtype=params.dtype)
     if not all_valid:
         idx = where(valid, idx, 0)
 

@@ -14,10 +14,24 @@ from .params import FAST_DIVMOD, struct
 _CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gather.cu")
 _THREADS = 256
 # gather.cu's GatherParams (tests/test_kernel_params.py checks the two agree)
-GATHER_PARAMS = struct("GatherParams", [
-    ("params", "ptr"), ("indices", "ptr"), ("out", "ptr"), ("div_oik", FAST_DIVMOD), ("div_ik", FAST_DIVMOD),
-    ("div_k", FAST_DIVMOD), ("O", "long long"), ("I", "long long"), ("G", "long long"), ("Kv", "long long"),
-    ("total", "long long"), ("wrap", "long long"), ("offset", "long long")])
+GATHER_PARAMS = struct(
+    "GatherParams",
+    [
+        ("params", "ptr"),
+        ("indices", "ptr"),
+        ("out", "ptr"),
+        ("div_oik", FAST_DIVMOD),
+        ("div_ik", FAST_DIVMOD),
+        ("div_k", FAST_DIVMOD),
+        ("O", "long long"),
+        ("I", "long long"),
+        ("G", "long long"),
+        ("Kv", "long long"),
+        ("total", "long long"),
+        ("wrap", "long long"),
+        ("offset", "long long"),
+    ],
+)
 _UNUSED = FAST_DIVMOD(0, 0, 0)
 
 
@@ -46,10 +60,26 @@ def gather_cuda(params: torch.Tensor, indices: torch.Tensor, plan, offset: int, 
     total = B * O * I * Kv
     kernel_args = f"{w}, {ctype(indices.dtype)}"
     small = total < MAX_NUMERATOR
-    divisors = (FastDivmod(O * I * Kv).params(), FastDivmod(I * Kv).params(), FastDivmod(Kv).params()) if small \
+    divisors = (
+        (FastDivmod(O * I * Kv).params(), FastDivmod(I * Kv).params(), FastDivmod(Kv).params())
+        if small
         else (_UNUSED,) * 3
-    p = GATHER_PARAMS(params=params, indices=indices, out=out, div_oik=divisors[0], div_ik=divisors[1],
-                      div_k=divisors[2], O=O, I=I, G=G, Kv=Kv, total=total, wrap=wrap, offset=offset)
+    )
+    p = GATHER_PARAMS(
+        params=params,
+        indices=indices,
+        out=out,
+        div_oik=divisors[0],
+        div_ik=divisors[1],
+        div_k=divisors[2],
+        O=O,
+        I=I,
+        G=G,
+        Kv=Kv,
+        total=total,
+        wrap=wrap,
+        offset=offset,
+    )
     if small:
         launch(_CU, f"gather_kernel<{kernel_args}>", params, (ceil_div(total, _THREADS),), (_THREADS,), (p,))
     else:

@@ -47,7 +47,7 @@ def logsumexp(x: torch.Tensor, dim: int, out: torch.Tensor = None) -> torch.Tens
     exp and log (see the module's docstring)."""
     _check(x)
     if x.size(dim) == 0:
-        shape = x.shape[:dim % x.dim()] + x.shape[dim % x.dim() + 1:]
+        shape = x.shape[: dim % x.dim()] + x.shape[dim % x.dim() + 1 :]
         return out.fill_(-math.inf) if out is not None else x.new_full(shape, -math.inf)
     m = x.amax(dim, keepdim=True)
     m.masked_fill_(torch.isinf(m), 0.0)

@@ -52,8 +52,10 @@ def struct(name: str, fields):
             field_align = size
             code, size = f"{count}{code}" if count > 1 else code, size * count
         else:
-            raise TypeError(f"struct {name}: field {field} has type {ctype!r}; expected one of {list(C_TYPES)}, "
-                            f"(one of them, length) for an array, or a struct made by ops.params.struct")
+            raise TypeError(
+                f"struct {name}: field {field} has type {ctype!r}; expected one of {list(C_TYPES)}, "
+                f"(one of them, length) for an array, or a struct made by ops.params.struct"
+            )
         pad = -offset % field_align
         fmt += f"{pad}x" * (pad > 0) + code
         offset += pad + size
@@ -79,8 +81,10 @@ def _flattener(cls):
     def visit(struct_cls, path):
         name = f"_{len(scope)}"
         scope[name] = struct_cls
-        checks.append(f"if type({path}) is not {name}: raise TypeError('expected a {struct_cls.__name__} "
-                      f"(ops.params.struct), got ' + type({path}).__name__)")
+        checks.append(
+            f"if type({path}) is not {name}: raise TypeError('expected a {struct_cls.__name__} "
+            f"(ops.params.struct), got ' + type({path}).__name__)"
+        )
         for i, (field, ctype) in enumerate(struct_cls.c_fields):
             x = f"{path}[{i}]"
             if ctype == "ptr":
@@ -88,8 +92,10 @@ def _flattener(cls):
             elif isinstance(ctype, type):
                 visit(ctype, x)
             elif isinstance(ctype, tuple):
-                checks.append(f"if len({x}) != {ctype[1]}: raise ValueError('{struct_cls.__name__}.{field}: expected "
-                              f"{ctype[1]} values, got ' + str(len({x})))")
+                checks.append(
+                    f"if len({x}) != {ctype[1]}: raise ValueError('{struct_cls.__name__}.{field}: expected "
+                    f"{ctype[1]} values, got ' + str(len({x})))"
+                )
                 values.append(f"*{x}")
             else:
                 values.append(x)

@@ -65,11 +65,14 @@ def reduce(x, axis, op, *, keepdim=False, out=None):
         del res_shape[a]
     res_shape = tuple(res_shape)
     if out is not None and (tuple(out.shape) != res_shape or out.dtype != acc or out.device != x.device):
-        raise ValueError(f"out must have shape {res_shape}, dtype {acc}, device {x.device}; "
-                         f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+        raise ValueError(
+            f"out must have shape {res_shape}, dtype {acc}, device {x.device}; "
+            f"got {tuple(out.shape)}, {out.dtype}, {out.device}"
+        )
 
     if x.is_cuda:
         from .reduce_cuda import reduce_cuda
+
         res = reduce_cuda(x, a, op, res_shape, out)
     else:
         res = _reduce_cpu(x, a, op, acc, keepdim)

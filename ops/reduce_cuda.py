@@ -29,12 +29,26 @@ _THREADS = 256
 _MIN_PER_THREAD = 16  # don't split R below this many elements per thread
 
 # reduce.cu's ReduceParams and FinalizeParams (tests/test_kernel_params.py checks both sides agree)
-REDUCE_PARAMS = struct("ReduceParams", [
-    ("x", "ptr"), ("out", "ptr"), ("ws_s", "ptr"), ("outer", "long long"), ("R", "long long"), ("inner", "long long"),
-    ("tpr", "int"), ("div_tiles", FAST_DIVMOD), ("splits", "int"), ("chunk", "long long")])
-FINALIZE_PARAMS = struct("FinalizeParams", [("ws_m", "ptr"), ("ws_s", "ptr"), ("out", "ptr"), ("n", "long long"),
-                                            ("splits", "int")])
+REDUCE_PARAMS = struct(
+    "ReduceParams",
+    [
+        ("x", "ptr"),
+        ("out", "ptr"),
+        ("ws_s", "ptr"),
+        ("outer", "long long"),
+        ("R", "long long"),
+        ("inner", "long long"),
+        ("tpr", "int"),
+        ("div_tiles", FAST_DIVMOD),
+        ("splits", "int"),
+        ("chunk", "long long"),
+    ],
+)
+FINALIZE_PARAMS = struct(
+    "FinalizeParams", [("ws_m", "ptr"), ("ws_s", "ptr"), ("out", "ptr"), ("n", "long long"), ("splits", "int")]
+)
 _UNUSED = FAST_DIVMOD(0, 0, 0)
+
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
@@ -62,7 +76,7 @@ def reduce_cuda(x: torch.Tensor, axis: int, op: str, res_shape, out):
         return out
     R = int(x.shape[axis])
     outer = math.prod(x.shape[:axis])
-    inner = math.prod(x.shape[axis + 1:])
+    inner = math.prod(x.shape[axis + 1 :])
     if R == 0:
         out.fill_(0.0 if op == "sum" else float("-inf"))
         return out
@@ -88,18 +102,35 @@ def reduce_cuda(x: torch.Tensor, axis: int, op: str, res_shape, out):
     else:
         dst, dst_s = out, out  # ws_s unused when splits == 1
     if inner == 1:
-        p = REDUCE_PARAMS(x=x, out=dst, ws_s=dst_s, outer=outer, R=R, inner=1, tpr=tpr, div_tiles=_UNUSED,
-                          splits=splits, chunk=chunk)
+        p = REDUCE_PARAMS(
+            x=x, out=dst, ws_s=dst_s, outer=outer, R=R, inner=1, tpr=tpr, div_tiles=_UNUSED, splits=splits, chunk=chunk
+        )
         launch(_CU, f"reduce_rows<{kernel_args}>", x, (ceil_div(outer * splits, rows_per_block),), (_THREADS,), (p,))
     else:
-        if base >= 2 ** 31:
+        if base >= 2**31:
             raise ValueError(f"x too large for reduce over axis {axis}: {base} blocks")
         state_bytes = 2 * acc.itemsize  # ops::ReduceState<A>: (m, s)
-        p = REDUCE_PARAMS(x=x, out=dst, ws_s=dst_s, outer=outer, R=R, inner=inner, tpr=0,
-                          div_tiles=FastDivmod(tiles).params(), splits=splits, chunk=chunk)
+        p = REDUCE_PARAMS(
+            x=x,
+            out=dst,
+            ws_s=dst_s,
+            outer=outer,
+            R=R,
+            inner=inner,
+            tpr=0,
+            div_tiles=FastDivmod(tiles).params(),
+            splits=splits,
+            chunk=chunk,
+        )
         launch(_CU, f"reduce_mid<{kernel_args}>", x, (base, splits), (bx, by), (p,), shared_mem=bx * by * state_bytes)
     if splits > 1:
         grid = min(ceil_div(n_out, _THREADS), sms * 32)
-        launch(_CU, f"reduce_finalize<{_OPS[op]}, {ctype(acc)}>", x, (grid,), (_THREADS,),
-               (FINALIZE_PARAMS(ws_m=ws_m, ws_s=ws_s, out=out, n=n_out, splits=splits),))
+        launch(
+            _CU,
+            f"reduce_finalize<{_OPS[op]}, {ctype(acc)}>",
+            x,
+            (grid,),
+            (_THREADS,),
+            (FINALIZE_PARAMS(ws_m=ws_m, ws_s=ws_s, out=out, n=n_out, splits=splits),),
+        )
     return out

@@ -20,10 +20,13 @@ _THREADS = 256
 _TILE_THREADS, _TILE = 128, 1024  # ragged/row_ids.cuh: kThreads, kTile = kThreads * kVT
 _MAX_INT = (1 << 31) - 1
 # ragged.cu's parameter structs (tests/test_kernel_params.py checks both sides agree)
-ROW_IDS_PARAMS = struct("RowIdsParams", [("row_splits", "ptr"), ("num_rows", "long long"), ("row_ids", "ptr"),
-                                         ("num_elems", "long long")])
-ROW_SPLITS_PARAMS = struct("RowSplitsParams", [("row_ids", "ptr"), ("num_elems", "long long"), ("row_splits", "ptr"),
-                                               ("num_rows", "long long")])
+ROW_IDS_PARAMS = struct(
+    "RowIdsParams", [("row_splits", "ptr"), ("num_rows", "long long"), ("row_ids", "ptr"), ("num_elems", "long long")]
+)
+ROW_SPLITS_PARAMS = struct(
+    "RowSplitsParams",
+    [("row_ids", "ptr"), ("num_elems", "long long"), ("row_splits", "ptr"), ("num_rows", "long long")],
+)
 
 #: The row_splits_to_row_ids kernel taken when ``method`` is None: "binary_search" or "merge_path" (the
 #: faster of the two at every size benchmarks/ragged_search.py measures; figures in benchmarks/RESULTS.md).
@@ -39,8 +42,9 @@ def _index(t: torch.Tensor) -> torch.Tensor:
     return (t if t.dtype in (torch.int32, torch.int64) else t.to(torch.int64)).contiguous()
 
 
-def row_splits_to_row_ids_cuda(row_splits: torch.Tensor, num_elems: int, dtype: torch.dtype,
-                               method: str | None = None) -> torch.Tensor:
+def row_splits_to_row_ids_cuda(
+    row_splits: torch.Tensor, num_elems: int, dtype: torch.dtype, method: str | None = None
+) -> torch.Tensor:
     """row_ids (num_elems,) of ``dtype``; ``method``: "binary_search", "merge_path" or None
     (DEFAULT_METHOD). More than 2^31 - 1 rows always take merge_path (row_of indexes rows by int)."""
     kdtype = dtype if dtype in (torch.int32, torch.int64) else torch.int64
@@ -53,12 +57,24 @@ def row_splits_to_row_ids_cuda(row_splits: torch.Tensor, num_elems: int, dtype: 
         method = DEFAULT_METHOD if method is None else method
         p = ROW_IDS_PARAMS(row_splits=rs, num_rows=num_rows, row_ids=row_ids, num_elems=num_elems)
         if method == "binary_search" and num_rows <= _MAX_INT:
-            launch(_CU, f"row_splits_to_row_ids_binary_search<{ctype(rs.dtype)}, {ctype(kdtype)}>", rs,
-                   (_grid(num_elems, rs),), (_THREADS,), (p,))
+            launch(
+                _CU,
+                f"row_splits_to_row_ids_binary_search<{ctype(rs.dtype)}, {ctype(kdtype)}>",
+                rs,
+                (_grid(num_elems, rs),),
+                (_THREADS,),
+                (p,),
+            )
         else:
             tiles = ceil_div(num_elems + num_rows - 1, _TILE)
-            launch(_CU, f"row_splits_to_row_ids_merge_path<{ctype(rs.dtype)}, {ctype(kdtype)}>", rs,
-                   (tiles,), (_TILE_THREADS,), (p,))
+            launch(
+                _CU,
+                f"row_splits_to_row_ids_merge_path<{ctype(rs.dtype)}, {ctype(kdtype)}>",
+                rs,
+                (tiles,),
+                (_TILE_THREADS,),
+                (p,),
+            )
     return row_ids if kdtype == dtype else row_ids.to(dtype)
 
 
@@ -67,6 +83,12 @@ def row_ids_to_row_splits_cuda(row_ids: torch.Tensor, num_rows: int, dtype: torc
     row_splits = torch.empty(num_rows + 1, dtype=kdtype, device=row_ids.device)
     ri = _index(row_ids)
     p = ROW_SPLITS_PARAMS(row_ids=ri, num_elems=ri.shape[0], row_splits=row_splits, num_rows=num_rows)
-    launch(_CU, f"row_ids_to_row_splits<{ctype(ri.dtype)}, {ctype(kdtype)}>", ri, (_grid(num_rows + 1, ri),),
-           (_THREADS,), (p,))
+    launch(
+        _CU,
+        f"row_ids_to_row_splits<{ctype(ri.dtype)}, {ctype(kdtype)}>",
+        ri,
+        (_grid(num_rows + 1, ri),),
+        (_THREADS,),
+        (p,),
+    )
     return row_splits if kdtype == dtype else row_splits.to(dtype)

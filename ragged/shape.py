@@ -104,6 +104,7 @@ def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=Tr
             raise TypeError(f"dtype must be a torch integer dtype, got {dtype}")
         if row_splits.is_cuda:
             from .ragged_cuda import row_splits_to_row_ids_cuda
+
             return row_splits_to_row_ids_cuda(row_splits, num_elems, out_dtype, method)
         sizes = row_splits[1:] - row_splits[:-1]
         ids = torch.arange(num_rows, dtype=out_dtype)
@@ -150,6 +151,7 @@ def row_ids_to_row_splits(row_ids, num_rows, *, dtype=None, validate=True):
     if is_torch:
         if row_ids.is_cuda:
             from .ragged_cuda import row_ids_to_row_splits_cuda
+
             return row_ids_to_row_splits_cuda(row_ids, num_rows, out_dtype)
         counts = torch.bincount(row_ids.to(torch.int64), minlength=num_rows)[:num_rows]
         out = torch.zeros(num_rows + 1, dtype=out_dtype)
@@ -171,8 +173,7 @@ class RaggedShape:
     ``row_ids_dtype`` (torch dtype / numpy dtype) picks the dtype of computed row_ids.
     """
 
-    def __init__(self, row_splits, row_ids=None, num_elems=None, *, row_ids_dtype=None,
-                 validate=True):
+    def __init__(self, row_splits, row_ids=None, num_elems=None, *, row_ids_dtype=None, validate=True):
         row_splits = _as_1d_int(row_splits, "row_splits")
         if validate:
             _validate_row_splits(row_splits)
@@ -240,8 +241,9 @@ class RaggedShape:
     @property
     def row_ids(self):
         if self._row_ids is None:
-            self._row_ids = row_splits_to_row_ids(self.row_splits, self.numel, dtype=self._row_ids_dtype,
-                                                  validate=False)
+            self._row_ids = row_splits_to_row_ids(
+                self.row_splits, self.numel, dtype=self._row_ids_dtype, validate=False
+            )
         return self._row_ids
 
     @property

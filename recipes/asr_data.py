@@ -27,6 +27,7 @@ def normalise_text(text):
 
 # ---------------------------------------------------------------------- manifests
 
+
 def _parse_seconds(r, key):
     """The field ``key`` of a JSON line in seconds, or None where it is absent."""
     value = r.get(key)
@@ -91,8 +92,9 @@ def read_manifest(path, on_error="skip", log=print):
                 try:
                     line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
                 except UnicodeDecodeError as e:
-                    raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                     f"manifests are UTF-8") from None
+                    raise ValueError(
+                        f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); manifests are UTF-8"
+                    ) from None
                 if not line.strip() or line.startswith("#"):
                     continue
                 audio, text, seconds, offset = _parse_line(line, suffix)
@@ -113,11 +115,15 @@ def read_manifest(path, on_error="skip", log=print):
                 if seconds is None:
                     seconds = info.frames / info.samplerate - (offset or 0.0)
                     if seconds <= 0:
-                        raise ValueError(f"'offset' {offset} s is past the end of {audio_path} "
-                                         f"({info.frames / info.samplerate:.2f} s)")
+                        raise ValueError(
+                            f"'offset' {offset} s is past the end of {audio_path} "
+                            f"({info.frames / info.samplerate:.2f} s)"
+                        )
                 if seconds < MIN_SECONDS:
-                    raise ValueError(f"audio too short: {seconds * 1000:.0f} ms in {audio_path} (at least "
-                                     f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)")
+                    raise ValueError(
+                        f"audio too short: {seconds * 1000:.0f} ms in {audio_path} (at least "
+                        f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)"
+                    )
             except ValueError as e:
                 if on_error == "stop":
                     raise ManifestError(f"{where}: {e}  (--bad-lines skip to skip such lines)") from None
@@ -146,11 +152,13 @@ def load_audio(path, offset=None, seconds=None):
     x = torch.from_numpy(x).mean(1)
     if sr != SAMPLE_RATE:
         import torchaudio.functional as AF
+
         x = AF.resample(x, sr, SAMPLE_RATE)
     return x
 
 
 # ---------------------------------------------------------------------- tokens
+
 
 class CharTokenizer:
     """Characters as tokens; id 0 is the blank."""
@@ -175,15 +183,23 @@ class CharTokenizer:
 
 # ---------------------------------------------------------------------- features
 
+
 def fbank(waveform, num_mel_bins=80, dither=0.0):
     """80-dim Kaldi-compatible log-mel fbank, normalised per utterance: (frames, 80), frames >= 2."""
     import torchaudio.compliance.kaldi as kaldi
 
     if waveform.numel() < MIN_SECONDS * SAMPLE_RATE:
-        raise ValueError(f"audio too short: {waveform.numel()} samples at {SAMPLE_RATE} Hz (at least "
-                         f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)")
-    x = kaldi.fbank(waveform.unsqueeze(0) * 32768, num_mel_bins=num_mel_bins, sample_frequency=SAMPLE_RATE,
-                    dither=dither, energy_floor=0.0)
+        raise ValueError(
+            f"audio too short: {waveform.numel()} samples at {SAMPLE_RATE} Hz (at least "
+            f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)"
+        )
+    x = kaldi.fbank(
+        waveform.unsqueeze(0) * 32768,
+        num_mel_bins=num_mel_bins,
+        sample_frequency=SAMPLE_RATE,
+        dither=dither,
+        energy_floor=0.0,
+    )
     return (x - x.mean(0)) / (x.std(0) + 1e-5)
 
 
@@ -230,8 +246,11 @@ def collate(batch):
     feat_lens = torch.tensor([f.size(0) for f in feats], dtype=torch.long)
     tok_lens = torch.tensor([t.numel() for t in tokens], dtype=torch.long)
     x = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
-    y = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True) if max(tok_lens) > 0 else \
-        torch.zeros(len(tokens), 1, dtype=torch.long)
+    y = (
+        torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True)
+        if max(tok_lens) > 0
+        else torch.zeros(len(tokens), 1, dtype=torch.long)
+    )
     return x, feat_lens, y, tok_lens, list(texts)
 
 
@@ -275,7 +294,7 @@ class BucketSampler(torch.utils.data.Sampler):
         if self.world > 1:
             if self.shuffle:
                 batches = batches[: len(batches) // self.world * self.world]
-            batches = batches[self.rank:: self.world]
+            batches = batches[self.rank :: self.world]
         return batches
 
     def __iter__(self):

@@ -15,8 +15,11 @@ class Subsampling(nn.Module):
     def __init__(self, num_mel_bins, d_model, channels=32):
         super().__init__()
         self.conv = nn.Sequential(
-            nn.Conv2d(1, channels, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU())
+            nn.Conv2d(1, channels, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1),
+            nn.ReLU(),
+        )
         self.out = nn.Linear(channels * num_subsampled(num_mel_bins), d_model)
 
     def forward(self, x, lengths):
@@ -33,12 +36,25 @@ class Encoder(nn.Module):
         self.subsampling = Subsampling(num_mel_bins, d_model)
         self.dropout = nn.Dropout(dropout)
         if kind == "lstm":  # bidirectional: the recipe decodes whole utterances
-            self.rnn = nn.LSTM(d_model, d_model // 2, num_layers=num_layers, batch_first=True,
-                               bidirectional=True, dropout=dropout if num_layers > 1 else 0.0)
+            self.rnn = nn.LSTM(
+                d_model,
+                d_model // 2,
+                num_layers=num_layers,
+                batch_first=True,
+                bidirectional=True,
+                dropout=dropout if num_layers > 1 else 0.0,
+            )
         elif kind == "conformer":
             from torchaudio.models import Conformer
-            self.conformer = Conformer(input_dim=d_model, num_heads=4, ffn_dim=4 * d_model, num_layers=num_layers,
-                                       depthwise_conv_kernel_size=15, dropout=dropout)
+
+            self.conformer = Conformer(
+                input_dim=d_model,
+                num_heads=4,
+                ffn_dim=4 * d_model,
+                num_layers=num_layers,
+                depthwise_conv_kernel_size=15,
+                dropout=dropout,
+            )
         else:
             raise ValueError(f"unknown encoder {kind!r}")
 
@@ -79,7 +95,7 @@ class Predictor(nn.Module):
         full = torch.cat([state, y], 1)
         windows = full.unfold(1, self.context, 1)  # (B, S, context)
         out = torch.relu(self.mix(self.embed(windows).flatten(2)))
-        return out, full[:, full.size(1) - (self.context - 1):]
+        return out, full[:, full.size(1) - (self.context - 1) :]
 
     def initial(self, batch_size, device):
         return self.forward(torch.full((batch_size, 1), self.blank, dtype=torch.long, device=device))
@@ -128,10 +144,27 @@ class Transducer(nn.Module):
     transducer.FusedJoinerLoss (joiner and loss together, no logits in memory); with ``"unfused"`` a Joiner
     (the compact logits through transducer.pack, then the loss); both give the same loss."""
 
-    def __init__(self, vocab_size, num_mel_bins=80, encoder="lstm", encoder_dim=256, encoder_layers=3,
-                 predictor="lstm", predictor_dim=256, joiner_dim=256, dropout=0.1, blank=0, joiner="fused",
-                 loss="rnnt", durations=(0, 1, 2, 3, 4), sigma=0.0, omega=0.0, fastemit_lambda=0.0,
-                 delay_penalty=0.0, big_blank_durations=(2, 4, 8)):
+    def __init__(
+        self,
+        vocab_size,
+        num_mel_bins=80,
+        encoder="lstm",
+        encoder_dim=256,
+        encoder_layers=3,
+        predictor="lstm",
+        predictor_dim=256,
+        joiner_dim=256,
+        dropout=0.1,
+        blank=0,
+        joiner="fused",
+        loss="rnnt",
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.0,
+        omega=0.0,
+        fastemit_lambda=0.0,
+        delay_penalty=0.0,
+        big_blank_durations=(2, 4, 8),
+    ):
         super().__init__()
         from transducer import FusedJoinerLoss, MultiblankLoss, TDTLoss, TransducerLoss
 
@@ -149,19 +182,27 @@ class Transducer(nn.Module):
         self.enc_proj = nn.Linear(encoder_dim, joiner_dim)
         self.pred_proj = nn.Linear(predictor_dim, joiner_dim)
         if loss == "tdt":
-            self.loss_options = dict(blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda,
-                                     delay_penalty=delay_penalty)
+            self.loss_options = dict(
+                blank=blank, sigma=sigma, omega=omega, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty
+            )
             extra = dict(durations=self.durations)
             criterion = TDTLoss(self.durations, **self.loss_options)
         elif loss == "multiblank":
-            self.loss_options = dict(blank=-1, sigma=sigma, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+            self.loss_options = dict(
+                blank=-1, sigma=sigma, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty
+            )
             extra = dict(big_blank_durations=self.big_blank_durations)
             criterion = MultiblankLoss(self.big_blank_durations, **self.loss_options)
         else:
             # RNA utterances with more labels than frames have no alignment: they are left out of the loss
             rna = loss == "rna"
-            self.loss_options = dict(blank=blank, one_sym_per_frame=rna, zero_infinity=rna,
-                                     fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+            self.loss_options = dict(
+                blank=blank,
+                one_sym_per_frame=rna,
+                zero_infinity=rna,
+                fastemit_lambda=fastemit_lambda,
+                delay_penalty=delay_penalty,
+            )
             extra = {}
             criterion = TransducerLoss(**self.loss_options)
         # the big blanks and the blank are output columns; the durations are columns after them
@@ -202,6 +243,7 @@ class Transducer(nn.Module):
         def choose(scores):
             token = scores[:, :V].argmax(-1)
             return token, token != self.blank, durations[scores[:, V:].argmax(-1)]
+
         return self._greedy_decode_skipping(feats, feat_lens, max_symbols, choose)
 
     @torch.no_grad()
@@ -219,6 +261,7 @@ class Transducer(nn.Module):
             scores[:, 0] = -math.inf  # the predictor's start symbol: no output
             best = scores.argmax(-1)
             return best, step_of[best] == 0, step_of[best]
+
         return self._greedy_decode_skipping(feats, feat_lens, max_symbols, choose)
 
     def _greedy_start(self, feats, feat_lens):

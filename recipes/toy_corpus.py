@@ -33,24 +33,107 @@ VERSION = 3
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 WORDS = [
-    "yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go",
-    "red", "green", "blue", "black", "white", "cat", "dog", "bird", "fish", "house",
-    "tree", "sun", "moon", "star", "big", "small", "hot", "cold", "open", "close",
+    "yes",
+    "no",
+    "up",
+    "down",
+    "left",
+    "right",
+    "on",
+    "off",
+    "stop",
+    "go",
+    "red",
+    "green",
+    "blue",
+    "black",
+    "white",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "house",
+    "tree",
+    "sun",
+    "moon",
+    "star",
+    "big",
+    "small",
+    "hot",
+    "cold",
+    "open",
+    "close",
 ]
 VOCABULARY = DIGITS + WORDS
 
-ACCENTS = ["en", "en-us", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-gb-x-gbclan",
-           "en-gb-x-gbcwmd", "en-us-nyc"]
+ACCENTS = ["en", "en-us", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-us-nyc"]
 # Voice variants (espeak-ng-data/voices/!v). The odd ones (whisper, robots,
 # croak, ...) are left out: the task is words, not voice effects.
 VARIANTS = [
-    "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "f1", "f2", "f3", "f4", "f5",
-    "adam", "Alex", "Alicia", "Andrea", "Andy", "anika", "Annie", "aunty", "belinda",
-    "benjamin", "boris", "caleb", "david", "Denis", "Diogo", "ed", "edward", "Gene",
-    "grandma", "grandpa", "gustave", "Henrique", "Hugo", "ian", "iven", "Jacky", "john",
-    "Lee", "linda", "Marco", "Mario", "max", "Michael", "michel", "miguel", "Mike",
-    "Nguyen", "norbert", "pablo", "paul", "pedro", "quincy", "Reed", "rob", "robert",
-    "sandro", "shelby", "steph", "travis", "victor", "zac",
+    "m1",
+    "m2",
+    "m3",
+    "m4",
+    "m5",
+    "m6",
+    "m7",
+    "m8",
+    "f1",
+    "f2",
+    "f3",
+    "f4",
+    "f5",
+    "adam",
+    "Alex",
+    "Alicia",
+    "Andrea",
+    "Andy",
+    "anika",
+    "Annie",
+    "aunty",
+    "belinda",
+    "benjamin",
+    "boris",
+    "caleb",
+    "david",
+    "Denis",
+    "Diogo",
+    "ed",
+    "edward",
+    "Gene",
+    "grandma",
+    "grandpa",
+    "gustave",
+    "Henrique",
+    "Hugo",
+    "ian",
+    "iven",
+    "Jacky",
+    "john",
+    "Lee",
+    "linda",
+    "Marco",
+    "Mario",
+    "max",
+    "Michael",
+    "michel",
+    "miguel",
+    "Mike",
+    "Nguyen",
+    "norbert",
+    "pablo",
+    "paul",
+    "pedro",
+    "quincy",
+    "Reed",
+    "rob",
+    "robert",
+    "sandro",
+    "shelby",
+    "steph",
+    "travis",
+    "victor",
+    "zac",
 ]
 # Held out: heard only in dev / only in test.
 DEV_VARIANTS = ["m5", "f3", "benjamin", "linda", "Mario", "victor"]
@@ -80,7 +163,8 @@ class Espeak:
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise SystemExit(
                 "the toy corpus needs eSpeak NG from the 'espeakng-loader' package: "
-                'pip install -e ".[recipes]" (or pass --manifest to train on your own data)') from e
+                'pip install -e ".[recipes]" (or pass --manifest to train on your own data)'
+            ) from e
         lib = ctypes.CDLL(espeakng_loader.get_library_path())
         lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         lib.espeak_Initialize.restype = ctypes.c_int
@@ -88,8 +172,16 @@ class Espeak:
         lib.espeak_SetVoiceByName.restype = ctypes.c_int
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_SetParameter.restype = ctypes.c_int
-        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_Synchronize.restype = ctypes.c_int
         # Variants with breath noise draw from a generator seeded from the clock unless seeded.
@@ -97,7 +189,8 @@ class Espeak:
         if self._set_seed is not None:
             self._set_seed.argtypes = [ctypes.c_long]
         self.sample_rate = lib.espeak_Initialize(
-            _AUDIO_OUTPUT_SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), 0)
+            _AUDIO_OUTPUT_SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), 0
+        )
         if self.sample_rate <= 0:
             raise RuntimeError("espeak_Initialize failed")
         self._chunks = []
@@ -121,8 +214,13 @@ class Espeak:
             self._set_seed(seed)
         if lib.espeak_SetVoiceByName(voice.encode()) != 0:
             raise ValueError(f"eSpeak NG has no voice {voice!r}")
-        for param, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range),
-                             (_WORDGAP, word_gap), (_VOLUME, 100)):
+        for param, value in (
+            (_RATE, rate),
+            (_PITCH, pitch),
+            (_RANGE, pitch_range),
+            (_WORDGAP, word_gap),
+            (_VOLUME, 100),
+        ):
             lib.espeak_SetParameter(param, int(value), 0)
         self._chunks = []
         data = text.encode()
@@ -138,12 +236,19 @@ def _trim(x, threshold=200, margin=1600):
     loud = np.flatnonzero(np.abs(x) > threshold)
     if loud.size == 0:
         return x
-    return x[max(0, loud[0] - margin): loud[-1] + margin]
+    return x[max(0, loud[0] - margin) : loud[-1] + margin]
 
 
 def corpus_config(seed=0, n_train=4000, n_dev=200, n_test=400, min_words=1, max_words=6):
-    return dict(version=VERSION, seed=seed, n_train=n_train, n_dev=n_dev, n_test=n_test,
-                min_words=min_words, max_words=max_words)
+    return dict(
+        version=VERSION,
+        seed=seed,
+        n_train=n_train,
+        n_dev=n_dev,
+        n_test=n_test,
+        min_words=min_words,
+        max_words=max_words,
+    )
 
 
 def plan_split(rng, n, voices, min_words, max_words):
@@ -151,24 +256,31 @@ def plan_split(rng, n, voices, min_words, max_words):
     plan = []
     for _ in range(n):
         k = rng.randint(min_words, max_words)
-        plan.append(dict(
-            text=" ".join(rng.choice(VOCABULARY) for _ in range(k)),
-            voice=rng.choice(voices),
-            rate=rng.randint(130, 230),
-            pitch=rng.randint(25, 75),
-            range=rng.randint(20, 80),
-            gap=rng.randint(0, 3),
-            seed=rng.randrange(2 ** 31),
-        ))
+        plan.append(
+            dict(
+                text=" ".join(rng.choice(VOCABULARY) for _ in range(k)),
+                voice=rng.choice(voices),
+                rate=rng.randint(130, 230),
+                pitch=rng.randint(25, 75),
+                range=rng.randint(20, 80),
+                gap=rng.randint(0, 3),
+                seed=rng.randrange(2**31),
+            )
+        )
     return plan
 
 
 def _available_voices():
     """(accents, {split: variants}) that this eSpeak NG has."""
     espeak = Espeak.get()
-    variants = {name: [v for v in names if espeak.has_voice(f"en+{v}")]
-                for name, names in (("train", [v for v in VARIANTS if v not in DEV_VARIANTS + TEST_VARIANTS]),
-                                    ("dev", DEV_VARIANTS), ("test", TEST_VARIANTS))}
+    variants = {
+        name: [v for v in names if espeak.has_voice(f"en+{v}")]
+        for name, names in (
+            ("train", [v for v in VARIANTS if v not in DEV_VARIANTS + TEST_VARIANTS]),
+            ("dev", DEV_VARIANTS),
+            ("test", TEST_VARIANTS),
+        )
+    }
     return [a for a in ACCENTS if espeak.has_voice(a)], variants
 
 
@@ -192,8 +304,11 @@ def _run_fresh(jobs, workers, tmp):
     def run(i):
         job, out = Path(tmp) / f"job{i}.json", Path(tmp) / f"out{i}"
         job.write_text(json.dumps(jobs[i]))
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(out)],
-                           capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(out)],
+            capture_output=True,
+            text=True,
+        )
         if p.returncode != 0:
             raise RuntimeError(f"eSpeak NG worker failed:\n{p.stderr[-3000:]}")
         return out
@@ -222,10 +337,12 @@ def make_corpus(data_dir, config, log=print, workers=None):
         plans = {}
         for split in ("train", "dev", "test"):
             voices = [f"{a}+{v}" for a in accents for v in variants[split]]
-            plans[split] = (plan_split(rng, config[f"n_{split}"], voices, config["min_words"], config["max_words"]),
-                            len(voices))
+            plans[split] = (
+                plan_split(rng, config[f"n_{split}"], voices, config["min_words"], config["max_words"]),
+                len(voices),
+            )
         everything = [p for split in plans for p in plans[split][0]]
-        outs = _run_fresh([everything[i: i + CHUNK] for i in range(0, len(everything), CHUNK)], workers, tmp)
+        outs = _run_fresh([everything[i : i + CHUNK] for i in range(0, len(everything), CHUNK)], workers, tmp)
         synthesised, sample_rate = [], None
         for out in outs:
             with np.load(Path(str(out) + ".npz")) as z:
@@ -245,8 +362,10 @@ def make_corpus(data_dir, config, log=print, workers=None):
         np.save(data_dir / f"{split}.npy", np.concatenate(audio))
         hours = offset / SAMPLE_RATE / 3600
         speakers = len({p["voice"] for p in plan})
-        log(f"toy corpus: {split}: {len(plan)} utterances, {hours:.2f} h, spoken by {speakers} of the split's "
-            f"{n_voices} voices")
+        log(
+            f"toy corpus: {split}: {len(plan)} utterances, {hours:.2f} h, spoken by {speakers} of the split's "
+            f"{n_voices} voices"
+        )
     with open(data_dir / "meta.json", "w") as f:  # written last: its presence marks a complete corpus
         json.dump(config, f)
 
@@ -261,7 +380,7 @@ def load_split(data_dir, split):
     with open(data_dir / f"{split}.jsonl") as f:
         for line in f:
             r = json.loads(line)
-            x = torch.from_numpy(np.asarray(audio[r["offset"]: r["offset"] + r["samples"]], dtype=np.float32) / 32768)
+            x = torch.from_numpy(np.asarray(audio[r["offset"] : r["offset"] + r["samples"]], dtype=np.float32) / 32768)
             items.append((r["id"], x, r["text"]))
     return items
 
@@ -283,10 +402,15 @@ def write_manifests(data_dir, out_dir):
             for line in src:
                 r = json.loads(line)
                 wav = f"audio/{r['id']}.wav"
-                sf.write(out_dir / wav, np.asarray(audio[r["offset"]: r["offset"] + r["samples"]]), SAMPLE_RATE,
-                         subtype="PCM_16")
-                f.write(json.dumps(dict(audio_filepath=wav, duration=r["samples"] / SAMPLE_RATE, text=r["text"]))
-                        + "\n")
+                sf.write(
+                    out_dir / wav,
+                    np.asarray(audio[r["offset"] : r["offset"] + r["samples"]]),
+                    SAMPLE_RATE,
+                    subtype="PCM_16",
+                )
+                f.write(
+                    json.dumps(dict(audio_filepath=wav, duration=r["samples"] / SAMPLE_RATE, text=r["text"])) + "\n"
+                )
     return manifests
 
 
@@ -307,6 +431,7 @@ def ensure_corpus(data_dir, config, log=print):
 
 if __name__ == "__main__":
     import sys
+
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         _worker(sys.argv[2], sys.argv[3])
         sys.exit(0)

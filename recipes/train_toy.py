@@ -75,6 +75,7 @@ def positive(kind):
         if v <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
         return v
+
     return parse
 
 
@@ -91,100 +92,193 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", default=None, help="toy corpus cache (default: data/toy_corpus; "
-                   "data/toy_corpus_quick with --quick)")
-    d.add_argument("--corpus-size", type=positive(int), default=5000,
-                   help="toy corpus: training utterances (default: %(default)s; --quick: 96, whatever is given)")
-    d.add_argument("--manifest", help="train on this manifest instead of the toy corpus: NeMo's JSON lines "
-                   "(audio_filepath, duration, text) or TSV (audio path, transcript) (default: none, the toy corpus)")
+    d.add_argument(
+        "--data-dir",
+        default=None,
+        help="toy corpus cache (default: data/toy_corpus; data/toy_corpus_quick with --quick)",
+    )
+    d.add_argument(
+        "--corpus-size",
+        type=positive(int),
+        default=5000,
+        help="toy corpus: training utterances (default: %(default)s; --quick: 96, whatever is given)",
+    )
+    d.add_argument(
+        "--manifest",
+        help="train on this manifest instead of the toy corpus: NeMo's JSON lines "
+        "(audio_filepath, duration, text) or TSV (audio path, transcript) (default: none, the toy corpus)",
+    )
     d.add_argument("--dev-manifest", help="dev set for the per-epoch WER (default: the test set)")
     d.add_argument("--test-manifest", help="test set (default: 5%% of --manifest, at most 500 utterances)")
-    d.add_argument("--write-manifests", nargs="?", const="", metavar="DIR",
-                   help="write the toy corpus (made first if need be, as --data-dir, --corpus-size, --seed and "
-                        "--quick say) as NeMo-style JSON-lines manifests DIR/{train,dev,test}.jsonl, the audio as "
-                        "WAV files in DIR/audio, and exit without training (DIR by default: data/toy_manifests, "
-                        "data/toy_manifests_quick with --quick)")
-    d.add_argument("--bad-lines", choices=["skip", "stop"], default="skip",
-                   help="manifest lines that are not UTF-8 or not valid, with missing, unreadable or too short "
-                        "audio, or with empty text: report them as file:line and skip them, or stop")
-    d.add_argument("--workers", type=int, default=0,
-                   help="DataLoader worker processes, for training and evaluation (default: %(default)s, the main "
-                        "process)")
+    d.add_argument(
+        "--write-manifests",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="write the toy corpus (made first if need be, as --data-dir, --corpus-size, --seed and "
+        "--quick say) as NeMo-style JSON-lines manifests DIR/{train,dev,test}.jsonl, the audio as "
+        "WAV files in DIR/audio, and exit without training (DIR by default: data/toy_manifests, "
+        "data/toy_manifests_quick with --quick)",
+    )
+    d.add_argument(
+        "--bad-lines",
+        choices=["skip", "stop"],
+        default="skip",
+        help="manifest lines that are not UTF-8 or not valid, with missing, unreadable or too short "
+        "audio, or with empty text: report them as file:line and skip them, or stop",
+    )
+    d.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="DataLoader worker processes, for training and evaluation (default: %(default)s, the main process)",
+    )
     m = p.add_argument_group("model")
-    m.add_argument("--encoder", choices=["conformer", "lstm"], default="conformer",
-                   help="after 4x conv subsampling, conformer: torchaudio's Conformer (4 heads, feed-forward "
-                        "4 x --encoder-dim, convolution kernel 15); lstm: a bidirectional LSTM "
-                        "(--encoder-dim / 2 units each way)")
-    m.add_argument("--encoder-dim", type=positive(int), default=144,
-                   help="encoder width: even, a multiple of 4 for the conformer (default: %(default)s; --quick: 64)")
-    m.add_argument("--encoder-layers", type=positive(int), default=2,
-                   help="Conformer or LSTM layers (default: %(default)s; --quick: 1)")
-    m.add_argument("--predictor", choices=["lstm", "stateless"], default="lstm",
-                   help="lstm: an embedding and a one-layer LSTM; stateless: an embedding of the last 2 labels "
-                        "and a Linear")
-    m.add_argument("--predictor-dim", type=positive(int), default=128,
-                   help="predictor width (default: %(default)s; --quick: 32)")
-    m.add_argument("--joiner-dim", type=positive(int), default=128,
-                   help="joiner width: out(tanh(enc_proj(enc) + pred_proj(pred))) (default: %(default)s; "
-                        "--quick: 32)")
-    m.add_argument("--loss", choices=["rnnt", "rna", "tdt", "multiblank"], default="rnnt",
-                   help="rnnt, rna (one symbol per frame), tdt (Token-and-Duration Transducer) or multiblank "
-                        "(multi-blank RNN-T: big blanks that consume several frames), with the matching greedy "
-                        "decoding")
+    m.add_argument(
+        "--encoder",
+        choices=["conformer", "lstm"],
+        default="conformer",
+        help="after 4x conv subsampling, conformer: torchaudio's Conformer (4 heads, feed-forward "
+        "4 x --encoder-dim, convolution kernel 15); lstm: a bidirectional LSTM "
+        "(--encoder-dim / 2 units each way)",
+    )
+    m.add_argument(
+        "--encoder-dim",
+        type=positive(int),
+        default=144,
+        help="encoder width: even, a multiple of 4 for the conformer (default: %(default)s; --quick: 64)",
+    )
+    m.add_argument(
+        "--encoder-layers",
+        type=positive(int),
+        default=2,
+        help="Conformer or LSTM layers (default: %(default)s; --quick: 1)",
+    )
+    m.add_argument(
+        "--predictor",
+        choices=["lstm", "stateless"],
+        default="lstm",
+        help="lstm: an embedding and a one-layer LSTM; stateless: an embedding of the last 2 labels and a Linear",
+    )
+    m.add_argument(
+        "--predictor-dim", type=positive(int), default=128, help="predictor width (default: %(default)s; --quick: 32)"
+    )
+    m.add_argument(
+        "--joiner-dim",
+        type=positive(int),
+        default=128,
+        help="joiner width: out(tanh(enc_proj(enc) + pred_proj(pred))) (default: %(default)s; --quick: 32)",
+    )
+    m.add_argument(
+        "--loss",
+        choices=["rnnt", "rna", "tdt", "multiblank"],
+        default="rnnt",
+        help="rnnt, rna (one symbol per frame), tdt (Token-and-Duration Transducer) or multiblank "
+        "(multi-blank RNN-T: big blanks that consume several frames), with the matching greedy "
+        "decoding",
+    )
     m.add_argument("--rna", action="store_true", help="the same as --loss rna")
-    m.add_argument("--joiner", choices=["fused", "unfused"], default="fused",
-                   help="fused: joiner and loss in one (transducer.FusedJoinerLoss, no logits in "
-                        "memory); unfused: compact logits through transducer.pack, then the loss")
+    m.add_argument(
+        "--joiner",
+        choices=["fused", "unfused"],
+        default="fused",
+        help="fused: joiner and loss in one (transducer.FusedJoinerLoss, no logits in "
+        "memory); unfused: compact logits through transducer.pack, then the loss",
+    )
     m.add_argument("--durations", help="TDT durations (frames), comma-separated (default: 0,1,2,3,4)")
-    m.add_argument("--big-blank-durations",
-                   help="multi-blank: the big blanks' durations (frames, >= 2), comma-separated (default: 2,4,8)")
+    m.add_argument(
+        "--big-blank-durations",
+        help="multi-blank: the big blanks' durations (frames, >= 2), comma-separated (default: 2,4,8)",
+    )
     m.add_argument("--sigma", type=float, help="TDT and multi-blank logit under-normalisation (default: 0.05)")
     m.add_argument("--omega", type=float, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default: 0)")
-    m.add_argument("--fastemit-lambda", type=float, default=0.0,
-                   help="FastEmit regularisation, >= 0 (default: %(default)s, off)")
-    m.add_argument("--delay-penalty", type=float, default=0.0,
-                   help="k2's delay penalty on the label log-probs (default: %(default)s, off)")
+    m.add_argument(
+        "--fastemit-lambda", type=float, default=0.0, help="FastEmit regularisation, >= 0 (default: %(default)s, off)"
+    )
+    m.add_argument(
+        "--delay-penalty",
+        type=float,
+        default=0.0,
+        help="k2's delay penalty on the label log-probs (default: %(default)s, off)",
+    )
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=positive(int), default=12,
-                   help="training epochs (default: %(default)s; --quick: 2)")
-    t.add_argument("--max-frames", type=positive(int), default=3000,
-                   help="padded input frames per batch (default: %(default)s; --quick: 1500)")
-    t.add_argument("--lr", type=positive(float), default=3e-3,
-                   help="peak learning rate (AdamW; linear warm-up, then cosine decay to 5%% of it)")
-    t.add_argument("--warmup", type=int, default=100,
-                   help="warm-up steps, at most a fifth of all steps (default: %(default)s; --quick: 5)")
+    t.add_argument(
+        "--epochs", type=positive(int), default=12, help="training epochs (default: %(default)s; --quick: 2)"
+    )
+    t.add_argument(
+        "--max-frames",
+        type=positive(int),
+        default=3000,
+        help="padded input frames per batch (default: %(default)s; --quick: 1500)",
+    )
+    t.add_argument(
+        "--lr",
+        type=positive(float),
+        default=3e-3,
+        help="peak learning rate (AdamW; linear warm-up, then cosine decay to 5%% of it)",
+    )
+    t.add_argument(
+        "--warmup",
+        type=int,
+        default=100,
+        help="warm-up steps, at most a fifth of all steps (default: %(default)s; --quick: 5)",
+    )
     t.add_argument("--weight-decay", type=float, default=1e-2, help="AdamW weight decay")
     t.add_argument("--clip", type=positive(float), default=5.0, help="gradient-norm clipping")
-    t.add_argument("--max-steps", type=positive(int),
-                   help="at most this many steps in each epoch; the learning-rate schedule spans --epochs "
-                        "times this (default: every batch of the epoch)")
+    t.add_argument(
+        "--max-steps",
+        type=positive(int),
+        help="at most this many steps in each epoch; the learning-rate schedule spans --epochs "
+        "times this (default: every batch of the epoch)",
+    )
     t.add_argument("--no-specaug", action="store_true", help="no SpecAugment in training")
-    t.add_argument("--no-amp", action="store_true",
-                   help="train in fp32 on a GPU (otherwise bf16 autocast, or fp16 with a gradient scaler where "
-                        "bf16 is not supported); the CPU trains in fp32 either way")
-    t.add_argument("--fsdp", action="store_true",
-                   help="under torchrun, shard the model over the processes with FSDP2 (torch >= 2.6: "
-                        "torch.distributed.fsdp.fully_shard), each encoder block, the predictor and the joiner a "
-                        "unit of its own, then the whole model; otherwise torchrun's processes replicate it (DDP)")
+    t.add_argument(
+        "--no-amp",
+        action="store_true",
+        help="train in fp32 on a GPU (otherwise bf16 autocast, or fp16 with a gradient scaler where "
+        "bf16 is not supported); the CPU trains in fp32 either way",
+    )
+    t.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="under torchrun, shard the model over the processes with FSDP2 (torch >= 2.6: "
+        "torch.distributed.fsdp.fully_shard), each encoder block, the predictor and the joiner a "
+        "unit of its own, then the whole model; otherwise torchrun's processes replicate it (DDP)",
+    )
     t.add_argument("--seed", type=int, default=0, help="seed of the toy corpus and of training")
-    t.add_argument("--threads", type=positive(int), default=None,
-                   help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
-                        "among local ranks, at most 4 when training on a GPU)")
+    t.add_argument(
+        "--threads",
+        type=positive(int),
+        default=None,
+        help="torch CPU threads per process (default: $OMP_NUM_THREADS, else the cores shared "
+        "among local ranks, at most 4 when training on a GPU)",
+    )
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)")
-    t.add_argument("--exp-dir", default=None,
-                   help="the run folder: checkpoints, plot, results.json and the configuration (config.json: the "
-                        "model and loss flags); a folder that holds a run of another configuration is refused "
-                        "(default: the configuration's own folder in runs/toy, runs/toy_quick with --quick, named "
-                        "by the loss and each model or loss flag that differs from its default, e.g. "
-                        "runs/toy/tdt_durations=0,1,2_joiner=unfused)")
-    t.add_argument("--resume", nargs="?", const="auto", metavar="CKPT",
-                   help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir of the run "
-                        "that the folder holds (its run.json); a checkpoint of another configuration is refused (default: start afresh, replacing an earlier run of "
-                        "the configuration in --exp-dir)")
+    t.add_argument(
+        "--exp-dir",
+        default=None,
+        help="the run folder: checkpoints, plot, results.json and the configuration (config.json: the "
+        "model and loss flags); a folder that holds a run of another configuration is refused "
+        "(default: the configuration's own folder in runs/toy, runs/toy_quick with --quick, named "
+        "by the loss and each model or loss flag that differs from its default, e.g. "
+        "runs/toy/tdt_durations=0,1,2_joiner=unfused)",
+    )
+    t.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        metavar="CKPT",
+        help="resume from CKPT, or without CKPT from the latest epoch-N.pt in --exp-dir of the run "
+        "that the folder holds (its run.json); a checkpoint of another configuration is refused (default: start afresh, replacing an earlier run of "
+        "the configuration in --exp-dir)",
+    )
     t.add_argument("--keep-checkpoints", type=positive(int), default=2, help="epoch-N.pt files to keep")
-    t.add_argument("--quick", action="store_true",
-                   help="a smoke test: a tiny toy corpus (96 training utterances of up to 3 words) and model, "
-                        "2 epochs; the flags marked '--quick:' take that value unless given")
+    t.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: a tiny toy corpus (96 training utterances of up to 3 words) and model, "
+        "2 epochs; the flags marked '--quick:' take that value unless given",
+    )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--show", type=int, default=5, help="reference/hypothesis pairs to print")
     return p
@@ -209,8 +303,9 @@ def parse_flags(argv):
     a = p.parse_args(argv)
     if a.quick:
         given = set(x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]))
-        for k, v in dict(encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32, epochs=2,
-                         warmup=5, max_frames=1500).items():
+        for k, v in dict(
+            encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32, epochs=2, warmup=5, max_frames=1500
+        ).items():
             if "--" + k.replace("_", "-") not in given:
                 setattr(a, k, v)
     if a.manifest is None and (a.dev_manifest or a.test_manifest):
@@ -223,11 +318,15 @@ def parse_flags(argv):
         p.error("--write-manifests runs in one process, not under torchrun")
     if a.fsdp:
         if torch_version() < (2, 6):
-            p.error(f"--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch "
-                    f"{torch.__version__}: upgrade torch, or leave --fsdp out to train with DDP")
+            p.error(
+                f"--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch "
+                f"{torch.__version__}: upgrade torch, or leave --fsdp out to train with DDP"
+            )
         if "WORLD_SIZE" not in os.environ:
-            p.error("--fsdp shards the model over the processes that torchrun starts: run "
-                    "torchrun --nproc_per_node=N recipes/train_toy.py --fsdp ...")
+            p.error(
+                "--fsdp shards the model over the processes that torchrun starts: run "
+                "torchrun --nproc_per_node=N recipes/train_toy.py --fsdp ..."
+            )
     if a.encoder_dim % 2 or (a.encoder == "conformer" and a.encoder_dim % 4):
         p.error("--encoder-dim must be even (a multiple of 4 for the conformer's 4 heads)")
     if a.workers < 0 or a.warmup < 0 or a.weight_decay < 0 or a.show < 0:
@@ -277,8 +376,22 @@ def parse_flags(argv):
 # A run's configuration: the settings that change the model or the loss it is trained with. A run folder holds the
 # checkpoints and results of one configuration, written in its config.json; the other flags (the data, --epochs,
 # --lr, --seed, --threads, ...) may change from one run of a configuration to the next, and on --resume.
-CONFIG = ("loss", "durations", "big_blank_durations", "sigma", "omega", "fastemit_lambda", "delay_penalty", "joiner",
-          "encoder", "encoder_dim", "encoder_layers", "predictor", "predictor_dim", "joiner_dim")
+CONFIG = (
+    "loss",
+    "durations",
+    "big_blank_durations",
+    "sigma",
+    "omega",
+    "fastemit_lambda",
+    "delay_penalty",
+    "joiner",
+    "encoder",
+    "encoder_dim",
+    "encoder_layers",
+    "predictor",
+    "predictor_dim",
+    "joiner_dim",
+)
 # the losses that read each loss setting; the others are read by every loss
 LOSSES_OF = dict(durations=("tdt",), omega=("tdt",), big_blank_durations=("multiblank",), sigma=("tdt", "multiblank"))
 
@@ -302,16 +415,21 @@ def flag_value(value):
 def run_name(config, defaults):
     """The folder name of a configuration: the loss, then flag=value for each setting that differs from its
     default, in CONFIG's order; for example rnnt, tdt_durations=0,1,2 or rna_joiner=unfused_encoder=lstm."""
-    return "_".join([config["loss"]] + [f"{k.replace('_', '-')}={flag_value(v)}" for k, v in config.items()
-                                        if k != "loss" and v != defaults.get(k)])
+    return "_".join(
+        [config["loss"]]
+        + [f"{k.replace('_', '-')}={flag_value(v)}" for k, v in config.items() if k != "loss" and v != defaults.get(k)]
+    )
 
 
 def config_differences(there, here):
     """The settings in which configuration ``here`` differs from ``there``: "--loss rnnt there, tdt here; ..."."""
     both = [k for k in CONFIG if k in there and k in here and there[k] != here[k]]
     keys = both or [k for k in CONFIG if there.get(k) != here.get(k)]  # or a setting only one side has
-    return "; ".join(f"--{k.replace('_', '-')} {flag_value(there[k]) if k in there else 'not set'} there, "
-                     f"{flag_value(here[k]) if k in here else 'not set'} here" for k in keys)
+    return "; ".join(
+        f"--{k.replace('_', '-')} {flag_value(there[k]) if k in there else 'not set'} there, "
+        f"{flag_value(here[k]) if k in here else 'not set'} here"
+        for k in keys
+    )
 
 
 def checkpoint_config(ckpt):
@@ -336,10 +454,12 @@ def check_run_folder(exp, config, quick):
     """Refuse a folder that holds a run of another configuration: its checkpoints would mix with this run's."""
     found = folder_config(exp)
     if found is not None and found != config:
-        raise UsageError(f"--exp-dir {exp} holds a run of another configuration ({config_differences(found, config)}); "
-                         f"a run folder keeps the checkpoints and results of one configuration. Give --exp-dir "
-                         f"another folder (without --exp-dir each configuration has its own in {runs_folder(quick)}/), "
-                         f"or delete {exp} to reuse it")
+        raise UsageError(
+            f"--exp-dir {exp} holds a run of another configuration ({config_differences(found, config)}); "
+            f"a run folder keeps the checkpoints and results of one configuration. Give --exp-dir "
+            f"another folder (without --exp-dir each configuration has its own in {runs_folder(quick)}/), "
+            f"or delete {exp} to reuse it"
+        )
 
 
 def earlier_checkpoints(exp, resumed_from, ckpt):
@@ -353,6 +473,7 @@ def earlier_checkpoints(exp, resumed_from, ckpt):
 
 
 # ---------------------------------------------------------------------- distributed
+
 
 def default_threads(threads, device):
     """CPU threads: too many per process (cores x ranks) makes small ops crawl."""
@@ -373,6 +494,7 @@ class Dist:
         self.group = self.world > 1 or fsdp  # FSDP needs a process group even for one process
         if self.group:
             import torch.distributed as dist
+
             if self.device.type == "cuda":
                 self.device = torch.device("cuda", self.local_rank)
                 torch.cuda.set_device(self.device)
@@ -387,6 +509,7 @@ class Dist:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         if self.world > 1:
             import torch.distributed as dist
+
             dist.all_reduce(t)
         return t.tolist()
 
@@ -394,6 +517,7 @@ class Dist:
         """The first process's ``value`` (a picklable object), on every process."""
         if self.world > 1:
             import torch.distributed as dist
+
             box = [value]
             dist.broadcast_object_list(box, 0, device=self.device if self.device.type == "cuda" else None)
             return box[0]
@@ -403,12 +527,14 @@ class Dist:
         """Give every rank rank 0's buffers (BatchNorm statistics move with each rank's own data)."""
         if self.world > 1:
             import torch.distributed as dist
+
             for b in model.buffers():
                 dist.broadcast(b.data, 0)
 
     def barrier(self):
         if self.world > 1:
             import torch.distributed as dist
+
             dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def close(self, ok=True):
@@ -419,6 +545,7 @@ class Dist:
             import gc
 
             import torch.distributed as dist
+
             gc.collect()
             if ok:
                 dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -426,6 +553,7 @@ class Dist:
 
 
 # ---------------------------------------------------------------------- FSDP2
+
 
 def shard(model):
     """FSDP2 over all processes: each encoder block (a Conformer layer, or the LSTM), the predictor and the joiner
@@ -447,6 +575,7 @@ def shard(model):
 
 def units(model):
     from torch.distributed.fsdp import FSDPModule
+
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
@@ -475,6 +604,7 @@ def full_model_state(model, fsdp):
     if not fsdp:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
@@ -485,15 +615,18 @@ def full_state(model, optimizer, fsdp):
     if not fsdp:
         return model.state_dict(), optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
     model_state = full_model_state(model, fsdp)
-    optimizer_state = get_optimizer_state_dict(model, optimizer,
-                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    optimizer_state = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if not optimizer_state:
         return model_state, optimizer_state
     index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
-    return model_state, dict(state={index[k]: v for k, v in optimizer_state["state"].items()},
-                             param_groups=[dict(g, params=[index[n] for n in g["params"]])
-                                           for g in optimizer_state["param_groups"]])
+    return model_state, dict(
+        state={index[k]: v for k, v in optimizer_state["state"].items()},
+        param_groups=[dict(g, params=[index[n] for n in g["params"]]) for g in optimizer_state["param_groups"]],
+    )
 
 
 def load_optimizer_state(model, optimizer, state, fsdp):
@@ -503,26 +636,34 @@ def load_optimizer_state(model, optimizer, state, fsdp):
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     names = [name for name, _ in model.named_parameters()]
-    by_name = dict(state={names[i]: v for i, v in state["state"].items()},
-                   param_groups=[dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]])
+    by_name = dict(
+        state={names[i]: v for i, v in state["state"].items()},
+        param_groups=[dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]],
+    )
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 # ---------------------------------------------------------------------- data
 
+
 def toy_corpus_config(a):
     import toy_corpus
+
     return toy_corpus.corpus_config(seed=a.seed, **(QUICK if a.quick else dict(n_train=a.corpus_size)))
 
 
 def write_manifests(a):
     """The toy corpus as NeMo-style manifests in --write-manifests (--help); their paths."""
     import toy_corpus
+
     toy_corpus.ensure_corpus(a.data_dir, toy_corpus_config(a))
     paths = [str(m) for m in toy_corpus.write_manifests(a.data_dir, a.write_manifests)]
-    print(f"manifests: {', '.join(paths)}; to train on them:\n  python recipes/train_toy.py "
-          f"{'--quick ' if a.quick else ''}--manifest {paths[0]} --dev-manifest {paths[1]} --test-manifest {paths[2]}")
+    print(
+        f"manifests: {', '.join(paths)}; to train on them:\n  python recipes/train_toy.py "
+        f"{'--quick ' if a.quick else ''}--manifest {paths[0]} --dev-manifest {paths[1]} --test-manifest {paths[2]}"
+    )
     return paths
 
 
@@ -539,6 +680,7 @@ def load_data(a, dist, log):
         dev = read(a.dev_manifest) if a.dev_manifest else test
         return train, dev, test
     import toy_corpus
+
     if dist.main:
         toy_corpus.ensure_corpus(a.data_dir, toy_corpus_config(a), log)
     dist.barrier()
@@ -548,9 +690,14 @@ def load_data(a, dist, log):
 def spec_augment(x):
     """SpecAugment on (B, T, F) normalised features: 2 frequency masks, 2 time masks (masked to 0)."""
     import torchaudio.transforms as AT
+
     x = x.transpose(1, 2).unsqueeze(1)  # (B, 1, F, T)
-    for mask in (AT.FrequencyMasking(15, iid_masks=True), AT.FrequencyMasking(15, iid_masks=True),
-                 AT.TimeMasking(20, iid_masks=True, p=0.2), AT.TimeMasking(20, iid_masks=True, p=0.2)):
+    for mask in (
+        AT.FrequencyMasking(15, iid_masks=True),
+        AT.FrequencyMasking(15, iid_masks=True),
+        AT.TimeMasking(20, iid_masks=True, p=0.2),
+        AT.TimeMasking(20, iid_masks=True, p=0.2),
+    ):
         x = mask(x)
     return x.squeeze(1).transpose(1, 2)
 
@@ -564,6 +711,7 @@ def forward_loss(net, x, xl, y, yl, amp_dtype=None):
 
 # ---------------------------------------------------------------------- metrics
 
+
 def evaluate(model, dataset, tokenizer, a, dist, max_frames):
     """Greedy-search WER and CER (%) over the dataset, summed over ranks; some (ref, hyp) pairs."""
     with gathered(model, a.fsdp):
@@ -572,8 +720,13 @@ def evaluate(model, dataset, tokenizer, a, dist, max_frames):
 
 def _evaluate(model, dataset, tokenizer, a, dist, max_frames):
     model.eval()
-    sampler = BucketSampler([dataset.num_frames(i) for i in range(len(dataset))], max_frames, shuffle=False,
-                            rank=dist.rank, world=dist.world)
+    sampler = BucketSampler(
+        [dataset.num_frames(i) for i in range(len(dataset))],
+        max_frames,
+        shuffle=False,
+        rank=dist.rank,
+        world=dist.world,
+    )
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=a.workers)
     from torchaudio.functional import edit_distance
 
@@ -596,9 +749,13 @@ def _evaluate(model, dataset, tokenizer, a, dist, max_frames):
 
 # ---------------------------------------------------------------------- checkpoints, plot
 
+
 def rng_state():
-    return dict(python=random.getstate(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    return dict(
+        python=random.getstate(),
+        torch=torch.get_rng_state(),
+        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    )
 
 
 def set_rng_state(s):
@@ -632,8 +789,9 @@ def folder_run(exp):
     try:
         return json.loads(path.read_text())["run_id"]
     except (ValueError, KeyError, TypeError):
-        raise UsageError(f'{path} is not a run id file ({{"run_id": ...}}): delete it if {exp} holds no run you '
-                         f"want to keep") from None
+        raise UsageError(
+            f'{path} is not a run id file ({{"run_id": ...}}): delete it if {exp} holds no run you want to keep'
+        ) from None
 
 
 def checkpoint_run(path):
@@ -652,6 +810,7 @@ def latest_checkpoint(exp, run_id=None):
 def param_digest(state):
     """A digest of a model's state dict."""
     import hashlib
+
     h = hashlib.sha1()
     for _, p in sorted(state.items()):
         h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
@@ -699,22 +858,31 @@ def load_checkpoint(path, mmap=False):
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "Weights only load failed" in str(e):
-            raise UsageError(f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, "
-                             f"numbers, strings and plain containers ({torch_reason(e)}), and those are not loaded: "
-                             f"unpickling them could run any code") from None
-        raise UsageError(f"{path} cannot be read as a checkpoint ({torch_reason(e)}): truncated, or not written by "
-                         f"torch.save; delete it, or resume from another") from None
+            raise UsageError(
+                f"{path} is not a checkpoint of this recipe: it holds objects other than tensors, "
+                f"numbers, strings and plain containers ({torch_reason(e)}), and those are not loaded: "
+                f"unpickling them could run any code"
+            ) from None
+        raise UsageError(
+            f"{path} cannot be read as a checkpoint ({torch_reason(e)}): truncated, or not written by "
+            f"torch.save; delete it, or resume from another"
+        ) from None
     except Exception as e:  # torch.load's errors for a truncated or foreign file: RuntimeError, EOFError, ...
         reason = str(e).split(". ")[0].strip() or "no data"
-        raise UsageError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {reason}): truncated, or not "
-                         f"written by torch.save; delete it, or resume from another") from None
+        raise UsageError(
+            f"{path} cannot be read as a checkpoint ({type(e).__name__}: {reason}): truncated, or not "
+            f"written by torch.save; delete it, or resume from another"
+        ) from None
     if not isinstance(state, dict):
         raise UsageError(f"{path} is not a checkpoint of this recipe: it holds a {type(state).__name__}, not a dict")
-    missing = [k for k in CHECKPOINT_KEYS if k not in state] + ([] if "config" in state or "args" in state
-                                                                else ["config"])
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] + (
+        [] if "config" in state or "args" in state else ["config"]
+    )
     if missing:
-        raise UsageError(f"{path} is not a complete checkpoint of this recipe: it has no {', '.join(missing)} "
-                         f"(a checkpoint holds {', '.join(CHECKPOINT_KEYS)} and config)")
+        raise UsageError(
+            f"{path} is not a complete checkpoint of this recipe: it has no {', '.join(missing)} "
+            f"(a checkpoint holds {', '.join(CHECKPOINT_KEYS)} and config)"
+        )
     return state
 
 
@@ -724,8 +892,9 @@ def loading(path, what):
     try:
         yield
     except (RuntimeError, KeyError, ValueError, IndexError, TypeError) as e:
-        raise UsageError(f"--resume: {path}: its {what} does not fit this run ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:500]})") from None
+        raise UsageError(
+            f"--resume: {path}: its {what} does not fit this run ({type(e).__name__}: {' '.join(str(e).split())[:500]})"
+        ) from None
 
 
 def run_folder_problem(exp, size):
@@ -742,17 +911,22 @@ def run_folder_problem(exp, size):
         probe.unlink()
     except OSError as e:
         where = f" ({e.filename})" if e.filename and Path(e.filename) not in (exp, probe) else ""
-        return (f"--exp-dir {exp}: cannot write there: {e.strerror or e}{where}; give --exp-dir a folder that can "
-                f"be written")
+        return (
+            f"--exp-dir {exp}: cannot write there: {e.strerror or e}{where}; give --exp-dir a folder that can "
+            f"be written"
+        )
     free = shutil.disk_usage(exp).free
     if free < size:
-        return (f"--exp-dir {exp}: {free / 2**20:.1f} MiB free on its file system, and a checkpoint takes about "
-                f"{size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on another file system")
+        return (
+            f"--exp-dir {exp}: {free / 2**20:.1f} MiB free on its file system, and a checkpoint takes about "
+            f"{size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on another file system"
+        )
     return None
 
 
 def plot(history, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -771,6 +945,7 @@ def plot(history, path):
 
 
 # ---------------------------------------------------------------------- main
+
 
 def main(argv=None):
     a = parse_args(argv)
@@ -802,26 +977,32 @@ def train(a, dist, t_start):
     if a.resume:
         path = latest_checkpoint(exp, folder_run(exp)) if a.resume == "auto" else Path(a.resume)
         if path is None and latest_checkpoint(exp) is not None:
-            raise UsageError(f"--resume: {exp} holds no checkpoint of its current run ({folder_run(exp)}, in "
-                             f"{exp / RUN_FILE}), only of another ({', '.join(c.name for c in checkpoints(exp))}): "
-                             f"give one of those to --resume to continue that run, or leave --resume out to start "
-                             f"afresh")
+            raise UsageError(
+                f"--resume: {exp} holds no checkpoint of its current run ({folder_run(exp)}, in "
+                f"{exp / RUN_FILE}), only of another ({', '.join(c.name for c in checkpoints(exp))}): "
+                f"give one of those to --resume to continue that run, or leave --resume out to start "
+                f"afresh"
+            )
         if path is None or not path.is_file():
             raise UsageError(f"--resume: no checkpoint at {path or exp / 'epoch-N.pt'}")
         ckpt = load_checkpoint(path)
         if checkpoint_config(ckpt) != config:
-            raise UsageError(f"--resume: {path} is a checkpoint of another configuration "
-                             f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "
-                             f"was trained with, or leave --resume out to start afresh")
+            raise UsageError(
+                f"--resume: {path} is a checkpoint of another configuration "
+                f"({config_differences(checkpoint_config(ckpt), config)}); resume it with the flags it "
+                f"was trained with, or leave --resume out to start afresh"
+            )
     # a run's checkpoints carry its id, and the run folder names the run that its checkpoints continue
     run_id = (ckpt.get("run_id") if ckpt else None) or dist.broadcast(uuid.uuid4().hex)
     earlier = earlier_checkpoints(exp, path, ckpt)
     if ckpt:
         log(f"resuming from {path} (epoch {ckpt['epoch']} done)")
     if earlier:
-        log(f"{exp} holds checkpoints of an earlier run of this configuration ({', '.join(c.name for c in earlier)}): "
+        log(
+            f"{exp} holds checkpoints of an earlier run of this configuration ({', '.join(c.name for c in earlier)}): "
             f"they and its results.json are removed once this run has saved its first checkpoint"
-            + ("" if a.resume else " (--resume continues that run instead)"))
+            + ("" if a.resume else " (--resume continues that run instead)")
+        )
         earlier.append(exp / "results.json")
     train_items, dev_items, test_items = load_data(a, dist, log)
     if ckpt is not None:
@@ -833,17 +1014,33 @@ def train(a, dist, t_start):
     dev_set = SpeechDataset(dev_items, tokenizer, precompute=precompute)
     test_set = dev_set if test_items is dev_items else SpeechDataset(test_items, tokenizer, precompute=precompute)
     t_data = time.time() - t_start
-    log(f"data: {len(train_set)} train / {len(dev_set)} dev / {len(test_set)} test utterances, "
-        f"{len(tokenizer)} tokens ({time.time() - t_start:.1f} s)")
+    log(
+        f"data: {len(train_set)} train / {len(dev_set)} dev / {len(test_set)} test utterances, "
+        f"{len(tokenizer)} tokens ({time.time() - t_start:.1f} s)"
+    )
 
-    model = Transducer(len(tokenizer), encoder=a.encoder, encoder_dim=a.encoder_dim, encoder_layers=a.encoder_layers,
-                       predictor=a.predictor, predictor_dim=a.predictor_dim, joiner_dim=a.joiner_dim, joiner=a.joiner,
-                       loss=a.loss, durations=a.durations, sigma=a.sigma, omega=a.omega,
-                       fastemit_lambda=a.fastemit_lambda, delay_penalty=a.delay_penalty,
-                       big_blank_durations=a.big_blank_durations).to(device)
-    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
+    model = Transducer(
+        len(tokenizer),
+        encoder=a.encoder,
+        encoder_dim=a.encoder_dim,
+        encoder_layers=a.encoder_layers,
+        predictor=a.predictor,
+        predictor_dim=a.predictor_dim,
+        joiner_dim=a.joiner_dim,
+        joiner=a.joiner,
+        loss=a.loss,
+        durations=a.durations,
+        sigma=a.sigma,
+        omega=a.omega,
+        fastemit_lambda=a.fastemit_lambda,
+        delay_penalty=a.delay_penalty,
+        big_blank_durations=a.big_blank_durations,
+    ).to(device)
+    log(
+        f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {a.encoder} encoder, "
         f"{a.predictor} predictor, {a.joiner} joiner, {LOSS_NAMES[a.loss]} loss, device {device}, world {dist.world}"
-        + (", sharded (FSDP2)" if a.fsdp else ", replicated (DDP)" if dist.world > 1 else ""))
+        + (", sharded (FSDP2)" if a.fsdp else ", replicated (DDP)" if dist.world > 1 else "")
+    )
     if ckpt is not None:
         # checkpoints from before the joiner was a module name its output Linear "out"
         state = {("joiner.output." + k[4:] if k.startswith("out.") else k): v for k, v in ckpt["model"].items()}
@@ -857,8 +1054,13 @@ def train(a, dist, t_start):
     if a.fsdp:
         shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    sampler = BucketSampler([train_set.num_frames(i) for i in range(len(train_set))], a.max_frames,
-                            seed=a.seed, rank=dist.rank, world=dist.world)
+    sampler = BucketSampler(
+        [train_set.num_frames(i) for i in range(len(train_set))],
+        a.max_frames,
+        seed=a.seed,
+        rank=dist.rank,
+        world=dist.world,
+    )
     steps_per_epoch = min(len(sampler), a.max_steps or len(sampler))
     total = steps_per_epoch * a.epochs
     warmup = min(a.warmup, max(1, total // 5))
@@ -867,14 +1069,17 @@ def train(a, dist, t_start):
         if step < warmup:
             return (step + 1) / warmup
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
     amp = device.type == "cuda" and not a.no_amp
     amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
     if a.fsdp and scaler.is_enabled():  # its inf checks would see one process's shards only
-        raise UsageError("--fsdp trains in bf16 autocast or fp32; this GPU has no bf16, and fp16's gradient scaler "
-                         "does not work across FSDP's shards: add --no-amp")
+        raise UsageError(
+            "--fsdp trains in bf16 autocast or fp32; this GPU has no bf16, and fp16's gradient scaler "
+            "does not work across FSDP's shards: add --no-amp"
+        )
 
     start_epoch, history = 0, []
     if ckpt is not None:
@@ -886,10 +1091,13 @@ def train(a, dist, t_start):
         start_epoch, history = ckpt["epoch"], ckpt["history"]
     net = model
     if dist.world > 1 and not a.fsdp:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
-    loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler, collate_fn=collate,
-                                         num_workers=a.workers, persistent_workers=a.workers > 0)
+    loader = torch.utils.data.DataLoader(
+        train_set, batch_sampler=sampler, collate_fn=collate, num_workers=a.workers, persistent_workers=a.workers > 0
+    )
     step_losses = []
     for epoch in range(start_epoch, a.epochs):
         sampler.set_epoch(epoch)
@@ -898,8 +1106,10 @@ def train(a, dist, t_start):
         bar = None
         if dist.main and not a.no_progress:
             from tqdm import tqdm
-            bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{a.epochs}", unit="step",
-                       dynamic_ncols=True, leave=True)
+
+            bar = tqdm(
+                total=steps_per_epoch, desc=f"epoch {epoch + 1}/{a.epochs}", unit="step", dynamic_ncols=True, leave=True
+            )
         for step, (x, xl, y, yl, _) in enumerate(loader):
             if step >= steps_per_epoch:
                 break
@@ -921,8 +1131,12 @@ def train(a, dist, t_start):
             sums[2] += int(xl.sum())
             if bar is not None:
                 el = time.time() - t0
-                bar.set_postfix(loss=f"{lv:.3f}", utt_s=f"{sums[1] * dist.world / el:.0f}",
-                                audio_x=f"{sums[2] * dist.world / 100 / el:.0f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+                bar.set_postfix(
+                    loss=f"{lv:.3f}",
+                    utt_s=f"{sums[1] * dist.world / el:.0f}",
+                    audio_x=f"{sums[2] * dist.world / 100 / el:.0f}",
+                    lr=f"{scheduler.get_last_lr()[0]:.1e}",
+                )
                 bar.update()
         if bar is not None:
             bar.close()
@@ -930,13 +1144,17 @@ def train(a, dist, t_start):
         loss_sum, n_utts, _ = dist.sum(sums)
         train_loss = loss_sum / max(n_utts, 1)
         dev_wer, dev_cer, _ = evaluate(model, dev_set, tokenizer, a, dist, a.max_frames)
-        history.append(dict(epoch=epoch + 1, train_loss=train_loss, dev_wer=dev_wer, dev_cer=dev_cer,
-                            seconds=time.time() - t0))
-        log(f"epoch {epoch + 1}: train loss {train_loss:.3f}, dev WER {dev_wer:.2f}% CER {dev_cer:.2f}% "
-            f"({time.time() - t0:.0f} s)")
+        history.append(
+            dict(epoch=epoch + 1, train_loss=train_loss, dev_wer=dev_wer, dev_cer=dev_cer, seconds=time.time() - t0)
+        )
+        log(
+            f"epoch {epoch + 1}: train loss {train_loss:.3f}, dev WER {dev_wer:.2f}% CER {dev_cer:.2f}% "
+            f"({time.time() - t0:.0f} s)"
+        )
         rngs = [None] * dist.world
         if dist.world > 1:
             import torch.distributed as tdist
+
             tdist.all_gather_object(rngs, rng_state())
         else:
             rngs = [rng_state()]
@@ -948,10 +1166,20 @@ def train(a, dist, t_start):
             # checkpoints only, also where a kill leaves the earlier run's beside them
             if folder_run(exp) != run_id:
                 write_atomically(exp / RUN_FILE, json.dumps(dict(run_id=run_id)) + "\n")
-            save_checkpoint(saved, model=model_state, optimizer=optimizer_state,
-                            scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch + 1,
-                            history=history, rng=rngs, chars=tokenizer.chars, args=vars(a), config=config,
-                            run_id=run_id)
+            save_checkpoint(
+                saved,
+                model=model_state,
+                optimizer=optimizer_state,
+                scheduler=scheduler.state_dict(),
+                scaler=scaler.state_dict(),
+                epoch=epoch + 1,
+                history=history,
+                rng=rngs,
+                chars=tokenizer.chars,
+                args=vars(a),
+                config=config,
+                run_id=run_id,
+            )
             # the folder holds a run of this configuration from its first checkpoint on
             (exp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
             plot(history, exp / "train.png")
@@ -970,6 +1198,7 @@ def train(a, dist, t_start):
         digests = [param_digest(state)] if dist.main else []
     elif dist.world > 1:  # DDP keeps replicas in step; check it
         import torch.distributed as tdist
+
         digests = [None] * dist.world
         tdist.all_gather_object(digests, param_digest(model.state_dict()))
         log(f"DDP: parameters {'agree' if len(set(digests)) == 1 else 'DIFFER'} across {dist.world} ranks")
@@ -978,19 +1207,31 @@ def train(a, dist, t_start):
     test_wer, test_cer, pairs = evaluate(model, test_set, tokenizer, a, dist, a.max_frames)
     decode_s = evaluate.seconds
     wall = time.time() - t_start
-    log(f"test ({len(test_set)} utterances{', held-out voices' if not a.manifest else ''}): "
-        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%  ({LOSS_NAMES[a.loss]} greedy decoding {decode_s:.1f} s)")
+    log(
+        f"test ({len(test_set)} utterances{', held-out voices' if not a.manifest else ''}): "
+        f"WER {test_wer:.2f}%  CER {test_cer:.2f}%  ({LOSS_NAMES[a.loss]} greedy decoding {decode_s:.1f} s)"
+    )
     for ref, hyp in pairs[: a.show]:  # this rank's first utterances in corpus order
         log(f"  REF: {ref}\n  HYP: {hyp}{'' if ref == hyp else '   <- error'}")
     log(f"total {wall:.0f} s (data {t_data:.0f} s); checkpoint, plot and results in {exp}/")
-    result = dict(test_wer=test_wer, test_cer=test_cer, decode_s=decode_s, loss=a.loss, joiner=a.joiner,
-                  config=config, history=history, wall_s=wall, data_s=t_data,
-                  world=dist.world, device=str(device), param_digests=digests,
-                  step_losses=step_losses)
+    result = dict(
+        test_wer=test_wer,
+        test_cer=test_cer,
+        decode_s=decode_s,
+        loss=a.loss,
+        joiner=a.joiner,
+        config=config,
+        history=history,
+        wall_s=wall,
+        data_s=t_data,
+        world=dist.world,
+        device=str(device),
+        param_digests=digests,
+        step_losses=step_losses,
+    )
     if dist.main:
         exp.mkdir(parents=True, exist_ok=True)  # a run resumed from its last epoch saved no checkpoint here
-        (exp / "results.json").write_text(json.dumps({k: v for k, v in result.items() if k != "step_losses"},
-                                                     indent=1))
+        (exp / "results.json").write_text(json.dumps({k: v for k, v in result.items() if k != "step_losses"}, indent=1))
     result["model"] = model
     return result
 

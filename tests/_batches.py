@@ -29,8 +29,9 @@ def random_targets(gen, B, max_t, max_u, V, blank, rna=False, min_t=1, min_u=0, 
     return targets, T, U
 
 
-def random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float64, rna=False, scale=1.0, min_t=1, min_u=0,
-                 edges=False, extra=0):
+def random_batch(
+    gen, B, max_t, max_u, V, blank, dtype=torch.float64, rna=False, scale=1.0, min_t=1, min_u=0, edges=False, extra=0
+):
     """Padded logits (B, max_t, max U_b + 1, V + extra) on the CPU, with random_targets' targets and lengths.
 
     The logits are normal, times ``scale``, drawn in float64 and then cast to ``dtype`` (the same values up to
@@ -42,14 +43,14 @@ def random_batch(gen, B, max_t, max_u, V, blank, dtype=torch.float64, rna=False,
 
 def compact(logits, T, U):
     """Padded -> compact by a plain loop (the tests' own, independent of pack)."""
-    return torch.cat([logits[b, :T[b], :U[b] + 1].reshape(-1, logits.size(-1)) for b in range(len(T))])
+    return torch.cat([logits[b, : T[b], : U[b] + 1].reshape(-1, logits.size(-1)) for b in range(len(T))])
 
 
 def cell_mask(logits, T, U):
     """(B, maxT, maxU+1) bool: the cells of padded logits (not padding)."""
     mask = torch.zeros(logits.shape[:3], dtype=torch.bool, device=logits.device)
     for b in range(len(T)):
-        mask[b, :T[b], :U[b] + 1] = True
+        mask[b, : T[b], : U[b] + 1] = True
     return mask
 
 

@@ -40,8 +40,9 @@ def bf16_lstm_refusal():
     if forced == "0":
         return f"an LSTM under CPU bf16 autocast is taken not to run here ({FORCE}=0)"
     if forced:
-        raise ValueError(f"{FORCE}: expected 1 (an LSTM runs under CPU bf16 autocast) or 0 (it does not), got "
-                         f"{forced!r}")
+        raise ValueError(
+            f"{FORCE}: expected 1 (an LSTM runs under CPU bf16 autocast) or 0 (it does not), got {forced!r}"
+        )
     lstm = torch.nn.LSTM(4, 4, batch_first=True)
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -76,6 +77,7 @@ def _outside_autocast(lstm):
     def run(input, hx=None):
         with torch.autocast("cpu", enabled=False):
             return forward(_float32(input), _float32(hx))
+
     return run
 
 
@@ -83,8 +85,11 @@ def _outside_autocast(lstm):
 def autocast_lstms(module):
     """Within it, the CPU ``torch.nn.LSTM`` modules of ``module`` run under CPU bf16 autocast where this CPU can,
     else outside autocast in float32; the rest of ``module`` as the caller's autocast has it."""
-    lstms = [] if bf16_lstm_refusal() is None else [
-        m for m in module.modules() if isinstance(m, torch.nn.LSTM) and m.weight_ih_l0.device.type == "cpu"]
+    lstms = (
+        []
+        if bf16_lstm_refusal() is None
+        else [m for m in module.modules() if isinstance(m, torch.nn.LSTM) and m.weight_ih_l0.device.type == "cpu"]
+    )
     for lstm in lstms:
         lstm.forward = _outside_autocast(lstm)
     try:
@@ -92,7 +97,6 @@ def autocast_lstms(module):
     finally:
         for lstm in lstms:
             del lstm.forward  # the class's forward again
-
 
 
 @contextlib.contextmanager
@@ -106,6 +110,7 @@ def float32_convs():
             return forward(self, input)
         with torch.autocast("cpu", enabled=False):
             return forward(self, input.float())
+
     torch.nn.Conv2d.forward = run
     try:
         yield

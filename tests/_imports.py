@@ -18,6 +18,9 @@ def require(module, extra):
     try:
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any failure of an installed package is the message
-        pytest.fail(f"{package} is installed but cannot be imported: {type(e).__name__}: {e}\n"
-                    f"Install a working set with pip install -e '.[{extra}]' (README: tested torch/torchaudio "
-                    f"pairs).", pytrace=False)
+        pytest.fail(
+            f"{package} is installed but cannot be imported: {type(e).__name__}: {e}\n"
+            f"Install a working set with pip install -e '.[{extra}]' (README: tested torch/torchaudio "
+            f"pairs).",
+            pytrace=False,
+        )

@@ -36,31 +36,70 @@ def tokenizer_dir():
         text = os.path.join(_tokenizer_dir, "text.txt")
         with open(text, "w") as f:
             f.write("the quick brown fox jumps over the lazy dog\nagain and again we go\nhello world\n" * 70)
-        create_spt_model(text, vocab_size=40, sample_size=-1, do_lower_case=True, tokenizer_type="bpe",
-                         output_dir=_tokenizer_dir)
+        create_spt_model(
+            text, vocab_size=40, sample_size=-1, do_lower_case=True, tokenizer_type="bpe", output_dir=_tokenizer_dir
+        )
     return _tokenizer_dir
 
 
-def config(kind="char", loss="default", activation="tanh", dropout=0.0, fuse_loss_wer=False, fused_batch_size=2,
-           reduction="mean_batch"):
+def config(
+    kind="char",
+    loss="default",
+    activation="tanh",
+    dropout=0.0,
+    fuse_loss_wer=False,
+    fused_batch_size=2,
+    reduction="mean_batch",
+):
     """cfg.model of a tiny model; TDT and multi-blank losses with durations 0-4 or big blanks 2 and 4, sigma
     0.05."""
     cfg = {
-        "sample_rate": 16000, "log_prediction": False, "compute_eval_loss": True, "rnnt_reduction": reduction,
+        "sample_rate": 16000,
+        "log_prediction": False,
+        "compute_eval_loss": True,
+        "rnnt_reduction": reduction,
         "model_defaults": {"enc_hidden": WIDTH, "pred_hidden": WIDTH, "joint_hidden": WIDTH},
-        "preprocessor": {"_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
-                         "sample_rate": 16000, "normalize": "per_feature", "window_size": 0.025,
-                         "window_stride": 0.01, "features": 16, "n_fft": 512, "dither": 0.0, "pad_to": 0},
+        "preprocessor": {
+            "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
+            "sample_rate": 16000,
+            "normalize": "per_feature",
+            "window_size": 0.025,
+            "window_stride": 0.01,
+            "features": 16,
+            "n_fft": 512,
+            "dither": 0.0,
+            "pad_to": 0,
+        },
         "spec_augment": None,
-        "encoder": {"_target_": "nemo.collections.asr.modules.ConformerEncoder", "feat_in": 16, "n_layers": 1,
-                    "d_model": WIDTH, "feat_out": -1, "subsampling": "striding", "subsampling_factor": 4,
-                    "subsampling_conv_channels": 8, "ff_expansion_factor": 2, "n_heads": 2, "conv_kernel_size": 3,
-                    "dropout": 0.0, "dropout_pre_encoder": 0.0, "dropout_emb": 0.0, "dropout_att": 0.0},
-        "decoder": {"_target_": "nemo.collections.asr.modules.RNNTDecoder", "blank_as_pad": True,
-                    "prednet": {"pred_hidden": WIDTH, "pred_rnn_layers": 1, "dropout": 0.0}},
-        "joint": {"_target_": "nemo.collections.asr.modules.RNNTJoint", "log_softmax": None,
-                  "fuse_loss_wer": fuse_loss_wer, "fused_batch_size": fused_batch_size,
-                  "jointnet": {"joint_hidden": WIDTH, "activation": activation, "dropout": dropout}},
+        "encoder": {
+            "_target_": "nemo.collections.asr.modules.ConformerEncoder",
+            "feat_in": 16,
+            "n_layers": 1,
+            "d_model": WIDTH,
+            "feat_out": -1,
+            "subsampling": "striding",
+            "subsampling_factor": 4,
+            "subsampling_conv_channels": 8,
+            "ff_expansion_factor": 2,
+            "n_heads": 2,
+            "conv_kernel_size": 3,
+            "dropout": 0.0,
+            "dropout_pre_encoder": 0.0,
+            "dropout_emb": 0.0,
+            "dropout_att": 0.0,
+        },
+        "decoder": {
+            "_target_": "nemo.collections.asr.modules.RNNTDecoder",
+            "blank_as_pad": True,
+            "prednet": {"pred_hidden": WIDTH, "pred_rnn_layers": 1, "dropout": 0.0},
+        },
+        "joint": {
+            "_target_": "nemo.collections.asr.modules.RNNTJoint",
+            "log_softmax": None,
+            "fuse_loss_wer": fuse_loss_wer,
+            "fused_batch_size": fused_batch_size,
+            "jointnet": {"joint_hidden": WIDTH, "activation": activation, "dropout": dropout},
+        },
         "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}},
         "loss": {"loss_name": loss},
     }
@@ -77,9 +116,17 @@ def config(kind="char", loss="default", activation="tanh", dropout=0.0, fuse_los
     else:
         cfg["tokenizer"] = {"dir": tokenizer_dir(), "type": "bpe"}
     if kind.startswith("hybrid"):
-        cfg["aux_ctc"] = {"ctc_loss_weight": 0.3, "ctc_reduction": "mean_batch", "decoding": {"strategy": "greedy"},
-                          "decoder": {"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": None,
-                                      "num_classes": -1, "vocabulary": LABELS if kind == "hybrid_char" else []}}
+        cfg["aux_ctc"] = {
+            "ctc_loss_weight": 0.3,
+            "ctc_reduction": "mean_batch",
+            "decoding": {"strategy": "greedy"},
+            "decoder": {
+                "_target_": "nemo.collections.asr.modules.ConvASRDecoder",
+                "feat_in": None,
+                "num_classes": -1,
+                "vocabulary": LABELS if kind == "hybrid_char" else [],
+            },
+        }
     return OmegaConf.create(cfg)
 
 
@@ -111,8 +158,9 @@ def batch(model, seed=0, seconds=(0.6, 0.4, 0.5, 0.3, 0.45), labels=(6, 0, 4, 5,
 
 def attach_trainer(model, log_every_n_steps=1):
     """What training_step and validation_step read of a Lightning trainer; returns the dict they log into."""
-    model._trainer = SimpleNamespace(global_step=0, log_every_n_steps=log_every_n_steps, val_dataloaders=None,
-                                     test_dataloaders=None)
+    model._trainer = SimpleNamespace(
+        global_step=0, log_every_n_steps=log_every_n_steps, val_dataloaders=None, test_dataloaders=None
+    )
     model._optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     logged = {}
     model.log_dict = lambda values, **kwargs: logged.update(values)

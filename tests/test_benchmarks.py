@@ -42,10 +42,12 @@ def no_gpu(monkeypatch):
 
 def test_interleaved_keeps_the_mean_of_the_minima_in_rotating_rounds(no_gpu):
     # each step's times on each batch: the untimed warm-up, then the three rounds
-    times = {"a": {0: [1, 5, 3, 4], 1: [1, 7, 9, 8]},
-             "b": {0: [1, 6, 6, 2], 1: [1, 4, 4, 4]},
-             "oom": {0: [1, 2, 2, 2], 1: [1, 2]},
-             "raises": {0: []}}
+    times = {
+        "a": {0: [1, 5, 3, 4], 1: [1, 7, 9, 8]},
+        "b": {0: [1, 6, 6, 2], 1: [1, 4, 4, 4]},
+        "oom": {0: [1, 2, 2, 2], 1: [1, 2]},
+        "raises": {0: []},
+    }
     calls = []
 
     def steps(batch):
@@ -57,6 +59,7 @@ def test_interleaved_keeps_the_mean_of_the_minima_in_rotating_rounds(no_gpu):
             if ms is None:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory") if name == "oom" else RuntimeError("no GPU")
             return ms
+
         return {name: (lambda name=name: step(name)) for name in times}
 
     out = common.interleaved(range(2), steps, rounds=3)
@@ -66,12 +69,35 @@ def test_interleaved_keeps_the_mean_of_the_minima_in_rotating_rounds(no_gpu):
     assert out["oom"] == (None, 1.0, 1, out["oom"].first_s, "out of memory")
     assert out["raises"].ms is None and out["raises"].failed == "failed: RuntimeError: no GPU"
     # batch 0: warm-ups, then rounds whose first contender rotates; "raises" failed at its warm-up
-    assert calls[:13] == [(0, "a"), (0, "b"), (0, "oom"), (0, "raises"),
-                          (0, "a"), (0, "b"), (0, "oom"), (0, "b"), (0, "oom"), (0, "a"), (0, "oom"), (0, "a"),
-                          (0, "b")]
+    assert calls[:13] == [
+        (0, "a"),
+        (0, "b"),
+        (0, "oom"),
+        (0, "raises"),
+        (0, "a"),
+        (0, "b"),
+        (0, "oom"),
+        (0, "b"),
+        (0, "oom"),
+        (0, "a"),
+        (0, "oom"),
+        (0, "a"),
+        (0, "b"),
+    ]
     # batch 1: "oom" fails in the first round and runs no more
-    assert calls[13:] == [(1, "a"), (1, "b"), (1, "oom"), (1, "a"), (1, "b"), (1, "oom"),
-                          (1, "b"), (1, "oom"), (1, "a"), (1, "a"), (1, "b")]
+    assert calls[13:] == [
+        (1, "a"),
+        (1, "b"),
+        (1, "oom"),
+        (1, "a"),
+        (1, "b"),
+        (1, "oom"),
+        (1, "b"),
+        (1, "oom"),
+        (1, "a"),
+        (1, "a"),
+        (1, "b"),
+    ]
 
 
 @pytest.mark.parametrize("rows", [7, 500, 1000, 1024, 1850, 5000, 8193 + 5])
@@ -81,12 +107,13 @@ def test_floor_pads_rows_as_the_fused_projection(rows):
 
 
 def test_step_scripts_batches_on_the_cpu():
-    rows = np.loadtxt(common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1,
-                      dtype=np.int64)
+    rows = np.loadtxt(
+        common.HERE / "data" / "librispeech_train_clean_100_TU.csv", delimiter=",", skiprows=1, dtype=np.int64
+    )
     sb = list(speechbrain_step.batches(2, 8, device="cpu"))
     es = list(espnet_step.batches(2, 1000, 8, device="cpu"))
     for i, (s, e) in enumerate(zip(sb, es)):
-        T, U = rows[i * 8:(i + 1) * 8].T
+        T, U = rows[i * 8 : (i + 1) * 8].T
         assert s.rows == e.rows == int((T * (U + 1)).sum())
         assert s.x.shape == (8, T.max(), speechbrain_step.JOINT) and s.h.shape == (8, U.max() + 1, 640)
         assert torch.equal(e.T, torch.tensor(T, dtype=torch.int32)) and e.dec.shape == (8, U.max() + 1, 512)
@@ -108,8 +135,10 @@ def test_changing_shapes_figures(no_gpu, monkeypatch):
         def steps(batch):
             i = index[int(batch[0].sum())]
             j = i % 6  # the step's place in its contender's batches
-            queues = {"ours fused": iter([100.0 if j == 0 else 10.0 + j, 9.0 + j, 8.0 + j, 8.5 + j]),
-                      "fails": iter([20.0, 10.0, 10.0, 10.0] if j < 4 else [])}
+            queues = {
+                "ours fused": iter([100.0 if j == 0 else 10.0 + j, 9.0 + j, 8.0 + j, 8.5 + j]),
+                "fails": iter([20.0, 10.0, 10.0, 10.0] if j < 4 else []),
+            }
 
             def step(name):
                 seen[name].add(i)
@@ -117,8 +146,11 @@ def test_changing_shapes_figures(no_gpu, monkeypatch):
                 if ms is None:
                     raise torch.cuda.OutOfMemoryError("CUDA out of memory")
                 return ms
+
             return {name: (lambda name=name: step(name)) for name in queues}
+
         return steps
+
     monkeypatch.setattr(fused_step, "contenders", contenders)
     out = fused_step.run_changing_shapes("protocol-a", "bf16", 6, skip=2, repeats=3, time_limit=60, flash=None)
     ours = out["contenders"]["ours fused"]
@@ -142,7 +174,9 @@ def test_fused_step_case_figures_as_bench_reads_them(no_gpu, monkeypatch):
     def contenders(case, prec, flash):
         def steps(batch):
             return {"ours fused": lambda: 6.0, "Flash RNN-T": lambda: 1 / 0}
+
         return steps
+
     floors = iter([3.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 4.0])
     monkeypatch.setattr(fused_step, "contenders", contenders)
     monkeypatch.setattr(fused_step, "floor_gemms", lambda N, J, rows, dtype: lambda: next(floors))
@@ -150,8 +184,10 @@ def test_fused_step_case_figures_as_bench_reads_them(no_gpu, monkeypatch):
     out = fused_step.run_case("protocol-a", "bf16", 2, profile=False, flash=None)
     shapes = fused_step.batches("protocol-a", 2)
     assert out["rows"] == sum(int((T * (U + 1)).sum()) for T, U in shapes) // 2
-    assert out["contenders"] == {"floor (4 GEMMs)": dict(time_ms=3.0, peak_mb=1.0),
-                                 "ours fused": dict(time_ms=6.0, peak_mb=1.0)}
+    assert out["contenders"] == {
+        "floor (4 GEMMs)": dict(time_ms=3.0, peak_mb=1.0),
+        "ours fused": dict(time_ms=6.0, peak_mb=1.0),
+    }
     assert out["failed"] == {"Flash RNN-T": "failed: ZeroDivisionError: division by zero"}
     assert [r["vs"] for r in bench.rows_f(dict(cases=[out]))] == ["1.00x floor", "2.00x floor"]
 
@@ -161,9 +197,26 @@ def test_sharded_step_on_gloo(tmp_path, mode, case):
     """sharded_step.py under torchrun, 2 processes on the CPU (gloo, tiny sizes): its table and its figures, each
     contender timed, the ratios of those times, the rank's parameters a half under FSDP2 and whole under DDP."""
     out = tmp_path / "sharded.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "benchmarks" / "sharded_step.py"), "--mode", mode, "--case", case, "--device", "cpu",
-           "--batches", "2", "--rounds", "2", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "benchmarks" / "sharded_step.py"),
+        "--mode",
+        mode,
+        "--case",
+        case,
+        "--device",
+        "cpu",
+        "--batches",
+        "2",
+        "--rounds",
+        "2",
+        "--json",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     figures = json.loads(out.read_text())
@@ -189,7 +242,8 @@ def test_sharded_step_on_gloo(tmp_path, mode, case):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help(script):
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "--json" in p.stdout

@@ -120,12 +120,17 @@ def compare(make, wrap, batch, loss_of, rank, device):
             continue
         q = params.get(name, params.get("module." + name))  # DDP's names
         grad = q.grad
-        local[name] = (type(q).__name__, tuple(getattr(q, "_local_tensor", q).shape),
-                       type(grad).__name__, tuple(getattr(grad, "_local_tensor", grad).shape))
+        local[name] = (
+            type(q).__name__,
+            tuple(getattr(q, "_local_tensor", q).shape),
+            type(grad).__name__,
+            tuple(getattr(grad, "_local_tensor", grad).shape),
+        )
         grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad, p.grad)
     shards = {name: q.grad._local_tensor.clone() for name, q in params.items() if hasattr(q.grad, "_local_tensor")}
-    return dict(loss=(loss / WORLD, want.detach()), grads=grads, local=local, shards=shards,
-                autocast=device.type == "cuda")
+    return dict(
+        loss=(loss / WORLD, want.detach()), grads=grads, local=local, shards=shards, autocast=device.type == "cuda"
+    )
 
 
 def tiny_loss(model, batch):
@@ -134,27 +139,48 @@ def tiny_loss(model, batch):
 
 def tiny_case(units, functional=False, unfused=False, mp_policy=None, **options):
     def run(rank, device):
-        unit_of = {"joiner": lambda m: [m.joiner], "output": lambda m: [m.joiner.output], "out": lambda m: [m.out],
-                   "linears": lambda m: [nn.Linear], "root": lambda m: []}[units]
-        return compare(lambda: Tiny(functional, unfused, **options), lambda m: shard(m, unit_of(m), mp_policy),
-                       tiny_batch(), tiny_loss, rank, device)
+        unit_of = {
+            "joiner": lambda m: [m.joiner],
+            "output": lambda m: [m.joiner.output],
+            "out": lambda m: [m.out],
+            "linears": lambda m: [nn.Linear],
+            "root": lambda m: [],
+        }[units]
+        return compare(
+            lambda: Tiny(functional, unfused, **options),
+            lambda m: shard(m, unit_of(m), mp_policy),
+            tiny_batch(),
+            tiny_loss,
+            rank,
+            device,
+        )
+
     return run
 
 
 def ddp_case(rank, device):
     from torch.nn.parallel import DistributedDataParallel
+
     return compare(Tiny, DistributedDataParallel, tiny_batch(), tiny_loss, rank, device)
 
 
 def transformers_case(kind):
     """transformers' ParakeetForRNNT / ParakeetForTDT (tests/test_transformers.py's tiny models) under
     apply(model, fused=True), every Linear a unit, in eval mode (its BatchNorm then reads no batch statistics)."""
+
     def run(rank, device):
         import test_transformers as tf
 
         batch = tf.model_batch(tf.make_model(kind), kind)
-        return compare(lambda: tf.apply(tf.make_model(kind)).eval(), lambda m: shard(m, [nn.Linear]), batch,
-                       lambda m, b: m(**b, reduction="mean_batch").loss, rank, device)
+        return compare(
+            lambda: tf.apply(tf.make_model(kind)).eval(),
+            lambda m: shard(m, [nn.Linear]),
+            batch,
+            lambda m, b: m(**b, reduction="mean_batch").loss,
+            rank,
+            device,
+        )
+
     return run
 
 
@@ -162,8 +188,10 @@ def nemo_case(loss):
     """NeMo's tiny char model (tests/_nemo_models.py) under apply(model, fused=True), every Linear a unit: its
     training_step (FSDP2's forward method, as the root's forward) in eval mode (the Conformer's BatchNorm then
     reads no batch statistics), four utterances."""
+
     def run(rank, device):
         from _imports import require
+
         require("nemo.collections.asr", "nemo")
         import _nemo_models as tiny
         from torch.distributed.fsdp import register_fsdp_forward_method
@@ -181,8 +209,10 @@ def nemo_case(loss):
 
         batch = tiny.batch(tiny.build("char", loss), seconds=(0.6, 0.4, 0.5, 0.3), labels=(6, 0, 4, 5))
         batch = dict(zip("signal signal_len transcript transcript_len".split(), batch))
-        return compare(lambda: apply(tiny.build("char", loss)), wrap,
-                       batch, lambda m, b: loss_of(m, b.values()), rank, device)
+        return compare(
+            lambda: apply(tiny.build("char", loss)), wrap, batch, lambda m, b: loss_of(m, b.values()), rank, device
+        )
+
     return run
 
 
@@ -190,6 +220,7 @@ def espnet_case(kind):
     """ESPnet's tiny models (tests/test_espnet.py) under apply(model, fused=True), every Linear a unit, eval mode
     (no dropout; the Conformer's BatchNorm reads no batch statistics); each rank's part as long as the longest
     utterance (ESPnet cuts the features to the longest, and its convolutions read the padding)."""
+
     def run(rank, device):
         import test_espnet as es
 
@@ -198,8 +229,15 @@ def espnet_case(kind):
         es.install()
         batch = dict(zip("speech speech_lengths text text_lengths".split(), es.batch(es.MODELS[kind]())))
         batch["speech_lengths"] = torch.tensor([40, 33, 40, 17])
-        return compare(lambda: apply(es.MODELS[kind]()).eval(), lambda m: shard(m, [nn.Linear]),
-                       batch, lambda m, b: m(*(t.clone() for t in b.values()))[0], rank, device)
+        return compare(
+            lambda: apply(es.MODELS[kind]()).eval(),
+            lambda m: shard(m, [nn.Linear]),
+            batch,
+            lambda m, b: m(*(t.clone() for t in b.values()))[0],
+            rank,
+            device,
+        )
+
     return run
 
 
@@ -213,13 +251,18 @@ def speechbrain_case(rank, device):
 
     def loss_of(model, b):
         x, h = sb.encode(model, b["feats"], b["tokens"])
-        return fused_transducer_loss(x, h, model.Tjoint, model.transducer_lin, b["tokens"], b["wav_lens"],
-                                     b["token_lens"], blank_index=0)
+        return fused_transducer_loss(
+            x, h, model.Tjoint, model.transducer_lin, b["tokens"], b["wav_lens"], b["token_lens"], blank_index=0
+        )
 
     # four utterances, lengths relative to the padded 6 frames and 3 labels
     feats, tokens, _, _ = sb.batch(seed=1)
-    batch = dict(feats=torch.cat([feats, feats.flip(1)])[:4], tokens=torch.cat([tokens, tokens.flip(1)])[:4],
-                 wav_lens=torch.tensor([1.0, 0.75, 0.5, 1.0]), token_lens=torch.tensor([1.0, 1 / 3, 0.0, 2 / 3]))
+    batch = dict(
+        feats=torch.cat([feats, feats.flip(1)])[:4],
+        tokens=torch.cat([tokens, tokens.flip(1)])[:4],
+        wav_lens=torch.tensor([1.0, 0.75, 0.5, 1.0]),
+        token_lens=torch.tensor([1.0, 1 / 3, 0.0, 2 / 3]),
+    )
 
     def wrap(model):
         return shard(model, [nn.Linear, *(m for m in model.values() if list(m.parameters()))], root=False)
@@ -239,10 +282,11 @@ def refusals(rank, device):
     mesh2 = init_device_mesh(device.type, (WORLD, 1))
     messages = {}
     for name, args in [
-            ("encoder_out", (distribute_tensor(enc, mesh, [Replicate()]), pred, lin.weight, lin.bias)),
-            ("predictor_out", (enc, distribute_tensor(pred, mesh, [Shard(1)]), lin.weight, lin.bias)),
-            ("weight_dim1", (enc, pred, distribute_tensor(lin.weight.detach(), mesh, [Shard(1)]), lin.bias)),
-            ("bias_2d", (enc, pred, lin.weight, distribute_tensor(lin.bias.detach(), mesh2, [Shard(0), Replicate()])))]:
+        ("encoder_out", (distribute_tensor(enc, mesh, [Replicate()]), pred, lin.weight, lin.bias)),
+        ("predictor_out", (enc, distribute_tensor(pred, mesh, [Shard(1)]), lin.weight, lin.bias)),
+        ("weight_dim1", (enc, pred, distribute_tensor(lin.weight.detach(), mesh, [Shard(1)]), lin.bias)),
+        ("bias_2d", (enc, pred, lin.weight, distribute_tensor(lin.bias.detach(), mesh2, [Shard(0), Replicate()]))),
+    ]:
         try:
             fused_joiner_loss(*args, batch["targets"], batch["T"], batch["U"])
             messages[name] = None
@@ -255,26 +299,29 @@ CASES = {
     "ddp": ddp_case,
 }
 if fully_shard is not None:
-    CASES.update({
-        "root": tiny_case("root"),
-        "joiner": tiny_case("joiner"),
-        "output": tiny_case("output"),
-        "output_tdt": tiny_case("output", durations=[0, 1, 2]),
-        "linears": tiny_case("linears"),
-        "linears_bf16": tiny_case("linears", mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                              reduce_dtype=torch.float32)),
-        "functional": tiny_case("out", functional=True),
-        "unfused": tiny_case("out", functional=True, unfused=True),
-        "output_no_bias": tiny_case("output", bias=False),
-        "refusals": refusals,
-        "transformers_rnnt": transformers_case("rnnt"),
-        "transformers_tdt": transformers_case("tdt"),
-        "nemo_rnnt": nemo_case("default"),
-        "nemo_tdt": nemo_case("tdt"),
-        "espnet_rnnt": espnet_case("rnnt"),
-        "espnet_transducer": espnet_case("transducer"),
-        "speechbrain": speechbrain_case,
-    })
+    CASES.update(
+        {
+            "root": tiny_case("root"),
+            "joiner": tiny_case("joiner"),
+            "output": tiny_case("output"),
+            "output_tdt": tiny_case("output", durations=[0, 1, 2]),
+            "linears": tiny_case("linears"),
+            "linears_bf16": tiny_case(
+                "linears", mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            ),
+            "functional": tiny_case("out", functional=True),
+            "unfused": tiny_case("out", functional=True, unfused=True),
+            "output_no_bias": tiny_case("output", bias=False),
+            "refusals": refusals,
+            "transformers_rnnt": transformers_case("rnnt"),
+            "transformers_tdt": transformers_case("tdt"),
+            "nemo_rnnt": nemo_case("default"),
+            "nemo_tdt": nemo_case("tdt"),
+            "espnet_rnnt": espnet_case("rnnt"),
+            "espnet_transducer": espnet_case("transducer"),
+            "speechbrain": speechbrain_case,
+        }
+    )
 
 
 def _process(rank, backend, store, path):
@@ -284,8 +331,13 @@ def _process(rank, backend, store, path):
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=300 if device.type == "cuda" else 60))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=300 if device.type == "cuda" else 60),
+    )
     results = {}
     for name, case in CASES.items():
         torch.manual_seed(0)
@@ -307,12 +359,16 @@ def results(request, tmp_path_factory):
     process once the parent has touched it."""
     backend = request.param
     if backend == "nccl" and (not dist.is_nccl_available() or torch.cuda.device_count() < WORLD):
-        pytest.skip(f"needs {WORLD} CUDA GPUs and NCCL (this machine: {torch.cuda.device_count()} GPUs, NCCL "
-                    f"{'available' if dist.is_nccl_available() else 'not available'})")
+        pytest.skip(
+            f"needs {WORLD} CUDA GPUs and NCCL (this machine: {torch.cuda.device_count()} GPUs, NCCL "
+            f"{'available' if dist.is_nccl_available() else 'not available'})"
+        )
     tmp = tmp_path_factory.mktemp(f"distributed-{backend}")
     context = multiprocessing.get_context("fork" if backend == "gloo" else "spawn")
-    ranks = [context.Process(target=_process, args=(rank, backend, tmp / "store", tmp / f"{rank}.pt"))
-             for rank in range(WORLD)]
+    ranks = [
+        context.Process(target=_process, args=(rank, backend, tmp / "store", tmp / f"{rank}.pt"))
+        for rank in range(WORLD)
+    ]
     for p in ranks:
         p.start()
     for p in ranks:
@@ -357,8 +413,9 @@ def test_ddp(results):
 
 
 @needs_fsdp
-@pytest.mark.parametrize("units", ["root", "joiner", "output", "output_tdt", "output_no_bias", "linears", "functional",
-                                   "unfused"])
+@pytest.mark.parametrize(
+    "units", ["root", "joiner", "output", "output_tdt", "output_no_bias", "linears", "functional", "unfused"]
+)
 def test_fully_shard(results, units):
     check(results, units)
 
@@ -389,10 +446,13 @@ def test_refused(results):
     assert messages["encoder_out"].startswith("TypeError: encoder_out: expected a plain torch.Tensor")
     assert "pass encoder_out.full_tensor()" in messages["encoder_out"]
     assert messages["predictor_out"].startswith("TypeError: predictor_out: expected a plain torch.Tensor")
-    assert messages["weight_dim1"].startswith("ValueError: weight: a DTensor with placements (Shard(dim=1),) over a "
-                                              "1-D device mesh is not supported")
-    assert messages["bias_2d"].startswith("ValueError: bias: a DTensor with placements (Shard(dim=0), Replicate()) "
-                                          "over a 2-D device mesh is not supported")
+    assert messages["weight_dim1"].startswith(
+        "ValueError: weight: a DTensor with placements (Shard(dim=1),) over a 1-D device mesh is not supported"
+    )
+    assert messages["bias_2d"].startswith(
+        "ValueError: bias: a DTensor with placements (Shard(dim=0), Replicate()) "
+        "over a 2-D device mesh is not supported"
+    )
     assert "the unit holding this Linear" in messages["bias_2d"]
 
 

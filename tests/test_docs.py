@@ -15,7 +15,7 @@ DOCS = ROOT / "docs"
 
 def usage_block(path=README):
     text = path.read_text()
-    section = text[text.index("## Usage"):]
+    section = text[text.index("## Usage") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -78,8 +78,11 @@ def _normalise(text):
 
 def test_setups_use_their_own_environments():
     """The set-up commands make environments of different names, so that none reuses another."""
-    venvs = [re.search(r"python3 -m venv (\S+)", c).group(1) for c in _commands(README.read_text())
-             if c.startswith("python3 -m venv")]
+    venvs = [
+        re.search(r"python3 -m venv (\S+)", c).group(1)
+        for c in _commands(README.read_text())
+        if c.startswith("python3 -m venv")
+    ]
     assert len(venvs) >= 3 and len(set(venvs)) == len(venvs)
 
 
@@ -87,10 +90,20 @@ def test_api_reference_names_every_public_name():
     """Every name of the public modules' ``__all__`` (transducer's, the integrations', ragged's, ops') has its
     ``:::`` entry in docs/api/, so the generated reference covers the public API."""
     import importlib
+
     text = "".join(p.read_text() for p in sorted((DOCS / "api").glob("*.md")))
     entries = set(re.findall(r"^::: ([\w.]+)", text, re.M))
-    for module in ("transducer", "transducer.integrations.transformers", "transducer.integrations.nemo",
-                   "transducer.integrations.espnet", "transducer.integrations.speechbrain", "ragged", "ops"):
+    for module in (
+        "transducer",
+        "transducer.integrations.transformers",
+        "transducer.integrations.nemo",
+        "transducer.integrations.espnet",
+        "transducer.integrations.speechbrain",
+        "ragged",
+        "ops",
+    ):
         for name in importlib.import_module(module).__all__:
             # a function named as its submodule (transducer.pack, ops.gather) is entered by its submodule's path
-            assert {f"{module}.{name}", f"{module}.{name}.{name}"} & entries, f"docs/api/ has no ::: entry for {module}.{name}"
+            assert {f"{module}.{name}", f"{module}.{name}.{name}"} & entries, (
+                f"docs/api/ has no ::: entry for {module}.{name}"
+            )

@@ -22,8 +22,10 @@ from transducer.integrations import espnet as integration
 from transducer.integrations.espnet import MultiblankRNNTLoss, RNNTLoss, apply, install, rnnt_loss
 
 if importlib.util.find_spec("espnet2") is None:
-    pytest.skip("espnet is not installed: pip install -e '.[espnet]' && pip install --no-deps espnet==202511",
-                allow_module_level=True)
+    pytest.skip(
+        "espnet is not installed: pip install -e '.[espnet]' && pip install --no-deps espnet==202511",
+        allow_module_level=True,
+    )
 require("espnet2.asr.espnet_model", "espnet")
 from espnet2.asr.ctc import CTC  # noqa: E402
 from espnet2.asr.decoder.transducer_decoder import TransducerDecoder  # noqa: E402
@@ -55,8 +57,11 @@ def installed(monkeypatch):
 
 def warp_reduce(losses, reduction):
     """warp-transducer's reductions, written out."""
-    return {"mean": lambda: losses.sum().reshape(1) / len(losses), "sum": lambda: losses.sum().reshape(1),
-            "none": lambda: losses}[reduction]()
+    return {
+        "mean": lambda: losses.sum().reshape(1) / len(losses),
+        "sum": lambda: losses.sum().reshape(1),
+        "none": lambda: losses,
+    }[reduction]()
 
 
 class ReferenceLoss(torch.nn.Module):
@@ -70,11 +75,13 @@ class ReferenceLoss(torch.nn.Module):
     def forward(self, acts, labels, act_lens, label_lens):
         x = acts.double()
         if self.big_blank_durations:
-            losses = multiblank_loss_reference(x, labels, act_lens, label_lens, self.big_blank_durations, self.blank,
-                                               sigma=self.sigma)
+            losses = multiblank_loss_reference(
+                x, labels, act_lens, label_lens, self.big_blank_durations, self.blank, sigma=self.sigma
+            )
         else:
-            losses = transducer_loss_reference(x, labels, act_lens, label_lens, self.blank,
-                                               fastemit_lambda=self.fastemit_lambda)
+            losses = transducer_loss_reference(
+                x, labels, act_lens, label_lens, self.blank, fastemit_lambda=self.fastemit_lambda
+            )
         return warp_reduce(losses, self.reduction).float()
 
 
@@ -86,8 +93,9 @@ class TorchaudioLoss(torch.nn.Module):
         self.blank, self.reduction = blank, reduction
 
     def forward(self, acts, labels, act_lens, label_lens):
-        losses = torchaudio.rnnt_loss(acts.float(), labels.int(), act_lens.int(), label_lens.int(), blank=self.blank,
-                                      reduction="none")
+        losses = torchaudio.rnnt_loss(
+            acts.float(), labels.int(), act_lens.int(), label_lens.int(), blank=self.blank, reduction="none"
+        )
         return warp_reduce(losses, self.reduction)
 
 
@@ -102,7 +110,7 @@ def joint_batch(seed, V=12, dtype=torch.float32):
 def loss_and_grad(loss, x, *args):
     x = x.detach().clone().requires_grad_()
     value = loss(x, *args)
-    grad, = torch.autograd.grad(value.sum(), x)
+    (grad,) = torch.autograd.grad(value.sum(), x)
     return value, grad
 
 
@@ -111,8 +119,7 @@ def test_rnnt_loss_equals_torchaudio_espnets_numba_and_the_reference(reduction):
     acts, labels, T, U = joint_batch(1)
     got, got_grad = loss_and_grad(RNNTLoss(blank=0, fastemit_lambda=0.0, reduction=reduction), acts, labels, T, U)
     assert got.dtype == torch.float32 and got.shape == ((5,) if reduction == "none" else (1,))
-    witnesses = [TorchaudioLoss(0, reduction), RNNTLossNumba(blank=0, reduction=reduction),
-                 ReferenceLoss(0, reduction)]
+    witnesses = [TorchaudioLoss(0, reduction), RNNTLossNumba(blank=0, reduction=reduction), ReferenceLoss(0, reduction)]
     for witness in witnesses:
         want, want_grad = loss_and_grad(witness, acts, labels, T, U)
         assert want.shape == got.shape, type(witness).__name__
@@ -148,8 +155,9 @@ def test_rnnt_loss_reads_bf16_joints_and_int64_labels():
     assert got.dtype == torch.float32 and got_grad.dtype == torch.bfloat16
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_grad.float(), want_grad, rtol=1e-2, atol=2e-3)
-    torch.testing.assert_close(rnnt_loss(acts, labels, T, U, reduction="sum"),
-                               RNNTLoss(0, reduction="sum")(acts, labels, T, U))
+    torch.testing.assert_close(
+        rnnt_loss(acts, labels, T, U, reduction="sum"), RNNTLoss(0, reduction="sum")(acts, labels, T, U)
+    )
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -160,8 +168,9 @@ def test_multiblank_loss_equals_the_reference(reduction):
     labels = labels.clamp(min=blank + 1)
     loss = MultiblankRNNTLoss(blank, BIG_BLANKS, reduction, sigma=0.05)
     got, got_grad = loss_and_grad(loss, acts, labels, T, U)
-    want, want_grad = loss_and_grad(ReferenceLoss(blank, reduction, big_blank_durations=BIG_BLANKS, sigma=0.05),
-                                    acts, labels, T, U)
+    want, want_grad = loss_and_grad(
+        ReferenceLoss(blank, reduction, big_blank_durations=BIG_BLANKS, sigma=0.05), acts, labels, T, U
+    )
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-6)
@@ -205,23 +214,53 @@ def asr_model(big_blank_durations=(), activation="tanh", **model_conf):
     for duration in big_blank_durations:
         tokens.insert(tokens.index("<blank>"), f"<blank{duration}>")
     V = len(tokens)
-    encoder = ConformerEncoder(FEATURES, output_size=16, attention_heads=2, linear_units=32, num_blocks=1,
-                               dropout_rate=0.1, positional_dropout_rate=0.1, attention_dropout_rate=0.1,
-                               input_layer="conv2d", normalize_before=True, macaron_style=True, rel_pos_type="latest",
-                               pos_enc_layer_type="rel_pos", selfattention_layer_type="rel_selfattn",
-                               activation_type="swish", use_cnn_module=True, cnn_module_kernel=3)
-    decoder = TransducerDecoder(V, embed_pad=0, rnn_type="lstm", num_layers=1, hidden_size=16, dropout=0.1,
-                                dropout_embed=0.2)
-    joint = JointNetwork(V, encoder.output_size(), decoder.dunits, joint_space_size=20,
-                         joint_activation_type=activation)
+    encoder = ConformerEncoder(
+        FEATURES,
+        output_size=16,
+        attention_heads=2,
+        linear_units=32,
+        num_blocks=1,
+        dropout_rate=0.1,
+        positional_dropout_rate=0.1,
+        attention_dropout_rate=0.1,
+        input_layer="conv2d",
+        normalize_before=True,
+        macaron_style=True,
+        rel_pos_type="latest",
+        pos_enc_layer_type="rel_pos",
+        selfattention_layer_type="rel_selfattn",
+        activation_type="swish",
+        use_cnn_module=True,
+        cnn_module_kernel=3,
+    )
+    decoder = TransducerDecoder(
+        V, embed_pad=0, rnn_type="lstm", num_layers=1, hidden_size=16, dropout=0.1, dropout_embed=0.2
+    )
+    joint = JointNetwork(
+        V, encoder.output_size(), decoder.dunits, joint_space_size=20, joint_activation_type=activation
+    )
     conf = dict(ctc_weight=0.3, report_cer=False, report_wer=False)
     if big_blank_durations:
-        conf.update(ctc_weight=0.0, transducer_multi_blank_durations=list(big_blank_durations),
-                    transducer_multi_blank_sigma=0.05)
+        conf.update(
+            ctc_weight=0.0,
+            transducer_multi_blank_durations=list(big_blank_durations),
+            transducer_multi_blank_sigma=0.05,
+        )
     conf.update(model_conf)
-    return ESPnetASRModel(vocab_size=V, token_list=tokens, frontend=None, specaug=None, normalize=None,
-                          preencoder=None, encoder=encoder, postencoder=None, decoder=decoder,
-                          ctc=CTC(odim=V, encoder_output_size=16), joint_network=joint, **conf)
+    return ESPnetASRModel(
+        vocab_size=V,
+        token_list=tokens,
+        frontend=None,
+        specaug=None,
+        normalize=None,
+        preencoder=None,
+        encoder=encoder,
+        postencoder=None,
+        decoder=decoder,
+        ctc=CTC(odim=V, encoder_output_size=16),
+        joint_network=joint,
+        **conf,
+    )
 
 
 def transducer_model(activation="tanh", decoder="rnn", **model_conf):
@@ -230,20 +269,40 @@ def transducer_model(activation="tanh", decoder="rnn", **model_conf):
     train_conformer-rnn_transducer.yaml, in ESPnet 202511's argument names); ``decoder="stateless"``: ESPnet's
     stateless decoder (an embedding) in place of the LSTM."""
     V = len(TOKENS)
-    encoder = Encoder(FEATURES, body_conf=[dict(block_type="conformer", linear_size=32, hidden_size=16, heads=2,
-                                                conv_mod_kernel_size=3, num_blocks=1, dropout_rate=0.1,
-                                                pos_wise_dropout_rate=0.1, att_dropout_rate=0.1)],
-                      input_conf=dict(block_type="conv2d"),
-                      main_conf=dict(pos_wise_act_type="swish", conv_mod_act_type="swish"))
+    encoder = Encoder(
+        FEATURES,
+        body_conf=[
+            dict(
+                block_type="conformer",
+                linear_size=32,
+                hidden_size=16,
+                heads=2,
+                conv_mod_kernel_size=3,
+                num_blocks=1,
+                dropout_rate=0.1,
+                pos_wise_dropout_rate=0.1,
+                att_dropout_rate=0.1,
+            )
+        ],
+        input_conf=dict(block_type="conv2d"),
+        main_conf=dict(pos_wise_act_type="swish", conv_mod_act_type="swish"),
+    )
     if decoder == "rnn":
-        decoder = RNNDecoder(V, embed_size=16, hidden_size=16, rnn_type="lstm", num_layers=1, dropout_rate=0.1,
-                             embed_dropout_rate=0.2)
+        decoder = RNNDecoder(
+            V, embed_size=16, hidden_size=16, rnn_type="lstm", num_layers=1, dropout_rate=0.1, embed_dropout_rate=0.2
+        )
     else:
         decoder = StatelessDecoder(V, embed_size=16, embed_dropout_rate=0.2)
-    joint = JointNetwork(V, encoder.output_size, decoder.output_size, joint_space_size=20,
-                         joint_activation_type=activation)
-    conf = dict(transducer_weight=1.0, auxiliary_ctc_weight=0.3, auxiliary_lm_loss_weight=0.2, report_cer=False,
-                report_wer=False)
+    joint = JointNetwork(
+        V, encoder.output_size, decoder.output_size, joint_space_size=20, joint_activation_type=activation
+    )
+    conf = dict(
+        transducer_weight=1.0,
+        auxiliary_ctc_weight=0.3,
+        auxiliary_lm_loss_weight=0.2,
+        report_cer=False,
+        report_wer=False,
+    )
     conf.update(model_conf)
     return ESPnetASRTransducerModel(V, TOKENS, None, None, None, encoder, decoder, joint, **conf)
 
@@ -298,9 +357,12 @@ MODELS = {
 
 def reference_criterion(kind):
     """The float64 reference with the model's own loss options (blank 0, or after the big blanks)."""
-    return {"rnnt": ReferenceLoss(0), "multiblank": ReferenceLoss(2, big_blank_durations=BIG_BLANKS, sigma=0.05),
-            "transducer": ReferenceLoss(0, fastemit_lambda=0.1),
-            "transducer_stateless": ReferenceLoss(0, fastemit_lambda=0.1)}[kind]
+    return {
+        "rnnt": ReferenceLoss(0),
+        "multiblank": ReferenceLoss(2, big_blank_durations=BIG_BLANKS, sigma=0.05),
+        "transducer": ReferenceLoss(0, fastemit_lambda=0.1),
+        "transducer_stateless": ReferenceLoss(0, fastemit_lambda=0.1),
+    }[kind]
 
 
 def test_install_is_what_espnet_imports():
@@ -342,9 +404,15 @@ def test_installed_step_equals_the_reference_and_torchaudio(kind):
         assert grad.abs().max() > 0, name
 
 
-@pytest.mark.parametrize("kind,activation,fused", [
-    *[(kind, "tanh", fused) for kind in ("rnnt", "multiblank", "transducer") for fused in (True, False)],
-    ("rnnt", "relu", True), ("transducer", "swish", True), ("transducer_stateless", "identity", True)])
+@pytest.mark.parametrize(
+    "kind,activation,fused",
+    [
+        *[(kind, "tanh", fused) for kind in ("rnnt", "multiblank", "transducer") for fused in (True, False)],
+        ("rnnt", "relu", True),
+        ("transducer", "swish", True),
+        ("transducer_stateless", "identity", True),
+    ],
+)
 def test_applied_step_equals_the_reference_step(kind, activation, fused):
     """apply(model, fused): the step's loss and every parameter's gradient equal ESPnet's step with the float64
     reference on its own joint output (multi-blank: ESPnet's numba loss runs on CUDA only)."""
@@ -435,8 +503,7 @@ def test_validation_and_decoding_unchanged(kind):
         else:
             from espnet2.asr_transducer.beam_search_transducer import BeamSearchTransducer
         encoder_out, _ = model.encode(data[0][:1], data[1][:1])
-        hyps = [BeamSearchTransducer(m.decoder, m.joint_network, beam_size=2)(encoder_out[0])
-                for m in (model, witness)]
+        hyps = [BeamSearchTransducer(m.decoder, m.joint_network, beam_size=2)(encoder_out[0]) for m in (model, witness)]
         assert [h.yseq for h in hyps[0]] == [h.yseq for h in hyps[1]]
 
 
@@ -466,9 +533,20 @@ def test_a_criterion_espnet_built_with_warp_transducer_is_taken_with_its_options
 def test_apply_refuses():
     with pytest.raises(TypeError, match="model: expected an ESPnet ESPnetASRModel"):
         apply(torch.nn.Linear(2, 2))
-    ctc_only = ESPnetASRModel(vocab_size=len(TOKENS), token_list=TOKENS, frontend=None, specaug=None, normalize=None,
-                              preencoder=None, encoder=None, postencoder=None, decoder=None,
-                              ctc=CTC(odim=len(TOKENS), encoder_output_size=16), joint_network=None, ctc_weight=1.0)
+    ctc_only = ESPnetASRModel(
+        vocab_size=len(TOKENS),
+        token_list=TOKENS,
+        frontend=None,
+        specaug=None,
+        normalize=None,
+        preencoder=None,
+        encoder=None,
+        postencoder=None,
+        decoder=None,
+        ctc=CTC(odim=len(TOKENS), encoder_output_size=16),
+        joint_network=None,
+        ctc_weight=1.0,
+    )
     with pytest.raises(ValueError, match="has no transducer decoder"):
         apply(ctc_only)
     with pytest.raises(ValueError, match="use_k2_pruned_loss: the model trains on k2's pruned loss"):

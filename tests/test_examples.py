@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_example(name, cwd):
     """The losses an example prints ("step N: loss X"), run in ``cwd``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / name)], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     return [float(x) for x in re.findall(r"^step \d+: loss (\S+)$", p.stdout, re.MULTILINE)]
 

@@ -29,8 +29,13 @@ def joiner_batch(seed, B=5, max_t=8, max_u=4, J=12, V=17, blank=0, rna=False, dt
     weight = torch.randn(V, J, generator=gen, dtype=torch.float64) * 0.5
     bias = torch.randn(V, generator=gen, dtype=torch.float64)
     grads = [t.to(device, dtype).requires_grad_() for t in (enc, pred, weight, bias)]
-    return (*grads, targets.to(device), T.to(device), U.to(device),
-            torch.rand(B, generator=gen, dtype=torch.float64).to(device) + 0.5)
+    return (
+        *grads,
+        targets.to(device),
+        T.to(device),
+        U.to(device),
+        torch.rand(B, generator=gen, dtype=torch.float64).to(device) + 0.5,
+    )
 
 
 def unfused(enc, pred, weight, bias, targets, T, U, activation="tanh", **options):
@@ -39,18 +44,30 @@ def unfused(enc, pred, weight, bias, targets, T, U, activation="tanh", **options
     return transducer_loss(F.linear(h, weight, bias), targets, T, U, **options)
 
 
-def both(seed, device, dtype=torch.float64, reduction="none", activation="tanh", bias=True, max_rows=None,
-         **options):
+def both(seed, device, dtype=torch.float64, reduction="none", activation="tanh", bias=True, max_rows=None, **options):
     """(losses, gradients) of the fused and the unfused loss on the same batch, weighted per utterance."""
-    enc, pred, weight, b, targets, T, U, w = joiner_batch(seed, dtype=dtype, device=device,
-                                                          rna=options.get("one_sym_per_frame", False),
-                                                          blank=options.get("blank", 0))
+    enc, pred, weight, b, targets, T, U, w = joiner_batch(
+        seed, dtype=dtype, device=device, rna=options.get("one_sym_per_frame", False), blank=options.get("blank", 0)
+    )
     b = b if bias else None
     params = (enc, pred, weight) + ((b,) if bias else ())
     out = []
-    for fn in (lambda: fused_joiner_loss(enc, pred, weight, b, targets, T, U, activation=activation,
-                                         reduction=reduction, max_rows=max_rows, **options),
-               lambda: unfused(enc, pred, weight, b, targets, T, U, activation, reduction=reduction, **options)):
+    for fn in (
+        lambda: fused_joiner_loss(
+            enc,
+            pred,
+            weight,
+            b,
+            targets,
+            T,
+            U,
+            activation=activation,
+            reduction=reduction,
+            max_rows=max_rows,
+            **options,
+        ),
+        lambda: unfused(enc, pred, weight, b, targets, T, U, activation, reduction=reduction, **options),
+    ):
         loss = fn()
         objective = (loss * w.to(loss.dtype)).sum() if reduction == "none" else loss * 1.7
         out.append((loss.detach(), torch.autograd.grad(objective, params)))
@@ -72,8 +89,9 @@ CASES = [  # activation, reduction, max_rows (tiles split utterances), options
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_float64_equals_unfused(device, case):
     activation, reduction, max_rows, options = CASES[case]
-    (fused, fused_grads), (want, want_grads) = both(500 + case, device, reduction=reduction, activation=activation,
-                                                    bias=case != 2, max_rows=max_rows, **options)
+    (fused, fused_grads), (want, want_grads) = both(
+        500 + case, device, reduction=reduction, activation=activation, bias=case != 2, max_rows=max_rows, **options
+    )
     torch.testing.assert_close(fused, want, rtol=1e-10, atol=1e-12)
     for got, exp in zip(fused_grads, want_grads):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
@@ -81,6 +99,7 @@ def test_float64_equals_unfused(device, case):
 
 def test_gemm_rows_are_few_shapes_of_little_padding():
     from transducer.fused.tiles import gemm_rows
+
     for rows in list(range(1, 5000)) + list(range(100_000, 140_000, 7)):
         got = gemm_rows(rows, "cuda")
         assert rows <= got <= max(rows * 33 / 32, rows + 7) and got % 8 == 0, rows
@@ -94,6 +113,7 @@ def test_tf32_setting_read_either_way():
     older settings and from its newer fp32_precision alike; the older getters raise once the newer one is set. The
     settings are process-wide (a library imported by an earlier test may have set them): restored after."""
     from transducer.fused.op import tf32_matmul
+
     matmul = torch.backends.cuda.matmul
     newer = hasattr(matmul, "fp32_precision")  # torch 2.9 and later
     saved = (matmul.fp32_precision, torch.backends.fp32_precision) if newer else matmul.allow_tf32
@@ -124,6 +144,7 @@ def test_padded_gemm_rows_change_nothing(device, options, dtype, monkeypatch):
     if dtype == torch.bfloat16 and device == "cpu":
         pytest.skip("bf16 GEMMs: CUDA")
     from transducer.fused import cublas_tiles, hopper_tiles
+
     options = dict(options)
     bias = options.pop("bias", True)
     enc, pred, weight, b, targets, T, U, w = joiner_batch(530, device=device, J=16)  # J % 8 == 0: the Hopper path
@@ -138,6 +159,7 @@ def test_padded_gemm_rows_change_nothing(device, options, dtype, monkeypatch):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype != torch.float64):
             loss = fused_joiner_loss(enc, pred, weight, b, targets, T, U, max_rows=9, reduction="none", **options)
         return loss.detach(), torch.autograd.grad((loss * w.to(loss.dtype)).sum(), params)
+
     (padded, padded_grads), (plain, plain_grads) = run(13), run(0)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-2, atol=2e-3)
     torch.testing.assert_close(padded, plain, **tol)
@@ -159,17 +181,23 @@ def test_gradcheck(device, activation):
     """The gradients of the loss it returns; leaky_relu: its slope on both sides of 0 against its forward."""
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(530, B=3, max_t=4, max_u=2, J=3, V=5, device=device)
     assert torch.autograd.gradcheck(
-        lambda e, p, w, b: fused_joiner_loss(e, p, w, b, targets, T, U, max_rows=4, reduction="none",
-                                             activation=activation),
-        (enc, pred, weight, bias), eps=1e-6, atol=1e-7, rtol=1e-5)
+        lambda e, p, w, b: fused_joiner_loss(
+            e, p, w, b, targets, T, U, max_rows=4, reduction="none", activation=activation
+        ),
+        (enc, pred, weight, bias),
+        eps=1e-6,
+        atol=1e-7,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_bf16_autocast_within_the_unfused_bound(device):
     """Under bf16 autocast the GEMMs run in bf16, the loss in fp32. The bound: the fused loss and gradients are
     off the fp32 ones by at most twice what the unfused bf16 path is (plus 1e-3 of the gradient's scale)."""
-    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(540, B=6, max_t=20, max_u=8, J=64, V=100, device=device,
-                                                             dtype=torch.float32)
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(
+        540, B=6, max_t=20, max_u=8, J=64, V=100, device=device, dtype=torch.float32
+    )
     params = (enc, pred, weight, bias)
 
     def run(fn, autocast):
@@ -218,10 +246,23 @@ def test_activations_and_dropout_equal_the_composition(device, activation, dropo
     params = (enc, pred, weight, bias)
     generator, seed = seeded(5)
     results = []
-    for fn in (lambda: fused_joiner_loss(enc, pred, weight, bias, targets, T, U, activation=activation,
-                                         dropout=dropout, generator=generator, max_rows=7, reduction="none"),
-               lambda: composed(enc, pred, weight, bias, targets, T, U, activation, dropout, seed,
-                                reduction="none")):
+    for fn in (
+        lambda: fused_joiner_loss(
+            enc,
+            pred,
+            weight,
+            bias,
+            targets,
+            T,
+            U,
+            activation=activation,
+            dropout=dropout,
+            generator=generator,
+            max_rows=7,
+            reduction="none",
+        ),
+        lambda: composed(enc, pred, weight, bias, targets, T, U, activation, dropout, seed, reduction="none"),
+    ):
         loss = fn()
         results.append((loss.detach(), torch.autograd.grad((loss * w).sum(), params)))
     (got, got_grads), (want, want_grads) = results
@@ -229,8 +270,19 @@ def test_activations_and_dropout_equal_the_composition(device, activation, dropo
     for g, wg in zip(got_grads, want_grads):
         torch.testing.assert_close(g, wg, rtol=1e-9, atol=1e-10)
     if dropout:  # another seed, another mask
-        other = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, activation=activation, dropout=dropout,
-                                  generator=torch.Generator().manual_seed(6), reduction="none")
+        other = fused_joiner_loss(
+            enc,
+            pred,
+            weight,
+            bias,
+            targets,
+            T,
+            U,
+            activation=activation,
+            dropout=dropout,
+            generator=torch.Generator().manual_seed(6),
+            reduction="none",
+        )
         assert (other - want).abs().max() > 1e-3
 
 
@@ -241,8 +293,9 @@ def test_activations_and_dropout_equal_the_composition(device, activation, dropo
 def test_activations_and_dropout_16bit_within_the_unfused_bound(activation, dropout, dtype):
     """The pack kernels' 16-bit paths (16-bit inputs, or fp32 inputs under autocast) for every activation, with and
     without dropout: within twice the unfused autocast composition's error of the float64 composition."""
-    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(595, B=6, max_t=20, max_u=8, J=64, V=100,
-                                                             device="cuda", dtype=torch.float32)
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(
+        595, B=6, max_t=20, max_u=8, J=64, V=100, device="cuda", dtype=torch.float32
+    )
     enc, pred = (x.detach().to(dtype).requires_grad_() for x in (enc, pred))
     params = (enc, pred, weight, bias)
     generator, seed = seeded(9)
@@ -256,8 +309,13 @@ def test_activations_and_dropout_16bit_within_the_unfused_bound(activation, drop
     exact = [x.detach().double().requires_grad_() for x in params]
     ref_loss, ref_grads = run(lambda *x: composed(*x, targets, T, U, activation, dropout, seed), exact, False)
     un_loss, un_grads = run(lambda *x: composed(*x, targets, T, U, activation, dropout, seed), params, True)
-    fu_loss, fu_grads = run(lambda *x: fused_joiner_loss(*x, targets, T, U, activation=activation, dropout=dropout,
-                                                         generator=generator, max_rows=50), params, True)
+    fu_loss, fu_grads = run(
+        lambda *x: fused_joiner_loss(
+            *x, targets, T, U, activation=activation, dropout=dropout, generator=generator, max_rows=50
+        ),
+        params,
+        True,
+    )
     assert abs(fu_loss - ref_loss) <= 2 * abs(un_loss - ref_loss) + 1e-3 * abs(ref_loss)
     for fu, un, ref in zip(fu_grads, un_grads, ref_grads):
         assert (fu - ref).abs().max() <= 2 * (un - ref).abs().max() + 1e-3 * ref.abs().max()
@@ -287,8 +345,9 @@ def test_module_dropout_in_training_only(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32)],
-                         ids=["fp32-fp64", "fp64-fp32"])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32)], ids=["fp32-fp64", "fp64-fp32"]
+)
 def test_mixed_dtypes_promote_as_the_sum_does(device, dtypes):
     """Encoder and predictor outputs of different dtypes, outside autocast: the sum, the activation and the
     GEMMs in the promoted dtype (float64 here), as enc + pred computes them, exactly the unfused composition;
@@ -301,8 +360,10 @@ def test_mixed_dtypes_promote_as_the_sum_does(device, dtypes):
     assert rows.dtype == torch.float64
     torch.testing.assert_close(rows, pack(enc.double(), pred.double(), T, U), rtol=0, atol=0)
     results = []
-    for fn in (lambda: fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="none"),
-               lambda: unfused(enc, pred, weight, bias, targets, T, U, reduction="none")):
+    for fn in (
+        lambda: fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="none"),
+        lambda: unfused(enc, pred, weight, bias, targets, T, U, reduction="none"),
+    ):
         loss = fn()
         results.append((loss.detach(), torch.autograd.grad((loss * w).sum(), params)))
     (fused, fused_grads), (want, want_grads) = results
@@ -315,8 +376,11 @@ def test_mixed_dtypes_promote_as_the_sum_does(device, dtypes):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
-                                    (torch.bfloat16, torch.bfloat16)], ids=["fp32", "fp32-bf16", "bf16"])
+@pytest.mark.parametrize(
+    "dtypes",
+    [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)],
+    ids=["fp32", "fp32-bf16", "bf16"],
+)
 @pytest.mark.parametrize("J", [64, 36, 35])  # the pack passes' vectors: 8, 4 and 1 elements
 @pytest.mark.parametrize("loss", ["rnnt", "tdt", "multiblank"])
 def test_autocast_inputs_as_models_give_them(device, dtypes, J, loss):
@@ -325,8 +389,9 @@ def test_autocast_inputs_as_models_give_them(device, dtypes, J, loss):
     the same autocast (the sum and act in the promoted dtype, the GEMMs in bf16, the loss in fp32), within
     twice the unfused path's distance from the float64 loss of the same inputs; gradients in each input's
     dtype. TDT: 3 duration rows after the 100 token rows; multi-blank: 2 big blanks and the blank after them."""
-    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(547, B=6, max_t=20, max_u=8, J=J, V=100,
-                                                             device=device, dtype=torch.float32)
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(
+        547, B=6, max_t=20, max_u=8, J=J, V=100, device=device, dtype=torch.float32
+    )
     enc = enc.detach().to(dtypes[0]).requires_grad_()
     pred = pred.detach().to(dtypes[1]).requires_grad_()
     options, loss_fn = {}, transducer_loss
@@ -402,13 +467,17 @@ def test_eager_backward_reads_nothing_back(device, monkeypatch):
     path's) are the same."""
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(565, device=device)
     loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum")
-    want = torch.autograd.grad(fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7,
-                                                 reduction="sum"), (enc, pred, weight, bias))
+    want = torch.autograd.grad(
+        fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum"),
+        (enc, pred, weight, bias),
+    )
     if device == "cuda":
         torch.cuda.set_sync_debug_mode("error")
     else:
+
         def refuse(self):
             raise AssertionError("tolist in the eager backward")
+
         monkeypatch.setattr(torch.Tensor, "tolist", refuse)
     try:
         got = torch.autograd.grad(loss, (enc, pred, weight, bias))
@@ -419,8 +488,22 @@ def test_eager_backward_reads_nothing_back(device, monkeypatch):
     # the registered op's backward, as torch.compile calls it, reads row_splits itself
     seed = torch.zeros((), dtype=torch.int64)
     out = torch.ops.transducer.fused_joiner_loss.default(
-        enc, pred, weight, bias, targets, T, U, *LossOptions(clamp=-1.0).flat(), "tanh", 0.0, seed, True,
-        torch.float64, 7, False)
+        enc,
+        pred,
+        weight,
+        bias,
+        targets,
+        T,
+        U,
+        *LossOptions(clamp=-1.0).flat(),
+        "tanh",
+        0.0,
+        seed,
+        True,
+        torch.float64,
+        7,
+        False,
+    )
     traced = torch.autograd.grad(out[0].sum(), (enc, pred, weight, bias))
     for a, b in zip(traced, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -435,8 +518,24 @@ def test_opcheck(device, static_shapes):
     seed = torch.zeros((), dtype=torch.int64)
 
     def op_args(options, targets=targets):
-        return (enc, pred, weight, bias, targets, T, U, *options.flat(), "tanh", 0.0, seed, True, torch.float64, 7,
-                static_shapes)
+        return (
+            enc,
+            pred,
+            weight,
+            bias,
+            targets,
+            T,
+            U,
+            *options.flat(),
+            "tanh",
+            0.0,
+            seed,
+            True,
+            torch.float64,
+            7,
+            static_shapes,
+        )
+
     args = op_args(LossOptions(clamp=-1.0))
     out = torch.ops.transducer.fused_joiner_loss.default(*args)
     rows = int((T * (U + 1)).sum())
@@ -444,11 +543,15 @@ def test_opcheck(device, static_shapes):
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, args)
     # TDT: the last 3 rows of weight score durations 0, 1, 3; omega > 0 adds the RNN-T outputs
     tdt_targets = (targets % 14).clamp(min=1)
-    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default,
-                          op_args(LossOptions(durations=(0, 1, 3), sigma=0.1, omega=0.25), tdt_targets))
+    torch.library.opcheck(
+        torch.ops.transducer.fused_joiner_loss.default,
+        op_args(LossOptions(durations=(0, 1, 3), sigma=0.1, omega=0.25), tdt_targets),
+    )
     # multi-blank: blank 16, big blanks of durations 2 and 3 in columns 15 and 14
-    torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default,
-                          op_args(LossOptions(blank=16, sigma=0.05, big_blank_durations=(2, 3)), tdt_targets))
+    torch.library.opcheck(
+        torch.ops.transducer.fused_joiner_loss.default,
+        op_args(LossOptions(blank=16, sigma=0.05, big_blank_durations=(2, 3)), tdt_targets),
+    )
     # dropout: the seed travels as a CPU tensor
     dropped = args[:10] + (0.2, torch.tensor(12345)) + args[12:]
     torch.library.opcheck(torch.ops.transducer.fused_joiner_loss.default, dropped)
@@ -456,48 +559,74 @@ def test_opcheck(device, static_shapes):
 
 def _bad(**change):
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(580)
-    args = dict(encoder_out=enc, predictor_out=pred, weight=weight, bias=bias, targets=targets, logit_lengths=T,
-                target_lengths=U)
+    args = dict(
+        encoder_out=enc,
+        predictor_out=pred,
+        weight=weight,
+        bias=bias,
+        targets=targets,
+        logit_lengths=T,
+        target_lengths=U,
+    )
     options = {k: change.pop(k) for k in list(change) if k not in args}
     args.update(change)
     return fused_joiner_loss(*args.values(), **options)
 
 
-@pytest.mark.parametrize("change, error, match", [
-    (dict(encoder_out=torch.zeros(5, 8)), ValueError, "encoder_out: expected 3 dimensions"),
-    (dict(predictor_out=torch.zeros(5, 5, 12, dtype=torch.int32)), TypeError, "predictor_out: expected dtype"),
-    (dict(predictor_out=torch.zeros(5, 5, 11, dtype=torch.float64)), ValueError, "predictor_out: expected shape"),
-    (dict(weight=torch.zeros(17, 11, dtype=torch.float64)), ValueError, r"weight: expected shape \(V, 12\)"),
-    (dict(bias=torch.zeros(16, dtype=torch.float64)), ValueError, r"bias: expected shape \(17,\)"),
-    (dict(targets=torch.zeros(4, 4, dtype=torch.long)), ValueError, "targets: expected 5 entries"),
-    (dict(logit_lengths=torch.tensor([8, 1, 3, 20, 2])), ValueError, r"logit_lengths: expected values in \[1, 8\]"),
-    (dict(target_lengths=torch.tensor([4, 0, 0, 5, 1])), ValueError, "target_lengths: expected values in"),
-    (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
-    (dict(activation="no such activation"), ValueError, "activation: expected one of"),
-    (dict(dropout=1.0), ValueError, r"dropout: expected a number in \[0, 1\)"),
-    (dict(dropout="0.1"), TypeError, r"dropout: expected a number in \[0, 1\), got str"),
-    (dict(dropout=0.1, generator=1), TypeError, "generator: expected a CPU torch.Generator"),
-    (dict(blank=17), ValueError, r"blank: expected an int in \[-17, 17\)"),
-    (dict(blank=-18), ValueError, r"blank: expected an int in \[-17, 17\)"),
-    (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
-    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
-    (dict(clamp="x"), TypeError, "clamp: expected a number"),
-    (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(durations=[0, 1], one_sym_per_frame=True), ValueError, "one_sym_per_frame: the TDT loss does not take this"),
-    (dict(durations=[0, 1], big_blank_durations=[2]), ValueError,
-     "big_blank_durations: the TDT loss does not take this option"),
-    (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
-    (dict(sigma=0.1), ValueError, "sigma: the RNN-T loss does not take this option"),
-    (dict(durations=[0, 1], sigma=math.inf), ValueError, "sigma: expected a finite number"),
-    (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
-    (dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)), ValueError, "encoder_out: expected at least one"),
-    (dict(encoder_out=torch.zeros(5, 8, 0, dtype=torch.float64),
-          predictor_out=torch.zeros(5, 5, 0, dtype=torch.float64), weight=torch.zeros(17, 0, dtype=torch.float64)),
-     ValueError,
-     r"encoder_out: expected rows of at least one entry \(B, maxT, J >= 1\), got shape \(5, 8, 0\)"),
-    (dict(delay_penalty=math.inf), ValueError, "delay_penalty: expected a finite number"),
-    (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[-15, 15\) \(the token rows"),
-])
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(encoder_out=torch.zeros(5, 8)), ValueError, "encoder_out: expected 3 dimensions"),
+        (dict(predictor_out=torch.zeros(5, 5, 12, dtype=torch.int32)), TypeError, "predictor_out: expected dtype"),
+        (dict(predictor_out=torch.zeros(5, 5, 11, dtype=torch.float64)), ValueError, "predictor_out: expected shape"),
+        (dict(weight=torch.zeros(17, 11, dtype=torch.float64)), ValueError, r"weight: expected shape \(V, 12\)"),
+        (dict(bias=torch.zeros(16, dtype=torch.float64)), ValueError, r"bias: expected shape \(17,\)"),
+        (dict(targets=torch.zeros(4, 4, dtype=torch.long)), ValueError, "targets: expected 5 entries"),
+        (dict(logit_lengths=torch.tensor([8, 1, 3, 20, 2])), ValueError, r"logit_lengths: expected values in \[1, 8\]"),
+        (dict(target_lengths=torch.tensor([4, 0, 0, 5, 1])), ValueError, "target_lengths: expected values in"),
+        (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
+        (dict(activation="no such activation"), ValueError, "activation: expected one of"),
+        (dict(dropout=1.0), ValueError, r"dropout: expected a number in \[0, 1\)"),
+        (dict(dropout="0.1"), TypeError, r"dropout: expected a number in \[0, 1\), got str"),
+        (dict(dropout=0.1, generator=1), TypeError, "generator: expected a CPU torch.Generator"),
+        (dict(blank=17), ValueError, r"blank: expected an int in \[-17, 17\)"),
+        (dict(blank=-18), ValueError, r"blank: expected an int in \[-17, 17\)"),
+        (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
+        (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+        (dict(clamp="x"), TypeError, "clamp: expected a number"),
+        (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
+        (
+            dict(durations=[0, 1], one_sym_per_frame=True),
+            ValueError,
+            "one_sym_per_frame: the TDT loss does not take this",
+        ),
+        (
+            dict(durations=[0, 1], big_blank_durations=[2]),
+            ValueError,
+            "big_blank_durations: the TDT loss does not take this option",
+        ),
+        (dict(durations=[0, 1], omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
+        (dict(sigma=0.1), ValueError, "sigma: the RNN-T loss does not take this option"),
+        (dict(durations=[0, 1], sigma=math.inf), ValueError, "sigma: expected a finite number"),
+        (dict(durations=list(range(16))), ValueError, r"weight: expected at least 2 token rows before the 16 duration"),
+        (
+            dict(encoder_out=torch.zeros(0, 8, 12, dtype=torch.float64)),
+            ValueError,
+            "encoder_out: expected at least one",
+        ),
+        (
+            dict(
+                encoder_out=torch.zeros(5, 8, 0, dtype=torch.float64),
+                predictor_out=torch.zeros(5, 5, 0, dtype=torch.float64),
+                weight=torch.zeros(17, 0, dtype=torch.float64),
+            ),
+            ValueError,
+            r"encoder_out: expected rows of at least one entry \(B, maxT, J >= 1\), got shape \(5, 8, 0\)",
+        ),
+        (dict(delay_penalty=math.inf), ValueError, "delay_penalty: expected a finite number"),
+        (dict(durations=[0, 1], blank=15), ValueError, r"blank: expected an int in \[-15, 15\) \(the token rows"),
+    ],
+)
 def test_bad_input(change, error, match):
     with pytest.raises(error, match=match):
         _bad(**change)
@@ -513,19 +642,42 @@ TDT_CASES = [  # durations, activation, reduction, max_rows, options
 ]
 
 
-def tdt_both(seed, device, durations, dtype=torch.float64, reduction="none", activation="tanh", max_rows=None,
-             **options):
-    enc, pred, weight, b, targets, T, U, w = joiner_batch(seed, dtype=dtype, device=device,
-                                                          blank=options.get("blank", 0), V=17)
+def tdt_both(
+    seed, device, durations, dtype=torch.float64, reduction="none", activation="tanh", max_rows=None, **options
+):
+    enc, pred, weight, b, targets, T, U, w = joiner_batch(
+        seed, dtype=dtype, device=device, blank=options.get("blank", 0), V=17
+    )
     V = 17 - len(durations)
     targets = targets % V
     targets[targets == options.get("blank", 0)] = (options.get("blank", 0) + 1) % V
     params = (enc, pred, weight, b)
     out = []
-    for fn in (lambda: fused_joiner_loss(enc, pred, weight, b, targets, T, U, activation=activation,
-                                         reduction=reduction, max_rows=max_rows, durations=durations, **options),
-               lambda: tdt_loss(F.linear(_act(pack(enc, pred, T, U), activation), weight, b), targets, T, U,
-                                durations, reduction=reduction, **options)):
+    for fn in (
+        lambda: fused_joiner_loss(
+            enc,
+            pred,
+            weight,
+            b,
+            targets,
+            T,
+            U,
+            activation=activation,
+            reduction=reduction,
+            max_rows=max_rows,
+            durations=durations,
+            **options,
+        ),
+        lambda: tdt_loss(
+            F.linear(_act(pack(enc, pred, T, U), activation), weight, b),
+            targets,
+            T,
+            U,
+            durations,
+            reduction=reduction,
+            **options,
+        ),
+    ):
         loss = fn()
         objective = (loss * w.to(loss.dtype)).sum() if reduction == "none" else loss * 1.7
         out.append((loss.detach(), torch.autograd.grad(objective, params, allow_unused=True)))
@@ -540,8 +692,9 @@ def _act(h, activation):
 @pytest.mark.parametrize("case", range(len(TDT_CASES)))
 def test_tdt_float64_equals_unfused(device, case):
     durations, activation, reduction, max_rows, options = TDT_CASES[case]
-    (fused, fused_grads), (want, want_grads) = tdt_both(600 + case, device, durations, reduction=reduction,
-                                                        activation=activation, max_rows=max_rows, **options)
+    (fused, fused_grads), (want, want_grads) = tdt_both(
+        600 + case, device, durations, reduction=reduction, activation=activation, max_rows=max_rows, **options
+    )
     if durations == [1, 2]:
         assert torch.isinf(want).any() and torch.isfinite(want).any()  # both kinds of utterance are tested
     torch.testing.assert_close(fused, want, rtol=1e-10, atol=1e-12)
@@ -551,17 +704,23 @@ def test_tdt_float64_equals_unfused(device, case):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_tdt_float32_and_gradcheck(device):
-    (fused, fused_grads), (want, want_grads) = tdt_both(620, device, [0, 1, 2], dtype=torch.float32, max_rows=9,
-                                                        omega=0.2)
+    (fused, fused_grads), (want, want_grads) = tdt_both(
+        620, device, [0, 1, 2], dtype=torch.float32, max_rows=9, omega=0.2
+    )
     torch.testing.assert_close(fused, want, rtol=1e-5, atol=1e-5)
     for got, exp in zip(fused_grads, want_grads):
         torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(630, B=3, max_t=4, max_u=2, J=3, V=7, device=device)
     targets = targets.clamp(max=3)
     assert torch.autograd.gradcheck(
-        lambda e, p, w, b: fused_joiner_loss(e, p, w, b, targets, T, U, max_rows=4, reduction="none",
-                                             durations=[0, 1, 2], sigma=0.05, omega=0.3),
-        (enc, pred, weight, bias), eps=1e-6, atol=1e-7, rtol=1e-5)
+        lambda e, p, w, b: fused_joiner_loss(
+            e, p, w, b, targets, T, U, max_rows=4, reduction="none", durations=[0, 1, 2], sigma=0.05, omega=0.3
+        ),
+        (enc, pred, weight, bias),
+        eps=1e-6,
+        atol=1e-7,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -573,36 +732,51 @@ def test_tdt_module(device):
     targets = targets % 14
     targets[targets == 0] = 1
     loss = m(enc, pred, targets, T, U)
-    want = tdt_loss(F.linear(torch.tanh(pack(enc, pred, T, U)), m.output.weight, m.output.bias), targets, T, U,
-                    [0, 1, 2], sigma=0.05)
+    want = tdt_loss(
+        F.linear(torch.tanh(pack(enc, pred, T, U)), m.output.weight, m.output.bias),
+        targets,
+        T,
+        U,
+        [0, 1, 2],
+        sigma=0.05,
+    )
     torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
     assert "durations=[0, 1, 2]" in repr(m)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(sigma=0.5), ValueError, "sigma: the RNN-T loss does not take this option"),
-    (dict(durations=[0, 1], omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
-    (dict(durations=[0, 1], sigma="x"), TypeError, "sigma: expected a number"),
-    (dict(durations=[0, 1], one_sym_per_frame=True), ValueError,
-     "one_sym_per_frame: the TDT loss does not take this option"),
-    (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
-    (dict(activation="no such activation"), ValueError, "activation: expected one of"),
-    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
-    (dict(blank=6), ValueError, r"blank: expected an int in \[-6, 6\)"),
-    (dict(fastemit_lambda=-1.0), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(sigma=0.5), ValueError, "sigma: the RNN-T loss does not take this option"),
+        (dict(durations=[0, 1], omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
+        (dict(durations=[0, 1], sigma="x"), TypeError, "sigma: expected a number"),
+        (
+            dict(durations=[0, 1], one_sym_per_frame=True),
+            ValueError,
+            "one_sym_per_frame: the TDT loss does not take this option",
+        ),
+        (dict(max_rows=0), ValueError, "max_rows: expected an int >= 1"),
+        (dict(activation="no such activation"), ValueError, "activation: expected one of"),
+        (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+        (dict(blank=6), ValueError, r"blank: expected an int in \[-6, 6\)"),
+        (dict(fastemit_lambda=-1.0), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
+    ],
+)
 def test_module_bad_options(kwargs, error, match):
     """FusedJoinerLoss checks its options when built, with the messages of fused_joiner_loss."""
     with pytest.raises(error, match=match):
         FusedJoinerLoss(8, 6, **kwargs)
 
 
-@pytest.mark.parametrize("args, error, match", [
-    ((8, 1), ValueError, "vocab_size: expected an int >= 2, got 1"),
-    ((8, 6.0), TypeError, "vocab_size: expected an int, got float 6.0"),
-    ((0, 6), ValueError, "joiner_dim: expected an int >= 1, got 0"),
-    ((True, 6), TypeError, "joiner_dim: expected an int, got bool True"),
-])
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((8, 1), ValueError, "vocab_size: expected an int >= 2, got 1"),
+        ((8, 6.0), TypeError, "vocab_size: expected an int, got float 6.0"),
+        ((0, 6), ValueError, "joiner_dim: expected an int >= 1, got 0"),
+        ((True, 6), TypeError, "joiner_dim: expected an int, got bool True"),
+    ],
+)
 def test_module_bad_sizes(args, error, match):
     """FusedJoinerLoss names a joiner width or vocabulary it cannot take when built, not at its first call."""
     with pytest.raises(error, match=match):

@@ -16,8 +16,11 @@ def test_installed_but_broken_dependency_fails_the_tests(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise RuntimeError('compiled with different CUDA versions')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(pytest.fail.Exception, match="broken_audio_pkg is installed but cannot be imported: "
-                                                     "RuntimeError: compiled with different CUDA versions"):
+    with pytest.raises(
+        pytest.fail.Exception,
+        match="broken_audio_pkg is installed but cannot be imported: "
+        "RuntimeError: compiled with different CUDA versions",
+    ):
         require("broken_audio_pkg.functional", "test")
     with pytest.raises(pytest.skip.Exception, match="not_installed_pkg is not installed"):
         require("not_installed_pkg", "test")
@@ -36,8 +39,9 @@ def lstm_model():
     """A predictor: an embedding (float32 under autocast), an LSTM and a Linear; the LSTM's output dtype tells
     whether it ran under CPU bf16 autocast."""
     torch.manual_seed(0)
-    return torch.nn.ModuleDict(dict(embed=torch.nn.Embedding(7, 4), lstm=torch.nn.LSTM(4, 5, batch_first=True),
-                                    out=torch.nn.Linear(5, 2)))
+    return torch.nn.ModuleDict(
+        dict(embed=torch.nn.Embedding(7, 4), lstm=torch.nn.LSTM(4, 5, batch_first=True), out=torch.nn.Linear(5, 2))
+    )
 
 
 def lstm_step(model):
@@ -84,8 +88,9 @@ def test_bf16_lstm_probe_forced_refused(probe, monkeypatch):
         assert "forward" in vars(model["lstm"])
         assert lstm_step(model) == (torch.float32, torch.bfloat16)
     assert "forward" not in vars(model["lstm"])
-    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(2, 6, 4).bfloat16(), torch.tensor([6, 3]),
-                                                     batch_first=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.randn(2, 6, 4).bfloat16(), torch.tensor([6, 3]), batch_first=True
+    )
     with probe.autocast_lstms(model), torch.autocast("cpu", dtype=torch.bfloat16):
         assert model["lstm"](packed)[0].data.dtype == torch.float32
 
@@ -114,8 +119,9 @@ def test_each_test_starts_from_the_same_generator_state(leave):
 def test_random_batch_keeps_its_promises():
     gen = torch.Generator().manual_seed(0)
     for rna in (False, True):
-        logits, targets, T, U = random_batch(gen, 6, 5, 4, 7, 3, dtype=torch.float32, rna=rna, scale=2.0, min_t=2,
-                                             edges=True, extra=2)
+        logits, targets, T, U = random_batch(
+            gen, 6, 5, 4, 7, 3, dtype=torch.float32, rna=rna, scale=2.0, min_t=2, edges=True, extra=2
+        )
         assert logits.dtype == torch.float32 and logits.shape == (6, 5, int(U.max()) + 1, 7 + 2)
         assert (int(T[0]), int(U[0])) == (5, 4)  # utterance 0 at the maxima
         assert int(T[1]) == 1 and int(U[2]) == 0  # the edges

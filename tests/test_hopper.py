@@ -25,8 +25,9 @@ from transducer.hopper import compile as hopper_compile
 from transducer.joiner import ACTIVATIONS
 from transducer.lattices import MULTIBLANK, RNNT, TDT
 
-needs_hopper = pytest.mark.skipif(not hopper.available(), reason="needs an sm_90 GPU and nvidia-cutlass-dsl "
-                                                                 "(pip install nvidia-cutlass-dsl)")
+needs_hopper = pytest.mark.skipif(
+    not hopper.available(), reason="needs an sm_90 GPU and nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl)"
+)
 
 
 def reference(H, W, bias, labels, blank):
@@ -42,7 +43,7 @@ def reference(H, W, bias, labels, blank):
 def random_inputs(N, J, V, dtype, with_bias, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     H = torch.randn(N, J, device="cuda", generator=g).to(dtype)
-    W = (torch.randn(V, J, device="cuda", generator=g) / J ** 0.5).to(dtype)
+    W = (torch.randn(V, J, device="cuda", generator=g) / J**0.5).to(dtype)
     bias = torch.randn(V, device="cuda", generator=g) if with_bias else None
     labels = torch.randint(0, V, (N,), device="cuda", generator=g, dtype=torch.int32)
     labels[torch.rand(N, device="cuda", generator=g) < 0.2] = -1
@@ -51,16 +52,26 @@ def random_inputs(N, J, V, dtype, with_bias, seed):
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("N, J, V, blank, dtype, with_bias", [
-    (1000, 512, 500, 0, torch.bfloat16, False),  # Protocol A's joint; 1000 rows: a partial row tile
-    (777, 640, 1024, 1023, torch.bfloat16, True),  # whole vocabulary tiles, the blank last
-    (300, 640, 8198, 5, torch.bfloat16, True),  # Parakeet-TDT's joint width: 65 vocabulary tiles
-    (200, 768, 1100, 7, torch.bfloat16, True),  # rows too wide for H's tile in shared memory: the cooperative kernel
-    (129, 200, 37, 36, torch.float16, True),  # V under one tile, J not a multiple of the K tile
-    (64, 8, 300, 299, torch.bfloat16, False),  # J of one 16-byte vector
-    (130, 64, 5, 4, torch.bfloat16, True),  # fewer columns than a row's four threads hold: some hold none
-    (64, 16, 2, 0, torch.float16, False),  # the fewest a softmax has
-])
+@pytest.mark.parametrize(
+    "N, J, V, blank, dtype, with_bias",
+    [
+        (1000, 512, 500, 0, torch.bfloat16, False),  # Protocol A's joint; 1000 rows: a partial row tile
+        (777, 640, 1024, 1023, torch.bfloat16, True),  # whole vocabulary tiles, the blank last
+        (300, 640, 8198, 5, torch.bfloat16, True),  # Parakeet-TDT's joint width: 65 vocabulary tiles
+        (
+            200,
+            768,
+            1100,
+            7,
+            torch.bfloat16,
+            True,
+        ),  # rows too wide for H's tile in shared memory: the cooperative kernel
+        (129, 200, 37, 36, torch.float16, True),  # V under one tile, J not a multiple of the K tile
+        (64, 8, 300, 299, torch.bfloat16, False),  # J of one 16-byte vector
+        (130, 64, 5, 4, torch.bfloat16, True),  # fewer columns than a row's four threads hold: some hold none
+        (64, 16, 2, 0, torch.float16, False),  # the fewest a softmax has
+    ],
+)
 def test_matches_reference(N, J, V, blank, dtype, with_bias):
     H, W, bias, labels = random_inputs(N, J, V, dtype, with_bias, seed=N + V)
     den, z_blank, z_label = hopper.logits_statistics(H, W, bias, labels, blank)
@@ -89,11 +100,14 @@ def test_large_logits_and_reuse():
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("N, J, V, D, blank, with_bias", [
-    (300, 640, 8193, 5, 8192, True),  # Parakeet-TDT's joint: the durations in the last of 65 vocabulary tiles
-    (200, 64, 126, 5, 0, True),  # the durations across two 128-column tiles
-    (130, 72, 40, 16, 39, False),  # the most durations, V + D under one tile
-])
+@pytest.mark.parametrize(
+    "N, J, V, D, blank, with_bias",
+    [
+        (300, 640, 8193, 5, 8192, True),  # Parakeet-TDT's joint: the durations in the last of 65 vocabulary tiles
+        (200, 64, 126, 5, 0, True),  # the durations across two 128-column tiles
+        (130, 72, 40, 16, 39, False),  # the most durations, V + D under one tile
+    ],
+)
 def test_extra_columns(N, J, V, D, blank, with_bias):
     """A projection of V token rows and D more (TDT's durations): the statistics over the V columns and the D extra
     columns' entries of H W^T (no bias), the gradient over the V columns and zeros in the D."""
@@ -117,10 +131,13 @@ def test_extra_columns(N, J, V, D, blank, with_bias):
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("N, J, V, start, K, clamp", [
-    (300, 128, 1500, 1496, 3, 0.0),  # multi-blank's big blanks before a last-column blank, 12 vocabulary tiles
-    (200, 64, 300, 125, 4, 0.05),  # across two 128-column tiles; the clamp after their terms
-])
+@pytest.mark.parametrize(
+    "N, J, V, start, K, clamp",
+    [
+        (300, 128, 1500, 1496, 3, 0.0),  # multi-blank's big blanks before a last-column blank, 12 vocabulary tiles
+        (200, 64, 300, 125, 4, 0.05),  # across two 128-column tiles; the clamp after their terms
+    ],
+)
 def test_extra_columns_in_the_softmax(N, J, V, start, K, clamp):
     """Extra columns among the softmax's (multi-blank's big blanks): the statistics return their entries of H W^T
     (no bias), and the gradient subtracts each row's K more terms on them before the clamp."""
@@ -130,8 +147,7 @@ def test_extra_columns_in_the_softmax(N, J, V, start, K, clamp):
     den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
     for got, want in zip((den, z_blank, z_label), reference(H, W, bias, labels, blank)):
         torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-5)
-    torch.testing.assert_close(torch.stack(extra), (H.float() @ W[start:blank].float().t()).t(), atol=2e-4,
-                               rtol=2e-5)
+    torch.testing.assert_close(torch.stack(extra), (H.float() @ W[start:blank].float().t()).t(), atol=2e-4, rtol=2e-5)
     terms = torch.rand(4 + K, N, device="cuda", generator=torch.Generator("cuda").manual_seed(K))
     coefficients = torch.cat([den[None], terms])
     coefficients[:, ::5] = 0
@@ -161,10 +177,17 @@ def test_argument_checks():
         with pytest.raises(ValueError, match=r"config: expected a ping-pong shape \(64 or 128, 2, 1, 1, 1 or 2\)"):
             hopper.projection(W, None, config)
     wide = torch.zeros(300, 8, dtype=torch.bfloat16)  # three vocabulary tiles of 128
-    for config in (hopper.Config(128, 2, 1, 1, 2, 4), hopper.Config(128, 2, 1, 1, 2, 0),
-                   hopper.Config(128, 2, 1, 1, 1, 3), hopper.Config(128, 2, 1, 1, 0, 3)):
-        with pytest.raises(ValueError, match=r"config: expected vocab_groups 1, or at most the 3 vocabulary tiles "
-                                             r"with pingpong 2"):
+    for config in (
+        hopper.Config(128, 2, 1, 1, 2, 4),
+        hopper.Config(128, 2, 1, 1, 2, 0),
+        hopper.Config(128, 2, 1, 1, 1, 3),
+        hopper.Config(128, 2, 1, 1, 0, 3),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"config: expected vocab_groups 1, or at most the 3 vocabulary tiles "
+            r"with pingpong 2",
+        ):
             hopper.projection(wide, None, config)
     for groups in (2, 3):
         assert hopper.projection(wide, None, hopper.Config(128, 2, 1, 1, 2, groups)).n_tiles == 3
@@ -172,8 +195,11 @@ def test_argument_checks():
         with pytest.raises(ValueError, match=r"extra: expected \(start, count\)"):
             hopper.projection(torch.zeros(40, 8, dtype=torch.bfloat16)[:6], None, extra=extra)
     projection = hopper.projection(W, None, extra=(2, 3))
-    with pytest.raises(ValueError, match=r"coefficients: expected 5 or 5 \+ 3 rows \(the projection's extra columns\), "
-                                         r"got 7"):
+    with pytest.raises(
+        ValueError,
+        match=r"coefficients: expected 5 or 5 \+ 3 rows \(the projection's extra columns\), "
+        r"got 7",
+    ):
         hopper.gradient_tile(projection, H, labels, 0, torch.zeros(7, 4), 0.0)
     with pytest.raises(ValueError, match="H: expected a 2-D bfloat16 or float16"):
         hopper.logits_statistics(H.float(), W, None, labels, 0)
@@ -209,7 +235,7 @@ def test_disk_cache_file(monkeypatch, tmp_path):
     monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", str(tmp_path / "mine"))
     assert hopper_compile._cache_file(*args) == tmp_path / "mine" / file.name
     changed = (640, 8, torch.float16, hopper.Config(128, 2, 1, 1, 2), False, True, 3)
-    others = {hopper_compile._cache_file(*args[:i], x, *args[i + 1:]) for i, x in enumerate(changed)}
+    others = {hopper_compile._cache_file(*args[:i], x, *args[i + 1 :]) for i, x in enumerate(changed)}
     assert len(others) == len(changed) and hopper_compile._cache_file(*args) not in others
     for off in ("0", "off", "False", " no "):
         monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", off)
@@ -233,6 +259,7 @@ def test_disk_cache_file(monkeypatch, tmp_path):
 def test_disk_cache_write_failure(tmp_path):
     """A kernel that cannot be written to the disk cache (a full or read-only disk, a file where the directory should
     be) is left to the next process to compile: nothing raised, no part of a file left."""
+
     class Compiled:
         def export_to_c(self, path, function_name):
             Path(path).write_bytes(b"half")
@@ -247,6 +274,7 @@ def test_disk_cache_write_failure(tmp_path):
 
 class Exported:
     """A compiled kernel as the disk cache sees it: export_to_c writes ``data``."""
+
     def __init__(self, data=b"an object file"):
         self.data = data
 
@@ -265,8 +293,9 @@ def test_disk_cache_relative_setting_refused(monkeypatch, fresh_warnings):
     one warning: no disk cache."""
     args = (512, 4, torch.bfloat16, hopper.Config(), True, False, 0)
     monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", "relative/cache")
-    with pytest.warns(RuntimeWarning, match="TRANSDUCER_HOPPER_CACHE='relative/cache' is not used: expected an "
-                                            "absolute directory"):
+    with pytest.warns(
+        RuntimeWarning, match="TRANSDUCER_HOPPER_CACHE='relative/cache' is not used: expected an absolute directory"
+    ):
         assert hopper_compile._cache_file(*args) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -294,9 +323,19 @@ def test_disk_cache_private_whatever_the_umask(tmp_path, fresh_warnings):
         assert hopper_compile._usable(file)
 
 
-@pytest.mark.parametrize("case", ["directory writable by others", "directory writable by group", "directory a symlink",
-                                  "directory not the user's", "file writable by others", "file a symlink",
-                                  "file not the user's", "file a directory"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "directory writable by others",
+        "directory writable by group",
+        "directory a symlink",
+        "directory not the user's",
+        "file writable by others",
+        "file a symlink",
+        "file not the user's",
+        "file a directory",
+    ],
+)
 def test_disk_cache_refuses_what_others_could_have_written(monkeypatch, tmp_path, fresh_warnings, case):
     """A cache directory or file that is a symlink, is not the user's own, or that group or others can write is not
     used (one warning): the kernel is then neither loaded nor written."""
@@ -318,8 +357,9 @@ def test_disk_cache_refuses_what_others_could_have_written(monkeypatch, tmp_path
     else:
         owner = where.stat().st_uid
         monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
-    with pytest.warns(RuntimeWarning, match="the kernels' disk cache is not used: .*; the kernels are compiled in "
-                                            "memory"):
+    with pytest.warns(
+        RuntimeWarning, match="the kernels' disk cache is not used: .*; the kernels are compiled in memory"
+    ):
         assert not hopper_compile._usable(file)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -412,12 +452,15 @@ def random_coefficients(H, W, bias, labels, blank, seed):
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("N, J, V, blank, dtype, with_bias, clamp, stride", [
-    (1000, 512, 500, 0, torch.bfloat16, False, 0.0, 512),  # Protocol A's joint; a partial row tile
-    (777, 640, 1024, 1023, torch.bfloat16, True, 0.0, 648),  # whole vocabulary tiles; rows of the bias's width
-    (300, 640, 1500, 5, torch.bfloat16, True, 0.02, 640),  # V not a multiple of the tiles; the clamp
-    (129, 200, 37, 36, torch.float16, True, 0.05, 208),  # V under one tile, J not a multiple of the K tile
-])
+@pytest.mark.parametrize(
+    "N, J, V, blank, dtype, with_bias, clamp, stride",
+    [
+        (1000, 512, 500, 0, torch.bfloat16, False, 0.0, 512),  # Protocol A's joint; a partial row tile
+        (777, 640, 1024, 1023, torch.bfloat16, True, 0.0, 648),  # whole vocabulary tiles; rows of the bias's width
+        (300, 640, 1500, 5, torch.bfloat16, True, 0.02, 640),  # V not a multiple of the tiles; the clamp
+        (129, 200, 37, 36, torch.float16, True, 0.05, 208),  # V under one tile, J not a multiple of the K tile
+    ],
+)
 def test_gradient_matches_reference(N, J, V, blank, dtype, with_bias, clamp, stride):
     H, W, bias, labels = random_inputs(N, J, V, dtype, with_bias, seed=N + V)
     H = torch.zeros(N, stride, device="cuda", dtype=dtype)[:, :J].copy_(H)  # rows of any 16-byte stride
@@ -446,11 +489,25 @@ KERNEL_CASES = [  # N, J, V, blank, with_bias, big_blanks, clamp
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("config", [hopper.Config(128, 2, 1, 1, 1), hopper.Config(128, 2, 1, 1, 2),
-                                    hopper.Config(128, 2, 1, 1, 2, 2), hopper.Config(128, 2, 1, 1, 2, 3),
-                                    hopper.Config(128, 2, 1, 2), hopper.Config(256, 2, 1, 1)],
-                         ids=["resident", "two-row-blocks", "two-row-blocks-split", "two-row-blocks-split-3",
-                              "cooperative-128", "cooperative-256"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        hopper.Config(128, 2, 1, 1, 1),
+        hopper.Config(128, 2, 1, 1, 2),
+        hopper.Config(128, 2, 1, 1, 2, 2),
+        hopper.Config(128, 2, 1, 1, 2, 3),
+        hopper.Config(128, 2, 1, 2),
+        hopper.Config(256, 2, 1, 1),
+    ],
+    ids=[
+        "resident",
+        "two-row-blocks",
+        "two-row-blocks-split",
+        "two-row-blocks-split-3",
+        "cooperative-128",
+        "cooperative-256",
+    ],
+)
 @pytest.mark.parametrize("N, J, V, blank, with_bias, big_blanks, clamp", KERNEL_CASES)
 def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, config):
     """Every kernel shape (LogitsGemmPingpong: two consumers taking turns, H's tile kept in shared memory and the
@@ -465,18 +522,24 @@ def test_kernels_match_reference(N, J, V, blank, with_bias, big_blanks, clamp, c
         return
     projection = hopper.projection(W, bias, config, extra=(start, big_blanks))
     den, z_blank, z_label, *extra = hopper.statistics_tile(projection, H, labels, blank)
-    for name, got, want in zip(("den", "z_blank", "z_label"), (den, z_blank, z_label),
-                               reference(H, W, bias, labels, blank)):
+    for name, got, want in zip(
+        ("den", "z_blank", "z_label"), (den, z_blank, z_label), reference(H, W, bias, labels, blank)
+    ):
         torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-5, msg=lambda m: f"{name}: {m}")
     if big_blanks:
-        torch.testing.assert_close(torch.stack(extra), (H.float() @ W[start:blank].float().t()).t(), atol=2e-4,
-                                   rtol=2e-5)
+        torch.testing.assert_close(
+            torch.stack(extra), (H.float() @ W[start:blank].float().t()).t(), atol=2e-4, rtol=2e-5
+        )
     coefficients = random_coefficients(H, W, bias, labels, blank, seed=V)
     # the memory gradient_tile takes next, NaN first (the caching allocator hands the freed block back), so that a
     # tile or a row the kernel leaves unwritten shows
     tile_m = 64 * config.warpgroups
-    address = torch.full((max(-(-N // tile_m) * tile_m, N + 200), projection.col_bias.numel()), float("nan"),
-                         device="cuda", dtype=torch.bfloat16).data_ptr()
+    address = torch.full(
+        (max(-(-N // tile_m) * tile_m, N + 200), projection.col_bias.numel()),
+        float("nan"),
+        device="cuda",
+        dtype=torch.bfloat16,
+    ).data_ptr()
     G = hopper.gradient_tile(projection, H, labels, blank, coefficients, clamp, rows=N + 200)
     assert G.data_ptr() == address  # the NaN block, or the check below proves nothing
     want = gradient_reference(H, W, bias, labels, blank, coefficients, clamp)
@@ -502,8 +565,9 @@ def test_default_config():
 def fused_inputs(seed, J=64, V=100, rna=False, dtype=torch.float32):
     """joiner_batch's batch on the GPU (T_b = 1 and U_b = 0 among its utterances), the encoder and predictor outputs
     in ``dtype``, per-utterance weights with one zero (an utterance without a gradient)."""
-    enc, pred, weight, bias, targets, T, U, w = joiner_batch(seed, B=6, max_t=20, max_u=8, J=J, V=V, rna=rna,
-                                                             device="cuda", dtype=torch.float32)
+    enc, pred, weight, bias, targets, T, U, w = joiner_batch(
+        seed, B=6, max_t=20, max_u=8, J=J, V=V, rna=rna, device="cuda", dtype=torch.float32
+    )
     enc, pred = (x.detach().to(dtype).requires_grad_() for x in (enc, pred))
     w = w.float()
     w[3] = 0
@@ -526,16 +590,31 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
         return loss.detach().double(), [g.double() for g in grads]
 
     def fused(enc, pred, weight, *b):
-        return fused_joiner_loss(enc, pred, weight, b[0] if b else None, targets, T, U, activation=activation,
-                                 dropout=dropout, generator=generator.manual_seed(11), max_rows=max_rows,
-                                 reduction="none", **options)
+        return fused_joiner_loss(
+            enc,
+            pred,
+            weight,
+            b[0] if b else None,
+            targets,
+            T,
+            U,
+            activation=activation,
+            dropout=dropout,
+            generator=generator.manual_seed(11),
+            max_rows=max_rows,
+            reduction="none",
+            **options,
+        )
 
     assert hopper.self_test(enc.device) is None  # before the count below: the self-test's kernels run on 200 rows
     calls = []  # the kernels' launches: (name, the tile's rows)
     for name in ("statistics_tile", "gradient_tile"):
         kernel = getattr(hopper, name)
-        monkeypatch.setattr(hopper, name, lambda *a, kernel=kernel, name=name, **k:
-                            calls.append((name, a[1].size(0))) or kernel(*a, **k))
+        monkeypatch.setattr(
+            hopper,
+            name,
+            lambda *a, kernel=kernel, name=name, **k: calls.append((name, a[1].size(0))) or kernel(*a, **k),
+        )
     monkeypatch.setenv("TRANSDUCER_HOPPER", "1")
     new = run(fused, params, True)
     assert {"statistics_tile", "gradient_tile"} <= {name for name, _ in calls}
@@ -553,8 +632,21 @@ def three_ways(monkeypatch, inputs, with_bias=True, activation="tanh", dropout=0
     exact = [x.detach().double().requires_grad_() for x in params]
 
     def composition(enc, pred, weight, *b):
-        return composed(enc, pred, weight, b[0] if b else None, targets, T, U, activation, dropout, seed,
-                        reduction="none", **options)
+        return composed(
+            enc,
+            pred,
+            weight,
+            b[0] if b else None,
+            targets,
+            T,
+            U,
+            activation,
+            dropout,
+            seed,
+            reduction="none",
+            **options,
+        )
+
     return new, today, run(composition, exact, False)
 
 
@@ -581,8 +673,15 @@ def tdt_inputs(seed, D, V=100, J=64, blank=0):
 
 TDT_HOPPER_CASES = [  # id, durations, V, with_bias, activation, dropout, options
     ("tdt", [0, 1, 2, 3, 4], 100, True, "relu", 0.0, dict(sigma=0.05)),
-    ("tdt-omega-clamp-fastemit-delay", [0, 1, 2], 60, True, "tanh", 0.0,
-     dict(sigma=0.02, omega=0.3, clamp=0.02, fastemit_lambda=0.2, delay_penalty=0.1)),
+    (
+        "tdt-omega-clamp-fastemit-delay",
+        [0, 1, 2],
+        60,
+        True,
+        "tanh",
+        0.0,
+        dict(sigma=0.02, omega=0.3, clamp=0.02, fastemit_lambda=0.2, delay_penalty=0.1),
+    ),
     ("tdt-no-duration-0", [1, 2], 40, False, "tanh", 0.2, dict(blank=5)),  # utterances without alignments
     ("tdt-across-tiles", [0, 1, 2, 3, 4], 126, True, "gelu", 0.0, dict(blank=-1, omega=0.1)),  # columns 126..130
     ("tdt-three-tokens", [0, 1, 2, 4], 3, True, "tanh", 0.0, dict(sigma=0.05)),  # threads without a token column
@@ -598,8 +697,9 @@ def test_fused_tdt_on_hopper(monkeypatch, case):
     _, durations, V, with_bias, activation, dropout, options = case
     blank = options.get("blank", 0) % V
     inputs = tdt_inputs(640 + TDT_HOPPER_CASES.index(case), len(durations), V, blank=blank)
-    assert_within_todays_bound(*three_ways(monkeypatch, inputs, with_bias, activation, dropout, max_rows=70,
-                                           durations=durations, **options))
+    assert_within_todays_bound(
+        *three_ways(monkeypatch, inputs, with_bias, activation, dropout, max_rows=70, durations=durations, **options)
+    )
 
 
 def multiblank_inputs(seed, K, V=100, J=64, blank=-1):
@@ -612,8 +712,15 @@ def multiblank_inputs(seed, K, V=100, J=64, blank=-1):
 
 MULTIBLANK_HOPPER_CASES = [  # id, big_blank_durations, V, with_bias, activation, dropout, options
     ("multiblank", [2, 3], 100, True, "tanh", 0.0, dict(blank=-1, sigma=0.05)),
-    ("multiblank-clamp-fastemit-delay", [2, 4, 8], 60, False, "relu", 0.2,
-     dict(blank=-1, sigma=0.02, clamp=0.02, fastemit_lambda=0.2, delay_penalty=0.1)),
+    (
+        "multiblank-clamp-fastemit-delay",
+        [2, 4, 8],
+        60,
+        False,
+        "relu",
+        0.2,
+        dict(blank=-1, sigma=0.02, clamp=0.02, fastemit_lambda=0.2, delay_penalty=0.1),
+    ),
     ("multiblank-across-tiles", [2, 3, 4, 5], 200, True, "gelu", 0.0, dict(blank=129)),  # columns 125..128
 ]
 
@@ -627,8 +734,11 @@ def test_fused_multiblank_on_hopper(monkeypatch, case):
     composition."""
     _, durations, V, with_bias, activation, dropout, options = case
     inputs = multiblank_inputs(660 + MULTIBLANK_HOPPER_CASES.index(case), len(durations), V, blank=options["blank"])
-    assert_within_todays_bound(*three_ways(monkeypatch, inputs, with_bias, activation, dropout, max_rows=70,
-                                           big_blank_durations=durations, **options))
+    assert_within_todays_bound(
+        *three_ways(
+            monkeypatch, inputs, with_bias, activation, dropout, max_rows=70, big_blank_durations=durations, **options
+        )
+    )
 
 
 FUSED_CASES = [  # id, rna, with_bias, activation, dropout, options
@@ -636,8 +746,7 @@ FUSED_CASES = [  # id, rna, with_bias, activation, dropout, options
     ("rna", True, True, "tanh", 0.0, {}),
     ("clamp", False, True, "tanh", 0.0, dict(clamp=0.01)),
     ("fastemit-delay", False, True, "tanh", 0.0, dict(fastemit_lambda=0.3, delay_penalty=0.2)),
-    ("rna-clamp-fastemit-delay", True, False, "relu", 0.0, dict(clamp=0.02, fastemit_lambda=0.1,
-                                                                 delay_penalty=-0.1)),
+    ("rna-clamp-fastemit-delay", True, False, "relu", 0.0, dict(clamp=0.02, fastemit_lambda=0.1, delay_penalty=-0.1)),
     ("dropout-no-bias", False, False, "tanh", 0.3, dict(blank=7)),
 ] + [(f"activation-{a}", False, True, a, 0.0, {}) for a in ACTIVATIONS]
 
@@ -648,8 +757,9 @@ FUSED_CASES = [  # id, rna, with_bias, activation, dropout, options
 def test_fused_loss_on_hopper(monkeypatch, case):
     _, rna, with_bias, activation, dropout, options = case
     inputs = fused_inputs(600 + FUSED_CASES.index(case), rna=rna)
-    assert_within_todays_bound(*three_ways(monkeypatch, inputs, with_bias, activation, dropout,
-                                           one_sym_per_frame=rna, **options))
+    assert_within_todays_bound(
+        *three_ways(monkeypatch, inputs, with_bias, activation, dropout, one_sym_per_frame=rna, **options)
+    )
 
 
 @pytest.mark.cuda
@@ -690,12 +800,25 @@ def test_fuzz_against_todays_path(monkeypatch):
     rng = random.Random(0)
     for trial in range(12):
         rna = rng.random() < 0.3
-        options = dict(blank=0, clamp=rng.choice([0.0, 0.0, 0.05]), fastemit_lambda=rng.choice([0.0, 0.2]),
-                       delay_penalty=rng.choice([0.0, 0.1]))
+        options = dict(
+            blank=0,
+            clamp=rng.choice([0.0, 0.0, 0.05]),
+            fastemit_lambda=rng.choice([0.0, 0.2]),
+            delay_penalty=rng.choice([0.0, 0.1]),
+        )
         inputs = fused_inputs(700 + trial, V=rng.randint(2, 256), rna=rna)
-        assert_within_todays_bound(*three_ways(
-            monkeypatch, inputs, rng.random() < 0.5, rng.choice(list(ACTIVATIONS)), rng.choice([0.0, 0.2]),
-            max_rows=rng.choice([1, 7, 64, 10000]), one_sym_per_frame=rna, **options))
+        assert_within_todays_bound(
+            *three_ways(
+                monkeypatch,
+                inputs,
+                rng.random() < 0.5,
+                rng.choice(list(ACTIVATIONS)),
+                rng.choice([0.0, 0.2]),
+                max_rows=rng.choice([1, 7, 64, 10000]),
+                one_sym_per_frame=rna,
+                **options,
+            )
+        )
 
 
 @pytest.mark.cuda
@@ -720,6 +843,7 @@ def test_which_path_runs(monkeypatch, caplog):
     pass their self-test, unless TRANSDUCER_HOPPER=0; each answer is logged once on the transducer logger, a failed
     self-test as a warning."""
     import transducer.fused.hopper_tiles as fused_hopper
+
     monkeypatch.setattr(fused_hopper, "_said", set())
     monkeypatch.setattr(fused_hopper, "_available", lambda device: device.type == "cuda")
     failure = {}

@@ -17,8 +17,9 @@ from transducer.lattices import Lattice
 from transducer.layout import LabelCheck
 from transducer.options import LossOptions
 
-TORCH_OPS = SimpleNamespace(exp_minus=lambda a, b: torch.exp(a - b), where=torch.where, maximum=torch.maximum,
-                            minimum=torch.minimum)
+TORCH_OPS = SimpleNamespace(
+    exp_minus=lambda a, b: torch.exp(a - b), where=torch.where, maximum=torch.maximum, minimum=torch.minimum
+)
 
 
 def epilogue(z, row, columns, clamp):
@@ -32,7 +33,7 @@ def batch(V, blank, seed):
     logits, targets, T, U = random_batch(gen, 3, 7, 4, V, blank, dtype=torch.float64, scale=3.0)
     mask = torch.zeros(logits.shape[:3], dtype=torch.bool)
     for b in range(len(T)):
-        mask[b, :T[b], :U[b] + 1] = True
+        mask[b, : T[b], : U[b] + 1] = True
     z = logits[mask]
     scale = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
     return z, targets, T, U, make_layout(logits[mask], targets, T, U), scale
@@ -58,17 +59,22 @@ def test_token_gradient_matches_the_cpu_stages(lam, clamp, big_blanks):
     N = z.size(0)
     cells = cpu._cells(layout, 0, N)
     occupancy, blank_arc, label_arc, b, u, has_label, live = cpu._gradient_coefficients(
-        layout, lp, walks, scale, False, 0, N, cells)
+        layout, lp, walks, scale, False, 0, N, cells
+    )
     extra = ()
     if big_blanks:
         big = cpu._big_blank_occupancies(layout, lattice, big_blanks, live, 0, N, cells)
         extra = tuple(big[:, i] for i in range(len(big_blanks)))
-    row = RowTerms(torch.where(live, den, math.inf), occupancy + lam * label_arc, blank_arc, (1 + lam) * label_arc,
-                   scale[b], extra)
+    row = RowTerms(
+        torch.where(live, den, math.inf), occupancy + lam * label_arc, blank_arc, (1 + lam) * label_arc, scale[b], extra
+    )
     labels = cpu._labels(targets, b, u, has_label, blank)
     col = torch.arange(V)
-    columns = ColumnFlags(col == blank, has_label[:, None] & (col == labels[:, None]),
-                          tuple(col == blank - 1 - i for i in range(len(big_blanks))))
+    columns = ColumnFlags(
+        col == blank,
+        has_label[:, None] & (col == labels[:, None]),
+        tuple(col == blank - 1 - i for i in range(len(big_blanks))),
+    )
     got = epilogue(z, row, columns, clamp)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     if clamp:  # the clamp bites somewhere
@@ -86,7 +92,7 @@ def test_token_gradient_matches_tdt_token_scores(lam, clamp):
     logits = torch.cat([logits, torch.randn(*logits.shape[:3], D, generator=gen, dtype=torch.float64)], -1)
     mask = torch.zeros(logits.shape[:3], dtype=torch.bool)
     for b in range(len(T)):
-        mask[b, :T[b], :U[b] + 1] = True
+        mask[b, : T[b], : U[b] + 1] = True
     z2d = logits[mask]
     layout = cpu.layout(T, U, targets.size(1) + 1, labels=LabelCheck(targets, V, blank))
     scale = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
@@ -101,11 +107,11 @@ def test_token_gradient_matches_tdt_token_scores(lam, clamp):
     cells = cpu._cells(layout, 0, N)
     b, t, u, is_cell = cells
     live = is_cell & (torch.isfinite(walks[2]) & (scale != 0))[b]
-    gamma, blank_arc, label_arc = cpu._tdt_arc_occupancies(layout, lattice, live, torch.tensor(durations), 0, N,
-                                                            cells)
+    gamma, blank_arc, label_arc = cpu._tdt_arc_occupancies(layout, lattice, live, torch.tensor(durations), 0, N, cells)
     blank_total, label_total = blank_arc.sum(1), label_arc.sum(1)
-    row = RowTerms(torch.where(live, den, math.inf), gamma + lam * label_total, blank_total,
-                   (1 + lam) * label_total, scale[b])
+    row = RowTerms(
+        torch.where(live, den, math.inf), gamma + lam * label_total, blank_total, (1 + lam) * label_total, scale[b]
+    )
     has_label = is_cell & (u < layout.target_lengths[b])
     labels = cpu._labels(targets, b, u, has_label, blank)
     col = torch.arange(V)

@@ -69,8 +69,9 @@ def test_numpy_scalars_as_options():
     """Options take numpy's numbers as Python's (a config read through numpy): floats of any width, numpy's bool."""
     logits, targets, T, U = _good()
     want = transducer_loss(logits, targets, T, U, clamp=0.5, fastemit_lambda=0.25, zero_infinity=True)
-    got = transducer_loss(logits, targets, T, U, clamp=np.float32(0.5), fastemit_lambda=np.float16(0.25),
-                          zero_infinity=np.bool_(True))
+    got = transducer_loss(
+        logits, targets, T, U, clamp=np.float32(0.5), fastemit_lambda=np.float16(0.25), zero_infinity=np.bool_(True)
+    )
     assert torch.equal(got, want)
     with pytest.raises(TypeError, match="zero_infinity: expected a bool, got"):
         transducer_loss(logits, targets, T, U, zero_infinity=np.float32(1.0))
@@ -123,28 +124,34 @@ def _good():
     return logits, torch.tensor([[1, 2], [3, 4]]), torch.tensor([2, 4]), torch.tensor([2, 0])
 
 
-@pytest.mark.parametrize("mutate,error,match", [
-    (lambda a: (a[0].long(),) + a[1:], TypeError, "logits: expected dtype"),
-    (lambda a: (a[0][None],) + a[1:], ValueError, "logits: expected 2 or 4 dimensions"),
-    (lambda a: (a[0], a[1].float()) + a[2:], TypeError, "targets: expected dtype"),
-    (lambda a: (a[0], a[1][0]) + a[2:], ValueError, "targets: expected 2 dimensions"),
-    (lambda a: (a[0], a[1][:1]) + a[2:], ValueError, "targets: expected 2 rows"),
-    (lambda a: a[:2] + (a[2].float(), a[3]), TypeError, "logit_lengths: expected dtype"),
-    (lambda a: a[:3] + (a[3][:1],), ValueError, r"target_lengths: expected shape \(2,\)"),
-    # the argument that differs from the others is named, whichever it is
-    (lambda a: a[:2] + (torch.tensor([2, 4, 1]), a[3]), ValueError,
-     r"logit_lengths: expected shape \(2,\), one entry per utterance \(the batch size of target_lengths and "
-     r"targets\), got shape \(3,\)"),
-    (lambda a: a[:2] + (torch.tensor([2, -1]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
-    (lambda a: a[:2] + (torch.tensor([0, 4]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
-    (lambda a: a[:3] + (torch.tensor([-1, 0]),), ValueError, "target_lengths: every U_b must be >= 0"),
-    (lambda a: a[:3] + (torch.tensor([3, 0]),), ValueError, "target_lengths: U_b = 3 exceeds targets.size"),
-    (lambda a: (a[0][:-1],) + a[1:], ValueError, "logits: compact logits must have sum_b"),
-    (lambda a: (a[0], torch.tensor([[1, 5], [3, 4]])) + a[2:], ValueError, r"targets: 1 entry .* outside"),
-    (lambda a: (a[0], torch.tensor([[1, 0], [3, 4]])) + a[2:], ValueError, "equal to blank"),
-    (lambda a: (a[0], torch.tensor([[1, -2], [3, 4]])) + a[2:], ValueError, "targets: 1 entry within"),
-    (lambda a: (a[0][:0].view(0, 5),) + (a[1][:0], a[2][:0], a[3][:0]), ValueError, "empty batch"),
-])
+@pytest.mark.parametrize(
+    "mutate,error,match",
+    [
+        (lambda a: (a[0].long(),) + a[1:], TypeError, "logits: expected dtype"),
+        (lambda a: (a[0][None],) + a[1:], ValueError, "logits: expected 2 or 4 dimensions"),
+        (lambda a: (a[0], a[1].float()) + a[2:], TypeError, "targets: expected dtype"),
+        (lambda a: (a[0], a[1][0]) + a[2:], ValueError, "targets: expected 2 dimensions"),
+        (lambda a: (a[0], a[1][:1]) + a[2:], ValueError, "targets: expected 2 rows"),
+        (lambda a: a[:2] + (a[2].float(), a[3]), TypeError, "logit_lengths: expected dtype"),
+        (lambda a: a[:3] + (a[3][:1],), ValueError, r"target_lengths: expected shape \(2,\)"),
+        # the argument that differs from the others is named, whichever it is
+        (
+            lambda a: a[:2] + (torch.tensor([2, 4, 1]), a[3]),
+            ValueError,
+            r"logit_lengths: expected shape \(2,\), one entry per utterance \(the batch size of target_lengths and "
+            r"targets\), got shape \(3,\)",
+        ),
+        (lambda a: a[:2] + (torch.tensor([2, -1]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
+        (lambda a: a[:2] + (torch.tensor([0, 4]), a[3]), ValueError, "logit_lengths: every T_b must be >= 1"),
+        (lambda a: a[:3] + (torch.tensor([-1, 0]),), ValueError, "target_lengths: every U_b must be >= 0"),
+        (lambda a: a[:3] + (torch.tensor([3, 0]),), ValueError, "target_lengths: U_b = 3 exceeds targets.size"),
+        (lambda a: (a[0][:-1],) + a[1:], ValueError, "logits: compact logits must have sum_b"),
+        (lambda a: (a[0], torch.tensor([[1, 5], [3, 4]])) + a[2:], ValueError, r"targets: 1 entry .* outside"),
+        (lambda a: (a[0], torch.tensor([[1, 0], [3, 4]])) + a[2:], ValueError, "equal to blank"),
+        (lambda a: (a[0], torch.tensor([[1, -2], [3, 4]])) + a[2:], ValueError, "targets: 1 entry within"),
+        (lambda a: (a[0][:0].view(0, 5),) + (a[1][:0], a[2][:0], a[3][:0]), ValueError, "empty batch"),
+    ],
+)
 def test_bad_input(mutate, error, match):
     with pytest.raises(error, match=match):
         transducer_loss(*mutate(_good()))
@@ -165,14 +172,23 @@ def test_bad_options_and_padded_sizes():
         transducer_loss(padded, targets, torch.tensor([5, 4]), U)
     with pytest.raises(ValueError, match=r"target_lengths: U_b \+ 1 = 3 exceeds"):
         transducer_loss(padded[:, :, :2], targets, T, U)
-    with pytest.raises(ValueError, match=r"logits: expected padded logits of 2 utterances \(the batch size of "
-                                         r"logit_lengths, target_lengths and targets\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"logits: expected padded logits of 2 utterances \(the batch size of "
+        r"logit_lengths, target_lengths and targets\)",
+    ):
         transducer_loss(padded[:1], targets, T, U)
-    with pytest.raises(ValueError, match=r"logit_lengths: expected shape \(2,\), one entry per utterance \(the batch "
-                                         r"size of logits, target_lengths and targets\), got shape \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"logit_lengths: expected shape \(2,\), one entry per utterance \(the batch "
+        r"size of logits, target_lengths and targets\), got shape \(3,\)",
+    ):
         transducer_loss(padded, targets, torch.tensor([2, 4, 1]), U)
-    with pytest.raises(ValueError, match=r"target_lengths: expected shape \(2,\), .* \(the batch size of logits and "
-                                         r"logit_lengths\)"):  # two against two: the logits' side
+    with pytest.raises(
+        ValueError,
+        match=r"target_lengths: expected shape \(2,\), .* \(the batch size of logits and "
+        r"logit_lengths\)",
+    ):  # two against two: the logits' side
         transducer_loss(padded, targets[:1], T, U[:1])
     with pytest.raises(TypeError, match="logits: expected a torch.Tensor"):
         transducer_loss(logits.numpy(), targets, T, U)
@@ -209,17 +225,23 @@ def test_errors_name_what_is_wrong():
     bad = targets.clone()
     bad[2, 1] = 11  # within U_2 (utterance 2 has U = 0 with edges: utterance 0 then)
     bad[0, 2] = 13
-    with pytest.raises(ValueError, match=r"targets: 1 entry within target_lengths is outside \[0, 9\) or equal to "
-                                         r"blank = 0; the first is targets\[0, 2\] = 13 \(utterance 0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"targets: 1 entry within target_lengths is outside \[0, 9\) or equal to "
+        r"blank = 0; the first is targets\[0, 2\] = 13 \(utterance 0\)",
+    ):
         transducer_loss(logits, bad, T, U)
     # TDT on logits without the duration columns: the last 5 columns were taken as durations
-    with pytest.raises(ValueError, match="the last 5 of the logits' 9 columns are the 5 durations' scores, leaving 4 "
-                                         "token columns"):
+    with pytest.raises(
+        ValueError, match="the last 5 of the logits' 9 columns are the 5 durations' scores, leaving 4 token columns"
+    ):
         tdt_loss(logits, (targets % 8) + 1, T, U, [0, 1, 2, 3, 4])
-    with pytest.raises(ValueError, match="the last 3 of weight's 9 rows are the 3 durations' scores, leaving 6 token "
-                                         "rows"):
-        fused_joiner_loss(torch.randn(3, 6, 4), torch.randn(3, 4, 4), w, None, (targets % 8) + 1, T, U,
-                          durations=[0, 1, 2])
+    with pytest.raises(
+        ValueError, match="the last 3 of weight's 9 rows are the 3 durations' scores, leaving 6 token rows"
+    ):
+        fused_joiner_loss(
+            torch.randn(3, 6, 4), torch.randn(3, 4, 4), w, None, (targets % 8) + 1, T, U, durations=[0, 1, 2]
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -252,8 +274,11 @@ def test_negative_blank_counts_from_the_end(device):
     pred = torch.randn(3, 4, 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
     weight = torch.randn(V + D, 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
     same(lambda blank: grads(fused_joiner_loss(enc, pred, weight[:V], None, targets, T, U, blank=blank), enc, pred))
-    same(lambda blank: grads(fused_joiner_loss(enc, pred, weight, None, targets, T, U, blank=blank,
-                                               durations=[0, 1, 2]), enc, weight))
+    same(
+        lambda blank: grads(
+            fused_joiner_loss(enc, pred, weight, None, targets, T, U, blank=blank, durations=[0, 1, 2]), enc, weight
+        )
+    )
     module = FusedJoinerLoss(4, V, blank=-2, dtype=torch.float64).to(device)
     assert module.options["blank"] == V - 2
     for bad in (V, -V - 1):
@@ -330,7 +355,7 @@ def test_bad_values_leave_the_device_healthy():
         ("logit_lengths", dict(T=torch.tensor([10**6, -5, 3], device=DEV))),
         ("target_lengths", dict(U=torch.tensor([10**6, 2, -7], device=DEV))),
         ("targets", dict(targets=targets.clone().fill_(10**9))),
-        ("targets", dict(targets=targets.clone().fill_(-10**9))),
+        ("targets", dict(targets=targets.clone().fill_(-(10**9)))),
         ("logits", dict(T=T * 1000)),
     ]
     for name, change in wild:
@@ -345,11 +370,14 @@ def test_bad_values_leave_the_device_healthy():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("T, U", [
-    ([2**62, 2], [3, 1]),                    # T_b * (U_b + 1) wraps to 0 + 4 = 4 rows
-    ([2**31, 2**31, 2**31, 2**31, 2], [2**31 - 1] * 4 + [1]),  # each product 2^62: the sum wraps
-    ([2, 1], [2**63 - 1, 0]),                # U_b + 1 itself overflows
-])
+@pytest.mark.parametrize(
+    "T, U",
+    [
+        ([2**62, 2], [3, 1]),  # T_b * (U_b + 1) wraps to 0 + 4 = 4 rows
+        ([2**31, 2**31, 2**31, 2**31, 2], [2**31 - 1] * 4 + [1]),  # each product 2^62: the sum wraps
+        ([2, 1], [2**63 - 1, 0]),  # U_b + 1 itself overflows
+    ],
+)
 def test_lengths_whose_products_overflow(device, T, U):
     logits = torch.randn(4, 5)
     targets = torch.ones(len(T), 2, dtype=torch.long)
@@ -387,8 +415,11 @@ def test_row_counts_beyond_32_bits():
     T, U = torch.tensor([2**31]), torch.tensor([0])
     # refused from the shape, before the entries copy the expanded view (43 GB)
     wide = torch.zeros(1, 5).expand(2**31, 5)
-    for loss in (transducer_loss, functools.partial(tdt_loss, durations=[0, 1]),
-                 functools.partial(multiblank_loss, big_blank_durations=[2], blank=-1)):
+    for loss in (
+        transducer_loss,
+        functools.partial(tdt_loss, durations=[0, 1]),
+        functools.partial(multiblank_loss, big_blank_durations=[2], blank=-1),
+    ):
         with pytest.raises(ValueError, match=r"logits: at most 2\^31 - 1 rows"):
             loss(wide, torch.zeros(1, 1, dtype=torch.long), T, U)
     with pytest.raises(ValueError, match=r"logits: at most 2\^31 - 1 rows"):
@@ -469,8 +500,14 @@ def test_length_columns_of_one_tensor(device, check_inputs):
     torch.testing.assert_close(pack(enc, pred, *to_device(device, strided_T, strided_U)), want, rtol=0, atol=0)
 
 
-JOINT_WIDTHS = [(torch.float32, 37), (torch.bfloat16, 37), (torch.bfloat16, 500), (torch.bfloat16, 2047),
-                (torch.float32, 8193), (torch.bfloat16, 8197)]
+JOINT_WIDTHS = [
+    (torch.float32, 37),
+    (torch.bfloat16, 37),
+    (torch.bfloat16, 500),
+    (torch.bfloat16, 2047),
+    (torch.float32, 8193),
+    (torch.bfloat16, 8197),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -518,12 +555,15 @@ def test_joint_output_rows_off_16_bytes(device, loss, dtype, width, layout):
     torch.testing.assert_close(made.grad, leaf.grad, rtol=0, atol=0)
 
     x = padded.double().requires_grad_()
-    ref = (tdt_loss_reference(x, targets, T, U, durations, blank) if loss == "tdt" else
-           transducer_loss_reference(x, targets, T, U, blank))
+    ref = (
+        tdt_loss_reference(x, targets, T, U, durations, blank)
+        if loss == "tdt"
+        else transducer_loss_reference(x, targets, T, U, blank)
+    )
     (ref * w).sum().backward()
     want = x.grad if layout == "padded" else compact(x.grad, T, U)
     torch.testing.assert_close(losses.cpu().double(), ref.detach(), rtol=1e-5, atol=1e-5)
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2.0 ** -7, atol=1e-4)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=1e-4)
     torch.testing.assert_close(grad.cpu().double(), want, **tol)
 
 
@@ -548,8 +588,9 @@ def test_logits_off_a_16_byte_boundary(from_log_softmax, dtype):
     x = buf[1:].view(logits.shape)
     assert x.is_contiguous() and x.data_ptr() % 16 != 0
     x.copy_(logits.to(DEV)).requires_grad_()
-    got = transducer_loss(x, *(a.to(DEV) for a in (targets, T, U)), blank=3, reduction="none",
-                          from_log_softmax=from_log_softmax)
+    got = transducer_loss(
+        x, *(a.to(DEV) for a in (targets, T, U)), blank=3, reduction="none", from_log_softmax=from_log_softmax
+    )
     got.sum().backward()
     # float32: absolute error ~ |loss| ulp (as above); bf16: the gradient is rounded to 8 bits
     atol = 1e-6 * max(1.0, float(ref.abs().max())) if dtype == torch.float32 else 1e-2
@@ -564,8 +605,8 @@ def test_more_than_2_31_elements():
     V, T0, U0, B = 8192, 50, 20, 252
     rows_per = T0 * (U0 + 1)
     N = B * rows_per
-    assert N * V > 2 ** 31
-    straddle = (2 ** 31) // V // rows_per  # the utterance whose rows cross element 2^31
+    assert N * V > 2**31
+    straddle = (2**31) // V // rows_per  # the utterance whose rows cross element 2^31
     assert straddle < B - 1
     torch.cuda.empty_cache()
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -578,12 +619,13 @@ def test_more_than_2_31_elements():
     (losses * weights).sum().backward()
     grad = logits.grad
     for b in (straddle - 1, straddle, B - 1):
-        rows = logits.detach()[b * rows_per:(b + 1) * rows_per].cpu().double().requires_grad_()
-        ref = transducer_loss(rows, targets[b:b + 1].cpu(), T[b:b + 1].cpu(), U[b:b + 1].cpu(), reduction="sum")
+        rows = logits.detach()[b * rows_per : (b + 1) * rows_per].cpu().double().requires_grad_()
+        ref = transducer_loss(rows, targets[b : b + 1].cpu(), T[b : b + 1].cpu(), U[b : b + 1].cpu(), reduction="sum")
         (ref * weights[b].cpu().double()).backward()
         torch.testing.assert_close(losses[b].double().cpu(), ref.detach(), rtol=1e-5, atol=0)
-        torch.testing.assert_close(grad[b * rows_per:(b + 1) * rows_per].float().cpu(), rows.grad.float(),
-                                   rtol=2.0 ** -10, atol=1e-6)
+        torch.testing.assert_close(
+            grad[b * rows_per : (b + 1) * rows_per].float().cpu(), rows.grad.float(), rtol=2.0**-10, atol=1e-6
+        )
     assert torch.isfinite(losses).all()
     del logits, grad
     torch.cuda.empty_cache()
@@ -604,8 +646,8 @@ def test_non_finite_logit_makes_its_utterance_nan(device, layout, rna):
     on every device; other utterances keep their loss and gradient; zero_infinity never hides a NaN."""
     gen = torch.Generator().manual_seed(41 + rna)
     logits, targets, T, U = random_batch(gen, 4, 7, 3, 9, blank=2, rna=rna)
-    T[1], U[1] = (4, 0)          # a U_b = 0 utterance
-    T[2], U[2] = (1, 0)          # a T_b = 1 utterance
+    T[1], U[1] = (4, 0)  # a U_b = 0 utterance
+    T[2], U[2] = (1, 0)  # a T_b = 1 utterance
     if rna:
         U[3] = min(int(U[3]), int(T[3]) - 1)
     weights = torch.rand(4, generator=gen, dtype=torch.float64) + 0.5
@@ -622,8 +664,9 @@ def test_non_finite_logit_makes_its_utterance_nan(device, layout, rna):
             inp = (compact(x, T, U) if layout == "compact" else x).to(device).requires_grad_()
             args = to_device(device, targets, T, U)
             for zero_infinity in (False, True):
-                got = transducer_loss(inp, *args, blank=2, reduction="none", one_sym_per_frame=rna,
-                                      zero_infinity=zero_infinity)
+                got = transducer_loss(
+                    inp, *args, blank=2, reduction="none", one_sym_per_frame=rna, zero_infinity=zero_infinity
+                )
                 assert math.isnan(got[b].item()), (value, b, zero_infinity)
                 torch.testing.assert_close(got[keep].cpu(), ref[keep].detach(), rtol=1e-10, atol=1e-10)
             (got * weights.to(device)).sum().backward()  # NaN loss, but its utterance's gradient is zero
@@ -640,8 +683,9 @@ def test_non_finite_logit_off_the_rna_band(device):
     logits, targets, T, U = random_batch(gen, 2, 6, 3, 5, blank=0, rna=True)
     T[0], U[0] = 6, 3
     logits[0, 0, 3, 1] = math.nan
-    got = transducer_loss(*to_device(device, compact(logits, T, U), targets, T, U), reduction="none",
-                          one_sym_per_frame=True)
+    got = transducer_loss(
+        *to_device(device, compact(logits, T, U), targets, T, U), reduction="none", one_sym_per_frame=True
+    )
     ref = transducer_loss_reference(logits, targets, T, U, one_sym_per_frame=True)
     assert math.isnan(got[0].item()) and math.isnan(ref[0].item())
     torch.testing.assert_close(got[1].cpu(), ref[1], rtol=1e-10, atol=1e-10)
@@ -662,8 +706,9 @@ def test_log_probs_may_be_minus_inf(device):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-10)
     got[[0, 2]].sum().backward()
     assert torch.isfinite(x.grad).all()
-    zeroed = transducer_loss(x, *to_device(device, targets, T, U), reduction="none", from_log_softmax=True,
-                             zero_infinity=True)
+    zeroed = transducer_loss(
+        x, *to_device(device, targets, T, U), reduction="none", from_log_softmax=True, zero_infinity=True
+    )
     assert zeroed[1].item() == 0
 
 
@@ -676,8 +721,7 @@ def test_non_finite_utterances_get_zero_gradient(layout, device):
     logits, targets, T, U = random_batch(gen, 3, 6, 4, 9, blank=0)
     logits = logits.log_softmax(-1)
     logits[1, :, :, 0] = -math.inf
-    expected = transducer_loss_reference(logits[[0, 2]], targets[[0, 2]], T[[0, 2]], U[[0, 2]],
-                                         from_log_softmax=True)
+    expected = transducer_loss_reference(logits[[0, 2]], targets[[0, 2]], T[[0, 2]], U[[0, 2]], from_log_softmax=True)
     x = (compact(logits, T, U) if layout == "compact" else logits).to(device).requires_grad_()
     targets, T, U = targets.to(device), T.to(device), U.to(device)
     losses = transducer_loss(x, targets, T, U, reduction="none", zero_infinity=True, from_log_softmax=True)
@@ -707,8 +751,9 @@ def test_infinite_incoming_gradient(device):
     grads = []
     for weight in (torch.tensor([0.0, 1.0]), torch.tensor([0.0, math.inf])):
         x = logits.clone().requires_grad_()
-        transducer_loss(x, targets, T.to(device), U.to(device), reduction="none").backward(weight.to(device,
-                                                                                                   torch.float64))
+        transducer_loss(x, targets, T.to(device), U.to(device), reduction="none").backward(
+            weight.to(device, torch.float64)
+        )
         grads.append(x.grad)
     unit, infinite = grads
     rows = int(T[0] * (U[0] + 1))

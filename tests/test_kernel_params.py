@@ -22,18 +22,51 @@ from transducer.joiner import ACTIVATIONS
 from transducer.options import SUPPORTED
 
 ROOT = ops.cuda_include_dir()
-SOURCES = ["ops/fast_divmod.cuh", "transducer/cuda/layout.cuh", "transducer/cuda/params.cuh", "transducer/cuda/row_pass.cuh",
-           "transducer/cuda/terms.cuh", "transducer/cuda/arcs.cuh",
-           "transducer/cuda/stages.cu", "transducer/cuda/tdt.cu", "transducer/cuda/pack.cu", "ops/gather.cu",
-           "ops/reduce.cu", "ragged/ragged.cu"]
-PARAMS = [cuda.TERMS, cuda.LAYOUT_PARAMS, cuda.LOG_PROBS_PARAMS, cuda.ALPHA_BETA_PARAMS, cuda.GRADIENT_PARAMS,
-          cuda.TDT_LOG_PROBS_PARAMS, cuda.TDT_WALK_PARAMS, cuda.TDT_GRADIENT_PARAMS, cuda.PACK_FORWARD_PARAMS,
-          cuda.PACK_GRAD_PARAMS, cuda.ROW_LABELS_PARAMS, cuda.ROW_LOG_PROBS_PARAMS, cuda.ROW_COEFFICIENTS_PARAMS,
-          cuda.TDT_ROW_LOG_PROBS_PARAMS, cuda.TDT_ROW_COEFFICIENTS_PARAMS, gather_cuda.GATHER_PARAMS,
-          reduce_cuda.REDUCE_PARAMS, reduce_cuda.FINALIZE_PARAMS, ragged_cuda.ROW_IDS_PARAMS,
-          ragged_cuda.ROW_SPLITS_PARAMS]
-_SCALARS = {"int": "int", "long long": "long long", "bool": "bool", "double": "double", "float": "float",
-            "uint32_t": "unsigned int", "unsigned int": "unsigned int"}
+SOURCES = [
+    "ops/fast_divmod.cuh",
+    "transducer/cuda/layout.cuh",
+    "transducer/cuda/params.cuh",
+    "transducer/cuda/row_pass.cuh",
+    "transducer/cuda/terms.cuh",
+    "transducer/cuda/arcs.cuh",
+    "transducer/cuda/stages.cu",
+    "transducer/cuda/tdt.cu",
+    "transducer/cuda/pack.cu",
+    "ops/gather.cu",
+    "ops/reduce.cu",
+    "ragged/ragged.cu",
+]
+PARAMS = [
+    cuda.TERMS,
+    cuda.LAYOUT_PARAMS,
+    cuda.LOG_PROBS_PARAMS,
+    cuda.ALPHA_BETA_PARAMS,
+    cuda.GRADIENT_PARAMS,
+    cuda.TDT_LOG_PROBS_PARAMS,
+    cuda.TDT_WALK_PARAMS,
+    cuda.TDT_GRADIENT_PARAMS,
+    cuda.PACK_FORWARD_PARAMS,
+    cuda.PACK_GRAD_PARAMS,
+    cuda.ROW_LABELS_PARAMS,
+    cuda.ROW_LOG_PROBS_PARAMS,
+    cuda.ROW_COEFFICIENTS_PARAMS,
+    cuda.TDT_ROW_LOG_PROBS_PARAMS,
+    cuda.TDT_ROW_COEFFICIENTS_PARAMS,
+    gather_cuda.GATHER_PARAMS,
+    reduce_cuda.REDUCE_PARAMS,
+    reduce_cuda.FINALIZE_PARAMS,
+    ragged_cuda.ROW_IDS_PARAMS,
+    ragged_cuda.ROW_SPLITS_PARAMS,
+]
+_SCALARS = {
+    "int": "int",
+    "long long": "long long",
+    "bool": "bool",
+    "double": "double",
+    "float": "float",
+    "uint32_t": "unsigned int",
+    "unsigned int": "unsigned int",
+}
 
 
 def _source():
@@ -59,7 +92,7 @@ def _braced(text, start):
     while depth:
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         i += 1
-    return text[start:i - 1]
+    return text[start : i - 1]
 
 
 def _structs(text):
@@ -151,7 +184,8 @@ def test_constants_agree():
     assert c["kCellsCap"] == layout.CELLS_CAP
     activation = re.search(r"enum Activation : int \{([^}]*)\}", TEXT).group(1)
     assert {k: int(v) for k, v in re.findall(r"k(\w+) = (\d+)", activation)} == {
-        name.title().replace("_", ""): a.code for name, a in ACTIVATIONS.items()}  # leaky_relu: kLeakyRelu
+        name.title().replace("_", ""): a.code for name, a in ACTIVATIONS.items()
+    }  # leaky_relu: kLeakyRelu
     stat = re.search(r"enum Stat : int \{([^}]*)\}", TEXT).group(1)
     names = [n.strip() for n in stat.split(",")]
     assert names[-1] == "kNumStats" and len(names) - 1 == layout.NUM_STATS
@@ -171,8 +205,11 @@ def test_warps_per_row_picks_what_the_row_kernels_take(monkeypatch):
     allowed = {1, int(eval(block, {}, _constants(TEXT)))}
     assert allowed == {1, cuda.THREADS // 32}
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
-    picked = {cuda.warps_per_row(rows, row_bytes, None) for rows in (1, 1000, 10**6)
-              for row_bytes in (2, 1000, 4096, 16384, 16385, 1 << 20)}
+    picked = {
+        cuda.warps_per_row(rows, row_bytes, None)
+        for rows in (1, 1000, 10**6)
+        for row_bytes in (2, 1000, 4096, 16384, 16385, 1 << 20)
+    }
     assert picked == allowed
 
 
@@ -238,8 +275,14 @@ def _kernels_under_transducer():
                 continue
             path = os.path.relpath(os.path.join(folder, name), ROOT)
             text = _uncommented(path)
-            matches = list(re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(\s*"
-                                       r"const\s+(\w+)<.*?>\s+p\)\s*\{", text, re.S))
+            matches = list(
+                re.finditer(
+                    r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(\s*"
+                    r"const\s+(\w+)<.*?>\s+p\)\s*\{",
+                    text,
+                    re.S,
+                )
+            )
             assert len(matches) == text.count("__global__"), f"{path}: a kernel not taking a parameter struct p"
             found += [(path, m.group(1), m.group(2), _braced(text, m.end())) for m in matches]
     return found
@@ -267,8 +310,7 @@ def _term_outputs(text, structs, params):
     body = _braced(text, match.end())
     fields = dict(structs[params])
     declarations = [" ".join(d.split()) for d in body.split(";")]
-    writes = {f for f in fields for d in declarations
-              if re.search(rf"\*\s*{f}$", d) and not d.startswith("const ")}
+    writes = {f for f in fields for d in declarations if re.search(rf"\*\s*{f}$", d) and not d.startswith("const ")}
     lattice = any(c == "Lattice" for c in fields.values())
     keys = {f for f in writes if f in ("lp", "lp_arcs")}
     if lattice:
@@ -285,8 +327,10 @@ def _term_problems(text, structs, kernels):
     options = [f for f, _ in structs[TERMS]]
     header = _uncommented(TERMS_HEADER)
     functions = _device_functions(text.replace(header, ""))
-    helpers = {name: set().union(*({t for t in terms if re.search(rf"\b{t}\s*[<(]", b)} for b in bodies))
-               for name, bodies in functions.items()}
+    helpers = {
+        name: set().union(*({t for t in terms if re.search(rf"\b{t}\s*[<(]", b)} for b in bodies))
+        for name, bodies in functions.items()
+    }
     problems = []
     for name, bodies in functions.items():
         named = sorted({o for b in bodies for o in re.findall(r"\.(" + "|".join(options) + r")\b", b)})
@@ -303,10 +347,13 @@ def _term_problems(text, structs, kernels):
             problems.append(f"{name} ({path}) calls exp or log itself: a term belongs in {TERMS_HEADER}")
         arcs = re.findall(r"\bRnntArcs<[^>]*>\s+(\w+)", body)
         if any(re.search(rf"\b{a}\.", body) for a in arcs):
-            problems.append(f"{name} ({path}) reads an RnntArcs itself: the terms formed from it are "
-                            f"{TERMS_HEADER}'s")
+            problems.append(f"{name} ({path}) reads an RnntArcs itself: the terms formed from it are {TERMS_HEADER}'s")
         fields = [f for f, c in structs[params] if c == TERMS]
-        if len(fields) != 1 or not re.search(rf"\bp\.{fields[0]}\b(?!\.)", body) or re.search(rf"\b{TERMS}\s*[{{(]", body):
+        if (
+            len(fields) != 1
+            or not re.search(rf"\bp\.{fields[0]}\b(?!\.)", body)
+            or re.search(rf"\b{TERMS}\s*[{{(]", body)
+        ):
             problems.append(f"{name} ({path}) forms terms without passing its {TERMS} field whole")
         called = {t for t in terms if re.search(rf"\b{t}\s*[<(]", body)}
         called |= set().union(*(helpers[h] for h in helpers if re.search(rf"[.\s(]{h}\s*\(", body)))
@@ -322,13 +369,28 @@ KERNELS = _kernels_under_transducer()
 
 def test_the_kernels_are_found_in_the_files():
     names = {name for _, name, _, _ in KERNELS}
-    assert {"log_probs_kernel", "gradient_kernel", "row_log_probs_kernel", "row_coefficients_kernel",
-            "tdt_log_probs_kernel", "tdt_gradient_kernel", "tdt_row_log_probs_kernel",
-            "tdt_row_coefficients_kernel", "pack_forward_kernel"} <= names
+    assert {
+        "log_probs_kernel",
+        "gradient_kernel",
+        "row_log_probs_kernel",
+        "row_coefficients_kernel",
+        "tdt_log_probs_kernel",
+        "tdt_gradient_kernel",
+        "tdt_row_log_probs_kernel",
+        "tdt_row_coefficients_kernel",
+        "pack_forward_kernel",
+    } <= names
     forming = {name for _, name, params, _ in KERNELS if _term_outputs(TEXT, STRUCTS, params)}
-    assert forming == {"log_probs_kernel", "gradient_kernel", "row_log_probs_kernel", "row_coefficients_kernel",
-                       "tdt_log_probs_kernel", "tdt_gradient_kernel", "tdt_row_log_probs_kernel",
-                       "tdt_row_coefficients_kernel"}
+    assert forming == {
+        "log_probs_kernel",
+        "gradient_kernel",
+        "row_log_probs_kernel",
+        "row_coefficients_kernel",
+        "tdt_log_probs_kernel",
+        "tdt_gradient_kernel",
+        "tdt_row_log_probs_kernel",
+        "tdt_row_coefficients_kernel",
+    }
 
 
 def test_every_term_is_formed_by_the_term_functions():
@@ -353,21 +415,45 @@ def _mutated(kernel, old, new):
     return out
 
 
-@pytest.mark.parametrize("kernel,old,new,problem", [
-    # an option read in the kernel, or zeroed there
-    ("gradient_kernel", "p.terms,", "Terms{p.terms.sigma, p.terms.delay_penalty, 0.0, 0.0, p.terms.clamp},",
-     "names ['clamp', 'delay_penalty', 'sigma']"),
-    ("row_log_probs_kernel", "picks.store(p.lp, r, ri, d, p.terms)", "picks.store(p.lp, r, ri, d, Terms{})",
-     "without passing its Terms field whole"),
-    # a term spelled in the kernel, or dropped
-    ("row_coefficients_kernel", "c[n] = terms.factor;", "c[n] = exp_acc(arcs.log_gamma);", "calls exp or log"),
-    ("row_coefficients_kernel", "c[3ll * n] = terms.sub_label;", "c[3ll * n] = arcs.label;", "reads an RnntArcs"),
-    ("log_probs_kernel", "big_blank_log_prob(p.terms, x_big, d)", "x_big - d", "without calling big_blank_log_prob"),
-    ("tdt_row_coefficients_kernel", "duration_gradient(p.terms,", "(0.0f * (",
-     "writes duration_gradient without calling duration_gradient"),
-    ("tdt_gradient_kernel", "token_gradient<Acc, true, CLAMP>(", "TokenGradient<Acc, true, CLAMP>{",
-     "writes out_tokens without calling token_gradient"),
-])
+@pytest.mark.parametrize(
+    "kernel,old,new,problem",
+    [
+        # an option read in the kernel, or zeroed there
+        (
+            "gradient_kernel",
+            "p.terms,",
+            "Terms{p.terms.sigma, p.terms.delay_penalty, 0.0, 0.0, p.terms.clamp},",
+            "names ['clamp', 'delay_penalty', 'sigma']",
+        ),
+        (
+            "row_log_probs_kernel",
+            "picks.store(p.lp, r, ri, d, p.terms)",
+            "picks.store(p.lp, r, ri, d, Terms{})",
+            "without passing its Terms field whole",
+        ),
+        # a term spelled in the kernel, or dropped
+        ("row_coefficients_kernel", "c[n] = terms.factor;", "c[n] = exp_acc(arcs.log_gamma);", "calls exp or log"),
+        ("row_coefficients_kernel", "c[3ll * n] = terms.sub_label;", "c[3ll * n] = arcs.label;", "reads an RnntArcs"),
+        (
+            "log_probs_kernel",
+            "big_blank_log_prob(p.terms, x_big, d)",
+            "x_big - d",
+            "without calling big_blank_log_prob",
+        ),
+        (
+            "tdt_row_coefficients_kernel",
+            "duration_gradient(p.terms,",
+            "(0.0f * (",
+            "writes duration_gradient without calling duration_gradient",
+        ),
+        (
+            "tdt_gradient_kernel",
+            "token_gradient<Acc, true, CLAMP>(",
+            "TokenGradient<Acc, true, CLAMP>{",
+            "writes out_tokens without calling token_gradient",
+        ),
+    ],
+)
 def test_a_kernel_that_reads_an_option_or_spells_a_term_is_found(kernel, old, new, problem):
     problems = _term_problems(TEXT, STRUCTS, _mutated(kernel, old, new))
     assert len(problems) >= 1 and all(kernel in p for p in problems) and any(problem in p for p in problems), problems
@@ -378,16 +464,22 @@ def test_a_helper_that_reads_an_option_is_found():
     old = "token_log_probs(terms, x_blank"
     assert old in TEXT
     text = TEXT.replace(old, "token_log_probs(Terms{terms.sigma, 0.0, 0.0, 0.0, 0.0}, x_blank")
-    assert _term_problems(text, STRUCTS, KERNELS) == ["store names ['sigma']: options are read in " + TERMS_HEADER +
-                                                     " only"]
+    assert _term_problems(text, STRUCTS, KERNELS) == [
+        "store names ['sigma']: options are read in " + TERMS_HEADER + " only"
+    ]
 
 
 # The kernels of each lattice's stages (transducer/lattices.py's objects call the stages, transducer/cuda/stages.py
 # launches these): TDT with omega > 0 walks the plain RNN-T loss too, and the multi-blank loss walks TDT's walk.
 LATTICE_KERNELS = {
     "RNN-T": ("log_probs_kernel", "alpha_beta_kernel", "gradient_kernel"),
-    "TDT": ("tdt_log_probs_kernel", "tdt_walk_kernel", "tdt_alpha_beta_kernel", "tdt_gradient_kernel",
-            "alpha_beta_kernel"),
+    "TDT": (
+        "tdt_log_probs_kernel",
+        "tdt_walk_kernel",
+        "tdt_alpha_beta_kernel",
+        "tdt_gradient_kernel",
+        "alpha_beta_kernel",
+    ),
     "multi-blank RNN-T": ("log_probs_kernel", "tdt_walk_kernel", "tdt_alpha_beta_kernel", "gradient_kernel"),
 }
 
@@ -402,8 +494,7 @@ def _reads(structs, text, params, body):
     """The options a kernel reads: the fields of its parameter struct (or of its parts) that its body reads
     (p.<field>, p.labels.blank, ...), and the fields of Terms that the term functions it calls read, when it passes
     its Terms field whole."""
-    read = {path[-1] for path in _field_paths(structs, params)
-            if re.search(r"\bp\." + r"\.".join(path) + r"\b", body)}
+    read = {path[-1] for path in _field_paths(structs, params) if re.search(r"\bp\." + r"\.".join(path) + r"\b", body)}
     fields = [f for f, c in structs[params] if c == TERMS]
     if fields and re.search(rf"\bp\.{fields[0]}\b(?!\.)", body):
         terms = _term_functions(text)
@@ -440,17 +531,21 @@ def test_host_resolved_options_are_cuda_options_no_kernel_has():
     for (lattice, option), reason in HOST_RESOLVED.items():
         assert "cuda" in SUPPORTED[lattice][option] and reason
         assert f"options.{option}" in host_source
-        fields = {path[-1] for name in LATTICE_KERNELS[lattice]
-                  for path in _field_paths(STRUCTS, _kernel(TEXT, name)[0])}
+        fields = {
+            path[-1] for name in LATTICE_KERNELS[lattice] for path in _field_paths(STRUCTS, _kernel(TEXT, name)[0])
+        }
         assert option not in fields, f"{option} is a field of a {lattice} kernel: not resolved on the host"
 
 
 def test_an_option_without_its_field_or_its_read_is_found():
     # GradientParams without its Terms: the RNN-T and multi-blank losses' clamp and FastEmit are read by no kernel
     structs = dict(STRUCTS, GradientParams=[f for f in STRUCTS["GradientParams"] if f[1] != TERMS])
-    assert _unread_cuda_options(structs, TEXT) == [("RNN-T", "clamp"), ("RNN-T", "fastemit_lambda"),
-                                                   ("multi-blank RNN-T", "clamp"),
-                                                   ("multi-blank RNN-T", "fastemit_lambda")]
+    assert _unread_cuda_options(structs, TEXT) == [
+        ("RNN-T", "clamp"),
+        ("RNN-T", "fastemit_lambda"),
+        ("multi-blank RNN-T", "clamp"),
+        ("multi-blank RNN-T", "fastemit_lambda"),
+    ]
     # a field of Terms that no term function reads: the terms' omega
     terms_text = _uncommented(TERMS_HEADER)
     assert "o.omega" in terms_text

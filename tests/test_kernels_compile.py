@@ -22,37 +22,54 @@ from transducer.joiner import ACTIVATIONS
 # Kernel files and the instantiations compiled for each: edit this table with the kernels.
 KERNELS = {
     "ops/gather.cu": [
-        "gather_kernel<1, int>", "gather_kernel<2, long long>", "gather_kernel<4, int>",
-        "gather_kernel<8, long long>", "gather_kernel<16, int>", "gather_kernel<16, long long>",
-        "gather_big_kernel<1, long long>", "gather_big_kernel<16, int>",
+        "gather_kernel<1, int>",
+        "gather_kernel<2, long long>",
+        "gather_kernel<4, int>",
+        "gather_kernel<8, long long>",
+        "gather_kernel<16, int>",
+        "gather_kernel<16, long long>",
+        "gather_big_kernel<1, long long>",
+        "gather_big_kernel<16, int>",
     ],
     "ops/reduce.cu": [
         f"{kernel}<{op}, {t}>"
         for op in ("ops::kSum", "ops::kMax", "ops::kLogSumExp")
-        for kernel, types in (("reduce_rows", ("ops::half_t", "ops::bf16_t", "float", "double")),
-                              ("reduce_mid", ("ops::half_t", "ops::bf16_t", "float", "double")),
-                              ("reduce_finalize", ("float", "double")))
+        for kernel, types in (
+            ("reduce_rows", ("ops::half_t", "ops::bf16_t", "float", "double")),
+            ("reduce_mid", ("ops::half_t", "ops::bf16_t", "float", "double")),
+            ("reduce_finalize", ("float", "double")),
+        )
         for t in types
     ],
     "ragged/ragged.cu": [
         f"{kernel}<{s}, {o}>"
-        for kernel in ("row_splits_to_row_ids_binary_search", "row_splits_to_row_ids_merge_path",
-                       "row_ids_to_row_splits")
+        for kernel in (
+            "row_splits_to_row_ids_binary_search",
+            "row_splits_to_row_ids_merge_path",
+            "row_ids_to_row_splits",
+        )
         for s in ("int", "long long")
         for o in ("int", "long long")
     ],
     "transducer/cuda/stages.cu": [
-        "layout_kernel<int, long long, int, true>", "layout_kernel<long long, int, long long, false>",
-        "log_probs_kernel<ops::half_t, int, 8, 1, true>", "log_probs_kernel<ops::bf16_t, long long, 8, 8, false>",
-        "log_probs_kernel<float, int, 4, 1, false>", "log_probs_kernel<double, long long, 1, 8, true>",
-        "alpha_beta_kernel<float, false>", "alpha_beta_kernel<double, true>",
+        "layout_kernel<int, long long, int, true>",
+        "layout_kernel<long long, int, long long, false>",
+        "log_probs_kernel<ops::half_t, int, 8, 1, true>",
+        "log_probs_kernel<ops::bf16_t, long long, 8, 8, false>",
+        "log_probs_kernel<float, int, 4, 1, false>",
+        "log_probs_kernel<double, long long, 1, 8, true>",
+        "alpha_beta_kernel<float, false>",
+        "alpha_beta_kernel<double, true>",
         "gradient_kernel<ops::half_t, int, 8, 1, false, false, false, true, false, false>",
         "gradient_kernel<ops::bf16_t, long long, 8, 8, true, true, true, false, true, false>",
         "gradient_kernel<float, int, 4, 1, false, true, true, false, true, true>",
         "gradient_kernel<double, int, 2, 8, true, false, false, true, false, false>",
         "gradient_kernel<ops::bf16_t, int, 8, 8, false, false, false, true, false, true>",
-        "row_labels_kernel<int>", "row_labels_kernel<long long>", "row_log_probs_kernel<long long>",
-        "row_coefficients_kernel<int, false>", "row_coefficients_kernel<long long, true>",
+        "row_labels_kernel<int>",
+        "row_labels_kernel<long long>",
+        "row_log_probs_kernel<long long>",
+        "row_coefficients_kernel<int, false>",
+        "row_coefficients_kernel<long long, true>",
     ],
     "transducer/cuda/pack.cu": [  # and every activation: PACK_ACTIVATIONS
         "pack_forward_kernel<ops::half_t, ops::half_t, ops::half_t, ops::half_t, 8, 0, false>",
@@ -76,17 +93,23 @@ KERNELS = {
         "pack_grad_pred_kernel<double, double, double, double, double, 2>",
     ],
     "transducer/cuda/tdt.cu": [
-        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true, 8>", "tdt_log_probs_kernel<float, int, 1, 8, true, 4>",
-        "tdt_log_probs_kernel<double, long long, 2, 1, false, 8>", "tdt_log_probs_kernel<ops::half_t, int, 8, 8, false, 4>",
+        "tdt_log_probs_kernel<ops::bf16_t, long long, 8, 1, true, 8>",
+        "tdt_log_probs_kernel<float, int, 1, 8, true, 4>",
+        "tdt_log_probs_kernel<double, long long, 2, 1, false, 8>",
+        "tdt_log_probs_kernel<ops::half_t, int, 8, 8, false, 4>",
         "tdt_log_probs_kernel<float, long long, 4, 1, false, 8>",
-        "tdt_alpha_beta_kernel<float, false>", "tdt_alpha_beta_kernel<double, true>",
-        "tdt_walk_kernel<float, 5, 2, false>", "tdt_walk_kernel<double, 1, 4, false>", "tdt_walk_kernel<float, 8, 3, true>",
+        "tdt_alpha_beta_kernel<float, false>",
+        "tdt_alpha_beta_kernel<double, true>",
+        "tdt_walk_kernel<float, 5, 2, false>",
+        "tdt_walk_kernel<double, 1, 4, false>",
+        "tdt_walk_kernel<float, 8, 3, true>",
         "tdt_walk_kernel<float, 5, 2, true>",
         "tdt_gradient_kernel<ops::half_t, int, 8, 1, false, false, true, false>",
         "tdt_gradient_kernel<ops::bf16_t, long long, 8, 8, true, true, false, true>",
         "tdt_gradient_kernel<float, long long, 4, 1, true, false, false, true>",
         "tdt_gradient_kernel<double, int, 1, 8, false, true, true, false>",
-        "tdt_row_log_probs_kernel<int>", "tdt_row_log_probs_kernel<long long>",
+        "tdt_row_log_probs_kernel<int>",
+        "tdt_row_log_probs_kernel<long long>",
         "tdt_row_coefficients_kernel<ops::bf16_t, int, false>",
         "tdt_row_coefficients_kernel<ops::half_t, long long, true>",
     ],
@@ -105,7 +128,8 @@ PACK_ACTIVATIONS = [
         ("pack_forward_kernel", "double, double, double, double, 2", "true"),
         ("pack_grad_kernel", "ops::half_t, ops::half_t, ops::half_t, ops::half_t, float, 8", "true"),
         ("pack_grad_kernel", "ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, float, 2", "true"),
-        ("pack_grad_kernel", "double, double, double, double, double, 1", "true"))
+        ("pack_grad_kernel", "double, double, double, double, double, 1", "true"),
+    )
 ]
 KERNELS["transducer/cuda/pack.cu"] += PACK_ACTIVATIONS
 
@@ -123,8 +147,12 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the C
 
 
 def test_table_lists_every_kernel_file():
-    found = {f"{pkg}/{name}" for pkg in ("ops", "ragged", "transducer/cuda")
-             for name in os.listdir(os.path.join(ROOT, pkg)) if name.endswith(".cu")}
+    found = {
+        f"{pkg}/{name}"
+        for pkg in ("ops", "ragged", "transducer/cuda")
+        for name in os.listdir(os.path.join(ROOT, pkg))
+        if name.endswith(".cu")
+    }
     assert found == set(KERNELS)
 
 
@@ -134,8 +162,10 @@ def test_table_lists_every_kernel_file():
 def test_kernels_compile_to_ptx(path, arch, tmp_path):
     wrapper = tmp_path / "wrapper.cu"
     addresses = ",\n    ".join(f"(void*)&{name}" for name in KERNELS[path])
-    wrapper.write_text(f'#include "{os.path.join(ROOT, path)}"\n\n'
-                       f"extern void* const kernel_compile_test_instantiations[] = {{\n    {addresses}}};\n")
+    wrapper.write_text(
+        f'#include "{os.path.join(ROOT, path)}"\n\n'
+        f"extern void* const kernel_compile_test_instantiations[] = {{\n    {addresses}}};\n"
+    )
     ptx = tmp_path / "wrapper.ptx"
     cmd = [NVCC, "-std=c++17", "--ptx", f"-arch={arch}", f"-I{ROOT}", "-o", str(ptx), str(wrapper)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

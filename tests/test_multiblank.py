@@ -44,12 +44,13 @@ def reference(logits, targets, T, U, big=BIG, blank=BLANK, sigma=0.0, lam=0.0, s
     loss = multiblank_loss_reference(x, targets, T, U, big, blank, sigma, lam)
     scale = torch.ones(len(T), dtype=torch.float64) if scale is None else scale.double()
     finite = torch.isfinite(loss.detach())
-    grad, = torch.autograd.grad((loss[finite] * scale[finite]).sum(), x) if finite.any() else (torch.zeros_like(x),)
+    (grad,) = torch.autograd.grad((loss[finite] * scale[finite]).sum(), x) if finite.any() else (torch.zeros_like(x),)
     return loss.detach(), grad
 
 
 def brute_force(logits, y, T, U, big, blank, sigma):
     """-log of the sum over every complete alignment, enumerated one by one in plain Python floats."""
+
     def lp(t, u, v):
         row = logits[t][u]
         m = max(row)
@@ -72,8 +73,10 @@ def brute_force(logits, y, T, U, big, blank, sigma):
     return -(m + math.log(sum(math.exp(w - m) for w in total)))
 
 
-@pytest.mark.parametrize("T,U,big,sigma", [(1, 0, [2], 0.0), (3, 1, [2], 0.1), (5, 2, [2, 3], 0.0),
-                                          (4, 3, [2, 4], 0.05), (6, 1, [3, 5, 2], 0.0)])
+@pytest.mark.parametrize(
+    "T,U,big,sigma",
+    [(1, 0, [2], 0.0), (3, 1, [2], 0.1), (5, 2, [2, 3], 0.0), (4, 3, [2, 4], 0.05), (6, 1, [3, 5, 2], 0.0)],
+)
 def test_reference_equals_brute_force(T, U, big, sigma):
     gen = torch.Generator().manual_seed(T * 10 + U)
     V = 4 + len(big) + 1
@@ -88,16 +91,17 @@ def test_reference_equals_brute_force(T, U, big, sigma):
 def test_reference_gradcheck():
     logits, targets, T, U = batch(1, B=3, max_t=4, max_u=2)
     x = logits.detach().requires_grad_()
-    assert torch.autograd.gradcheck(lambda z: multiblank_loss_reference(z, targets, T, U, BIG, BLANK, 0.05),
-                                    (x,), eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(
+        lambda z: multiblank_loss_reference(z, targets, T, U, BIG, BLANK, 0.05), (x,), eps=1e-6, atol=1e-7
+    )
 
 
 CASES = [  # layout, blank, big, sigma, fastemit_lambda, clamp
     ("padded", -1, [2, 4], 0.0, 0.0, -1.0),
     ("compact", -1, [2, 4], 0.05, 0.0, -1.0),
-    ("compact", 5, [3], 0.0, 0.3, -1.0),        # the blank in the middle: big blank 4, labels 6 ... 8 too
+    ("compact", 5, [3], 0.0, 0.3, -1.0),  # the blank in the middle: big blank 4, labels 6 ... 8 too
     ("padded", -1, [2, 3, 5], 0.1, 0.2, 0.05),
-    ("padded", 8, [8], 0.0, 0.0, -1.0),          # a big blank longer than every utterance
+    ("padded", 8, [8], 0.0, 0.0, -1.0),  # a big blank longer than every utterance
 ]
 
 
@@ -115,9 +119,19 @@ def test_matches_reference_float64(device, case):
         for b in range(len(T)):
             want_grad[b] = unit_grad[b].clamp(-clamp, clamp) * scale[b]
     x = (compact(logits, T, U) if layout == "compact" else logits).to(device).requires_grad_()
-    got = multiblank_loss(x, targets.to(device), T.to(device), U.to(device), big, blank, sigma=sigma,
-                          fastemit_lambda=lam, clamp=clamp, reduction="none")
-    got_grad, = torch.autograd.grad((got * scale.to(device)).sum(), x)
+    got = multiblank_loss(
+        x,
+        targets.to(device),
+        T.to(device),
+        U.to(device),
+        big,
+        blank,
+        sigma=sigma,
+        fastemit_lambda=lam,
+        clamp=clamp,
+        reduction="none",
+    )
+    (got_grad,) = torch.autograd.grad((got * scale.to(device)).sum(), x)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-10)
     got_grad = got_grad.cpu()
     if layout == "compact":
@@ -125,7 +139,7 @@ def test_matches_reference_float64(device, case):
     else:  # padding gets zeros
         mask = torch.zeros(logits.shape[:3], dtype=torch.bool)
         for b in range(len(T)):
-            mask[b, :T[b], :U[b] + 1] = True
+            mask[b, : T[b], : U[b] + 1] = True
         assert not got_grad[~mask].any()
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-9, atol=1e-10)
     assert got_grad.abs().sum() > 1.0
@@ -141,12 +155,14 @@ def test_reductions_infeasible_and_non_finite(device):
     args = (targets.to(device), T.to(device), U.to(device), BIG, -1)
     none = multiblank_loss(x, *args, reduction="none")
     assert torch.isnan(none[4]) and torch.isfinite(none[:4]).all()
-    grad, = torch.autograd.grad(none[:4].sum(), x)
+    (grad,) = torch.autograd.grad(none[:4].sum(), x)
     assert not grad[4].any() and torch.isfinite(grad).all()
-    finite = multiblank_loss(x[:4], targets[:4].to(device), T[:4].to(device), U[:4].to(device), BIG, -1,
-                             reduction="none")
-    torch.testing.assert_close(multiblank_loss(x[:4], *(a[:4] for a in args[:3]), BIG, -1, reduction="sum"),
-                               finite.sum())
+    finite = multiblank_loss(
+        x[:4], targets[:4].to(device), T[:4].to(device), U[:4].to(device), BIG, -1, reduction="none"
+    )
+    torch.testing.assert_close(
+        multiblank_loss(x[:4], *(a[:4] for a in args[:3]), BIG, -1, reduction="sum"), finite.sum()
+    )
     torch.testing.assert_close(multiblank_loss(x[:4], *(a[:4] for a in args[:3]), BIG, -1), finite.mean())
 
 
@@ -159,9 +175,10 @@ def test_low_precision(device, dtype):
     x = logits.to(dtype)
     want, want_grad = reference(x, targets, T, U, [2, 3, 6], 39, 0.05)
     y = x.to(device).requires_grad_()
-    got = multiblank_loss(y, targets.to(device), T.to(device), U.to(device), [2, 3, 6], -1, sigma=0.05,
-                          reduction="none")
-    grad, = torch.autograd.grad(got.sum(), y)
+    got = multiblank_loss(
+        y, targets.to(device), T.to(device), U.to(device), [2, 3, 6], -1, sigma=0.05, reduction="none"
+    )
+    (grad,) = torch.autograd.grad(got.sum(), y)
     assert got.dtype == torch.float32 and grad.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(got.cpu().double(), want, rtol=tol, atol=tol)
@@ -185,19 +202,34 @@ def test_fused_equals_unfused(device, case):
     targets, T, U = targets.to(device), T.to(device), U.to(device)
     params = (enc, pred, weight, bias)
     w = torch.rand(B, generator=gen, dtype=torch.float64).to(device) + 0.5
-    fused = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, blank=-1, big_blank_durations=big, sigma=sigma,
-                              max_rows=max_rows, reduction="none")
-    unfused = multiblank_loss(F.linear(torch.tanh(pack(enc, pred, T, U)), weight, bias), targets, T, U, big, -1,
-                              sigma=sigma, reduction="none")
+    fused = fused_joiner_loss(
+        enc,
+        pred,
+        weight,
+        bias,
+        targets,
+        T,
+        U,
+        blank=-1,
+        big_blank_durations=big,
+        sigma=sigma,
+        max_rows=max_rows,
+        reduction="none",
+    )
+    unfused = multiblank_loss(
+        F.linear(torch.tanh(pack(enc, pred, T, U)), weight, bias), targets, T, U, big, -1, sigma=sigma, reduction="none"
+    )
     torch.testing.assert_close(fused, unfused, rtol=1e-10, atol=1e-12)
-    for got, want in zip(torch.autograd.grad((fused * w).sum(), params), torch.autograd.grad((unfused * w).sum(),
-                                                                                              params)):
+    for got, want in zip(
+        torch.autograd.grad((fused * w).sum(), params), torch.autograd.grad((unfused * w).sum(), params)
+    ):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     m = FusedJoinerLoss(J, 17, blank=-1, big_blank_durations=big, sigma=sigma).to(device).double()
     assert m.output.out_features == 17 and "big_blank_durations" in repr(m)
-    torch.testing.assert_close(m(enc, pred, targets, T, U),
-                               multiblank_loss(m.logits(enc[:, :, None], pred[:, None]), targets, T, U, big, -1,
-                                               sigma=sigma))
+    torch.testing.assert_close(
+        m(enc, pred, targets, T, U),
+        multiblank_loss(m.logits(enc[:, :, None], pred[:, None]), targets, T, U, big, -1, sigma=sigma),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -206,8 +238,9 @@ def test_module_opcheck_compile(device):
     m = MultiblankLoss(BIG, blank=-1, sigma=0.05, reduction="sum")
     assert "big_blank_durations=[2, 4], blank=-1" in repr(m)
     x = logits.requires_grad_()
-    torch.testing.assert_close(m(x, targets, T, U), multiblank_loss(x, targets, T, U, BIG, -1, sigma=0.05,
-                                                                    reduction="sum"))
+    torch.testing.assert_close(
+        m(x, targets, T, U), multiblank_loss(x, targets, T, U, BIG, -1, sigma=0.05, reduction="sum")
+    )
     options = LossOptions(blank=BLANK, sigma=0.05, fastemit_lambda=0.1, clamp=-1.0, big_blank_durations=tuple(BIG))
     op_args = (logits.detach().requires_grad_(), None, targets, T, U, logits.size(-1), *options.flat(), True, False)
     torch.library.opcheck(torch.ops.transducer.loss.default, op_args)
@@ -231,22 +264,29 @@ def _bad(**change):
     return multiblank_loss(**args)
 
 
-@pytest.mark.parametrize("change, error, match", [
-    (dict(big_blank_durations=[]), ValueError, "big_blank_durations: expected at least one big blank"),
-    (dict(big_blank_durations=[1, 3]), ValueError, "big_blank_durations: expected distinct ints >= 2"),
-    (dict(big_blank_durations=[2, 2]), ValueError, "big_blank_durations: expected distinct ints >= 2"),
-    (dict(big_blank_durations=[2.5]), ValueError, "big_blank_durations: expected a sequence of ints"),
-    (dict(big_blank_durations=[True, 2]), ValueError, "big_blank_durations: expected a sequence of ints"),
-    (dict(big_blank_durations=[2, 1 << 16]), ValueError, "big_blank_durations: expected durations of at most 65535"),
-    (dict(big_blank_durations=None), ValueError, "big_blank_durations: the multi-blank loss needs"),
-    (dict(big_blank_durations=[2, 3, 4], blank=2), ValueError, "3 big blanks sit in the columns"),
-    (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\)"),
-    (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
-    (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
-    (dict(targets=torch.full((5, 3), 7)), ValueError, r"equal to a blank \(6 ... 8\)"),
-    (dict(targets=torch.full((5, 3), 6)), ValueError, r"equal to a blank \(6 ... 8\)"),
-    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
-])
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(big_blank_durations=[]), ValueError, "big_blank_durations: expected at least one big blank"),
+        (dict(big_blank_durations=[1, 3]), ValueError, "big_blank_durations: expected distinct ints >= 2"),
+        (dict(big_blank_durations=[2, 2]), ValueError, "big_blank_durations: expected distinct ints >= 2"),
+        (dict(big_blank_durations=[2.5]), ValueError, "big_blank_durations: expected a sequence of ints"),
+        (dict(big_blank_durations=[True, 2]), ValueError, "big_blank_durations: expected a sequence of ints"),
+        (
+            dict(big_blank_durations=[2, 1 << 16]),
+            ValueError,
+            "big_blank_durations: expected durations of at most 65535",
+        ),
+        (dict(big_blank_durations=None), ValueError, "big_blank_durations: the multi-blank loss needs"),
+        (dict(big_blank_durations=[2, 3, 4], blank=2), ValueError, "3 big blanks sit in the columns"),
+        (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\)"),
+        (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
+        (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
+        (dict(targets=torch.full((5, 3), 7)), ValueError, r"equal to a blank \(6 ... 8\)"),
+        (dict(targets=torch.full((5, 3), 6)), ValueError, r"equal to a blank \(6 ... 8\)"),
+        (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+    ],
+)
 def test_bad_input(change, error, match):
     with pytest.raises(error, match=match):
         _bad(**change)
@@ -277,6 +317,7 @@ def test_cuda_walks_match_the_cpu(walk, big, monkeypatch):
     # the multi-blank lattice on both CUDA walks (tdt_walk_kernel: D = K + 2 <= 8; tdt_alpha_beta_kernel
     # otherwise, or when forced), against the CPU twin
     import transducer.cuda.stages
+
     if walk == "general":
         monkeypatch.setattr(transducer.cuda.stages, "WALK_MAX_THREADS", 0)
     calls = []
@@ -288,8 +329,10 @@ def test_cuda_walks_match_the_cpu(walk, big, monkeypatch):
     got = multiblank_loss(logits.cuda(), targets.cuda(), T.cuda(), U.cuda(), big, -1, sigma=0.05, reduction="none")
     torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-10)
     fast = walk == "fast" and len(big) + 2 <= 8
-    assert any(name.startswith("tdt_walk_kernel" if fast else "tdt_alpha_beta_kernel") and name.endswith("true>")
-               for name in calls)
+    assert any(
+        name.startswith("tdt_walk_kernel" if fast else "tdt_alpha_beta_kernel") and name.endswith("true>")
+        for name in calls
+    )
 
 
 def test_cpu_walk_is_tdt_with_the_big_blanks_as_blank_arcs():

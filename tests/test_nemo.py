@@ -31,33 +31,47 @@ def joint_batch(seed, C, dtype=torch.float32):
     """A padded (B, maxT, maxU+1, C) joint as NeMo's models give it (the blank in column C - 1 or before the extra
     columns), with T_b = 1 and U_b = 0 utterances; labels in [0, C - 8)."""
     gen = torch.Generator().manual_seed(seed)
-    logits, targets, T, U = random_batch(gen, 5, 6, 4, C - 8, C - 8, dtype=torch.float64, scale=2.0, edges=True,
-                                         extra=8)
+    logits, targets, T, U = random_batch(
+        gen, 5, 6, 4, C - 8, C - 8, dtype=torch.float64, scale=2.0, edges=True, extra=8
+    )
     return logits.to(dtype), targets, T, U
 
 
 def nemo_reduce(losses, lengths, reduction):
     """NeMo's RNNTLoss.reduce, written out."""
-    return {"mean_batch": losses.mean, "mean": lambda: (losses / lengths).mean(), "sum": losses.sum,
-            "mean_volume": lambda: losses.sum() / lengths.sum(), None: lambda: losses}[reduction]()
+    return {
+        "mean_batch": losses.mean,
+        "mean": lambda: (losses / lengths).mean(),
+        "sum": losses.sum,
+        "mean_volume": lambda: losses.sum() / lengths.sum(),
+        None: lambda: losses,
+    }[reduction]()
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("loss_name,kwargs", [
-    ("default", {}), ("warprnnt_numba", {"fastemit_lambda": 0.2}), ("pytorch", {}),
-    ("multiblank_rnnt_pytorch", {"big_blank_durations": [2, 3], "sigma": 0.05})])
+@pytest.mark.parametrize(
+    "loss_name,kwargs",
+    [
+        ("default", {}),
+        ("warprnnt_numba", {"fastemit_lambda": 0.2}),
+        ("pytorch", {}),
+        ("multiblank_rnnt_pytorch", {"big_blank_durations": [2, 3], "sigma": 0.05}),
+    ],
+)
 def test_loss_equals_nemos(loss_name, kwargs, reduction):
     logits, targets, T, U = joint_batch(3, 30)
     blank = 29
-    ours, theirs = (cls(blank, reduction=reduction, loss_name=loss_name, loss_kwargs=dict(kwargs))
-                    for cls in (RNNTLoss, NemoRNNTLoss))
+    ours, theirs = (
+        cls(blank, reduction=reduction, loss_name=loss_name, loss_kwargs=dict(kwargs))
+        for cls in (RNNTLoss, NemoRNNTLoss)
+    )
     if reduction == "mean":  # U_b = 0: inf for both
         U = U.clamp(min=1)
     x = logits.clone().requires_grad_()
     want = theirs(log_probs=x, targets=targets, input_lengths=T, target_lengths=U)
-    want_grad, = torch.autograd.grad(want.sum(), x)
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
     got = ours(log_probs=x, targets=targets, input_lengths=T, target_lengths=U)
-    got_grad, = torch.autograd.grad(got.sum(), x)
+    (got_grad,) = torch.autograd.grad(got.sum(), x)
     assert got.dtype == torch.float32 and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)
@@ -72,14 +86,17 @@ def test_loss_equals_the_float64_reference(kind, reduction):
     name, kwargs, C, blank = {
         "rnnt": ("warprnnt_numba", {"fastemit_lambda": 0.1}, 30, 29),
         "tdt": ("tdt", {"durations": durations, "sigma": 0.05, "omega": 0.25, "fastemit_lambda": 0.1}, 33, 29),
-        "multiblank": ("multiblank_rnnt", {"big_blank_durations": big, "sigma": 0.05}, 30, 29)}[kind]
+        "multiblank": ("multiblank_rnnt", {"big_blank_durations": big, "sigma": 0.05}, 30, 29),
+    }[kind]
     logits, targets, T, U = joint_batch(5, C)
     U = U.clamp(min=1) if reduction == "mean" else U
     reference = {
         "rnnt": lambda x: transducer_loss_reference(x, targets, T, U, blank, fastemit_lambda=0.1),
-        "tdt": lambda x: tdt_loss_reference(x, targets, T, U, durations, blank, sigma=0.05, omega=0.25,
-                                            fastemit_lambda=0.1),
-        "multiblank": lambda x: multiblank_loss_reference(x, targets, T, U, big, blank, sigma=0.05)}[kind]
+        "tdt": lambda x: tdt_loss_reference(
+            x, targets, T, U, durations, blank, sigma=0.05, omega=0.25, fastemit_lambda=0.1
+        ),
+        "multiblank": lambda x: multiblank_loss_reference(x, targets, T, U, big, blank, sigma=0.05),
+    }[kind]
     for dtype in (torch.float32, torch.bfloat16):
         x = logits.to(dtype).requires_grad_()
         exact = x.detach().double().requires_grad_()
@@ -87,13 +104,17 @@ def test_loss_equals_the_float64_reference(kind, reduction):
         if "fastemit_lambda" in kwargs:  # NeMo's numba losses return the loss times 1 + fastemit_lambda
             losses = losses + 0.1 * losses.detach()
         want = nemo_reduce(losses, U.double(), reduction)
-        want_grad, = torch.autograd.grad(want.sum(), exact)
+        (want_grad,) = torch.autograd.grad(want.sum(), exact)
         got = RNNTLoss(blank, reduction=reduction, loss_name=name, loss_kwargs=kwargs)(x, targets, T, U)
-        got_grad, = torch.autograd.grad(got.sum(), x)
+        (got_grad,) = torch.autograd.grad(got.sum(), x)
         assert got.dtype == torch.float32 and got_grad.dtype == dtype
         torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got_grad.double(), want_grad, rtol=1e-4 if dtype == torch.float32 else 1e-2,
-                                   atol=1e-5 if dtype == torch.float32 else 2e-3)
+        torch.testing.assert_close(
+            got_grad.double(),
+            want_grad,
+            rtol=1e-4 if dtype == torch.float32 else 1e-2,
+            atol=1e-5 if dtype == torch.float32 else 2e-3,
+        )
 
 
 @pytest.mark.parametrize("reduction", ["mean_batch", "sum"])
@@ -104,10 +125,10 @@ def test_clamp_is_nemos_cuda_clamp(reduction):
     kwargs = {"fastemit_lambda": 0.2, "clamp": 0.05}
     x = logits.clone().requires_grad_()
     got = RNNTLoss(29, reduction=reduction, loss_name="warprnnt_numba", loss_kwargs=kwargs)(x, targets, T, U)
-    got_grad, = torch.autograd.grad(got, x)
+    (got_grad,) = torch.autograd.grad(got, x)
     nemo = NemoRNNTLoss(29, reduction="sum", loss_name="warprnnt_numba", loss_kwargs=dict(kwargs))
     want = nemo(log_probs=x, targets=targets, input_lengths=T, target_lengths=U)
-    want_grad, = torch.autograd.grad(want, x)
+    (want_grad,) = torch.autograd.grad(want, x)
     scale = 1 / len(T) if reduction == "mean_batch" else 1
     bound = torch.tensor(0.05 * scale)
     assert got_grad.abs().max() <= bound * (1 + 1e-6) and torch.isclose(got_grad.abs(), bound).any()
@@ -153,8 +174,9 @@ class ReferenceTDTLoss(torch.nn.Module):
         self.blank, self.reduction, self.durations, self.sigma = blank, reduction, durations, sigma
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
-        losses = tdt_loss_reference(log_probs.double(), targets, input_lengths, target_lengths, self.durations,
-                                    self.blank, sigma=self.sigma).float()
+        losses = tdt_loss_reference(
+            log_probs.double(), targets, input_lengths, target_lengths, self.durations, self.blank, sigma=self.sigma
+        ).float()
         return self.reduce(losses, target_lengths)
 
     def reduce(self, losses, target_lengths):
@@ -225,8 +247,9 @@ def test_every_model_and_reduction(kind, reduction):
     if reduction == "mean":  # NeMo's "mean" is NaN with an utterance without labels
         data = data[:3] + (data[3].clamp(min=1),)
     for fused, witness_batch in ((True, len(data[1])), (False, 2)):
-        want = witness_step(kind, "default", data, reduction=reduction, fuse_loss_wer=True,
-                            fused_batch_size=witness_batch)
+        want = witness_step(
+            kind, "default", data, reduction=reduction, fuse_loss_wer=True, fused_batch_size=witness_batch
+        )
         model = apply(tiny.build(kind, reduction=reduction, fuse_loss_wer=True, fused_batch_size=2), fused=fused)
         assert model.joint.fuse_loss_wer and model.joint.fused_batch_size == 2
         assert_steps_equal(tiny.training_step(model, data), want)
@@ -254,8 +277,7 @@ def test_validation_and_decoding_unchanged():
             torch.testing.assert_close(got_val[key].float(), want_val[key].float(), rtol=1e-5, atol=1e-6, msg=key)
         encoded, encoded_len = model(input_signal=data[0], input_signal_length=data[1])
         hyps = model.decoding.rnnt_decoder_predictions_tensor(encoder_output=encoded, encoded_lengths=encoded_len)
-        want_hyps = want.decoding.rnnt_decoder_predictions_tensor(encoder_output=encoded,
-                                                                  encoded_lengths=encoded_len)
+        want_hyps = want.decoding.rnnt_decoder_predictions_tensor(encoder_output=encoded, encoded_lengths=encoded_len)
         assert texts(hyps) == texts(want_hyps)
         # a joint call without transcripts gives the joint, as the unfused model's does
         decoder, _, _ = model.decoder(targets=data[2], target_length=data[3])
@@ -303,8 +325,9 @@ def test_joint_dropout_is_the_fused_loss():
     seed = int(torch.randint((1 << 63) - 1, (), generator=torch.Generator().manual_seed(7)))
     h = torch.sigmoid(pack(enc, pred, T, U))
     h = h * dropout_mask(Dropout(0.3, seed), h.size(0), h.size(1))
-    want = transducer_loss(torch.nn.functional.linear(h, weight, bias), targets, T, U, blank=model.loss.blank,
-                           reduction="none").mean()
+    want = transducer_loss(
+        torch.nn.functional.linear(h, weight, bias), targets, T, U, blank=model.loss.blank, reduction="none"
+    ).mean()
     torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)
 
 
@@ -335,6 +358,7 @@ def test_apply_refuses():
         apply(torch.nn.Linear(2, 2))
     model = tiny.build()
     from omegaconf import open_dict
+
     with open_dict(model.cfg):
         model.cfg.loss.loss_name = "graph_rnnt"
     with pytest.raises(ValueError, match="cfg.loss.loss_name 'graph_rnnt' has no counterpart"):
@@ -359,6 +383,7 @@ def test_apply_refuses():
     with pytest.raises(ValueError, match=r"ScaledJoint has its own ScaledJoint.joint, which the fused loss"):
         apply(model)
     from nemo.collections.asr.modules import HATJoint
+
     model = tiny.build()
     model.joint.__class__ = HATJoint
     with pytest.raises(ValueError, match=r"HATJoint has its own HATJoint.joint_after_projection"):

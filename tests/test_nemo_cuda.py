@@ -17,8 +17,11 @@ pytestmark = pytest.mark.cuda
 CASES = {  # loss_name: (NeMo's numba class, its options, extra columns)
     "warprnnt_numba": ("RNNTLossNumba", {"fastemit_lambda": 0.1, "clamp": 0.02}, 0),
     "tdt": ("TDTLossNumba", {"durations": [0, 1, 2, 4], "sigma": 0.05, "fastemit_lambda": 0.1, "clamp": 0.02}, 4),
-    "multiblank_rnnt": ("MultiblankRNNTLossNumba", {"big_blank_durations": [2, 3], "sigma": 0.05,
-                                                     "fastemit_lambda": 0.1}, 0),
+    "multiblank_rnnt": (
+        "MultiblankRNNTLossNumba",
+        {"big_blank_durations": [2, 3], "sigma": 0.05, "fastemit_lambda": 0.1},
+        0,
+    ),
 }
 
 
@@ -38,16 +41,17 @@ def test_loss_equals_nemos_cuda_loss(loss_name, dtype):
     cls, kwargs, extra = CASES[loss_name]
     gen = torch.Generator().manual_seed(11)
     V = 40  # the blank last of the token columns, as NeMo's models put it
-    logits, targets, T, U = random_batch(gen, 6, 9, 5, V - 4, V - 4, dtype=torch.float64, scale=2.0, edges=True,
-                                         extra=4 + extra)
+    logits, targets, T, U = random_batch(
+        gen, 6, 9, 5, V - 4, V - 4, dtype=torch.float64, scale=2.0, edges=True, extra=4 + extra
+    )
     logits, targets, T, U = (x.cuda() for x in (logits.to(dtype), targets, T, U))
     x = logits.clone().requires_grad_()
     theirs = nemo_numba(cls)(blank=V - 1, reduction="none", **kwargs)
     want = theirs(acts=x.float(), labels=targets.long(), act_lens=T.long(), label_lens=U.long())
-    want_grad, = torch.autograd.grad(want.sum(), x)
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
     ours = RNNTLoss(V - 1, reduction="sum", loss_name=loss_name, loss_kwargs=kwargs)
     got = ours(log_probs=x, targets=targets, input_lengths=T, target_lengths=U)
-    got_grad, = torch.autograd.grad(got, x)
+    (got_grad,) = torch.autograd.grad(got, x)
     assert got.dtype == torch.float32 and got_grad.dtype == dtype
     torch.testing.assert_close(got, want.sum(), rtol=1e-5, atol=1e-4)
     tolerance = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-3)

@@ -44,8 +44,19 @@ def _reference(kind, logits, targets, T, U, lam):
 def _batch(kind, dtype, scale, seed=0):
     gen = torch.Generator().manual_seed(seed)
     blank = list(range(V - 1 - len(BIG_BLANKS), V)) if kind == "multiblank" else 0
-    return random_batch(gen, 3, 6, 3, V, blank, dtype, rna=kind == "rna", scale=scale, min_t=2,
-                        extra=len(DURATIONS) if kind == "tdt" else 0)
+    return random_batch(
+        gen,
+        3,
+        6,
+        3,
+        V,
+        blank,
+        dtype,
+        rna=kind == "rna",
+        scale=scale,
+        min_t=2,
+        extra=len(DURATIONS) if kind == "tdt" else 0,
+    )
 
 
 def _check_gradient(grad, lam, tol):
@@ -81,8 +92,10 @@ def test_gradient_where_the_posteriors_are_resolved(kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("options", [{}, {"one_sym_per_frame": True}, {"durations": DURATIONS},
-                                     {"big_blank_durations": BIG_BLANKS, "blank": V - 1}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"one_sym_per_frame": True}, {"durations": DURATIONS}, {"big_blank_durations": BIG_BLANKS, "blank": V - 1}],
+)
 @pytest.mark.parametrize("dtype, scale", SCALES)
 def test_fused_loss_at_large_scales(device, options, dtype, scale):
     """The fused loss over a projection scaled so that its logits reach the scales above, in tiles of a few rows:

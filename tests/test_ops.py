@@ -23,8 +23,7 @@ GATHER_DTYPES = FLOATS + [torch.int32, torch.int64]
 
 def _edge_numerators(d):
     k = np.array([0, 1, 2, 3, 7, 1000], dtype=np.int64)
-    cands = [0, 1, 2, d - 1, d, d + 1, N_MAX, N_MAX - 1, N_MAX - d, (N_MAX // d) * d,
-             (N_MAX // d) * d - 1]
+    cands = [0, 1, 2, d - 1, d, d + 1, N_MAX, N_MAX - 1, N_MAX - d, (N_MAX // d) * d, (N_MAX // d) * d - 1]
     mult = k * d
     cands = np.concatenate([np.array(cands, dtype=np.int64), mult - 1, mult, mult + 1])
     return cands[(cands >= 0) & (cands <= N_MAX)]
@@ -37,7 +36,7 @@ def _edge_divisors():
             v = (1 << p) + delta
             if 1 <= v <= (1 << 31):
                 ds.add(v)
-    ds.update([N_MAX, N_MAX - 1, 3 ** 19, 10 ** 9 + 7, 641 * 6700417 % (1 << 31), 65535 * 3])
+    ds.update([N_MAX, N_MAX - 1, 3**19, 10**9 + 7, 641 * 6700417 % (1 << 31), 65535 * 3])
     return sorted(ds)
 
 
@@ -207,8 +206,9 @@ def test_gather_rowwise_fast_path_and_default_axis():
     got2 = ops.gather(x, idx[:, None] - 37, batch_dims=1)  # axis defaults to batch_dims, negatives wrap
     assert torch.equal(got2, got)
     xn, idn = x.numpy(), idx.numpy()
-    np.testing.assert_array_equal(ops.gather(xn, idn[:, None], axis=1, batch_dims=1),
-                                  np.take_along_axis(xn, idn[:, None], 1))
+    np.testing.assert_array_equal(
+        ops.gather(xn, idn[:, None], axis=1, batch_dims=1), np.take_along_axis(xn, idn[:, None], 1)
+    )
 
 
 def test_gather_noncontiguous_and_empty():
@@ -262,8 +262,9 @@ def test_sharded_gather_sums_to_full(seed):
                 for lo, hi in zip(bounds[:-1], bounds[1:]):
                     shard = np.take(params, np.arange(lo, hi), axis=axis)
                     total += ops.gather(shard, indices, axis=axis, batch_dims=bd, shard_offset=lo, full_size=G)
-                    total_t += ops.sharded_gather(torch.from_numpy(shard), torch.from_numpy(indices % G),
-                                                  axis, lo, batch_dims=bd)
+                    total_t += ops.sharded_gather(
+                        torch.from_numpy(shard), torch.from_numpy(indices % G), axis, lo, batch_dims=bd
+                    )
                 np.testing.assert_array_equal(total, full)
                 np.testing.assert_array_equal(total_t.numpy(), full)
 
@@ -326,8 +327,11 @@ def test_gather_vector_paths_and_odd_sizes(dtype, K):
     got = ops.gather(pv, idx.to(DEV), axis=1)
     assert torch.equal(got.cpu(), ref)
     # misaligned output
-    oflat = torch.full((5 * 2 * 3 * K + 1,), -1, dtype=dtype, device=DEV) if not dtype.is_floating_point \
+    oflat = (
+        torch.full((5 * 2 * 3 * K + 1,), -1, dtype=dtype, device=DEV)
+        if not dtype.is_floating_point
         else torch.full((5 * 2 * 3 * K + 1,), math.nan, dtype=dtype, device=DEV)
+    )
     out = oflat[1:].view(3, 5, 2, K)
     ops.gather(pv, idx.to(DEV), axis=1, out=out)
     assert torch.equal(out.cpu(), ref)
@@ -386,7 +390,7 @@ def test_gather_over_2_31_words():
     del got
     total = torch.zeros(5, K, dtype=torch.uint8, device=DEV)  # shards of 2 and 2 rows sum to the gather
     for lo in (0, 2):
-        total += ops.sharded_gather(p[lo:lo + 2], idx, 0, lo, full_size=4)
+        total += ops.sharded_gather(p[lo : lo + 2], idx, 0, lo, full_size=4)
     assert torch.equal(total, p[[3, 3, 0, 2, 0]])
 
 
@@ -478,8 +482,20 @@ def test_reduce_errors():
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_reduce_all_axes_match_cpu(op, dtype):
     gen = torch.Generator().manual_seed(2)
-    shapes = [(7,), (5, 3), (4, 33, 6), (2, 3, 4, 5), (1, 9), (9, 1), (3, 1, 70), (2, 1500), (1, 100000),
-              (100000, 3), (3, 2, 5000), (64, 40, 33)]
+    shapes = [
+        (7,),
+        (5, 3),
+        (4, 33, 6),
+        (2, 3, 4, 5),
+        (1, 9),
+        (9, 1),
+        (3, 1, 70),
+        (2, 1500),
+        (1, 100000),
+        (100000, 3),
+        (3, 2, 5000),
+        (64, 40, 33),
+    ]
     for shape in shapes:
         x = (torch.randn(shape, generator=gen) * 3).to(dtype)
         for axis in range(-len(shape), len(shape)):
@@ -534,6 +550,7 @@ def test_reduce_empty_axis_cuda():
 def test_cuda_include_dir_has_header():
     """Kernels include "ops/fast_divmod.cuh", "ragged/row_ids.cuh", ... from the folder holding the packages."""
     import os
+
     root = ops.cuda_include_dir()
     for header in ("ops/fast_divmod.cuh", "ops/numeric.cuh", "ops/reduce.cuh", "ragged/row_ids.cuh"):
         assert os.path.isfile(os.path.join(root, header)), header
@@ -543,7 +560,13 @@ def test_dtype_helpers():
     for dt in ops.FLOAT_DTYPES:
         assert ops.accumulate_dtype(dt) == (torch.float64 if dt == torch.float64 else torch.float32)
     assert [ops.ctype(dt) for dt in ops.FLOAT_DTYPES + ops.INDEX_DTYPES] == [
-        "ops::half_t", "ops::bf16_t", "float", "double", "int", "long long"]
+        "ops::half_t",
+        "ops::bf16_t",
+        "float",
+        "double",
+        "int",
+        "long long",
+    ]
     with pytest.raises(TypeError, match="dtype"):
         ops.ctype(torch.bool)
     for dt in (torch.int8, torch.uint8, torch.int32, torch.int64, np.int16, np.uint32, np.dtype("int64")):
@@ -558,6 +581,7 @@ def test_dtype_helpers():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_numeric_exp_on_views_matches_torch(dtype):
     from ops.numeric import exp_
+
     rows = torch.randn(300, 261, dtype=dtype) * 20  # scores past exp's float32 range at both ends
     view = rows[:, :256]  # a strided column slice, the TDT joint's token columns
     x = view.double().clone()
@@ -578,14 +602,15 @@ def test_numeric_exp_on_views_matches_torch(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_numeric_logsumexp_matches_torch(dtype):
     from ops.numeric import logsumexp
+
     x = torch.randn(6, 11, 31, dtype=dtype) * 30
     x[0, :, 3] = -math.inf  # all -inf: -inf
-    x[1, 2, 4] = math.nan   # NaN propagates
+    x[1, 2, 4] = math.nan  # NaN propagates
     x[2, :5, 5] = -math.inf
-    x[3, 7, 6] = math.inf   # +inf: +inf
+    x[3, 7, 6] = math.inf  # +inf: +inf
     for dim in (0, 1, 2):
         want = torch.logsumexp(x.double(), dim)
-        out = torch.full((6, 11, 31)[:dim] + (6, 11, 31)[dim + 1:] + (2,), 7.0, dtype=dtype)[..., 0]  # strided
+        out = torch.full((6, 11, 31)[:dim] + (6, 11, 31)[dim + 1 :] + (2,), 7.0, dtype=dtype)[..., 0]  # strided
         got = logsumexp(x, dim, out=out)
         assert got is out
         assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
@@ -599,6 +624,7 @@ def test_numeric_logsumexp_matches_torch(dtype):
 
 def test_numeric_logsumexp_empty_dim_and_reduce_keeps_autograd():
     from ops.numeric import logsumexp
+
     assert logsumexp(torch.zeros(3, 0, 2), 1).tolist() == [[-math.inf] * 2] * 3
     out = torch.zeros(3, 2)
     assert logsumexp(torch.zeros(3, 0, 2), -2, out=out) is out and (out == -math.inf).all()
@@ -611,6 +637,7 @@ def test_numeric_logsumexp_empty_dim_and_reduce_keeps_autograd():
 
 def test_numeric_names_a_bad_x():
     from ops.numeric import exp_, logsumexp
+
     for bad in (torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.int64), [1.0, 2.0]):
         for fn in (exp_, lambda x: logsumexp(x, 0)):
             with pytest.raises(TypeError, match="x: expected a float32 or float64 CPU tensor"):
@@ -628,12 +655,27 @@ def bf16_bits_rn(x):
 
 def test_software_bf16_rounding_matches_torch():
     gen = torch.Generator().manual_seed(45)
-    x = torch.cat([
-        torch.randn(100_000, generator=gen) * 10.0 ** torch.randint(-40, 39, (100_000,), generator=gen),
-        torch.tensor([0.0, -0.0, math.inf, -math.inf, 3.3895e38, -3.3895e38, 1e-45, -1e-45, 1.0 + 2**-8,
-                      1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20]),
-        torch.randint(0, 2**31 - 1, (10_000,), generator=gen, dtype=torch.int32).view(torch.float32),
-    ])
+    x = torch.cat(
+        [
+            torch.randn(100_000, generator=gen) * 10.0 ** torch.randint(-40, 39, (100_000,), generator=gen),
+            torch.tensor(
+                [
+                    0.0,
+                    -0.0,
+                    math.inf,
+                    -math.inf,
+                    3.3895e38,
+                    -3.3895e38,
+                    1e-45,
+                    -1e-45,
+                    1.0 + 2**-8,
+                    1.0 + 3 * 2**-8,
+                    1.0 + 2**-8 + 2**-20,
+                ]
+            ),
+            torch.randint(0, 2**31 - 1, (10_000,), generator=gen, dtype=torch.int32).view(torch.float32),
+        ]
+    )
     got = bf16_bits_rn(x.numpy())
     want = x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     finite = torch.isfinite(x).numpy() | torch.isinf(x).numpy()
@@ -649,6 +691,7 @@ def test_bf16_software_rounding_before_sm80():
     (tests/test_kernels_compile.py checks which PTX each architecture gets). Here the software rounding,
     forced on this GPU, against torch's."""
     import cupy as cp
+
     code = """#define OPS_SOFTWARE_BF16
 #include "ops/numeric.cuh"
 extern "C" __global__ void to_bf16(const float* x, unsigned short* y, int n) {
@@ -657,9 +700,13 @@ extern "C" __global__ void to_bf16(const float* x, unsigned short* y, int n) {
 }"""
     fn = cp.RawModule(code=code, options=("-std=c++17", f"-I{ops.cuda_include_dir()}")).get_function("to_bf16")
     gen = torch.Generator().manual_seed(46)
-    x = torch.cat([torch.randn(1 << 16, generator=gen) * 10.0 ** torch.randint(-40, 39, (1 << 16,), generator=gen),
-                   torch.randint(0, 2**31 - 1, (1 << 16,), generator=gen, dtype=torch.int32).view(torch.float32),
-                   torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 3.3895e38, 1e-45])]).to(DEV)
+    x = torch.cat(
+        [
+            torch.randn(1 << 16, generator=gen) * 10.0 ** torch.randint(-40, 39, (1 << 16,), generator=gen),
+            torch.randint(0, 2**31 - 1, (1 << 16,), generator=gen, dtype=torch.int32).view(torch.float32),
+            torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 3.3895e38, 1e-45]),
+        ]
+    ).to(DEV)
     y = torch.empty(x.shape, dtype=torch.int16, device=DEV)
     torch.cuda.synchronize()
     fn(((x.numel() + 255) // 256,), (256,), (x.data_ptr(), y.data_ptr(), np.int32(x.numel())))
@@ -678,6 +725,7 @@ def test_cuda_without_cupy_names_the_extra(monkeypatch):
     import sys
 
     import ops.cuda
+
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail, as on a machine without it
     with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
         ops.cuda.cupy()
@@ -725,10 +773,21 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
         _fields_ = [("v", ctypes.c_int64), ("w", ctypes.c_int32)]
 
     class Params(ctypes.Structure):
-        _fields_ = [("x", ctypes.c_void_p), ("a", ctypes.c_int32), ("y", ctypes.c_void_p), ("b", ctypes.c_int32),
-                    ("div", Divmod), ("c", ctypes.c_int64), ("f", ctypes.c_float), ("dur", Durations),
-                    ("g", ctypes.c_double), ("null", ctypes.c_int64), ("h", ctypes.c_int32), ("pair", Pair),
-                    ("k", ctypes.c_int32)]
+        _fields_ = [
+            ("x", ctypes.c_void_p),
+            ("a", ctypes.c_int32),
+            ("y", ctypes.c_void_p),
+            ("b", ctypes.c_int32),
+            ("div", Divmod),
+            ("c", ctypes.c_int64),
+            ("f", ctypes.c_float),
+            ("dur", Durations),
+            ("g", ctypes.c_double),
+            ("null", ctypes.c_int64),
+            ("h", ctypes.c_int32),
+            ("pair", Pair),
+            ("k", ctypes.c_int32),
+        ]
 
     rng = np.random.default_rng(5)
     x, y = torch.empty(3), torch.empty(5, dtype=torch.int64)
@@ -738,16 +797,41 @@ def test_kernel_arguments_packed_as_the_c_abi_lays_them_out():
     pair = np.zeros((), dtype=np.dtype([("v", "<i8"), ("w", "<i4")], align=True))  # zero padding bytes
     pair["v"], pair["w"] = c + 1, -a
     pair = pair[()]
-    args = (x, i32(a), y, i32(b), div, i64(c), np.float32(0.25), durations, np.float64(-1.5), 0, i32(7), pair,
-            i32(b + 3))
+    args = (
+        x,
+        i32(a),
+        y,
+        i32(b),
+        div,
+        i64(c),
+        np.float32(0.25),
+        durations,
+        np.float64(-1.5),
+        0,
+        i32(7),
+        pair,
+        i32(b + 3),
+    )
     packed = KernelArguments(args)
     packed.pack(args)
-    want = Params(x.data_ptr(), a, y.data_ptr(), b, Divmod(*(int(div[k]) for k in ("d", "m", "l"))), c, 0.25,
-                  Durations(3, (ctypes.c_int32 * 16)(*(int(v) for v in durations["d"]))), -1.5, 0, 7, Pair(c + 1, -a),
-                  b + 3)
+    want = Params(
+        x.data_ptr(),
+        a,
+        y.data_ptr(),
+        b,
+        Divmod(*(int(div[k]) for k in ("d", "m", "l"))),
+        c,
+        0.25,
+        Durations(3, (ctypes.c_int32 * 16)(*(int(v) for v in durations["d"]))),
+        -1.5,
+        0,
+        7,
+        Pair(c + 1, -a),
+        b + 3,
+    )
     assert Params.pair.offset % 8 == 0 and Params.pair.offset > Params.h.offset + 4
     assert packed.layout.size == Params.k.offset + 4
-    assert bytes(packed.buffer)[:packed.layout.size] == bytes(want)[:packed.layout.size]
+    assert bytes(packed.buffer)[: packed.layout.size] == bytes(want)[: packed.layout.size]
     assert packed.size.value == packed.layout.size
     # what would shift the later arguments is refused: other types, a Python int other than 0 (NULL), a
     # struct of another dtype than the kernel took, a struct dtype without its trailing padding
@@ -773,8 +857,18 @@ def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
     from ops.params import FAST_DIVMOD, struct
 
     Inner = struct("Inner", [("p", "ptr"), ("k", "int")])
-    Params = struct("Params", [("flag", "bool"), ("n", "int"), ("inner", Inner), ("div", FAST_DIVMOD),
-                               ("d", ("int", 3)), ("x", "double"), ("tail", "bool")])
+    Params = struct(
+        "Params",
+        [
+            ("flag", "bool"),
+            ("n", "int"),
+            ("inner", Inner),
+            ("div", FAST_DIVMOD),
+            ("d", ("int", 3)),
+            ("x", "double"),
+            ("tail", "bool"),
+        ],
+    )
 
     class CInner(ctypes.Structure):
         _fields_ = [("p", ctypes.c_void_p), ("k", ctypes.c_int32)]
@@ -783,8 +877,15 @@ def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
         _fields_ = [("d", ctypes.c_uint32), ("m", ctypes.c_uint32), ("l", ctypes.c_uint32)]
 
     class CParams(ctypes.Structure):
-        _fields_ = [("flag", ctypes.c_bool), ("n", ctypes.c_int32), ("inner", CInner), ("div", CDivmod),
-                    ("d", ctypes.c_int32 * 3), ("x", ctypes.c_double), ("tail", ctypes.c_bool)]
+        _fields_ = [
+            ("flag", ctypes.c_bool),
+            ("n", ctypes.c_int32),
+            ("inner", CInner),
+            ("div", CDivmod),
+            ("d", ctypes.c_int32 * 3),
+            ("x", ctypes.c_double),
+            ("tail", ctypes.c_bool),
+        ]
 
     x = torch.empty(4)
     div = FastDivmod(37)
@@ -792,13 +893,14 @@ def test_parameter_struct_packed_as_the_c_abi_lays_it_out():
     assert Params.c_size == ctypes.sizeof(CParams) and Params.c_align == ctypes.alignment(CParams)
     packed = KernelArguments((value,))
     packed.pack((value,))
-    want = CParams(True, -5, CInner(x.data_ptr(), 9), CDivmod(div.d, div.m, div.l), (ctypes.c_int32 * 3)(1, 2, 3),
-                   0.25, True)
+    want = CParams(
+        True, -5, CInner(x.data_ptr(), 9), CDivmod(div.d, div.m, div.l), (ctypes.c_int32 * 3)(1, 2, 3), 0.25, True
+    )
     # compare field by field at ctypes' offsets (padding bytes are unspecified)
-    got = bytes(packed.buffer)[:Params.c_size]
+    got = bytes(packed.buffer)[: Params.c_size]
     for name, ctype in CParams._fields_:
         offset, size = getattr(CParams, name).offset, ctypes.sizeof(ctype)
-        assert got[offset:offset + size] == bytes(want)[offset:offset + size], name
+        assert got[offset : offset + size] == bytes(want)[offset : offset + size], name
     assert value.inner.k == 9 and value.div.d == 37
     with pytest.raises(TypeError, match="missing"):
         Params(flag=True, n=1, inner=value.inner, div=value.div, d=(1, 2, 3), x=0.0)
@@ -829,6 +931,7 @@ def test_launch_passes_each_argument_where_the_kernel_reads_it(tmp_path):
     # ops.cuda.launch packs the arguments into one buffer for cuLaunchKernel: the kernel reads back every
     # value, after ints (4-byte), structs of 4-byte fields, an 8-byte aligned struct after a float, a NULL
     from ops.cuda import i32, i64, launch
+
     path = tmp_path / "echo.cu"
     path.write_text(_ECHO)
     rng = np.random.default_rng(8)
@@ -840,8 +943,20 @@ def test_launch_passes_each_argument_where_the_kernel_reads_it(tmp_path):
     pair["v"], pair["w"] = c - 5, -a
     f, g = np.float32(rng.standard_normal()), np.float64(rng.standard_normal())
     launch(str(path), "echo", p, (1,), (1,), (p, i32(a), div, i64(c), f, pair[()], g, 0, i32(k), out))
-    want = [p.data_ptr(), a, int(div["d"]), int(div["m"]), int(div["l"]), c, int(f.view(np.int32)), c - 5, -a,
-            int(g.view(np.int64)), 0, k]
+    want = [
+        p.data_ptr(),
+        a,
+        int(div["d"]),
+        int(div["m"]),
+        int(div["l"]),
+        c,
+        int(f.view(np.int32)),
+        c - 5,
+        -a,
+        int(g.view(np.int64)),
+        0,
+        k,
+    ]
     assert out.tolist() == want
 
 
@@ -852,6 +967,7 @@ def test_host_reader_names_a_device_that_is_not_cuda():
     # ops.cuda.host_reader reads a CUDA tensor: any other device is a ValueError naming the argument, raised
     # before CuPy or the CUDA runtime is touched (so it is checked here, without a GPU)
     from ops.cuda import host_reader
+
     for bad in ("cpu", torch.device("meta"), torch.device("cpu", 0)):
         with pytest.raises(ValueError, match="device: expected a CUDA device"):
             host_reader(bad, 6, torch.int64)
@@ -862,9 +978,10 @@ def test_host_reader_reads_behind_its_mark_alone():
     """read() returns what the current stream had queued before mark() (a fill behind a 0.2 s sleep), and does
     not wait for what was queued after it (another sleep): the loss reads its stats while log_probs runs."""
     from ops.cuda import host_reader
+
     gen = torch.Generator().manual_seed(5)
     src = torch.empty(6, dtype=torch.int64, device=DEV)
-    want = torch.randint(-2**40, 2**40, (6,), generator=gen)
+    want = torch.randint(-(2**40), 2**40, (6,), generator=gen)
     reader = host_reader(src.device, 6, torch.int64)
     assert host_reader(src.device, 6, torch.int64) is reader
     cycles = int(0.2 * torch.cuda.get_device_properties(0).clock_rate * 1e3)  # about 0.2 s
@@ -893,8 +1010,9 @@ def test_host_reader_goes_with_its_thread():
     import weakref
 
     from ops.cuda import host_reader
+
     refs, destroyed, got = [], [], []
-    want = torch.randint(-2**40, 2**40, (6,), generator=torch.Generator().manual_seed(6))
+    want = torch.randint(-(2**40), 2**40, (6,), generator=torch.Generator().manual_seed(6))
 
     def work():
         reader = host_reader(torch.device(DEV), 6, torch.int64)
@@ -911,6 +1029,7 @@ def test_host_reader_goes_with_its_thread():
             def eventDestroy(self, event):
                 destroyed.append(("event", event))
                 real.eventDestroy(event)
+
         reader.runtime = Spy()
         src = want.to(DEV)
         reader.mark()

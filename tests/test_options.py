@@ -14,16 +14,32 @@ from transducer.options import SUPPORTED, LossOptions
 
 V = 7  # token columns
 # a value other than the default for each option
-VALUES = dict(blank=2, one_sym_per_frame=True, from_log_softmax=True, clamp=0.02, fastemit_lambda=0.3,
-              delay_penalty=0.2, durations=(0, 1, 3), sigma=0.05, omega=0.3, big_blank_durations=(2, 3))
+VALUES = dict(
+    blank=2,
+    one_sym_per_frame=True,
+    from_log_softmax=True,
+    clamp=0.02,
+    fastemit_lambda=0.3,
+    delay_penalty=0.2,
+    durations=(0, 1, 3),
+    sigma=0.05,
+    omega=0.3,
+    big_blank_durations=(2, 3),
+)
 # what makes each lattice what it is
-BASE = {RNNT.name: LossOptions(), TDT.name: LossOptions(durations=(0, 1, 3)),
-        MULTIBLANK.name: LossOptions(blank=V - 1, big_blank_durations=(2, 3))}
+BASE = {
+    RNNT.name: LossOptions(),
+    TDT.name: LossOptions(durations=(0, 1, 3)),
+    MULTIBLANK.name: LossOptions(blank=V - 1, big_blank_durations=(2, 3)),
+}
 BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 # the fields that pick the lattice are not its options: durations make it TDT, big blanks (without durations)
 # multi-blank; TDT's big_blank_durations stays, a real mistake (both given)
-PICKS = {RNNT.name: ("durations", "big_blank_durations"), TDT.name: ("durations",),
-         MULTIBLANK.name: ("durations", "big_blank_durations")}
+PICKS = {
+    RNNT.name: ("durations", "big_blank_durations"),
+    TDT.name: ("durations",),
+    MULTIBLANK.name: ("durations", "big_blank_durations"),
+}
 CASES = [(kind.name, name) for kind in KINDS for name in LossOptions._fields if name not in PICKS[kind.name]]
 
 
@@ -39,13 +55,16 @@ def reference(logits, targets, T, U, options):
     """The float64 reference loss (B,) of ``options``' lattice."""
     o = options
     if o.durations:
-        return tdt_loss_reference(logits, targets, T, U, o.durations, o.blank, o.sigma, o.omega, o.fastemit_lambda,
-                                  o.delay_penalty)
+        return tdt_loss_reference(
+            logits, targets, T, U, o.durations, o.blank, o.sigma, o.omega, o.fastemit_lambda, o.delay_penalty
+        )
     if o.big_blank_durations:
-        return multiblank_loss_reference(logits, targets, T, U, o.big_blank_durations, o.blank, o.sigma,
-                                         o.fastemit_lambda, o.delay_penalty)
-    return transducer_loss_reference(logits, targets, T, U, o.blank, o.one_sym_per_frame, o.from_log_softmax,
-                                     o.fastemit_lambda, o.delay_penalty)
+        return multiblank_loss_reference(
+            logits, targets, T, U, o.big_blank_durations, o.blank, o.sigma, o.fastemit_lambda, o.delay_penalty
+        )
+    return transducer_loss_reference(
+        logits, targets, T, U, o.blank, o.one_sym_per_frame, o.from_log_softmax, o.fastemit_lambda, o.delay_penalty
+    )
 
 
 @pytest.mark.parametrize("device", BACKENDS)
@@ -56,8 +75,9 @@ def test_every_option_on_every_backend(kind_name, name, device):
     assert kind.name == kind_name
     gen = torch.Generator().manual_seed(hash((kind_name, name)) % 1000)
     blanks = list(range(options.blank - len(options.big_blank_durations), options.blank + 1))
-    logits, targets, T, U = random_batch(gen, 4, 6, 3, V, blanks, rna=options.one_sym_per_frame, edges=True,
-                                         extra=len(options.durations))
+    logits, targets, T, U = random_batch(
+        gen, 4, 6, 3, V, blanks, rna=options.one_sym_per_frame, edges=True, extra=len(options.durations)
+    )
     if options.from_log_softmax:
         logits = logits.log_softmax(-1)
     x = logits.to(device).requires_grad_()
@@ -67,10 +87,10 @@ def test_every_option_on_every_backend(kind_name, name, device):
             loss_call((x, None), *args, V, options, True)
         return
     loss = loss_call((x, None), *args, V, options, True)
-    grad, = torch.autograd.grad(loss.sum(), x)
+    (grad,) = torch.autograd.grad(loss.sum(), x)
     ref_x = logits.clone().requires_grad_()
     want = reference(ref_x, targets, T, U, options)
-    want_grad, = torch.autograd.grad(want[torch.isfinite(want)].sum(), ref_x)
+    (want_grad,) = torch.autograd.grad(want[torch.isfinite(want)].sum(), ref_x)
     if options.clamp > 0:  # TDT: the token scores' gradient alone (NeMo's)
         tokens = want_grad.size(-1) - len(options.durations)
         want_grad[..., :tokens] = want_grad[..., :tokens].clamp(-options.clamp, options.clamp)
@@ -80,7 +100,7 @@ def test_every_option_on_every_backend(kind_name, name, device):
     # reference that ignores it too)
     if name != "blank":  # its labels exclude the blank it gives
         default = loss_call((x, None), *args, V, options._replace(**{name: getattr(BASE[kind_name], name)}), True)
-        default_grad, = torch.autograd.grad(default.sum(), x)
+        (default_grad,) = torch.autograd.grad(default.sum(), x)
         assert not (torch.allclose(loss, default) and torch.allclose(grad, default_grad))
 
 
@@ -110,7 +130,6 @@ def test_flat_and_back(options):
     assert LossOptions.from_flat(ints, floats) == options
 
 
-
 def test_flat_and_back_for_options_that_change_every_step():
     """from_flat keeps the options it built, a bounded number of them: options that change every step (a
     schedule) come back right before and after the oldest are dropped."""
@@ -123,11 +142,29 @@ def test_flat_and_back_for_options_that_change_every_step():
 # ------------------------------------------------------------------- every public entry against the declarations
 
 # every public function and module that takes the losses' options, by name
-ENTRIES = ("transducer_loss", "TransducerLoss", "rnnt_loss", "RNNTLoss", "tdt_loss", "TDTLoss", "multiblank_loss",
-           "MultiblankLoss", "fused_joiner_loss", "FusedJoinerLoss")
+ENTRIES = (
+    "transducer_loss",
+    "TransducerLoss",
+    "rnnt_loss",
+    "RNNTLoss",
+    "tdt_loss",
+    "TDTLoss",
+    "multiblank_loss",
+    "MultiblankLoss",
+    "fused_joiner_loss",
+    "FusedJoinerLoss",
+)
 # a value other than the default for each option of the call (the loss's options: VALUES above)
-CALL_VALUES = dict(reduction="sum", zero_infinity=True, check_inputs=False, inplace_grad=True, fused_log_softmax=False,
-                   activation="relu", dropout=0.25, max_rows=5)
+CALL_VALUES = dict(
+    reduction="sum",
+    zero_infinity=True,
+    check_inputs=False,
+    inplace_grad=True,
+    fused_log_softmax=False,
+    activation="relu",
+    dropout=0.25,
+    max_rows=5,
+)
 
 
 def _takes(entry, option):
@@ -142,6 +179,7 @@ def _takes(entry, option):
 def test_every_public_entry_is_declared():
     import transducer
     from transducer.entries import DECLARED
+
     assert set(DECLARED) == set(ENTRIES) and set(ENTRIES) <= set(transducer.__all__)
 
 
@@ -157,16 +195,17 @@ def test_written_signature_and_docstring_are_the_declared_ones(name):
     """Every public function's and module's written signature is its declaration's (transducer/entries.py over the
     options of transducer/options.py): the same arguments in the same order, positional or keyword-only, with the
     declared type and default, and its docstring's ``Args`` section is the declared lines, one per argument.
-    ``python -m transducer.entries NAME`` prints both as the source must spell them."""
+    ``python -m transducer NAME`` prints both as the source must spell them."""
     import inspect
 
     import transducer
     from transducer.entries import DECLARED, REQUIRED, annotation, args_section, arguments, signature_source
+
     entry, public = DECLARED[name], getattr(transducer, name)
     module = name[0].isupper()
     params = list(inspect.signature(public.__init__ if module else public).parameters.values())[module:]
     expected = arguments(entry)
-    how = f"write it as `python -m transducer.entries {name}` prints it:\n{signature_source(entry, module)}"
+    how = f"write it as `python -m transducer {name}` prints it:\n{signature_source(entry, module)}"
     assert [p.name for p in params] == [a.name for a in expected], how
     for p, a in zip(params, expected):
         kind = inspect.Parameter.KEYWORD_ONLY if a.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -181,6 +220,7 @@ def test_the_declarations_reach_every_option():
     """Each entry takes every option the declarations give it (an option of its lattices, or its own)."""
     from transducer.entries import DECLARED
     from transducer.options import OPTIONS
+
     for name, entry in DECLARED.items():
         named, rest = entry.options()
         assert set(named + rest) == {o.name for o in OPTIONS if _takes(entry, o)}, name
@@ -190,6 +230,7 @@ def _entry_call(name, options, gen, lattice):
     """Calls the public entry ``name`` on a small batch of ``lattice`` with ``options`` (a module's go to the
     module)."""
     import transducer
+
     public = getattr(transducer, name)
     base = {}
     if lattice == TDT.name:
@@ -221,6 +262,7 @@ def _entry_call(name, options, gen, lattice):
 def _walk_cases():
     from transducer.entries import DECLARED
     from transducer.options import OPTIONS
+
     cases = []
     for name in ENTRIES:
         entry = DECLARED[name]
@@ -235,6 +277,7 @@ def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
     from transducer import custom_ops, multiblank, tdt
     from transducer import loss as loss_module
     from transducer.fused import loss as fused
+
     seen, reductions = [], []
     for module, attribute in ((custom_ops, "loss"), (fused, "fused")):
         op = getattr(module, attribute)
@@ -246,11 +289,12 @@ def test_every_public_entry_passes_every_option_on(name, option, monkeypatch):
         value = V - 2 if "ultiblank" in name else 2
     from transducer.entries import DECLARED
     from transducer.options import BY_NAME
+
     reads = BY_NAME[option].reads or {}
     entry = DECLARED[name]
     lattice = next((lattice for lattice in entry.lattices if lattice in reads), entry.lattices[0])
     _entry_call(name, {option: value}, torch.Generator().manual_seed(7), lattice)
-    (op_name, args), = seen
+    ((op_name, args),) = seen
     fused_op = op_name == "fused"
     ints, floats = args[7:9] if fused_op else args[6:8]
     options = LossOptions.from_flat(ints, floats)
@@ -281,6 +325,7 @@ def test_the_cuda_stages_limits_are_checked_for_cuda_tensors_alone():
     beyond what the CUDA stages' Durations struct holds."""
     from transducer.layout import MAX_DURATIONS
     from transducer.options import check_device_limits
+
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     many = LossOptions(durations=tuple(range(MAX_DURATIONS + 1)))
     big = LossOptions(blank=MAX_DURATIONS, big_blank_durations=tuple(range(2, MAX_DURATIONS + 1)))
@@ -293,18 +338,33 @@ def test_the_cuda_stages_limits_are_checked_for_cuda_tensors_alone():
 
 
 # a value each option refuses, and the error's type
-BAD = dict(blank=(1.5, TypeError), reduction=("avg", ValueError), one_sym_per_frame=("yes", TypeError),
-           from_log_softmax=(2, TypeError), fused_log_softmax=(None, TypeError), zero_infinity=("no", TypeError),
-           check_inputs=(0.5, TypeError), inplace_grad=([], TypeError), clamp=("1", TypeError),
-           fastemit_lambda=(-0.1, ValueError), delay_penalty=(float("inf"), ValueError), durations=([0, 0], ValueError),
-           sigma=(float("nan"), ValueError), omega=(1.0, ValueError), big_blank_durations=([1], ValueError),
-           activation=("no such activation", ValueError), dropout=(1.0, ValueError), generator=(3, TypeError),
-           max_rows=(0, ValueError))
+BAD = dict(
+    blank=(1.5, TypeError),
+    reduction=("avg", ValueError),
+    one_sym_per_frame=("yes", TypeError),
+    from_log_softmax=(2, TypeError),
+    fused_log_softmax=(None, TypeError),
+    zero_infinity=("no", TypeError),
+    check_inputs=(0.5, TypeError),
+    inplace_grad=([], TypeError),
+    clamp=("1", TypeError),
+    fastemit_lambda=(-0.1, ValueError),
+    delay_penalty=(float("inf"), ValueError),
+    durations=([0, 0], ValueError),
+    sigma=(float("nan"), ValueError),
+    omega=(1.0, ValueError),
+    big_blank_durations=([1], ValueError),
+    activation=("no such activation", ValueError),
+    dropout=(1.0, ValueError),
+    generator=(3, TypeError),
+    max_rows=(0, ValueError),
+)
 
 
 @pytest.mark.parametrize("name", list(BAD))
 def test_every_option_refuses_a_bad_value_by_name(name):
     from transducer.options import BY_NAME
+
     value, error = BAD[name]
     with pytest.raises(error, match=f"^{name}: "):
         BY_NAME[name].check(value)
@@ -312,4 +372,5 @@ def test_every_option_refuses_a_bad_value_by_name(name):
 
 def test_every_option_has_a_bad_value():
     from transducer.options import OPTIONS
+
     assert set(BAD) == {o.name for o in OPTIONS}

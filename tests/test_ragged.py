@@ -201,7 +201,7 @@ def test_row_ids_random_with_empty_rows(method, seed):
         for run in (3, 1500):  # a run of empty rows somewhere
             if num_rows > run:
                 start = int(rng.integers(0, num_rows - run))
-                sizes[start:start + run] = 0
+                sizes[start : start + run] = 0
         for sdt in INDEX:
             _check_row_ids(_splits(sizes, sdt), method)
 

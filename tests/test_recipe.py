@@ -64,8 +64,9 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
     assert sorted(p.name for p in (tmp_path / "a").glob("epoch-*.pt")) == ["epoch-2.pt", "epoch-3.pt"]
 
     # Resuming from the epoch-2 checkpoint reproduces epoch 3 exactly.
-    b = run(["--data-dir", corpus, "--exp-dir", tmp_path / "b", "--epochs", 3,
-             "--resume", tmp_path / "a" / "epoch-2.pt"])
+    b = run(
+        ["--data-dir", corpus, "--exp-dir", tmp_path / "b", "--epochs", 3, "--resume", tmp_path / "a" / "epoch-2.pt"]
+    )
     sa, sb = a["model"].state_dict(), b["model"].state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
@@ -78,30 +79,88 @@ def test_quick_run_learns_and_resume_round_trips(corpus, tmp_path):
 
 
 def test_tdt_loss_and_decoding(corpus, tmp_path):
-    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 3, "--loss", "tdt",
-             "--durations", "0,1,2", "--omega", "0.1"])
+    r = run(
+        [
+            "--data-dir",
+            corpus,
+            "--exp-dir",
+            tmp_path,
+            "--epochs",
+            1,
+            "--max-steps",
+            3,
+            "--loss",
+            "tdt",
+            "--durations",
+            "0,1,2",
+            "--omega",
+            "0.1",
+        ]
+    )
     assert np.isfinite(r["history"][0]["train_loss"]) and r["loss"] == "tdt" and r["joiner"] == "fused"
     assert 0 <= r["test_wer"] and r["decode_s"] > 0
 
 
 def test_regularisers_train(corpus, tmp_path):
-    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2, "--fastemit-lambda",
-             "0.01", "--delay-penalty", "0.05"])
+    r = run(
+        [
+            "--data-dir",
+            corpus,
+            "--exp-dir",
+            tmp_path,
+            "--epochs",
+            1,
+            "--max-steps",
+            2,
+            "--fastemit-lambda",
+            "0.01",
+            "--delay-penalty",
+            "0.05",
+        ]
+    )
     assert np.isfinite(r["history"][0]["train_loss"])
 
 
 def test_rna_stateless_predictor_unfused_joiner(corpus, tmp_path):
-    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2,
-             "--rna", "--predictor", "stateless", "--joiner", "unfused"])
+    r = run(
+        [
+            "--data-dir",
+            corpus,
+            "--exp-dir",
+            tmp_path,
+            "--epochs",
+            1,
+            "--max-steps",
+            2,
+            "--rna",
+            "--predictor",
+            "stateless",
+            "--joiner",
+            "unfused",
+        ]
+    )
     assert np.isfinite(r["history"][0]["train_loss"])
 
 
 def torchrun(args, timeout=300):
     """The recipe run by torchrun in 2 processes on the CPU (gloo)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(RECIPES / "train_toy.py"), *FAST, "--device", "cpu", *map(str, args)]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(RECIPES / "train_toy.py"),
+        *FAST,
+        "--device",
+        "cpu",
+        *map(str, args),
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "terminate called" not in p.stderr and "process group has NOT been destroyed" not in p.stderr, p.stderr
@@ -148,11 +207,14 @@ def test_fsdp_needs_torchrun(monkeypatch, capsys):
     monkeypatch.setattr(torch, "__version__", "2.5.1")
     with pytest.raises(SystemExit):
         train_toy.parse_args(["--fsdp"])
-    assert "--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch 2.5.1" in \
-        capsys.readouterr().err
+    assert (
+        "--fsdp needs torch >= 2.6 (FSDP2's torch.distributed.fsdp.fully_shard); this is torch 2.5.1"
+        in capsys.readouterr().err
+    )
 
 
 # ---------------------------------------------------------------------- run folders
+
 
 def run_in(folder, args):
     """A run started in ``folder``: its default run folders are in folder/runs/toy_quick."""
@@ -176,16 +238,31 @@ def two_runs(corpus, tmp_path_factory):
     return base / "runs" / "toy_quick", rnnt, multiblank, resumed
 
 
-QUICK_MODEL = dict(joiner="fused", encoder="conformer", encoder_dim=64, encoder_layers=1, predictor="lstm",
-                   predictor_dim=32, joiner_dim=32)
+QUICK_MODEL = dict(
+    joiner="fused",
+    encoder="conformer",
+    encoder_dim=64,
+    encoder_layers=1,
+    predictor="lstm",
+    predictor_dim=32,
+    joiner_dim=32,
+)
 
 
 def test_configurations_keep_their_own_run_folders(two_runs):
     runs, rnnt, multiblank, resumed = two_runs
     assert sorted(p.name for p in runs.iterdir()) == ["multiblank", "rnnt"]
-    configs = {"rnnt": dict(loss="rnnt", fastemit_lambda=0.0, delay_penalty=0.0, **QUICK_MODEL),
-               "multiblank": dict(loss="multiblank", big_blank_durations=[2, 4, 8], sigma=0.05, fastemit_lambda=0.0,
-                                  delay_penalty=0.0, **QUICK_MODEL)}
+    configs = {
+        "rnnt": dict(loss="rnnt", fastemit_lambda=0.0, delay_penalty=0.0, **QUICK_MODEL),
+        "multiblank": dict(
+            loss="multiblank",
+            big_blank_durations=[2, 4, 8],
+            sigma=0.05,
+            fastemit_lambda=0.0,
+            delay_penalty=0.0,
+            **QUICK_MODEL,
+        ),
+    }
     for name, result, epochs in (("rnnt", rnnt, [2, 3]), ("multiblank", resumed, [2, 3])):
         folder = runs / name
         assert json.loads((folder / "config.json").read_text()) == configs[name] == result["config"]
@@ -205,13 +282,19 @@ def test_configurations_keep_their_own_run_folders(two_runs):
 def test_resume_refuses_a_checkpoint_of_another_configuration(two_runs, corpus):
     runs, *_ = two_runs
     checkpoint = runs / "rnnt" / "epoch-3.pt"
-    for args, differences in [(["--loss", "multiblank"], "--loss rnnt there, multiblank here"),
-                              (["--predictor-dim", 48, "--joiner", "unfused"],
-                               "--joiner fused there, unfused here; --predictor-dim 32 there, 48 here")]:
+    for args, differences in [
+        (["--loss", "multiblank"], "--loss rnnt there, multiblank here"),
+        (
+            ["--predictor-dim", 48, "--joiner", "unfused"],
+            "--joiner fused there, unfused here; --predictor-dim 32 there, 48 here",
+        ),
+    ]:
         with pytest.raises(train_toy.UsageError) as e:
             run_in(runs.parent.parent, ["--data-dir", corpus, "--epochs", 4, "--resume", checkpoint, *args])
-        assert str(e.value) == (f"--resume: {checkpoint} is a checkpoint of another configuration ({differences}); "
-                                f"resume it with the flags it was trained with, or leave --resume out to start afresh")
+        assert str(e.value) == (
+            f"--resume: {checkpoint} is a checkpoint of another configuration ({differences}); "
+            f"resume it with the flags it was trained with, or leave --resume out to start afresh"
+        )
     assert sorted(p.name for p in runs.iterdir()) == ["multiblank", "rnnt"]  # the refused runs made no folder
 
 
@@ -224,12 +307,16 @@ def test_a_folder_of_another_configuration_is_refused(two_runs, corpus, tmp_path
     assert str(e.value) == (
         f"--exp-dir {folder} holds a run of another configuration (--loss rnnt there, tdt here); a run folder keeps "
         f"the checkpoints and results of one configuration. Give --exp-dir another folder (without --exp-dir each "
-        f"configuration has its own in runs/toy_quick/), or delete {folder} to reuse it")
+        f"configuration has its own in runs/toy_quick/), or delete {folder} to reuse it"
+    )
     assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir()) == before
     # a folder without config.json: its latest checkpoint says what it holds
     (tmp_path / "epoch-3.pt").write_bytes((folder / "epoch-3.pt").read_bytes())
-    with pytest.raises(train_toy.UsageError, match=r"holds a run of another configuration \(--encoder-dim 64 there, "
-                                                   r"128 here\)"):
+    with pytest.raises(
+        train_toy.UsageError,
+        match=r"holds a run of another configuration \(--encoder-dim 64 there, "
+        r"128 here\)",
+    ):
         run(["--data-dir", corpus, "--exp-dir", tmp_path, "--encoder-dim", 128])
     # a run that stops before its first checkpoint leaves no run behind
     with pytest.raises(asr_data.ManifestError, match="manifest not found"):
@@ -257,9 +344,11 @@ def test_a_checkpoint_carrying_an_object_is_refused(two_runs, corpus, tmp_path):
     folder = tmp_path / "planted"
     folder.mkdir()
     torch.save(dict(state, history=Planted(marker)), folder / "epoch-3.pt")
-    refused = (r" is not a checkpoint of this recipe: it holds objects other than tensors, numbers, strings and "
-               r"plain containers \(Unsupported global: .*\), and those are not loaded: unpickling them could run "
-               r"any code")
+    refused = (
+        r" is not a checkpoint of this recipe: it holds objects other than tensors, numbers, strings and "
+        r"plain containers \(Unsupported global: .*\), and those are not loaded: unpickling them could run "
+        r"any code"
+    )
     for args in (["--exp-dir", folder], ["--exp-dir", tmp_path / "fresh", "--resume", folder / "epoch-3.pt"]):
         with pytest.raises(train_toy.UsageError, match=re.escape(str(folder / "epoch-3.pt")) + refused):
             run(["--data-dir", corpus, *args])
@@ -278,12 +367,15 @@ def test_a_fresh_run_replaces_the_earlier_run_of_its_configuration(two_runs, cor
         (folder / name).write_bytes((runs / "rnnt" / name).read_bytes())
     r = run(["--data-dir", corpus, "--exp-dir", folder, "--epochs", 1, "--max-steps", 1])
     out = capsys.readouterr().out
-    assert (f"{folder} holds checkpoints of an earlier run of this configuration (epoch-2.pt, epoch-3.pt): they and "
-            f"its results.json are removed once this run has saved its first checkpoint (--resume continues that "
-            f"run instead)") in out
+    assert (
+        f"{folder} holds checkpoints of an earlier run of this configuration (epoch-2.pt, epoch-3.pt): they and "
+        f"its results.json are removed once this run has saved its first checkpoint (--resume continues that "
+        f"run instead)"
+    ) in out
     # the run folder is named once it holds this run's first checkpoint
-    assert out.index("epoch 1: train loss") < out.index(f"run folder: {folder}/ (epoch-1.pt, config.json, train.png; "
-                                                         f"results.json at the end)")
+    assert out.index("epoch 1: train loss") < out.index(
+        f"run folder: {folder}/ (epoch-1.pt, config.json, train.png; results.json at the end)"
+    )
     assert sorted(p.name for p in folder.glob("epoch-*.pt")) == ["epoch-1.pt"]
     assert json.loads((folder / "results.json").read_text())["history"] == r["history"] and len(r["history"]) == 1
 
@@ -294,22 +386,28 @@ def test_the_run_folder_is_checked_before_training(corpus, tmp_path, monkeypatch
     (tmp_path / "file").write_text("")
     with pytest.raises(train_toy.UsageError) as e:
         run(["--data-dir", corpus, "--exp-dir", tmp_path / "file" / "run"])
-    assert str(e.value) == (f"--exp-dir {tmp_path / 'file' / 'run'}: cannot write there: Not a directory; give "
-                            f"--exp-dir a folder that can be written")
+    assert str(e.value) == (
+        f"--exp-dir {tmp_path / 'file' / 'run'}: cannot write there: Not a directory; give "
+        f"--exp-dir a folder that can be written"
+    )
     assert "epoch 1" not in capsys.readouterr().out
 
     def full(path):
         return shutil._ntuple_diskusage(10 * 2**30, 10 * 2**30 - 2**19, 2**19)
+
     monkeypatch.setattr(train_toy.shutil, "disk_usage", full)
     with pytest.raises(train_toy.UsageError) as e:
         run(["--data-dir", corpus, "--exp-dir", tmp_path / "full"])
     # 3 copies (the parameters, AdamW's two moments) of the quick model's 4-byte parameters, and 1 MiB
     from asr_model import Transducer
+
     model = Transducer(27, encoder="conformer", encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32)
     size = 3 * 4 * sum(p.numel() for p in model.parameters()) + 2**20
-    assert str(e.value) == (f"--exp-dir {tmp_path / 'full'}: 0.5 MiB free on its file system, and a checkpoint "
-                            f"takes about {size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on "
-                            f"another file system")
+    assert str(e.value) == (
+        f"--exp-dir {tmp_path / 'full'}: 0.5 MiB free on its file system, and a checkpoint "
+        f"takes about {size / 2**20:.1f} MiB: free some space, or give --exp-dir a folder on "
+        f"another file system"
+    )
     assert "epoch 1" not in capsys.readouterr().out
     assert list((tmp_path / "full").iterdir()) == []  # the test file is gone
 
@@ -326,6 +424,7 @@ def test_resume_takes_the_checkpoints_of_the_folders_run(corpus, tmp_path, monke
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # between the new run's first checkpoint and the earlier run's removal
+
     monkeypatch.setattr(train_toy, "plot", killed)
     with pytest.raises(KeyboardInterrupt):
         run([*short, "--epochs", 2, "--lr", "1e-3"])
@@ -347,9 +446,11 @@ def test_resume_takes_the_checkpoints_of_the_folders_run(corpus, tmp_path, monke
     third_id = json.loads((folder / "run.json").read_text())["run_id"]
     with pytest.raises(train_toy.UsageError) as e:
         run([*short, "--epochs", 3, "--resume"])
-    assert str(e.value) == (f"--resume: {folder} holds no checkpoint of its current run ({third_id}, in "
-                            f"{folder / 'run.json'}), only of another (epoch-1.pt, epoch-2.pt): give one of those to "
-                            f"--resume to continue that run, or leave --resume out to start afresh")
+    assert str(e.value) == (
+        f"--resume: {folder} holds no checkpoint of its current run ({third_id}, in "
+        f"{folder / 'run.json'}), only of another (epoch-1.pt, epoch-2.pt): give one of those to "
+        f"--resume to continue that run, or leave --resume out to start afresh"
+    )
 
 
 def test_a_checkpoint_from_before_the_joiner_module_resumes(two_runs, corpus, tmp_path):
@@ -359,8 +460,20 @@ def test_a_checkpoint_from_before_the_joiner_module_resumes(two_runs, corpus, tm
     old = {k.replace("joiner.output.", "out."): v for k, v in state["model"].items()}
     assert "out.weight" in old and "joiner.output.weight" not in old
     torch.save(dict({k: v for k, v in state.items() if k != "run_id"}, model=old), tmp_path / "epoch-3.pt")
-    r = run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--max-steps", 1, "--epochs", 4,
-             "--resume", tmp_path / "epoch-3.pt"])
+    r = run(
+        [
+            "--data-dir",
+            corpus,
+            "--exp-dir",
+            tmp_path / "exp",
+            "--max-steps",
+            1,
+            "--epochs",
+            4,
+            "--resume",
+            tmp_path / "epoch-3.pt",
+        ]
+    )
     assert r["history"][:3] == rnnt["history"] and len(r["history"]) == 4
 
 
@@ -376,51 +489,77 @@ def test_bad_checkpoints_are_named_with_what_is_wrong(two_runs, corpus, tmp_path
     class System:
         def __reduce__(self):
             return os_module.system, ("true",)
+
     cases = {
         "empty.pt": (b"", "is empty, not a checkpoint (a save cut short?): delete it, or resume from another"),
-        "truncated.pt": (good[: len(good) // 2], "cannot be read as a checkpoint (RuntimeError: PytorchStreamReader "
-                                                  "failed reading zip archive: failed finding central directory): "
-                                                  "truncated, or not written by torch.save; delete it, or resume "
-                                                  "from another"),
+        "truncated.pt": (
+            good[: len(good) // 2],
+            "cannot be read as a checkpoint (RuntimeError: PytorchStreamReader "
+            "failed reading zip archive: failed finding central directory): "
+            "truncated, or not written by torch.save; delete it, or resume "
+            "from another",
+        ),
         "text.pt": (b"hello", "cannot be read as a checkpoint ("),
     }
     for name, (data, message) in cases.items():
         (tmp_path / name).write_bytes(data)
     torch.save({k: v for k, v in state.items() if k != "chars"}, tmp_path / "incomplete.pt")
-    cases["incomplete.pt"] = (None, "is not a complete checkpoint of this recipe: it has no chars (a checkpoint "
-                                    "holds model, optimizer, scheduler, scaler, epoch, history, rng, chars and config)")
+    cases["incomplete.pt"] = (
+        None,
+        "is not a complete checkpoint of this recipe: it has no chars (a checkpoint "
+        "holds model, optimizer, scheduler, scaler, epoch, history, rng, chars and config)",
+    )
     torch.save(dict(state, history=System()), tmp_path / "system.pt")
-    cases["system.pt"] = (None, "is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
-                                "strings and plain containers (Trying to load unsupported GLOBAL posix.system whose "
-                                "module posix is blocked)")
-    torch.save(dict(state, model={k: v for k, v in state["model"].items() if k != "out.weight"
-                                  and not k.endswith("output.weight")}), tmp_path / "misfit.pt")
+    cases["system.pt"] = (
+        None,
+        "is not a checkpoint of this recipe: it holds objects other than tensors, numbers, "
+        "strings and plain containers (Trying to load unsupported GLOBAL posix.system whose "
+        "module posix is blocked)",
+    )
+    torch.save(
+        dict(
+            state,
+            model={k: v for k, v in state["model"].items() if k != "out.weight" and not k.endswith("output.weight")},
+        ),
+        tmp_path / "misfit.pt",
+    )
     for name, (_, message) in cases.items():
         with pytest.raises(train_toy.UsageError) as e:
             run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--resume", tmp_path / name])
         assert str(e.value).startswith(f"{tmp_path / name} {message}"), str(e.value)
     with pytest.raises(train_toy.UsageError) as e:
         run(["--data-dir", corpus, "--exp-dir", tmp_path / "exp", "--resume", tmp_path / "misfit.pt"])
-    assert str(e.value).startswith(f"--resume: {tmp_path / 'misfit.pt'}: its model does not fit this run "
-                                   f"(RuntimeError: Error(s) in loading state_dict for Transducer: Missing key(s) in "
-                                   f"state_dict: \"joiner.output.weight\""), str(e.value)
+    assert str(e.value).startswith(
+        f"--resume: {tmp_path / 'misfit.pt'}: its model does not fit this run "
+        f"(RuntimeError: Error(s) in loading state_dict for Transducer: Missing key(s) in "
+        f'state_dict: "joiner.output.weight"'
+    ), str(e.value)
 
 
-@pytest.mark.parametrize("args, folder", [
-    ([], "runs/toy/rnnt"),
-    (["--epochs", "3", "--lr", "1e-3", "--seed", "4", "--max-frames", "2000", "--threads", "1", "--no-specaug"],
-     "runs/toy/rnnt"),
-    (["--rna", "--joiner", "unfused"], "runs/toy/rna_joiner=unfused"),
-    (["--loss", "tdt", "--durations", "0,1,2", "--omega", "0.1"], "runs/toy/tdt_durations=0,1,2_omega=0.1"),
-    (["--loss", "tdt", "--durations", "0,1,2,3,4", "--sigma", "0.05"], "runs/toy/tdt"),
-    (["--loss", "multiblank", "--big-blank-durations", "2,4", "--encoder", "lstm", "--encoder-dim", "256"],
-     "runs/toy/multiblank_big-blank-durations=2,4_encoder=lstm_encoder-dim=256"),
-    (["--fastemit-lambda", "0.001", "--predictor", "stateless"],
-     "runs/toy/rnnt_fastemit-lambda=0.001_predictor=stateless"),
-    (["--quick"], "runs/toy_quick/rnnt"),
-    (["--quick", "--encoder-dim", "144"], "runs/toy_quick/rnnt_encoder-dim=144"),
-    (["--exp-dir", "mine", "--loss", "tdt"], "mine"),
-])
+@pytest.mark.parametrize(
+    "args, folder",
+    [
+        ([], "runs/toy/rnnt"),
+        (
+            ["--epochs", "3", "--lr", "1e-3", "--seed", "4", "--max-frames", "2000", "--threads", "1", "--no-specaug"],
+            "runs/toy/rnnt",
+        ),
+        (["--rna", "--joiner", "unfused"], "runs/toy/rna_joiner=unfused"),
+        (["--loss", "tdt", "--durations", "0,1,2", "--omega", "0.1"], "runs/toy/tdt_durations=0,1,2_omega=0.1"),
+        (["--loss", "tdt", "--durations", "0,1,2,3,4", "--sigma", "0.05"], "runs/toy/tdt"),
+        (
+            ["--loss", "multiblank", "--big-blank-durations", "2,4", "--encoder", "lstm", "--encoder-dim", "256"],
+            "runs/toy/multiblank_big-blank-durations=2,4_encoder=lstm_encoder-dim=256",
+        ),
+        (
+            ["--fastemit-lambda", "0.001", "--predictor", "stateless"],
+            "runs/toy/rnnt_fastemit-lambda=0.001_predictor=stateless",
+        ),
+        (["--quick"], "runs/toy_quick/rnnt"),
+        (["--quick", "--encoder-dim", "144"], "runs/toy_quick/rnnt_encoder-dim=144"),
+        (["--exp-dir", "mine", "--loss", "tdt"], "mine"),
+    ],
+)
 def test_run_folder_names(args, folder):
     """The loss, then flag=value for each model or loss flag that differs from its default (--quick's with
     --quick); training flags name no folder."""
@@ -428,6 +567,7 @@ def test_run_folder_names(args, folder):
 
 
 # ---------------------------------------------------------------------- bad input
+
 
 def _write_wavs(tmp_path, n=6):
     items = toy_corpus.load_split(toy_corpus_dir_for(tmp_path), "train")[:n]
@@ -441,8 +581,9 @@ def _write_wavs(tmp_path, n=6):
 
 def toy_corpus_dir_for(tmp_path):
     d = tmp_path / "corpus"
-    toy_corpus.ensure_corpus(d, toy_corpus.corpus_config(seed=1, **dict(train_toy.QUICK, n_train=12)),
-                             log=lambda *_: None)
+    toy_corpus.ensure_corpus(
+        d, toy_corpus.corpus_config(seed=1, **dict(train_toy.QUICK, n_train=12)), log=lambda *_: None
+    )
     return d
 
 
@@ -464,8 +605,13 @@ def test_bad_manifest_lines(tmp_path):
     items = asr_data.read_manifest(m, "skip", log=msgs.append)
     assert [(Path(i[1]).name, i[2]) for i in items] == [(good.name, text), (good2.name, text2)]
     joined = "\n".join(msgs)
-    for lineno, what in [(2, "audio file not found"), (3, "unreadable audio"), (4, "empty transcript"),
-                         (5, "not valid JSON"), (6, "no audio path")]:
+    for lineno, what in [
+        (2, "audio file not found"),
+        (3, "unreadable audio"),
+        (4, "empty transcript"),
+        (5, "not valid JSON"),
+        (6, "no audio path"),
+    ]:
         assert f"{m}:{lineno}: {what}" in joined, joined
     with pytest.raises(asr_data.ManifestError, match=r"train\.jsonl:2: audio file not found"):
         asr_data.read_manifest(m, "stop")
@@ -479,7 +625,7 @@ def test_bad_manifest_lines(tmp_path):
 
 
 def test_short_clips_and_duration_field(tmp_path):
-    (good, text), = _write_wavs(tmp_path, 1)
+    ((good, text),) = _write_wavs(tmp_path, 1)
     short = tmp_path / "short.wav"
     sf.write(short, np.zeros(int(0.02 * 16000), dtype=np.float32), 16000)  # 20 ms: one fbank frame
     (tmp_path / "junk.wav").write_bytes(b"not audio, but the manifest gives its duration")
@@ -503,8 +649,10 @@ def test_short_clips_and_duration_field(tmp_path):
     assert f"{m}:3: unreadable audio {tmp_path / 'junk.wav'}: " in joined, joined
     assert f"{m}:4: 'duration' must be a number of seconds" in joined, joined
     assert f"{m}: skipped 4 bad line(s), kept 2" in joined, joined
-    assert [(Path(i[1]).name, i[3]) for i in items] == [(good.name, pytest.approx(sf.info(good).duration)),
-                                                        (good.name, 9.5)]
+    assert [(Path(i[1]).name, i[3]) for i in items] == [
+        (good.name, pytest.approx(sf.info(good).duration)),
+        (good.name, 9.5),
+    ]
     with pytest.raises(asr_data.ManifestError, match=r"train\.jsonl:1: audio too short"):
         asr_data.read_manifest(m, "stop")
     with pytest.raises(ValueError, match="audio too short"):
@@ -518,8 +666,18 @@ def test_tdt_greedy_decoding_jumps_by_the_predicted_duration():
     from asr_model import Transducer
 
     torch.manual_seed(0)
-    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
-                       joiner_dim=8, loss="tdt", durations=(0, 1, 2), joiner="unfused").eval()
+    model = Transducer(
+        6,
+        num_mel_bins=8,
+        encoder="lstm",
+        encoder_dim=16,
+        encoder_layers=1,
+        predictor_dim=8,
+        joiner_dim=8,
+        loss="tdt",
+        durations=(0, 1, 2),
+        joiner="unfused",
+    ).eval()
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
     frames = model.encoder(x, xl)[1].tolist()
     assert frames[0] != frames[1]
@@ -545,8 +703,19 @@ def test_autocast_logits_reach_the_loss_as_they_are(loss_kind):
     losses = {}
     for joiner in ("unfused", "fused"):
         torch.manual_seed(0)
-        model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
-                           joiner_dim=8, joiner=joiner, loss=loss_kind, durations=(0, 1, 2), sigma=0.05).eval()
+        model = Transducer(
+            6,
+            num_mel_bins=8,
+            encoder="lstm",
+            encoder_dim=16,
+            encoder_layers=1,
+            predictor_dim=8,
+            joiner_dim=8,
+            joiner=joiner,
+            loss=loss_kind,
+            durations=(0, 1, 2),
+            sigma=0.05,
+        ).eval()
         seen = []
         if joiner == "unfused":
             model.joiner.criterion.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
@@ -591,14 +760,16 @@ def test_manifest_training_run(tmp_path, capsys):
 def test_a_manifest_line_that_is_not_utf8(tmp_path):
     """A line that is not UTF-8 is a bad line like any other, named by file and line; a UTF-8 byte order mark
     is no part of the first line."""
-    (good, text), = _write_wavs(tmp_path, 1)
+    ((good, text),) = _write_wavs(tmp_path, 1)
     m = tmp_path / "train.tsv"
     m.write_bytes(b"\xef\xbb\xbf" + f"{good}\t{text}\n".encode() + f"{good}\tcaf".encode() + b"\xe9\n")
     msgs = []
     items = asr_data.read_manifest(m, "skip", log=msgs.append)
     assert [(i[1], i[2]) for i in items] == [(str(good), text)]
-    assert f"warning: {m}:2: not UTF-8 text (byte 0xe9 at column {len(str(good)) + 5}); manifests are UTF-8; " \
-           f"skipping this line" in msgs
+    assert (
+        f"warning: {m}:2: not UTF-8 text (byte 0xe9 at column {len(str(good)) + 5}); manifests are UTF-8; "
+        f"skipping this line" in msgs
+    )
     with pytest.raises(asr_data.ManifestError, match=re.escape(f"{m}:2: not UTF-8 text (byte 0xe9")):
         asr_data.read_manifest(m, "stop")
 
@@ -606,7 +777,7 @@ def test_a_manifest_line_that_is_not_utf8(tmp_path):
 def test_nemo_manifest(tmp_path):
     """NeMo's field names, a .json suffix, paths relative to the manifest's folder, NeMo's offset (a segment of
     the file), and bad lines reported with the manifest's path and line number."""
-    (wav, text), = _write_wavs(tmp_path, 1)
+    ((wav, text),) = _write_wavs(tmp_path, 1)
     folder = tmp_path / "nemo"
     (folder / "wavs").mkdir(parents=True)
     wav = wav.rename(folder / "wavs" / "a.wav")
@@ -627,16 +798,20 @@ def test_nemo_manifest(tmp_path):
     assert f"{m}:4: 'offset' {seconds + 1} s is past the end of {wav}" in joined, joined
     assert f"{m}:6: not valid JSON" in joined, joined  # a .json manifest is JSON lines throughout
     assert f"{m}: skipped 3 bad line(s), kept 3" in joined, joined
-    assert [(i[1], i[2], i[4]) for i in items] == [(str(wav), text, None), (str(wav), "one", 0.0625),
-                                                  (str(wav), "four", 0.25)]
+    assert [(i[1], i[2], i[4]) for i in items] == [
+        (str(wav), text, None),
+        (str(wav), "one", 0.0625),
+        (str(wav), "four", 0.25),
+    ]
     assert items[0][3] == seconds and items[1][3] == 0.25 and items[2][3] == pytest.approx(seconds - 0.25)
     whole = asr_data.load_audio(str(wav))
     assert len(whole) > 5000
     assert torch.equal(asr_data.load_audio(str(wav), offset=0.0625, seconds=0.25), whole[1000:5000])
     assert torch.equal(asr_data.load_audio(str(wav), offset=0.25), whole[4000:])
     data = asr_data.SpeechDataset(items, asr_data.CharTokenizer.from_texts(i[2] for i in items))
-    assert [data.num_frames(i) for i in range(3)] == [asr_data.num_frames(n) for n in (len(whole), 4000,
-                                                                                        len(whole) - 4000)]
+    assert [data.num_frames(i) for i in range(3)] == [
+        asr_data.num_frames(n) for n in (len(whole), 4000, len(whole) - 4000)
+    ]
     assert [data[i][0].shape[0] for i in range(3)] == [data.num_frames(i) for i in range(3)]
     with pytest.raises(asr_data.ManifestError, match=r"train_manifest\.json:3: audio file not found"):
         asr_data.read_manifest(m, "stop")
@@ -650,12 +825,26 @@ def test_toy_corpus_as_manifests_trains_as_the_corpus(corpus, tmp_path):
     lines = [json.loads(x) for x in open(manifests[0])]
     corpus_lines = [json.loads(x) for x in open(corpus / "train.jsonl")]
     assert len(lines) == len(corpus_lines) == train_toy.QUICK["n_train"]
-    assert lines[0] == {"audio_filepath": f"audio/{corpus_lines[0]['id']}.wav",
-                        "duration": corpus_lines[0]["samples"] / 16000, "text": corpus_lines[0]["text"]}
+    assert lines[0] == {
+        "audio_filepath": f"audio/{corpus_lines[0]['id']}.wav",
+        "duration": corpus_lines[0]["samples"] / 16000,
+        "text": corpus_lines[0]["text"],
+    }
     steps = ["--epochs", 1, "--max-steps", 3]
     a = run(["--data-dir", corpus, "--exp-dir", tmp_path / "corpus_run", *steps])
-    b = run(["--manifest", manifests[0], "--dev-manifest", manifests[1], "--test-manifest", manifests[2],
-             "--exp-dir", tmp_path / "manifest_run", *steps])
+    b = run(
+        [
+            "--manifest",
+            manifests[0],
+            "--dev-manifest",
+            manifests[1],
+            "--test-manifest",
+            manifests[2],
+            "--exp-dir",
+            tmp_path / "manifest_run",
+            *steps,
+        ]
+    )
     assert len(b["step_losses"]) == 3 and b["step_losses"] == a["step_losses"]
     assert (b["test_wer"], b["test_cer"]) == (a["test_wer"], a["test_cer"])
     assert json.loads((tmp_path / "manifest_run" / "results.json").read_text())["history"] == b["history"]
@@ -669,27 +858,33 @@ def test_manifests_are_written_into_data_by_default():
     assert train_toy.parse_args([]).write_manifests is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--epochs", "0"], "must be > 0"),
-    (["--lr", "fast"], "is not a float"),
-    (["--encoder", "gru"], "invalid choice: 'gru'"),
-    (["--test-manifest", "t.jsonl"], "need --manifest"),
-    (["--manifest", "m.jsonl", "--write-manifests", "d"], "--write-manifests writes the toy corpus; with --manifest"),
-    (["--manifest", "m.jsonl", "--write-manifests"], "--write-manifests writes the toy corpus; with --manifest"),
-    (["--encoder-dim", "63"], "--encoder-dim must be even"),
-    (["--device", "tpu"], "--device must be cpu or cuda"),
-    (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
-    (["--loss", "tdt", "--durations", "0,0"], "--durations: expected distinct"),
-    (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
-    (["--omega", "1"], "--omega must be in [0, 1)"),
-    (["--sigma", "0.3"], "--sigma applies to --loss tdt and multiblank"),
-    (["--loss", "rna", "--durations", "1,2"], "--durations and --omega apply to --loss tdt"),
-    (["--loss", "multiblank", "--omega", "0.1"], "--durations and --omega apply to --loss tdt"),
-    (["--big-blank-durations", "2,4"], "--big-blank-durations applies to --loss multiblank"),
-    (["--loss", "multiblank", "--big-blank-durations", "1,4"], "--big-blank-durations must be comma-separated"),
-    (["--loss", "tdt", "--rna"], "--rna is --loss rna; it contradicts --loss tdt"),
-    (["--loss", "tdt", "--durations", "0"], "--durations: expected distinct ints >= 0 with at least one >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epochs", "0"], "must be > 0"),
+        (["--lr", "fast"], "is not a float"),
+        (["--encoder", "gru"], "invalid choice: 'gru'"),
+        (["--test-manifest", "t.jsonl"], "need --manifest"),
+        (
+            ["--manifest", "m.jsonl", "--write-manifests", "d"],
+            "--write-manifests writes the toy corpus; with --manifest",
+        ),
+        (["--manifest", "m.jsonl", "--write-manifests"], "--write-manifests writes the toy corpus; with --manifest"),
+        (["--encoder-dim", "63"], "--encoder-dim must be even"),
+        (["--device", "tpu"], "--device must be cpu or cuda"),
+        (["--bad-lines", "ignore"], "invalid choice: 'ignore'"),
+        (["--loss", "tdt", "--durations", "0,0"], "--durations: expected distinct"),
+        (["--loss", "tdt", "--durations", "a"], "--durations must be comma-separated ints"),
+        (["--omega", "1"], "--omega must be in [0, 1)"),
+        (["--sigma", "0.3"], "--sigma applies to --loss tdt and multiblank"),
+        (["--loss", "rna", "--durations", "1,2"], "--durations and --omega apply to --loss tdt"),
+        (["--loss", "multiblank", "--omega", "0.1"], "--durations and --omega apply to --loss tdt"),
+        (["--big-blank-durations", "2,4"], "--big-blank-durations applies to --loss multiblank"),
+        (["--loss", "multiblank", "--big-blank-durations", "1,4"], "--big-blank-durations must be comma-separated"),
+        (["--loss", "tdt", "--rna"], "--rna is --loss rna; it contradicts --loss tdt"),
+        (["--loss", "tdt", "--durations", "0"], "--durations: expected distinct ints >= 0 with at least one >= 1"),
+    ],
+)
 def test_bad_flags(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         train_toy.parse_args(args)
@@ -703,15 +898,32 @@ def test_bad_paths_exit_with_clear_errors(corpus, tmp_path):
         (["--data-dir", str(corpus), "--exp-dir", str(tmp_path), "--resume"], "--resume: no checkpoint"),
         (["--data-dir", str(corpus), "--resume", str(tmp_path / "x.pt")], "--resume: no checkpoint at"),
     ]:
-        p = subprocess.run([sys.executable, str(RECIPES / "train_toy.py"), *FAST, *args],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [sys.executable, str(RECIPES / "train_toy.py"), *FAST, *args], capture_output=True, text=True, timeout=120
+        )
         assert p.returncode == 1 and message in p.stderr, (args, p.stderr[-2000:])
         assert "Traceback" not in p.stderr
 
 
 def test_multiblank_loss_and_decoding(corpus, tmp_path):
-    r = run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 3, "--loss", "multiblank",
-             "--big-blank-durations", "2,4", "--sigma", "0.05"])
+    r = run(
+        [
+            "--data-dir",
+            corpus,
+            "--exp-dir",
+            tmp_path,
+            "--epochs",
+            1,
+            "--max-steps",
+            3,
+            "--loss",
+            "multiblank",
+            "--big-blank-durations",
+            "2,4",
+            "--sigma",
+            "0.05",
+        ]
+    )
     assert np.isfinite(r["history"][0]["train_loss"]) and r["loss"] == "multiblank" and r["joiner"] == "fused"
     assert 0 <= r["test_wer"] and r["decode_s"] > 0
 
@@ -722,8 +934,18 @@ def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
     from asr_model import Transducer
 
     torch.manual_seed(0)
-    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
-                       joiner_dim=8, loss="multiblank", big_blank_durations=(2, 3), joiner="unfused").eval()
+    model = Transducer(
+        6,
+        num_mel_bins=8,
+        encoder="lstm",
+        encoder_dim=16,
+        encoder_layers=1,
+        predictor_dim=8,
+        joiner_dim=8,
+        loss="multiblank",
+        big_blank_durations=(2, 3),
+        joiner="unfused",
+    ).eval()
     assert model.out.out_features == 6 + 2 + 1 and model.blank == 8
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
     frames = model.encoder(x, xl)[1].tolist()
@@ -755,8 +977,10 @@ def test_multiblank_greedy_decoding_jumps_by_the_big_blank():
         model.out.weight[7], model.out.bias[7] = -100 * w, 100 * threshold
     hyps = model.greedy_decode_multiblank(x, xl, max_symbols=2)
     assert any(hyps) and all(set(h) <= {3} for h in hyps)
-    assert hyps == [model.greedy_decode_multiblank(x[b:b + 1, :n], xl[b:b + 1], max_symbols=2)[0]
-                    for b, n in enumerate(xl.tolist())]
+    assert hyps == [
+        model.greedy_decode_multiblank(x[b : b + 1, :n], xl[b : b + 1], max_symbols=2)[0]
+        for b, n in enumerate(xl.tolist())
+    ]
 
 
 def test_rnnt_and_rna_greedy_decoding_count_labels_per_frame():
@@ -767,8 +991,17 @@ def test_rnnt_and_rna_greedy_decoding_count_labels_per_frame():
     x, xl = torch.randn(2, 40, 8), torch.tensor([40, 23])
     for loss, per_frame in (("rnnt", 4), ("rna", 1)):
         torch.manual_seed(0)
-        model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor_dim=8,
-                           joiner_dim=8, loss=loss, joiner="unfused").eval()
+        model = Transducer(
+            6,
+            num_mel_bins=8,
+            encoder="lstm",
+            encoder_dim=16,
+            encoder_layers=1,
+            predictor_dim=8,
+            joiner_dim=8,
+            loss=loss,
+            joiner="unfused",
+        ).eval()
         frames = model.encoder(x, xl)[1].tolist()
         for column, expected in ((3, per_frame), (0, 0)):
             with torch.no_grad():
@@ -789,9 +1022,20 @@ def test_greedy_decoding_of_a_batch_is_each_utterance_alone(loss_kind, predictor
     from asr_model import Transducer
 
     torch.manual_seed(1)
-    model = Transducer(6, num_mel_bins=8, encoder="lstm", encoder_dim=16, encoder_layers=1, predictor=predictor,
-                       predictor_dim=8, joiner_dim=8, loss=loss_kind, durations=(0, 1, 2),
-                       big_blank_durations=(2, 3), joiner="unfused").eval()
+    model = Transducer(
+        6,
+        num_mel_bins=8,
+        encoder="lstm",
+        encoder_dim=16,
+        encoder_layers=1,
+        predictor=predictor,
+        predictor_dim=8,
+        joiner_dim=8,
+        loss=loss_kind,
+        durations=(0, 1, 2),
+        big_blank_durations=(2, 3),
+        joiner="unfused",
+    ).eval()
     xl = torch.tensor([60, 44, 24, 60, 12])
     x = torch.randn(5, 60, 8) * (torch.arange(60) < xl[:, None])[..., None]  # padded with zeros, as collate does
     with torch.no_grad():
@@ -807,4 +1051,4 @@ def test_greedy_decoding_of_a_batch_is_each_utterance_alone(loss_kind, predictor
     hyps = model.decode(x, xl, max_symbols=3)
     most = (1 if loss_kind == "rna" else 3) * int(frames.sum())
     assert 0 < sum(map(len, hyps)) < most and all(set(h) <= {3} for h in hyps)
-    assert hyps == [model.decode(x[b:b + 1, :n], xl[b:b + 1], max_symbols=3)[0] for b, n in enumerate(xl.tolist())]
+    assert hyps == [model.decode(x[b : b + 1, :n], xl[b : b + 1], max_symbols=3)[0] for b, n in enumerate(xl.tolist())]

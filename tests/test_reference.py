@@ -46,13 +46,16 @@ def brute_force(logits, y, T, U, durations, blank, sigma):
     return (-lse(complete) if complete else math.inf), len(complete)
 
 
-@pytest.mark.parametrize("durations, T, U, blank, sigma", [
-    ([0, 1, 2, 3], 4, 2, 0, 0.0),
-    ([1, 3], 5, 1, 2, 0.0),
-    ([0, 2, 3], 5, 2, 1, 0.07),
-    ([3, 0, 1], 3, 3, 3, 0.0),   # unsorted durations, U_b = T_b (labels of duration 0 needed)
-    ([1], 3, 1, 0, 0.0),         # a one-label RNA-like grid
-])
+@pytest.mark.parametrize(
+    "durations, T, U, blank, sigma",
+    [
+        ([0, 1, 2, 3], 4, 2, 0, 0.0),
+        ([1, 3], 5, 1, 2, 0.0),
+        ([0, 2, 3], 5, 2, 1, 0.07),
+        ([3, 0, 1], 3, 3, 3, 0.0),  # unsorted durations, U_b = T_b (labels of duration 0 needed)
+        ([1], 3, 1, 0, 0.0),  # a one-label RNA-like grid
+    ],
+)
 def test_tdt_reference_equals_brute_force(durations, T, U, blank, sigma):
     gen = torch.Generator().manual_seed(T * 10 + U)
     V = 4
@@ -76,12 +79,15 @@ def test_tdt_brute_force_counts_alignments():
     assert brute_force(logits, [1], 2, 1, [0, 1], 0, 0.0)[1] == 3
 
 
-@pytest.mark.parametrize("durations, blank, sigma, omega", [
-    ([0, 1, 2, 3, 4], 0, 0.0, 0.0),
-    ([1, 2], 2, 0.05, 0.0),
-    ([1, 3, 4], 1, 0.0, 0.4),
-    ([0, 2, 1], 3, 0.1, 0.25),
-])
+@pytest.mark.parametrize(
+    "durations, blank, sigma, omega",
+    [
+        ([0, 1, 2, 3, 4], 0, 0.0, 0.0),
+        ([1, 2], 2, 0.05, 0.0),
+        ([1, 3, 4], 1, 0.0, 0.4),
+        ([0, 2, 1], 3, 0.1, 0.25),
+    ],
+)
 def test_tdt_reference_gradcheck(durations, blank, sigma, omega):
     gen = torch.Generator().manual_seed(len(durations) + blank)
     V = 4
@@ -92,7 +98,8 @@ def test_tdt_reference_gradcheck(durations, blank, sigma, omega):
     assert torch.isfinite(loss).all()
     logits.requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda x: tdt_loss_reference(x, targets, T, U, durations, blank, sigma, omega), (logits,), fast_mode=True)
+        lambda x: tdt_loss_reference(x, targets, T, U, durations, blank, sigma, omega), (logits,), fast_mode=True
+    )
 
 
 def test_tdt_reference_omega_mixes_the_rnnt_loss():
@@ -112,9 +119,9 @@ def test_tdt_reference_infeasible_utterances():
     gen = torch.Generator().manual_seed(5)
     V = 3
     cases = [  # (durations, T, U): no complete alignment
-        ([2], 3, 0),        # blanks of duration 2 never end on T = 3
-        ([1, 2], 2, 2),     # every arc advances a frame: U + 1 <= T needed
-        ([0, 2], 3, 1),     # every path lands on an even frame, the end T = 3 is odd
+        ([2], 3, 0),  # blanks of duration 2 never end on T = 3
+        ([1, 2], 2, 2),  # every arc advances a frame: U + 1 <= T needed
+        ([0, 2], 3, 1),  # every path lands on an even frame, the end T = 3 is odd
         ([0, 2, 3], 1, 0),  # the only closing blank from (0, 0) would need duration 1
     ]
     for durations, T, U in cases:
@@ -129,10 +136,10 @@ def test_tdt_reference_infeasible_utterances():
         for omega in (0.0, 0.5):
             x = logits.clone().requires_grad_()
             got = tdt_loss(x, targets, Ts, Us, durations, 0, omega=omega, fastemit_lambda=0.3, reduction="none")
-            grad, = torch.autograd.grad(got.sum(), x)
+            (grad,) = torch.autograd.grad(got.sum(), x)
             r = logits.clone().requires_grad_()
             ref = tdt_loss_reference(r, targets, Ts, Us, durations, 0, omega=omega, fastemit_lambda=0.3)
-            ref_grad, = torch.autograd.grad(ref[1], r)  # the finite loss alone
+            (ref_grad,) = torch.autograd.grad(ref[1], r)  # the finite loss alone
             assert got[0] == math.inf and ref[0] == math.inf
             assert not grad[0].any()
             torch.testing.assert_close(got.detach(), ref.detach(), rtol=1e-12, atol=1e-12)
@@ -143,6 +150,7 @@ def test_tdt_reference_fastemit_scales_the_label_token_log_prob_gradient():
     # The gradient w.r.t. the token log-probs, which tdt_loss_reference (taking logits) does not expose: its
     # private core, on log-probs, is called directly.
     from transducer.reference import tdt_loss_from_log_probs
+
     gen = torch.Generator().manual_seed(13)
     V, durations, blank = 5, [0, 1, 2, 4], 3
     logits, targets, T, U = random_batch(gen, 4, 6, 3, V, blank, scale=1.5, edges=True, extra=len(durations))
@@ -158,13 +166,17 @@ def test_tdt_reference_fastemit_scales_the_label_token_log_prob_gradient():
     is_label = torch.zeros(tok.shape, dtype=torch.bool)
     for b in range(len(T)):
         for u in range(int(U[b])):
-            is_label[b, :T[b], u, targets[b, u]] = True
+            is_label[b, : T[b], u, targets[b, u]] = True
     expected = torch.where(is_label, (1 + lam) * grads[0.0][0], grads[0.0][0])
     torch.testing.assert_close(grads[lam][0], expected, rtol=1e-13, atol=1e-14)
     assert grads[0.0][0][is_label].abs().sum() > 0.1  # the label entries are not all zero
     # through the public reference, the value is unchanged too
-    torch.testing.assert_close(tdt_loss_reference(logits, targets, T, U, durations, blank, 0.1, 0.2, lam),
-                               tdt_loss_reference(logits, targets, T, U, durations, blank, 0.1, 0.2), rtol=0, atol=0)
+    torch.testing.assert_close(
+        tdt_loss_reference(logits, targets, T, U, durations, blank, 0.1, 0.2, lam),
+        tdt_loss_reference(logits, targets, T, U, durations, blank, 0.1, 0.2),
+        rtol=0,
+        atol=0,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,8 +213,9 @@ def test_reference_fastemit_scales_label_gradients(rna):
     grads = []
     for lam in (0.0, 0.7):
         x = lp.clone().requires_grad_()
-        loss = transducer_loss_reference(x, targets, T, U, one_sym_per_frame=rna, from_log_softmax=True,
-                                         fastemit_lambda=lam)
+        loss = transducer_loss_reference(
+            x, targets, T, U, one_sym_per_frame=rna, from_log_softmax=True, fastemit_lambda=lam
+        )
         (loss * w).sum().backward()
         grads.append((loss.detach(), x.grad))
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-14, atol=0)  # the value is unchanged

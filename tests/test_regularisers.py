@@ -23,17 +23,36 @@ def test_fastemit_and_delay_penalty_match_reference(device, layout, rna, from_lo
     w = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
     if from_log_softmax:
         logits = logits.log_softmax(-1)
-    tol = (dict(rtol=1e-10, atol=1e-10), dict(rtol=1e-9, atol=1e-10)) if dtype == torch.float64 else \
-        (dict(rtol=1e-5, atol=1e-5), dict(rtol=1e-4, atol=1e-5))
+    tol = (
+        (dict(rtol=1e-10, atol=1e-10), dict(rtol=1e-9, atol=1e-10))
+        if dtype == torch.float64
+        else (dict(rtol=1e-5, atol=1e-5), dict(rtol=1e-4, atol=1e-5))
+    )
     for lam, dp in ((0.5, 0.0), (0.0, 0.25), (0.3, -0.2)):
         ref_in = logits.clone().requires_grad_()
-        ref = transducer_loss_reference(ref_in, targets, T, U, blank, one_sym_per_frame=rna,
-                                        from_log_softmax=from_log_softmax, fastemit_lambda=lam, delay_penalty=dp)
+        ref = transducer_loss_reference(
+            ref_in,
+            targets,
+            T,
+            U,
+            blank,
+            one_sym_per_frame=rna,
+            from_log_softmax=from_log_softmax,
+            fastemit_lambda=lam,
+            delay_penalty=dp,
+        )
         (ref * w).sum().backward()
         x = (compact(logits, T, U) if layout == "compact" else logits).to(device, dtype).clone().requires_grad_()
-        got = transducer_loss(x, *to_device(device, targets, T, U), blank=blank, reduction="none",
-                              one_sym_per_frame=rna, from_log_softmax=from_log_softmax, fastemit_lambda=lam,
-                              delay_penalty=dp)
+        got = transducer_loss(
+            x,
+            *to_device(device, targets, T, U),
+            blank=blank,
+            reduction="none",
+            one_sym_per_frame=rna,
+            from_log_softmax=from_log_softmax,
+            fastemit_lambda=lam,
+            delay_penalty=dp,
+        )
         torch.testing.assert_close(got.cpu().double(), ref.detach(), **tol[0])
         (got * w.to(device, got.dtype)).sum().backward()
         want = compact(ref_in.grad, T, U) if layout == "compact" else ref_in.grad
@@ -57,26 +76,34 @@ def test_clamp_clamps_the_unit_gradient_then_scales(device, from_log_softmax):
     c = 0.05
     assert (unit.abs() > c).any() and (unit.abs() < c).any()
     x = compact(logits, T, U).to(device).requires_grad_()
-    got = transducer_loss(x, *to_device(device, targets, T, U), reduction="none", from_log_softmax=from_log_softmax,
-                          clamp=c)
+    got = transducer_loss(
+        x, *to_device(device, targets, T, U), reduction="none", from_log_softmax=from_log_softmax, clamp=c
+    )
     (got * w.to(device)).sum().backward()
     torch.testing.assert_close(x.grad.cpu(), unit.clamp(-c, c) * row_weight, rtol=1e-9, atol=1e-12)
     # no clamp for clamp <= 0
     x.grad = None
-    (transducer_loss(x, *to_device(device, targets, T, U), reduction="none", from_log_softmax=from_log_softmax,
-                     clamp=0.0) * w.to(device)).sum().backward()
+    (
+        transducer_loss(
+            x, *to_device(device, targets, T, U), reduction="none", from_log_softmax=from_log_softmax, clamp=0.0
+        )
+        * w.to(device)
+    ).sum().backward()
     torch.testing.assert_close(x.grad.cpu(), unit * row_weight, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(clamp="1"), TypeError, "clamp: expected a number"),
-    (dict(fastemit_lambda=-0.1), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
-    (dict(fastemit_lambda=math.nan), ValueError, "fastemit_lambda: expected a number, not NaN"),
-    (dict(delay_penalty=None), TypeError, "delay_penalty: expected a number"),
-    (dict(delay_penalty=True), TypeError, "delay_penalty: expected a number"),
-    (dict(delay_penalty=-math.inf), ValueError, "delay_penalty: expected a finite number"),
-    (dict(fastemit_lambda=math.inf), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(clamp="1"), TypeError, "clamp: expected a number"),
+        (dict(fastemit_lambda=-0.1), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
+        (dict(fastemit_lambda=math.nan), ValueError, "fastemit_lambda: expected a number, not NaN"),
+        (dict(delay_penalty=None), TypeError, "delay_penalty: expected a number"),
+        (dict(delay_penalty=True), TypeError, "delay_penalty: expected a number"),
+        (dict(delay_penalty=-math.inf), ValueError, "delay_penalty: expected a finite number"),
+        (dict(fastemit_lambda=math.inf), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
+    ],
+)
 def test_bad_regulariser_options(kwargs, error, match):
     gen = torch.Generator().manual_seed(72)
     logits, targets, T, U = random_batch(gen, 5, 7, 4, 9, 0, scale=2.0, edges=True)

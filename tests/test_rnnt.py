@@ -27,8 +27,15 @@ def test_matches_reference_compact_and_padded(seed, rna):
     B = int(torch.randint(1, 6, (1,), generator=gen))
     V = int(torch.randint(2, 21, (1,), generator=gen))
     blank = 0 if seed % 2 == 0 else int(torch.randint(0, V, (1,), generator=gen))
-    logits, targets, T, U = random_batch(gen, B, int(torch.randint(1, 13, (1,), generator=gen)),
-                                         int(torch.randint(0, 7, (1,), generator=gen)), V, blank, rna=rna)
+    logits, targets, T, U = random_batch(
+        gen,
+        B,
+        int(torch.randint(1, 13, (1,), generator=gen)),
+        int(torch.randint(0, 7, (1,), generator=gen)),
+        V,
+        blank,
+        rna=rna,
+    )
     reduction = ("none", "sum", "mean")[seed % 3]
     ref_in = logits.clone().requires_grad_()
     expected = reduce_like(transducer_loss_reference(ref_in, targets, T, U, blank, one_sym_per_frame=rna), reduction)
@@ -54,7 +61,9 @@ def test_matches_reference_compact_and_padded(seed, rna):
 def test_gradcheck(layout, rna, reduction):
     seed = ["compact", "padded"].index(layout) * 6 + rna * 3 + ["none", "sum", "mean"].index(reduction)
     gen = torch.Generator().manual_seed(seed)
-    B, max_t, max_u, V = (int(torch.randint(lo, hi + 1, (1,), generator=gen)) for lo, hi in ((1, 5), (1, 12), (0, 6), (2, 20)))
+    B, max_t, max_u, V = (
+        int(torch.randint(lo, hi + 1, (1,), generator=gen)) for lo, hi in ((1, 5), (1, 12), (0, 6), (2, 20))
+    )
     blank = 0 if seed % 2 else int(torch.randint(0, V, (1,), generator=gen))
     logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, rna=rna)
     if layout == "compact":
@@ -63,6 +72,7 @@ def test_gradcheck(layout, rna, reduction):
 
     def loss(x):
         return transducer_loss(x, targets, T, U, blank=blank, reduction=reduction, one_sym_per_frame=rna)
+
     # fast mode checks random projections of the Jacobian: the full one costs 2 * numel forward passes
     assert torch.autograd.gradcheck(loss, (logits,), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
 
@@ -75,7 +85,11 @@ def test_gradcheck_full_jacobian(layout):
         x = (compact(logits, T, U) if layout == "compact" else logits).requires_grad_()
         assert torch.autograd.gradcheck(
             lambda x: transducer_loss(x, targets, T, U, blank=2, reduction="none", one_sym_per_frame=rna),
-            (x,), eps=1e-6, atol=1e-7, rtol=1e-5)
+            (x,),
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+        )
 
 
 @pytest.mark.parametrize("from_log_softmax", [False, True])
@@ -85,7 +99,11 @@ def test_gradcheck_from_log_softmax(from_log_softmax):
     x = logits.log_softmax(-1).requires_grad_()
     assert torch.autograd.gradcheck(
         lambda x: transducer_loss(x, targets, T, U, reduction="sum", from_log_softmax=from_log_softmax),
-        (x,), eps=1e-6, atol=1e-7, rtol=1e-5)
+        (x,),
+        eps=1e-6,
+        atol=1e-7,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -99,7 +117,7 @@ def test_matches_torchaudio(seed):
     logits = logits * 3
     ta = require("torchaudio.functional", "test")
     ta_in = logits.clone().requires_grad_()
-    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(), blank=blank, reduction="none")
+    expected = ta.rnnt_loss(ta_in, targets[:, : int(U.max())].int(), T.int(), U.int(), blank=blank, reduction="none")
     expected.sum().backward()
 
     rows = compact(logits, T, U).requires_grad_()
@@ -123,8 +141,9 @@ def test_matches_torchaudio_without_fused_log_softmax():
     log_probs = logits.log_softmax(-1)
     ta = require("torchaudio.functional", "test")
     ta_in = log_probs.clone().requires_grad_()
-    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int(), T.int(), U.int(), blank=0, reduction="sum",
-                            fused_log_softmax=False)
+    expected = ta.rnnt_loss(
+        ta_in, targets[:, : int(U.max())].int(), T.int(), U.int(), blank=0, reduction="sum", fused_log_softmax=False
+    )
     expected.backward()
     ours = log_probs.clone().requires_grad_()
     got = transducer_loss(ours, targets, T, U, reduction="sum", from_log_softmax=True)
@@ -135,7 +154,7 @@ def test_matches_torchaudio_without_fused_log_softmax():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype,eps", [(torch.float16, 2.0 ** -11), (torch.bfloat16, 2.0 ** -8)])
+@pytest.mark.parametrize("dtype,eps", [(torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)])
 def test_half_precision_matches_float32(device, dtype, eps):
     # Inputs are rounded to `dtype` once; the loss accumulates in float32, so it must match the float32
     # loss on the same rounded values to float32 accuracy; the gradient is rounded once to `dtype`, so
@@ -207,8 +226,9 @@ def test_undefined_incoming_gradient_gives_a_zero_gradient(loss):
     x.register_hook(lambda g: seen.append(g))
     # gradcheck, whose check of undefined incoming gradients the hook sees
     seen.clear()
-    assert torch.autograd.gradcheck(lambda z: loss(z, targets, T, U, blank=0, reduction="none"), (x,),
-                                    check_undefined_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda z: loss(z, targets, T, U, blank=0, reduction="none"), (x,), check_undefined_grad=True
+    )
     assert seen and all(g is not None for g in seen) and not seen[-1].any()
 
 
@@ -226,13 +246,13 @@ def test_rna_infeasible_is_inf_with_zero_gradient(device):
     assert torch.isfinite(losses[[0, 2]]).all()
     losses.sum().backward()  # an infinite loss: its utterance gets zeros, never NaN
     assert not torch.isnan(rows.grad).any()
-    assert (rows.grad[start:start + n] == 0).all()
+    assert (rows.grad[start : start + n] == 0).all()
 
     rows.grad = None
     zeroed = transducer_loss(rows, targets, T, U, reduction="sum", one_sym_per_frame=True, zero_infinity=True)
     zeroed.backward()
     torch.testing.assert_close(zeroed, losses[[0, 2]].sum())
-    assert (rows.grad[start:start + n] == 0).all()
+    assert (rows.grad[start : start + n] == 0).all()
     assert (rows.grad[:start] != 0).any()
 
 
@@ -275,12 +295,13 @@ def test_losses_may_be_changed_in_place(device):
 def test_rnnt_loss_matches_torchaudio_cpu(device):
     ta = require("torchaudio.functional", "test")
     gen = torch.Generator().manual_seed(71)
-    for case, (V, clamp, fused, reduction) in enumerate([(17, -1, True, "mean"), (40, 0.2, True, "none"),
-                                                         (9, -1, False, "sum"), (30, 0.05, False, "mean")]):
+    for case, (V, clamp, fused, reduction) in enumerate(
+        [(17, -1, True, "mean"), (40, 0.2, True, "none"), (9, -1, False, "sum"), (30, 0.05, False, "mean")]
+    ):
         logits, targets, T, U = random_batch(gen, 4, 9, 4, V, V - 1, dtype=torch.float32, scale=3.0)
         if not fused:
             logits = logits.log_softmax(-1)
-        y, Ti, Ui = targets[:, :int(U.max())].int(), T.int(), U.int()
+        y, Ti, Ui = targets[:, : int(U.max())].int(), T.int(), U.int()
         ta_in = logits.clone().requires_grad_()
         want = ta.rnnt_loss(ta_in, y, Ti, Ui, blank=-1, clamp=clamp, reduction=reduction, fused_log_softmax=fused)
         weights = torch.rand(want.shape, generator=gen) + 0.5
@@ -304,10 +325,10 @@ TA_CASES = [  # B, max_t, max_u, V, blank, reduction
     (4, 30, 10, 1024, 0, "none"),
     (8, 50, 20, 500, 0, "mean"),
     (3, 8, 4, 8192, 5, "sum"),
-    (3, 2, 3, 17, 16, "none"),     # T <= 2
+    (3, 2, 3, 17, 16, "none"),  # T <= 2
     (5, 12, 6, 4096, 4095, "mean"),
-    (6, 20, 1, 2, 1, "none"),      # V = 2
-    (3, 40, 15, 1000, 3, "sum"),   # V * 4 not a multiple of 16: narrower accesses
+    (6, 20, 1, 2, 1, "none"),  # V = 2
+    (3, 40, 15, 1000, 3, "sum"),  # V * 4 not a multiple of 16: narrower accesses
 ]
 
 
@@ -332,16 +353,16 @@ def test_matches_reference_and_torchaudio_cuda(case):
         want = ref_in.grad.float().to(DEV)
         # float32 sums alpha + beta + loss of magnitude |loss| in the exponent: absolute error ~ |loss| ulp
         atol = 1e-6 * max(1.0, float(ref.abs().max()))
-        torch.testing.assert_close(x.grad, compact(want, T, U) if layout == "compact" else want, rtol=1e-4,
-                                   atol=atol)
+        torch.testing.assert_close(x.grad, compact(want, T, U) if layout == "compact" else want, rtol=1e-4, atol=atol)
         reduced = transducer_loss(x.detach(), targets, T, U, blank=blank, reduction=reduction)
         want = {"none": ref, "sum": ref.sum(), "mean": ref.mean()}[reduction]
         torch.testing.assert_close(reduced.cpu().double(), want, rtol=1e-5, atol=1e-5)
 
     # the second witness, where it is right
     ta = require("torchaudio.functional", "test")
-    ta_loss = ta.rnnt_loss(logits, targets[:, :int(U.max())].int().contiguous(), T.int(), U.int(), blank=blank,
-                           reduction="none")
+    ta_loss = ta.rnnt_loss(
+        logits, targets[:, : int(U.max())].int().contiguous(), T.int(), U.int(), blank=blank, reduction="none"
+    )
     right = ((T >= 2) & (U >= 1)).cpu()
     torch.testing.assert_close(ta_loss.cpu().double()[right], ref[right], rtol=1e-5, atol=1e-5)
 
@@ -354,8 +375,15 @@ def test_matches_torchaudio_without_fused_log_softmax_cuda():
     log_probs = logits.log_softmax(-1).to(DEV)
     targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
     ta_in = log_probs.clone().requires_grad_()
-    expected = ta.rnnt_loss(ta_in, targets[:, :int(U.max())].int().contiguous(), T.int(), U.int(), blank=0,
-                            reduction="sum", fused_log_softmax=False)
+    expected = ta.rnnt_loss(
+        ta_in,
+        targets[:, : int(U.max())].int().contiguous(),
+        T.int(),
+        U.int(),
+        blank=0,
+        reduction="sum",
+        fused_log_softmax=False,
+    )
     expected.backward()
     ours = log_probs.clone().requires_grad_()
     got = transducer_loss(ours, targets, T, U, reduction="sum", from_log_softmax=True)
@@ -364,8 +392,9 @@ def test_matches_torchaudio_without_fused_log_softmax_cuda():
     torch.testing.assert_close(got.cpu().double(), ref.sum(), rtol=1e-5, atol=0)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
     for b in range(len(T)):
-        torch.testing.assert_close(ours.grad[b, :T[b], :U[b] + 1], ta_in.grad[b, :T[b], :U[b] + 1],
-                                   rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(
+            ours.grad[b, : T[b], : U[b] + 1], ta_in.grad[b, : T[b], : U[b] + 1], rtol=1e-4, atol=1e-6
+        )
 
 
 @pytest.mark.cuda
@@ -381,7 +410,11 @@ def test_gradcheck_cuda(layout, rna, reduction):
     targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
     assert torch.autograd.gradcheck(
         lambda x: transducer_loss(x, targets, T, U, blank=2, reduction=reduction, one_sym_per_frame=rna),
-        (logits,), eps=1e-6, atol=1e-7, rtol=1e-5)
+        (logits,),
+        eps=1e-6,
+        atol=1e-7,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.cuda

@@ -31,14 +31,16 @@ def tiny_model(nonlinearity=torch.nn.LeakyReLU, max_norm=None, seed=0):
     """The LibriSpeech transducer recipe's joint path from SpeechBrain's classes, tiny, in float64: proj_enc, the
     one-hot embedding, an LSTM decoder, proj_dec, Transducer_joint(joint="sum") and transducer_lin."""
     torch.manual_seed(seed)
-    return torch.nn.ModuleDict(dict(
-        proj_enc=Linear(input_size=FEATS, n_neurons=J, bias=False),
-        emb=Embedding(num_embeddings=V, consider_as_one_hot=True, blank_id=0),
-        dec=LSTM(input_shape=[None, None, V - 1], hidden_size=8, num_layers=1),
-        proj_dec=Linear(input_size=8, n_neurons=J, bias=False),
-        Tjoint=Transducer_joint(joint="sum", nonlinearity=nonlinearity),
-        transducer_lin=Linear(input_size=J, n_neurons=V, bias=True, max_norm=max_norm),
-    )).double()
+    return torch.nn.ModuleDict(
+        dict(
+            proj_enc=Linear(input_size=FEATS, n_neurons=J, bias=False),
+            emb=Embedding(num_embeddings=V, consider_as_one_hot=True, blank_id=0),
+            dec=LSTM(input_shape=[None, None, V - 1], hidden_size=8, num_layers=1),
+            proj_dec=Linear(input_size=8, n_neurons=J, bias=False),
+            Tjoint=Transducer_joint(joint="sum", nonlinearity=nonlinearity),
+            transducer_lin=Linear(input_size=J, n_neurons=V, bias=True, max_norm=max_norm),
+        )
+    ).double()
 
 
 def batch(seed=1, dtype=torch.float64):
@@ -98,14 +100,18 @@ def test_equals_speechbrains_numba_loss(tmp_path):
     weights = torch.tensor([0.5, 1.0, 2.0])
     torch.save((logits, tokens, wav_lens, token_lens, weights), tmp_path / "inputs.pt")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    subprocess.run([sys.executable, "-c", _NUMBA_SCRIPT, str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
-                   env=env, check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", _NUMBA_SCRIPT, str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+        env=env,
+        check=True,
+        timeout=300,
+    )
     theirs = torch.load(tmp_path / "out.pt")
     frames = torch.tensor([6.0, 4.0, 3.0]).view(3, 1, 1, 1)
     for reduction in REDUCTIONS:
         x = logits.clone().requires_grad_()
         loss = transducer_loss(x, tokens, wav_lens, token_lens, blank_index=0, reduction=reduction)
-        grad, = torch.autograd.grad((loss * weights if reduction == "none" else loss).sum(), x)
+        (grad,) = torch.autograd.grad((loss * weights if reduction == "none" else loss).sum(), x)
         want, want_grad = theirs[reduction]
         torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
         scale = frames * (3 if reduction == "mean" else 1)
@@ -125,11 +131,19 @@ def test_model_equals_the_float64_reference(reduction):
     T, U = torch.tensor([6, 4, 3]), torch.tensor([3, 1, 0])
     weights = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
     results = []
-    for loss_fn in (lambda z: transducer_loss(z, tokens, wav_lens, token_lens, blank_index=0, reduction=reduction),
-                    lambda z: reduced(transducer_loss_reference(z, tokens, T, U) / T, reduction)):
+    for loss_fn in (
+        lambda z: transducer_loss(z, tokens, wav_lens, token_lens, blank_index=0, reduction=reduction),
+        lambda z: reduced(transducer_loss_reference(z, tokens, T, U) / T, reduction),
+    ):
         loss = loss_fn(joint_logits(model, *encode(model, feats, tokens)))
-        results.append((loss.detach(), torch.autograd.grad((loss * weights if reduction == "none" else loss).sum(),
-                                                           list(trained(model).values()))))
+        results.append(
+            (
+                loss.detach(),
+                torch.autograd.grad(
+                    (loss * weights if reduction == "none" else loss).sum(), list(trained(model).values())
+                ),
+            )
+        )
     (got, got_grads), (want, want_grads) = results
     assert got.dtype == torch.float64 and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
@@ -144,13 +158,18 @@ def reduced(losses, reduction):
 @pytest.mark.parametrize("use_torchaudio", [False, True])
 def test_gradcheck(use_torchaudio):
     """The gradient is that of the returned value (not SpeechBrain's numba gradient), for every reduction."""
-    logits = torch.randn(2, 3, 3, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64,
-                         requires_grad=True)
+    logits = torch.randn(
+        2, 3, 3, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64, requires_grad=True
+    )
     tokens, wav_lens, token_lens = torch.tensor([[1, 2], [3, 0]]), torch.tensor([1.0, 2 / 3]), torch.tensor([1.0, 0.5])
     for reduction in REDUCTIONS:
         assert torch.autograd.gradcheck(
-            lambda z: transducer_loss(z, tokens, wav_lens, token_lens, 0, reduction, use_torchaudio), (logits,),
-            eps=1e-6, atol=1e-7, rtol=1e-5)
+            lambda z: transducer_loss(z, tokens, wav_lens, token_lens, 0, reduction, use_torchaudio),
+            (logits,),
+            eps=1e-6,
+            atol=1e-7,
+            rtol=1e-5,
+        )
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -160,10 +179,15 @@ def test_use_torchaudio_equals_torchaudio(reduction):
     _, tokens, wav_lens, token_lens = batch()
     logits = torch.randn(3, 6, 4, V, generator=torch.Generator().manual_seed(4), requires_grad=True)
     weights = torch.tensor([0.5, 1.0, 2.0])
-    got = transducer_loss(logits, tokens, wav_lens, token_lens, blank_index=0, reduction=reduction,
-                          use_torchaudio=True)
-    want = rnnt_loss(logits, tokens.int(), absolute_lengths(wav_lens, 6), absolute_lengths(token_lens, 3), blank=0,
-                     reduction=reduction)
+    got = transducer_loss(logits, tokens, wav_lens, token_lens, blank_index=0, reduction=reduction, use_torchaudio=True)
+    want = rnnt_loss(
+        logits,
+        tokens.int(),
+        absolute_lengths(wav_lens, 6),
+        absolute_lengths(token_lens, 3),
+        blank=0,
+        reduction=reduction,
+    )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     grads = [torch.autograd.grad((x * weights if reduction == "none" else x).sum(), logits)[0] for x in (got, want)]
     torch.testing.assert_close(*grads, rtol=1e-4, atol=1e-6)
@@ -190,8 +214,9 @@ def test_fused_equals_unfused(case):
         x, h = encode(model, feats, tokens)
         options = dict(blank_index=0, reduction=reduction, use_torchaudio=use_torchaudio)
         if fused:
-            loss = fused_transducer_loss(x, h, model.Tjoint, model.transducer_lin, tokens, wav_lens, token_lens,
-                                         **options)
+            loss = fused_transducer_loss(
+                x, h, model.Tjoint, model.transducer_lin, tokens, wav_lens, token_lens, **options
+            )
         else:
             loss = transducer_loss(joint_logits(model, x, h), tokens, wav_lens, token_lens, **options)
         (loss * weights if reduction == "none" else loss).sum().backward()
@@ -217,8 +242,9 @@ def test_bf16_autocast_within_the_unfused_bound(nonlinearity):
         x, h = encode(model, feats, tokens)  # oneDNN's bf16 LSTM needs AVX-512 on a CPU: the joint and loss only
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             if fused:
-                loss = fused_transducer_loss(x, h, model.Tjoint, model.transducer_lin, tokens, wav_lens, token_lens,
-                                             blank_index=0)
+                loss = fused_transducer_loss(
+                    x, h, model.Tjoint, model.transducer_lin, tokens, wav_lens, token_lens, blank_index=0
+                )
             else:
                 loss = transducer_loss(joint_logits(model, x, h), tokens, wav_lens, token_lens, blank_index=0)
         assert loss.dtype == torch.float32
@@ -236,13 +262,17 @@ def test_hparams_name():
     """The hparams line: !name: gives transducer_loss with the hparams' arguments bound."""
     from hyperpyyaml import load_hyperpyyaml
 
-    hparams = load_hyperpyyaml("blank_index: 0\n"
-                               "transducer_cost: !name:transducer.integrations.speechbrain.transducer_loss\n"
-                               "   blank_index: !ref <blank_index>\n")
+    hparams = load_hyperpyyaml(
+        "blank_index: 0\n"
+        "transducer_cost: !name:transducer.integrations.speechbrain.transducer_loss\n"
+        "   blank_index: !ref <blank_index>\n"
+    )
     _, tokens, wav_lens, token_lens = batch()
     logits = torch.randn(3, 6, 4, V, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(hparams["transducer_cost"](logits, tokens, wav_lens, token_lens),
-                       transducer_loss(logits, tokens, wav_lens, token_lens, 0))
+    assert torch.equal(
+        hparams["transducer_cost"](logits, tokens, wav_lens, token_lens),
+        transducer_loss(logits, tokens, wav_lens, token_lens, 0),
+    )
 
 
 def _ddp_process(rank, port, path):
@@ -283,8 +313,9 @@ def test_fused_under_distributed_data_parallel(tmp_path):
         model = tiny_model()
         feats, tokens, wav_lens, token_lens = batch(seed=10 + rank)
         x, h = encode(model, feats, tokens)
-        fused_transducer_loss(x, h, model.Tjoint, model.transducer_lin, tokens, wav_lens, token_lens,
-                              blank_index=0).backward()
+        fused_transducer_loss(
+            x, h, model.Tjoint, model.transducer_lin, tokens, wav_lens, token_lens, blank_index=0
+        ).backward()
         alone.append(model.transducer_lin.w.weight.grad)
     assert (alone[0] - alone[1]).abs().max() > 1e-3
     for rank in range(2):

@@ -34,14 +34,16 @@ def test_both_backends_implement_the_stage_contract():
             got = [(p.name, p.default) for p in inspect.signature(getattr(module, name)).parameters.values()]
             assert got == want, f"{module.__name__}.{name}"
 
+
 DEV = "cuda"
 
 
 def poison_allocator(*shapes_dtypes, copies=4):
     """Hand blocks full of NaN back to torch's caching allocator, sized like the outputs a stage allocates,
     so that its torch.empty outputs most likely start as NaN (unwritten entries then show)."""
-    blocks = [torch.full(shape, math.nan, dtype=dtype, device=DEV)
-              for shape, dtype in shapes_dtypes for _ in range(copies)]
+    blocks = [
+        torch.full(shape, math.nan, dtype=dtype, device=DEV) for shape, dtype in shapes_dtypes for _ in range(copies)
+    ]
     torch.cuda.synchronize()
     del blocks
 
@@ -59,8 +61,13 @@ def assert_no_nan(*tensors):
 # RNN-T and RNA: CUDA against the CPU twin
 
 
-STAGE_CASES = [(V, padded, rna, dtype) for V in (7, 500, 8192) for padded in (False, True)
-               for rna in (False, True) for dtype in (torch.float32, torch.float64)]
+STAGE_CASES = [
+    (V, padded, rna, dtype)
+    for V in (7, 500, 8192)
+    for padded in (False, True)
+    for rna in (False, True)
+    for dtype in (torch.float32, torch.float64)
+]
 
 
 @pytest.mark.cuda
@@ -71,8 +78,8 @@ def test_stages_match_cpu(V, padded, rna, dtype):
     logits, targets, T, U = random_batch(gen, 4, 12, 6, V, blank, dtype=dtype, rna=rna, scale=2.0)
     if padded:  # padding may hold anything; the stages must not read it
         for b in range(len(T)):
-            logits[b, T[b]:] = math.nan
-            logits[b, :, U[b] + 1:] = math.inf
+            logits[b, T[b] :] = math.nan
+            logits[b, :, U[b] + 1 :] = math.inf
     else:
         logits = compact(logits, T, U)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -151,8 +158,8 @@ def test_padded_rows_by_division_match_the_search(V):
     blank, D = 1, 3
     logits, targets, T, U = random_batch(gen, 5, 9, 4, V, blank, dtype=torch.float32, scale=2.0, extra=D)
     for b in range(len(T)):  # padding may hold anything: the kernels must not read it
-        logits[b, T[b]:] = math.nan
-        logits[b, :, U[b] + 1:] = math.inf
+        logits[b, T[b] :] = math.nan
+        logits[b, :, U[b] + 1 :] = math.inf
     logits, targets, T, U = (t.to(DEV) for t in (logits, targets, T, U))
     layout = make_layout(logits, targets, T, U, vocab_size=V)
     assert layout.padded and layout.padded_t == logits.size(1)
@@ -197,14 +204,15 @@ def test_stages_half_match_cpu(dtype, V):
     torch.testing.assert_close(den_g.cpu(), den_c, rtol=1e-5, atol=1e-5)
     alpha, beta, loss = cpu.alpha_beta(lp_c, layout_c, options())
     scale = torch.ones(len(T))
-    expected = cpu.gradient(logits, targets, Lattice(layout_c, lp_c, den_c, alpha, beta, loss), scale, options(),
-                            torch.empty_like(logits))
+    expected = cpu.gradient(
+        logits, targets, Lattice(layout_c, lp_c, den_c, alpha, beta, loss), scale, options(), torch.empty_like(logits)
+    )
     out = torch.full_like(logits.to(DEV), math.nan)
     lattice_g = Lattice(layout_g, *(a.to(DEV) for a in (lp_c, den_c, alpha, beta, loss)))
     cuda.gradient(logits.to(DEV), targets.to(DEV), lattice_g, scale.to(DEV), options(), out)
     assert out.dtype == dtype
     # both sides round float32 values to `dtype` once: they may land one ulp apart
-    ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
     torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=ulp, atol=1e-6)
 
 
@@ -228,10 +236,17 @@ def test_stages_long_rows_and_int32_targets():
     a_g, b_g, l_g = cuda.alpha_beta(lp_c.to(DEV), layout_g, options())
     torch.testing.assert_close(l_g.cpu(), l, rtol=1e-10, atol=1e-10)
     scale = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
-    want = cpu.gradient(logits, targets, Lattice(layout_c, lp_c, den_c, a, b, l), scale, options(),
-                        torch.empty_like(logits))
-    got = cuda.gradient(logits.to(DEV), targets.to(DEV), Lattice(layout_g, *(x.to(DEV) for x in (lp_c, den_c, a, b, l))),
-                        scale.to(DEV), options(), torch.full_like(logits.to(DEV), math.nan))
+    want = cpu.gradient(
+        logits, targets, Lattice(layout_c, lp_c, den_c, a, b, l), scale, options(), torch.empty_like(logits)
+    )
+    got = cuda.gradient(
+        logits.to(DEV),
+        targets.to(DEV),
+        Lattice(layout_g, *(x.to(DEV) for x in (lp_c, den_c, a, b, l))),
+        scale.to(DEV),
+        options(),
+        torch.full_like(logits.to(DEV), math.nan),
+    )
     torch.testing.assert_close(got.cpu(), want, rtol=1e-8, atol=1e-12)
 
 
@@ -265,8 +280,7 @@ def test_gradient_into_rows_of_another_stride(V):
     the logits'."""
     gen = torch.Generator().manual_seed(V)
     D, durations, blank = 4, [0, 1, 2, 3], V // 3  # V + D odd: the logits' rows start at every 2-byte offset
-    logits, targets, T, U = random_batch(gen, 3, 4, 2, V, blank, dtype=torch.float32, scale=2.0, edges=True,
-                                         extra=D)
+    logits, targets, T, U = random_batch(gen, 3, 4, 2, V, blank, dtype=torch.float32, scale=2.0, edges=True, extra=D)
     x = compact(logits, T, U).to(torch.bfloat16).to(DEV)
     targets, T, U = targets.to(DEV), T.to(DEV), U.to(DEV)
     layout = make_layout(x, targets, T, U, blank, vocab_size=V)
@@ -297,8 +311,15 @@ def test_gradient_into_rows_of_another_stride(V):
     same, staged = outs()
     out_durs = torch.empty(N, D, dtype=x.dtype, device=DEV)
     for out in (same[:, :V], staged):
-        cuda.tdt_gradient(tokens, durs, targets, Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs), scale,
-                          o, (out, out_durs))
+        cuda.tdt_gradient(
+            tokens,
+            durs,
+            targets,
+            Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs),
+            scale,
+            o,
+            (out, out_durs),
+        )
     assert_no_nan(staged)
     assert bool((staged == same[:, :V]).all()) and staged.abs().max() > 0
 
@@ -321,12 +342,16 @@ def test_layout_matches_cpu(itype):
                 n = got.table.numel() - (0 if stats else NUM_STATS)
                 assert got.table.cpu()[:n].tolist() == want.table[:n].tolist()
     empty = cuda.layout(torch.zeros(0, dtype=itype, device=DEV), torch.zeros(0, dtype=itype, device=DEV), 1)
-    assert empty.table.tolist() == cpu.layout(torch.zeros(0, dtype=itype), torch.zeros(0, dtype=itype), 1).table.tolist()
+    assert (
+        empty.table.tolist() == cpu.layout(torch.zeros(0, dtype=itype), torch.zeros(0, dtype=itype), 1).table.tolist()
+    )
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype,D", [(torch.float32, 48), (torch.float32, 33), (torch.float16, 64),
-                                     (torch.bfloat16, 40), (torch.float64, 20)])
+@pytest.mark.parametrize(
+    "dtype,D",
+    [(torch.float32, 48), (torch.float32, 33), (torch.float16, 64), (torch.bfloat16, 40), (torch.float64, 20)],
+)
 def test_pack_matches_cpu(dtype, D):
     gen = torch.Generator().manual_seed(D)
     B, max_t, max_u1 = 5, 9, 6
@@ -362,8 +387,22 @@ def test_pack_matches_cpu(dtype, D):
 # TDT: every device against the reference
 
 
-def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0, lam=0.0, scale=None,
-               padded=True, alias=False, device="cpu"):
+def tdt_stages(
+    logits,
+    targets,
+    T,
+    U,
+    durations,
+    blank,
+    V,
+    sigma=0.0,
+    omega=0.0,
+    lam=0.0,
+    scale=None,
+    padded=True,
+    alias=False,
+    device="cpu",
+):
     """The loss (B,) and the gradient of sum_b scale[b] * loss[b] (padded like logits, zeros on padding) from
     the stages of ``device`` (transducer.cpu.stages or transducer.cuda.stages, twins): tdt_log_probs, tdt_alpha_beta,
     (alpha_beta for omega), tdt_gradient; returned on the CPU."""
@@ -390,8 +429,9 @@ def tdt_stages(logits, targets, T, U, durations, blank, V, sigma=0.0, omega=0.0,
     scale = torch.ones(B, dtype=lp.dtype) if scale is None else scale
     out = logits2d if alias else torch.empty_like(logits2d)
     lattice = Lattice(layout, lp, den, alpha, beta, loss, lp_arcs, den_arcs, rnnt)
-    stages.tdt_gradient(logits2d[:, :V], logits2d[:, V:], targets, lattice, scale.to(device), options,
-                        (out[:, :V], out[:, V:]))
+    stages.tdt_gradient(
+        logits2d[:, :V], logits2d[:, V:], targets, lattice, scale.to(device), options, (out[:, :V], out[:, V:])
+    )
     out, total = out.cpu(), total.cpu()
     if padded:
         grad = out.view(logits.shape)
@@ -410,7 +450,7 @@ def tdt_reference(logits, targets, T, U, durations, blank, sigma=0.0, omega=0.0,
     scale = torch.ones(len(T), dtype=torch.float64) if scale is None else scale.double()
     finite = torch.isfinite(loss.detach())
     if finite.any():
-        grad, = torch.autograd.grad((loss[finite] * scale[finite]).sum(), x)
+        (grad,) = torch.autograd.grad((loss[finite] * scale[finite]).sum(), x)
     else:
         grad = torch.zeros_like(x)
     grad = grad.masked_fill(~finite[:, None, None, None], 0.0)
@@ -427,7 +467,7 @@ def test_tdt_non_finite_logits_give_nan(column, value, device):
     T[1], U[1] = 3, 1
     col = 2 if column == "token" else V + 1
     logits[1, T[1] - 1, U[1], col] = value  # a valid cell of utterance 1 (its last: not on any band)
-    logits[2, -1, -1, 0] = math.nan        # padding of utterance 2 (T_2 < maxT): ignored
+    logits[2, -1, -1, 0] = math.nan  # padding of utterance 2 (T_2 < maxT): ignored
     assert T[2] < logits.size(1)
     loss = tdt_loss_reference(logits, targets, T, U, durations, blank)
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
@@ -477,9 +517,9 @@ CONFIGS = [  # durations, sigma, omega, fastemit_lambda
     ([0, 1, 2, 3, 4], 0.0, 0.0, 0.0),
     ([1, 2], 0.05, 0.0, 0.0),
     ([1, 3, 4], 0.0, 0.3, 0.0),
-    ([0, 2, 3], 0.1, 0.0, 0.5),      # infeasible utterances arise (odd and even frames)
+    ([0, 2, 3], 0.1, 0.0, 0.5),  # infeasible utterances arise (odd and even frames)
     ([2, 0, 1], 0.02, 0.4, 0.25),
-    ([3], 0.0, 0.0, 0.1),            # one duration: many infeasible utterances
+    ([3], 0.0, 0.0, 0.1),  # one duration: many infeasible utterances
 ]
 
 
@@ -506,8 +546,9 @@ def test_tdt_stages_match_reference(config, dtype, padded, device, monkeypatch):
     V = 5
     blank = int(torch.randint(0, V, (1,), generator=gen))
     B, max_t, max_u = 6, 7, 3
-    logits, targets, T, U = random_batch(gen, B, max_t, max_u, V, blank, dtype=dtype, scale=1.5, edges=True,
-                                         extra=len(durations))
+    logits, targets, T, U = random_batch(
+        gen, B, max_t, max_u, V, blank, dtype=dtype, scale=1.5, edges=True, extra=len(durations)
+    )
     if durations == [3]:  # feasible only for T_b = 3 (U_b + 1)
         U = U.clamp(max=1)
         T = 3 * (U + 1)
@@ -526,8 +567,9 @@ def test_tdt_stages_match_reference(config, dtype, padded, device, monkeypatch):
     assert torch.isfinite(ref).sum() >= 3
     ref_grad[5] = 0.0
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    loss, grad = tdt_stages(logits, targets, T, U, durations, blank, V, sigma, omega, lam, scale.to(acc), padded,
-                            device=device)
+    loss, grad = tdt_stages(
+        logits, targets, T, U, durations, blank, V, sigma, omega, lam, scale.to(acc), padded, device=device
+    )
     assert loss.dtype == acc and grad.dtype == dtype
     tol = 1e-9 if dtype == torch.float64 else 2e-5
     torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol, equal_nan=True)
@@ -536,10 +578,18 @@ def test_tdt_stages_match_reference(config, dtype, padded, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", WALKS)
-@pytest.mark.parametrize("durations, max_t, max_u", [([0, 1, 2, 3, 4], 12, 5), (list(range(10)), 9, 4),
-                                                     ([0, 1, 3], 9, 70), ([0, 2, 3, 4, 5], 12, 199),
-                                                     ([0, 1, 2], 4, 300), ([0, 1, 2], 3, 600)],
-                         ids=["D5", "D10", "U70", "U200", "U300", "U600"])
+@pytest.mark.parametrize(
+    "durations, max_t, max_u",
+    [
+        ([0, 1, 2, 3, 4], 12, 5),
+        (list(range(10)), 9, 4),
+        ([0, 1, 3], 9, 70),
+        ([0, 2, 3, 4, 5], 12, 199),
+        ([0, 1, 2], 4, 300),
+        ([0, 1, 2], 3, 600),
+    ],
+    ids=["D5", "D10", "U70", "U200", "U300", "U600"],
+)
 def test_tdt_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
     """More durations than the read-ahead walk keeps (D = 10 > 8) and more labels than its block has threads
     (U + 1 > 512): the CUDA stages fall back to the general walk; the walk's cells in several warps (U70) and
@@ -554,6 +604,7 @@ def test_tdt_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
         def spy(path, name, *args, **kwargs):
             kernels.append(name)
             return launch(path, name, *args, **kwargs)
+
         monkeypatch.setattr(cuda, "launch", spy)
     gen = torch.Generator().manual_seed(18 + max_u)
     V, blank = 6, 2
@@ -562,8 +613,9 @@ def test_tdt_stages_wide_batches(durations, max_t, max_u, device, monkeypatch):
     ref, ref_grad = tdt_reference(logits, targets, T, U, durations, blank, 0.05, 0.2, 0.3, scale)
     assert torch.isfinite(ref).sum() >= 2 and ref_grad.abs().sum() > 1.0
     for padded in (True, False):
-        loss, grad = tdt_stages(logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded,
-                                device=device)
+        loss, grad = tdt_stages(
+            logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded, device=device
+        )
         torch.testing.assert_close(loss, ref, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
     if device == "cuda":
@@ -580,8 +632,9 @@ def test_tdt_stages_larger_ragged_batch(device):
     scale = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
     ref, ref_grad = tdt_reference(logits, targets, T, U, durations, blank, 0.05, 0.2, 0.3, scale)
     for padded in (True, False):
-        loss, grad = tdt_stages(logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded,
-                                device=device)
+        loss, grad = tdt_stages(
+            logits, targets, T, U, durations, blank, V, 0.05, 0.2, 0.3, scale, padded, device=device
+        )
         torch.testing.assert_close(loss, ref, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
 
@@ -602,10 +655,8 @@ def test_tdt_gradient_rows_sum_to_zero():
     V, durations, blank = 5, [0, 1, 2, 3], 1
     logits, targets, T, U = random_batch(gen, 3, 6, 3, V, blank, scale=1.5, edges=True, extra=len(durations))
     _, grad = tdt_stages(logits, targets, T, U, durations, blank, V, 0.3)
-    torch.testing.assert_close(grad[..., :V].sum(-1), torch.zeros(grad.shape[:3], dtype=grad.dtype), atol=1e-12,
-                               rtol=0)
-    torch.testing.assert_close(grad[..., V:].sum(-1), torch.zeros(grad.shape[:3], dtype=grad.dtype), atol=1e-12,
-                               rtol=0)
+    torch.testing.assert_close(grad[..., :V].sum(-1), torch.zeros(grad.shape[:3], dtype=grad.dtype), atol=1e-12, rtol=0)
+    torch.testing.assert_close(grad[..., V:].sum(-1), torch.zeros(grad.shape[:3], dtype=grad.dtype), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -667,11 +718,11 @@ def test_pack_forward_into_a_wider_matrix(device):
     enc, pred, T, U, stages, layout, rows = pack_batch(device, 590)
     want = torch.tanh(pack(enc, pred, T, U))
     wide = torch.full((rows, enc.size(2) + 5), 7.0, dtype=enc.dtype, device=enc.device)
-    got = stages.pack_forward(enc, pred, layout, rows, 0, "tanh", wide[:, :enc.size(2)])
+    got = stages.pack_forward(enc, pred, layout, rows, 0, "tanh", wide[:, : enc.size(2)])
     assert got.data_ptr() == wide.data_ptr()
-    torch.testing.assert_close(wide[:, :enc.size(2)], want)
-    assert (wide[:, enc.size(2):] == 7.0).all()
-    for bad in (wide[:-1, :enc.size(2)], wide[:, :enc.size(2)].long()):
+    torch.testing.assert_close(wide[:, : enc.size(2)], want)
+    assert (wide[:, enc.size(2) :] == 7.0).all()
+    for bad in (wide[:-1, : enc.size(2)], wide[:, : enc.size(2)].long()):
         with pytest.raises(ValueError, match="pack_forward: out must be"):
             stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
 
@@ -698,36 +749,55 @@ def pack_backward_over_tiles(device, T, U, max_t, max_u1, D, activation, p, dtyp
     grad_enc, grad_pred = torch.zeros_like(enc, dtype=acc), torch.zeros_like(pred, dtype=acc)
     for start, end in zip(bounds, bounds[1:] + [N]):
         utterances = (bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1))
-        stages.pack_backward_add(grad_rows[start:end], layout, start, utterances, (grad_enc, grad_pred),
-                                 (enc, pred), activation, dropout)
+        stages.pack_backward_add(
+            grad_rows[start:end], layout, start, utterances, (grad_enc, grad_pred), (enc, pred), activation, dropout
+        )
     return (grad_enc.cpu().double(), grad_pred.cpu().double()), (e.grad, q.grad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("D, activation, p, dtype", [(40, "tanh", 0.0, torch.float64), (136, "gelu", 0.3, torch.float64),
-                                                     (20, "identity", 0.0, torch.float64),
-                                                     (24, "identity", 0.5, torch.float64),
-                                                     (64, "tanh", 0.0, torch.bfloat16), (72, "relu", 0.2, torch.float32)])
+@pytest.mark.parametrize(
+    "D, activation, p, dtype",
+    [
+        (40, "tanh", 0.0, torch.float64),
+        (136, "gelu", 0.3, torch.float64),
+        (20, "identity", 0.0, torch.float64),
+        (24, "identity", 0.5, torch.float64),
+        (64, "tanh", 0.0, torch.bfloat16),
+        (72, "relu", 0.2, torch.float32),
+    ],
+)
 def test_pack_backward_add_over_tiles_of_long_utterances(device, D, activation, p, dtype):
     """The stages' pack_backward_add over tiles that cut utterances of up to 70 frames and 13 labels (the CUDA
     kernel's frame blocks of 8 frames and its vectors of a row, cut by the tiles' ends), added up, equal autograd's
     gradient of sum(dropout(act(pack(...))) * grad_rows) in float64 (inputs and rows of ``dtype``, sums in its
     accumulation type); T_b = 1 and U_b = 0 among the lengths."""
     T, U = torch.tensor([70, 1, 33, 64, 5, 40]), torch.tensor([12, 0, 3, 0, 7, 9])
-    got, want = pack_backward_over_tiles(device, T, U, 72, 14, D, activation, p, dtype,
-                                         [0, 5, 333, 334, 900, 1003], seed=D)  # cuts frames, blocks, utterances
+    got, want = pack_backward_over_tiles(
+        device, T, U, 72, 14, D, activation, p, dtype, [0, 5, 333, 334, 900, 1003], seed=D
+    )  # cuts frames, blocks, utterances
     # bf16: h rounded to bf16 before act' (the pack passes' h): sums of up to 70 rows, errors of a few 1e-2
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else \
-        dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=0.15)
+    tol = (
+        dict(rtol=1e-12, atol=1e-12)
+        if dtype == torch.float64
+        else dict(rtol=1e-5, atol=1e-4)
+        if dtype == torch.float32
+        else dict(rtol=3e-2, atol=0.15)
+    )
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("u_chunk, activation, p, dtype", [(32, "tanh", 0.0, torch.float64),
-                                                          (32, "gelu", 0.3, torch.float64),
-                                                          (4, "relu", 0.2, torch.float64),
-                                                          (32, "tanh", 0.0, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "u_chunk, activation, p, dtype",
+    [
+        (32, "tanh", 0.0, torch.float64),
+        (32, "gelu", 0.3, torch.float64),
+        (4, "relu", 0.2, torch.float64),
+        (32, "tanh", 0.0, torch.bfloat16),
+    ],
+)
 def test_pack_backward_add_over_chunks_of_u(monkeypatch, device, u_chunk, activation, p, dtype):
     """pack_backward_add over tiles of utterances of many labels, whose u the CUDA kernel splits into chunks of
     u_chunk values (cuda_stages.PACK_U_CHUNK; the chunks' sums over u added in order by pack_grad_enc_kernel), equals
@@ -735,11 +805,23 @@ def test_pack_backward_add_over_chunks_of_u(monkeypatch, device, u_chunk, activa
     tiles cutting frames, frame blocks and utterances."""
     monkeypatch.setattr(cuda, "PACK_U_CHUNK", u_chunk)
     launched = []
-    monkeypatch.setattr(cuda, "launch",
-                        lambda path, name, *args, **kw: launched.append(name) or launch(path, name, *args, **kw))
+    monkeypatch.setattr(
+        cuda, "launch", lambda path, name, *args, **kw: launched.append(name) or launch(path, name, *args, **kw)
+    )
     T, U = torch.tensor([20, 11, 9, 3, 13, 17]), torch.tensor([95, 70, 33, 31, 0, 95])
-    got, want = pack_backward_over_tiles(device, T, U, 21, 96, 40 if dtype == torch.float64 else 64, activation, p,
-                                         dtype, [0, 50, 1000, 1921, 2500, 3333], seed=u_chunk)
+    got, want = pack_backward_over_tiles(
+        device,
+        T,
+        U,
+        21,
+        96,
+        40 if dtype == torch.float64 else 64,
+        activation,
+        p,
+        dtype,
+        [0, 50, 1000, 1921, 2500, 3333],
+        seed=u_chunk,
+    )
     if device == "cuda":  # the chunks ran
         assert any(name.startswith("pack_grad_enc_kernel") for name in launched)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=3e-2, atol=0.3)
@@ -762,8 +844,10 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
     (act(pack(e, p, T, U))[start:end] * grad_rows).sum().backward()
     grad_enc, grad_pred = torch.zeros_like(enc), torch.zeros_like(pred)
     row_splits = [0] + torch.cumsum(T * (U + 1), 0).tolist()
-    utterances = (max(b for b in range(len(T)) if row_splits[b] <= start),
-                  min(b for b in range(1, len(T) + 1) if row_splits[b] >= end))
+    utterances = (
+        max(b for b in range(len(T)) if row_splits[b] <= start),
+        min(b for b in range(1, len(T) + 1) if row_splits[b] >= end),
+    )
     stages.pack_backward_add(grad_rows, layout, start, utterances, (grad_enc, grad_pred), (enc, pred), activation)
     assert grad_enc.abs().sum() > 0 and grad_pred.abs().sum() > 0
     torch.testing.assert_close(grad_enc, e.grad, rtol=1e-12, atol=1e-12)
@@ -772,8 +856,9 @@ def test_pack_backward_add_recomputes_the_activation(device, activation):
         stages.pack_backward_add(grad_rows, layout, start, utterances, (grad_enc, grad_pred), None, activation)
     if device == "cuda":  # inputs on another device than the rows: named, not read through a host pointer
         with pytest.raises(ValueError, match="pack_backward_add: inputs must be .* device"):
-            stages.pack_backward_add(grad_rows, layout, start, utterances, (grad_enc, grad_pred),
-                                     (enc.cpu(), pred.cpu()), activation)
+            stages.pack_backward_add(
+                grad_rows, layout, start, utterances, (grad_enc, grad_pred), (enc.cpu(), pred.cpu()), activation
+            )
 
 
 def test_cuda_gradient_names_a_bad_out():

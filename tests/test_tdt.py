@@ -61,8 +61,17 @@ def test_matches_reference_float64(device, layout, heads, case):
     else:
         tok = x.to(device).requires_grad_()
         inputs, kwargs = (tok,), {}
-    got = tdt_loss(*inputs, targets.to(device), T.to(device), U.to(device), durations, blank=blank, reduction="none",
-                   **options, **kwargs)
+    got = tdt_loss(
+        *inputs,
+        targets.to(device),
+        T.to(device),
+        U.to(device),
+        durations,
+        blank=blank,
+        reduction="none",
+        **options,
+        **kwargs,
+    )
     torch.testing.assert_close(got.cpu(), want, rtol=1e-9, atol=1e-10)
     (got[torch.isfinite(got)] * w.to(device)[torch.isfinite(got)]).sum().backward()
     grad = torch.cat([tok.grad, dur.grad], dim=-1) if heads == "split" else tok.grad
@@ -103,7 +112,7 @@ def test_half_precision(device, dtype):
     got.sum().backward()
     expected.sum().backward()
     assert half.grad.dtype == dtype
-    eps = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+    eps = 2.0**-10 if dtype == torch.float16 else 2.0**-7
     torch.testing.assert_close(half.grad.float(), full.grad, rtol=eps, atol=1e-6)
 
 
@@ -146,6 +155,7 @@ def test_column_views_of_a_wider_joint(device, layout, monkeypatch):
     def spy(*inputs):  # the registered op's call, noting the heads it is given
         seen.append(inputs[0])
         return op(*inputs)
+
     monkeypatch.setattr(transducer.tdt, "loss_call", spy)
     args = (targets.to(device), T.to(device), U.to(device), [0, 1, 2])
     tokens, duration_scores = joint[..., :9], joint[..., 13:]
@@ -191,6 +201,7 @@ def test_compile_fullgraph(device):
     args = (targets.to(device), T.to(device), U.to(device))
 
     for omega in (0.1, 0.0):
+
         def f(x):
             return tdt_loss(linear(x), *args, [0, 1, 2, 3], sigma=0.05, omega=omega)
 
@@ -226,8 +237,9 @@ def test_long_durations_pad_the_cpu_grid_by_its_steps(monkeypatch):
     """The CPU walk pads its step grid by the longest arc that fits it, not by the longest duration: an arc longer
     than the grid joins no two cells."""
     pads, on_grid = [], cpu._on_grid
-    monkeypatch.setattr(cpu, "_on_grid", lambda values, grid, pad=0: pads.append((pad, grid.steps)) or
-                        on_grid(values, grid, pad))
+    monkeypatch.setattr(
+        cpu, "_on_grid", lambda values, grid, pad=0: pads.append((pad, grid.steps)) or on_grid(values, grid, pad)
+    )
     gen = torch.Generator().manual_seed(31)
     logits, targets, T, U = random_batch(gen, 3, 5, 2, 4, 0, scale=1.5, edges=True, extra=3)
     got = tdt_loss(logits, targets, T, U, [0, 1, 65535], reduction="none")
@@ -243,49 +255,63 @@ def _bad(**change):
     return tdt_loss(**args, **change)
 
 
-@pytest.mark.parametrize("change, error, match", [
-    (dict(durations=[]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(durations=[0, 1, 1, 2]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(durations=[-1, 1, 2, 3]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(durations=[0]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(durations=list(range(12))), ValueError, "logits: expected at least 2 token columns"),
-    (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
-    (dict(blank=-10), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
-    (dict(omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
-    (dict(sigma="a"), TypeError, "sigma: expected a number"),
-    (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
-    (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
-    (dict(omega="0.1"), TypeError, "omega: expected a number"),
-    (dict(durations=3), ValueError, "durations: expected a sequence of ints"),
-    (dict(durations=[0, 1.5]), ValueError, r"durations: expected a sequence of ints, got \[0, 1.5\]"),
-    (dict(durations=[0, 1, 2.0]), ValueError, r"durations: expected a sequence of ints, got \[0, 1, 2.0\]"),
-    (dict(durations=[0, True, 2]), ValueError, r"durations: expected a sequence of ints, got \[0, True, 2\]"),
-    (dict(durations=[0, 1, 65536]), ValueError, "durations: expected durations of at most 65535 frames, got 65536"),
-    (dict(durations=None), ValueError, r"durations: the TDT loss needs its durations"),
-    (dict(fastemit_lambda=math.inf), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
-    (dict(duration_logits=torch.zeros(5, 7, 4, 4, dtype=torch.float32)), TypeError, "duration_logits: expected dtype"),
-    (dict(duration_logits=[0.0]), TypeError, "duration_logits: expected a torch.Tensor"),
-    (dict(duration_logits=torch.zeros(5, 7, 4, 3, dtype=torch.float64)), ValueError, "duration_logits: expected shape"),
-    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
-    (dict(target_lengths=torch.tensor([3, 0, 0, 1, 9])), ValueError, "target_lengths: U_b = 9 exceeds"),
-    (dict(targets=torch.full((5, 3), 9)), ValueError, "targets: .* outside"),
-])
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(durations=[]), ValueError, "durations: expected distinct ints >= 0"),
+        (dict(durations=[0, 1, 1, 2]), ValueError, "durations: expected distinct ints >= 0"),
+        (dict(durations=[-1, 1, 2, 3]), ValueError, "durations: expected distinct ints >= 0"),
+        (dict(durations=[0]), ValueError, "durations: expected distinct ints >= 0"),
+        (dict(durations=list(range(12))), ValueError, "logits: expected at least 2 token columns"),
+        (dict(blank=9), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
+        (dict(blank=-10), ValueError, r"blank: expected an int in \[-9, 9\) \(the token columns"),
+        (dict(omega=1.0), ValueError, r"omega: expected a number in \[0, 1\)"),
+        (dict(sigma="a"), TypeError, "sigma: expected a number"),
+        (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
+        (dict(sigma=math.inf), ValueError, "sigma: expected a finite number"),
+        (dict(omega="0.1"), TypeError, "omega: expected a number"),
+        (dict(durations=3), ValueError, "durations: expected a sequence of ints"),
+        (dict(durations=[0, 1.5]), ValueError, r"durations: expected a sequence of ints, got \[0, 1.5\]"),
+        (dict(durations=[0, 1, 2.0]), ValueError, r"durations: expected a sequence of ints, got \[0, 1, 2.0\]"),
+        (dict(durations=[0, True, 2]), ValueError, r"durations: expected a sequence of ints, got \[0, True, 2\]"),
+        (dict(durations=[0, 1, 65536]), ValueError, "durations: expected durations of at most 65535 frames, got 65536"),
+        (dict(durations=None), ValueError, r"durations: the TDT loss needs its durations"),
+        (dict(fastemit_lambda=math.inf), ValueError, r"fastemit_lambda: expected a number in \[0, 65503\]"),
+        (
+            dict(duration_logits=torch.zeros(5, 7, 4, 4, dtype=torch.float32)),
+            TypeError,
+            "duration_logits: expected dtype",
+        ),
+        (dict(duration_logits=[0.0]), TypeError, "duration_logits: expected a torch.Tensor"),
+        (
+            dict(duration_logits=torch.zeros(5, 7, 4, 3, dtype=torch.float64)),
+            ValueError,
+            "duration_logits: expected shape",
+        ),
+        (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+        (dict(target_lengths=torch.tensor([3, 0, 0, 1, 9])), ValueError, "target_lengths: U_b = 9 exceeds"),
+        (dict(targets=torch.full((5, 3), 9)), ValueError, "targets: .* outside"),
+    ],
+)
 def test_bad_input(change, error, match):
     with pytest.raises(error, match=match):
         _bad(**change)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
-    (dict(sigma="x"), TypeError, "sigma: expected a number"),
-    (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
-    (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
-    (dict(omega="x"), TypeError, "omega: expected a number"),
-    (dict(blank=1.5), TypeError, "blank: expected an int"),
-    (dict(reduction="avg"), ValueError, "reduction: expected one of"),
-    (dict(clamp="x"), TypeError, "clamp: expected a number"),
-    (dict(durations=None), ValueError, "durations: the TDT loss needs its durations"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(durations=[1, 1]), ValueError, "durations: expected distinct ints >= 0"),
+        (dict(sigma="x"), TypeError, "sigma: expected a number"),
+        (dict(sigma=math.nan), ValueError, "sigma: expected a number, not NaN"),
+        (dict(omega=5), ValueError, r"omega: expected a number in \[0, 1\)"),
+        (dict(omega="x"), TypeError, "omega: expected a number"),
+        (dict(blank=1.5), TypeError, "blank: expected an int"),
+        (dict(reduction="avg"), ValueError, "reduction: expected one of"),
+        (dict(clamp="x"), TypeError, "clamp: expected a number"),
+        (dict(durations=None), ValueError, "durations: the TDT loss needs its durations"),
+    ],
+)
 def test_module_bad_options(kwargs, error, match):
     """TDTLoss checks its options when built, with the messages of tdt_loss."""
     kwargs = dict(dict(durations=[0, 1, 2]), **kwargs)

@@ -50,8 +50,7 @@ def _call(f, *args):
 
 
 def _terms(options):
-    return _Terms(options.sigma, options.delay_penalty, options.fastemit_lambda, options.omega,
-                  max(options.clamp, 0.0))
+    return _Terms(options.sigma, options.delay_penalty, options.fastemit_lambda, options.omega, max(options.clamp, 0.0))
 
 
 def _batch(seed, V, blank, big_blanks=0, extra=0, rna=False):
@@ -59,8 +58,9 @@ def _batch(seed, V, blank, big_blanks=0, extra=0, rna=False):
     before it), its targets, layout and incoming scale, and per row its utterance, its cell (t, u, T_b, U_b, row
     stride) and its label's column (-1: none)."""
     gen = torch.Generator().manual_seed(seed)
-    logits, targets, T, U = random_batch(gen, 3, 5, 3, V, list(range(blank - big_blanks, blank + 1)), rna=rna,
-                                         scale=1.5, extra=extra, min_t=2)
+    logits, targets, T, U = random_batch(
+        gen, 3, 5, 3, V, list(range(blank - big_blanks, blank + 1)), rna=rna, scale=1.5, extra=extra, min_t=2
+    )
     x = compact(logits, T, U)
     layout = make_layout(x[:, :V], targets, T, U, blank, big_blanks=big_blanks)
     b, cells, labels = [], [], []
@@ -72,8 +72,15 @@ def _batch(seed, V, blank, big_blanks=0, extra=0, rna=False):
                 labels.append(int(targets[i, u]) if u < U[i] else -1)
     scale = torch.rand(len(T), generator=gen, dtype=torch.float64) + 0.5
     scale[-1] = 0.0  # no gradient for this utterance
-    return (x, targets, layout, torch.tensor(b), torch.tensor(cells, dtype=torch.int32),
-            torch.tensor(labels, dtype=torch.int32), scale)
+    return (
+        x,
+        targets,
+        layout,
+        torch.tensor(b),
+        torch.tensor(cells, dtype=torch.int32),
+        torch.tensor(labels, dtype=torch.int32),
+        scale,
+    )
 
 
 def _live(lattice, scale, b, cells, rna=False, rnnt=None):
@@ -96,7 +103,7 @@ def _from_coefficients(x, c, blank, labels, big, clamp):
     has = labels >= 0
     g[index[has], labels[has].long()] -= c[has, 3]
     if big:
-        g[:, blank - big:blank] -= c[:, 5:5 + big]
+        g[:, blank - big : blank] -= c[:, 5 : 5 + big]
     if clamp > 0:
         g = g.clamp(-clamp, clamp)
     return torch.where((c[:, 4:5] != 0), g * c[:, 4:5], 0.0)
@@ -106,15 +113,32 @@ def _log_probs(lib, options, x, labels, den, cells, blank):
     has = (labels >= 0).to(torch.int32)
     x_label = torch.where(labels >= 0, x[torch.arange(x.size(0)), labels.clamp(min=0).long()], -math.inf)
     lp = torch.empty(x.size(0), 2, dtype=torch.float64)
-    _call(lib.token_log_probs, ctypes.byref(_terms(options)), ctypes.c_longlong(x.size(0)), x[:, blank], x_label, has,
-          den, cells, lp)
+    _call(
+        lib.token_log_probs,
+        ctypes.byref(_terms(options)),
+        ctypes.c_longlong(x.size(0)),
+        x[:, blank],
+        x_label,
+        has,
+        den,
+        cells,
+        lp,
+    )
     return lp
 
 
 def _arc_log_probs(lib, options, x, den, durations):
     out = torch.empty(x.shape, dtype=torch.float64)
-    _call(lib.arc_log_probs, ctypes.byref(_terms(options)), ctypes.c_longlong(x.size(0)), x.size(1), int(durations),
-          x, den, out)
+    _call(
+        lib.arc_log_probs,
+        ctypes.byref(_terms(options)),
+        ctypes.c_longlong(x.size(0)),
+        x.size(1),
+        int(durations),
+        x,
+        den,
+        out,
+    )
     return out
 
 
@@ -133,8 +157,9 @@ RNNT_CASES = {
     "rna": dict(one_sym_per_frame=True, fastemit_lambda=0.2, delay_penalty=0.1),
     "rna_clamp": dict(one_sym_per_frame=True, clamp=0.1),
     "big_blanks": dict(big_blank_durations=(2, 3)),
-    "big_blanks_every_term": dict(big_blank_durations=(2, 4), sigma=0.2, fastemit_lambda=0.3, delay_penalty=0.2,
-                                  clamp=0.1),
+    "big_blanks_every_term": dict(
+        big_blank_durations=(2, 4), sigma=0.2, fastemit_lambda=0.3, delay_penalty=0.2, clamp=0.1
+    ),
 }
 
 
@@ -157,22 +182,44 @@ def test_rnnt_terms_match_the_cpu_stages(lib, case):
     # the log-probs: from the scores and den
     torch.testing.assert_close(_log_probs(lib, options, x, labels, den, cells, blank), lp, **CLOSE)
     if K:
-        big = x[:, blank - K:blank].flip(1)  # big blank i: column blank - 1 - i
+        big = x[:, blank - K : blank].flip(1)  # big blank i: column blank - 1 - i
         torch.testing.assert_close(_arc_log_probs(lib, options, big, den, False), lp_arcs, **CLOSE)
     # the gradient: from the log-probs, den and the walks
     lattice = Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll, lp_arcs=lp_arcs)
     want = cpu.gradient(x, targets, lattice, scale, options, torch.empty_like(x))
-    plain = cpu.gradient(x, targets, lattice, scale, options._replace(fastemit_lambda=0.0, clamp=-1.0),
-                         torch.empty_like(x))
+    plain = cpu.gradient(
+        x, targets, lattice, scale, options._replace(fastemit_lambda=0.0, clamp=-1.0), torch.empty_like(x)
+    )
     assert case in ("plain", "delay_penalty", "big_blanks") or _differs(want, plain)  # the terms matter here
     live = _live(lattice, scale, b, cells, rna)
     grad = torch.empty_like(x)
     coefficients = torch.empty(n, 5 + K, dtype=torch.float64)
     durations = torch.tensor(list(options.big_blank_durations) or [0], dtype=torch.int32)
-    _call(lib.rnnt_gradient, ctypes.byref(_terms(options)), int(rna), int(not options.from_log_softmax),
-          int(options.clamp > 0), ctypes.c_longlong(n), V, blank, x, den, lp, walks.alpha, walks.beta, walks.nll[b],
-          scale[b], cells, labels, live, K, durations, lp_arcs if K else torch.zeros(1, dtype=torch.float64), grad,
-          coefficients)
+    _call(
+        lib.rnnt_gradient,
+        ctypes.byref(_terms(options)),
+        int(rna),
+        int(not options.from_log_softmax),
+        int(options.clamp > 0),
+        ctypes.c_longlong(n),
+        V,
+        blank,
+        x,
+        den,
+        lp,
+        walks.alpha,
+        walks.beta,
+        walks.nll[b],
+        scale[b],
+        cells,
+        labels,
+        live,
+        K,
+        durations,
+        lp_arcs if K else torch.zeros(1, dtype=torch.float64),
+        grad,
+        coefficients,
+    )
     torch.testing.assert_close(grad, want, **CLOSE)
     if not options.from_log_softmax:  # the fused loss's Hopper path: logits, not log-probs
         got = _from_coefficients(x, coefficients, blank, labels, K, options.clamp)
@@ -203,23 +250,56 @@ def test_tdt_terms_match_the_cpu_stages(lib, case, durations):
     torch.testing.assert_close(_arc_log_probs(lib, options, dur, den_arcs, True), lp_arcs, **CLOSE)
     walks = cpu.tdt_alpha_beta(lp, lp_arcs, layout, options)
     rnnt = cpu.alpha_beta(lp + options.sigma, layout, options) if options.omega else None
-    lattice = Lattice(layout, lp, den, walks.alpha, walks.beta, walks.nll, lp_arcs=lp_arcs, den_arcs=den_arcs,
-                      rnnt=rnnt)
+    lattice = Lattice(
+        layout, lp, den, walks.alpha, walks.beta, walks.nll, lp_arcs=lp_arcs, den_arcs=den_arcs, rnnt=rnnt
+    )
     want, want_dur = torch.empty_like(tokens), torch.empty_like(dur)
     cpu.tdt_gradient(tokens, dur, targets, lattice, scale, options, (want, want_dur))
     plain, plain_dur = torch.empty_like(tokens), torch.empty_like(dur)
-    cpu.tdt_gradient(tokens, dur, targets, lattice, scale,
-                     options._replace(fastemit_lambda=0.0, clamp=-1.0, omega=0.0), (plain, plain_dur))
-    assert case in ("plain", "sigma", "delay_penalty") or _differs(torch.cat([want, want_dur], 1),
-                                                                     torch.cat([plain, plain_dur], 1))
+    cpu.tdt_gradient(
+        tokens,
+        dur,
+        targets,
+        lattice,
+        scale,
+        options._replace(fastemit_lambda=0.0, clamp=-1.0, omega=0.0),
+        (plain, plain_dur),
+    )
+    assert case in ("plain", "sigma", "delay_penalty") or _differs(
+        torch.cat([want, want_dur], 1), torch.cat([plain, plain_dur], 1)
+    )
     live = _live(lattice, scale, b, cells, rnnt=rnnt)
     walks_r = rnnt or walks
     grad, grad_dur = torch.empty_like(tokens), torch.empty_like(dur)
     coefficients = torch.empty(n, 5, dtype=torch.float64)
-    _call(lib.tdt_gradient, ctypes.byref(_terms(options)), int(bool(options.omega)), int(options.clamp > 0),
-          ctypes.c_longlong(n), V, D, blank, tokens, den, lp, lp_arcs, walks.alpha, walks.beta, walks.nll[b],
-          walks_r.alpha, walks_r.beta, walks_r.nll[b], scale[b], cells, labels, live,
-          torch.tensor(durations, dtype=torch.int32), grad, grad_dur, coefficients)
+    _call(
+        lib.tdt_gradient,
+        ctypes.byref(_terms(options)),
+        int(bool(options.omega)),
+        int(options.clamp > 0),
+        ctypes.c_longlong(n),
+        V,
+        D,
+        blank,
+        tokens,
+        den,
+        lp,
+        lp_arcs,
+        walks.alpha,
+        walks.beta,
+        walks.nll[b],
+        walks_r.alpha,
+        walks_r.beta,
+        walks_r.nll[b],
+        scale[b],
+        cells,
+        labels,
+        live,
+        torch.tensor(durations, dtype=torch.int32),
+        grad,
+        grad_dur,
+        coefficients,
+    )
     torch.testing.assert_close(grad, want, **CLOSE)
     torch.testing.assert_close(grad_dur, want_dur, **CLOSE)
     got = _from_coefficients(tokens, coefficients, blank, labels, 0, options.clamp)

@@ -18,22 +18,27 @@ def test_opcheck(device):
     gen = torch.Generator().manual_seed(80)
     padded, targets, T, U = random_batch(gen, 4, 7, 3, 11, 0, edges=True)
     rows, padded, targets, T, U = to_device(device, compact(padded, T, U), padded, targets, T, U)
-    for logits, options, check in ((rows, LossOptions(clamp=-1.0), True),
-                                   (padded, LossOptions(one_sym_per_frame=True, clamp=0.3, fastemit_lambda=0.5,
-                                                        delay_penalty=0.1), False)):
+    for logits, options, check in (
+        (rows, LossOptions(clamp=-1.0), True),
+        (padded, LossOptions(one_sym_per_frame=True, clamp=0.3, fastemit_lambda=0.5, delay_penalty=0.1), False),
+    ):
         args = (logits.clone().requires_grad_(), None, targets, T, U, logits.size(-1), *options.flat(), check, False)
         torch.library.opcheck(torch.ops.transducer.loss.default, args)
     enc = torch.randn(4, 7, 5, dtype=torch.float64, device=device, requires_grad=True)
     pred = torch.randn(4, 4, 5, dtype=torch.float64, device=device, requires_grad=True)
     # the number of rows depends on the lengths' values: the dynamic-shape checks need
     # torch._dynamo.config.capture_dynamic_output_shape_ops, the rest run as they are
-    torch.library.opcheck(torch.ops.transducer.pack.default, (enc, pred, T, U),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.transducer.pack.default,
+        (enc, pred, T, U),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
 
 
 def step(criterion, linear):
     def f(h, targets, T, U):
         return criterion(linear(h), targets, T, U)
+
     return f
 
 
@@ -46,8 +51,7 @@ def test_compile_fullgraph_matches_eager(device, rna):
     targets, T, U, h = to_device(device, targets, T, U, h)
     torch.manual_seed(0)
     linear = torch.nn.Linear(h.size(1), 11).to(device)
-    f = step(TransducerLoss(blank=0, one_sym_per_frame=rna, zero_infinity=True, clamp=2.0, fastemit_lambda=0.1),
-             linear)
+    f = step(TransducerLoss(blank=0, one_sym_per_frame=rna, zero_infinity=True, clamp=2.0, fastemit_lambda=0.1), linear)
     explained = torch._dynamo.explain(f)(h, targets, T, U)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     eager = f(h, targets, T, U)

@@ -28,8 +28,13 @@ DURATIONS = {"tdt": [0, 1, 2, 3, 4], "tdt_no0": [1, 2, 4]}
 def reduce(losses, lengths, reduction):
     """transformers' reductions, written out (NeMo's formulas)."""
     lengths = lengths.float()
-    return {"mean_volume": lambda: losses.sum() / lengths.sum(), "mean_batch": losses.mean,
-            "mean": lambda: (losses / lengths).mean(), "sum": losses.sum, "none": lambda: losses}[reduction]()
+    return {
+        "mean_volume": lambda: losses.sum() / lengths.sum(),
+        "mean_batch": losses.mean,
+        "mean": lambda: (losses / lengths).mean(),
+        "sum": losses.sum,
+        "none": lambda: losses,
+    }[reduction]()
 
 
 def scores_batch(seed, V, D=0, B=5, max_t=6, max_u=4):
@@ -37,8 +42,9 @@ def scores_batch(seed, V, D=0, B=5, max_t=6, max_u=4):
     avoiding 0 and V - 1 (the blanks tested), padded with V - 1; lengths with T_b = 1 (utterance 1) and U_b = 0
     (utterance 2), the others at least 2 and 1; torchaudio wants maxT = max T_b and maxU = max U_b."""
     gen = torch.Generator().manual_seed(seed)
-    logits, labels, T, U = random_batch(gen, B, max_t, max_u, V, (0, V - 1), dtype=torch.float32, scale=2.0, min_t=2,
-                                        min_u=1, edges=True, extra=D)
+    logits, labels, T, U = random_batch(
+        gen, B, max_t, max_u, V, (0, V - 1), dtype=torch.float32, scale=2.0, min_t=2, min_u=1, edges=True, extra=D
+    )
     labels[torch.arange(max_u) >= U[:, None]] = V - 1
     return logits, labels, T, U
 
@@ -88,7 +94,7 @@ def test_tdt_loss_matches_transformers_and_reference(device, durations, reductio
     logits, labels, T, U = scores_batch(3, V=V, D=D)
     if 0 not in durations:  # every label takes a frame: keep each utterance feasible
         T = torch.maximum(T, U + 1)
-        logits = torch.cat([logits, logits], 1)[:, :int(T.max())]
+        logits = torch.cat([logits, logits], 1)[:, : int(T.max())]
     blank, sigma = V - 1, 0.05
     if reduction == "mean":  # transformers divides by U_b: U_b = 0 gives inf, in its formula and so in ours
         z = logits.to(device)
@@ -104,8 +110,17 @@ def test_tdt_loss_matches_transformers_and_reference(device, durations, reductio
     ref_grad = grad_of(ref, r)
     # the two heads as column slices of one joint output, read in place
     z = logits.to(device).requires_grad_()
-    got = ParakeetForTDTLoss(z[..., :V], z[..., V:], labels.to(device), T.to(device), U.to(device), blank, durations,
-                             sigma, reduction=reduction)
+    got = ParakeetForTDTLoss(
+        z[..., :V],
+        z[..., V:],
+        labels.to(device),
+        T.to(device),
+        U.to(device),
+        blank,
+        durations,
+        sigma,
+        reduction=reduction,
+    )
     got_grad = grad_of(got, z).cpu()
     assert got.dtype == torch.float32 and got.shape == want.shape
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
@@ -146,8 +161,7 @@ def test_16bit_scores(device, dtype, kind):
         got = ParakeetForRNNTLoss(z, labels, T, U, V - 1)
     else:
         want = hf_tdt_loss(x[..., :V], x[..., V:], labels, T, U, V - 1, DURATIONS["tdt"], reduction="mean_volume")
-        got = ParakeetForTDTLoss(z[..., :V], z[..., V:], labels, T, U, V - 1, DURATIONS["tdt"],
-                                 reduction="mean_volume")
+        got = ParakeetForTDTLoss(z[..., :V], z[..., V:], labels, T, U, V - 1, DURATIONS["tdt"], reduction="mean_volume")
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     got_grad, want_grad = grad_of(got, z), grad_of(want, x)
@@ -165,10 +179,22 @@ def test_bad_reduction():
 
 # The models: a tiny Parakeet encoder, no dropout (the runs compared must be the same function of the weights),
 # weights 10x transformers' default scale (so that every part of the model gets a gradient well above rounding).
-ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_mel_bins=16,
-               subsampling_factor=4, subsampling_conv_channels=8, conv_kernel_size=3, dropout=0.0,
-               dropout_positions=0.0, layerdrop=0.0, activation_dropout=0.0, attention_dropout=0.0,
-               initializer_range=0.2)
+ENCODER = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    num_mel_bins=16,
+    subsampling_factor=4,
+    subsampling_conv_channels=8,
+    conv_kernel_size=3,
+    dropout=0.0,
+    dropout_positions=0.0,
+    layerdrop=0.0,
+    activation_dropout=0.0,
+    attention_dropout=0.0,
+    initializer_range=0.2,
+)
 PAD = 2
 
 
@@ -176,8 +202,15 @@ def make_model(kind, hidden_act="relu", seed=0):
     """ParakeetForRNNT (vocabulary 48) or ParakeetForTDT (vocabulary 64, durations 0-4 or 1, 2, 4), blank last."""
     torch.manual_seed(seed)
     V = 48 if kind == "rnnt" else 64
-    options = dict(encoder_config=ENCODER, vocab_size=V, decoder_hidden_size=32, num_decoder_layers=1,
-                   blank_token_id=V - 1, pad_token_id=PAD, hidden_act=hidden_act)
+    options = dict(
+        encoder_config=ENCODER,
+        vocab_size=V,
+        decoder_hidden_size=32,
+        num_decoder_layers=1,
+        blank_token_id=V - 1,
+        pad_token_id=PAD,
+        hidden_act=hidden_act,
+    )
     if kind == "rnnt":
         return transformers.ParakeetForRNNT(transformers.ParakeetRNNTConfig(**options))
     return transformers.ParakeetForTDT(transformers.ParakeetTDTConfig(durations=DURATIONS[kind], **options))
@@ -205,18 +238,30 @@ def model_batch(model, kind, seed=0):
     features = torch.randn(B, max(FRAMES), ENCODER["num_mel_bins"], generator=gen)
     attention_mask = (torch.arange(max(FRAMES)) < torch.tensor(FRAMES)[:, None]).long()
     decoder_input_ids = torch.cat([torch.full((B, 1), blank), labels], 1)
-    return dict(input_features=features, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                labels=labels)
+    return dict(
+        input_features=features, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, labels=labels
+    )
 
 
 def transformers_rnnt_on_cpu(logits, labels, logit_lengths, label_lengths, blank_token_id, **kwargs):
     """transformers' RNN-T loss with torchaudio's CPU loss (its CUDA loss is wrong for T_b = 1 and U_b = 0)."""
-    return hf_rnnt_loss(logits.cpu(), labels.cpu(), logit_lengths.cpu(), label_lengths.cpu(), blank_token_id,
-                        **kwargs).to(logits.device)
+    return hf_rnnt_loss(
+        logits.cpu(), labels.cpu(), logit_lengths.cpu(), label_lengths.cpu(), blank_token_id, **kwargs
+    ).to(logits.device)
 
 
-def reference_tdt(token_logits, duration_logits, labels, logit_lengths, label_lengths, blank_token_id, durations,
-                  sigma=0.0, reduction="mean", **kwargs):
+def reference_tdt(
+    token_logits,
+    duration_logits,
+    labels,
+    logit_lengths,
+    label_lengths,
+    blank_token_id,
+    durations,
+    sigma=0.0,
+    reduction="mean",
+    **kwargs,
+):
     """The float64 TDT reference with transformers' reduction (its own loss gives NaN gradients without a zero
     duration)."""
     z = torch.cat([token_logits, duration_logits], -1).double()
@@ -350,8 +395,9 @@ def test_ddp(device, tmp_path):
     model = make_model("tdt")
     batch = model_batch(model, "tdt")
     want, want_grads = step(witness(model, "tdt"), batch, device)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{tmp_path / 'store'}",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     try:
         ddp = DistributedDataParallel(apply(copy.deepcopy(model)).to(device))
         out = ddp(**{k: v.to(device) for k, v in batch.items()})
@@ -360,8 +406,9 @@ def test_ddp(device, tmp_path):
         dist.destroy_process_group()
     assert out.logits is None
     torch.testing.assert_close(out.loss, want.loss, rtol=1e-5, atol=0)
-    assert_same_gradients({n: p.grad for n, p in ddp.module.named_parameters()}, want_grads,
-                          1e-3 if device == "cuda" else 1e-4)
+    assert_same_gradients(
+        {n: p.grad for n, p in ddp.module.named_parameters()}, want_grads, 1e-3 if device == "cuda" else 1e-4
+    )
 
 
 @pytest.mark.parametrize("hidden_act", ["tanh", "linear", "sigmoid", "gelu", "silu", "swish", "leaky_relu"])

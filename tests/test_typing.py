@@ -21,6 +21,7 @@ INTEGRATIONS = ("transformers", "nemo", "espnet", "speechbrain")
 def _public_callables():
     """(import line, name, callable) of every public function and class of transducer and its integrations."""
     import importlib
+
     out = [(f"from transducer import {name}", name, getattr(transducer, name)) for name in transducer.__all__]
     for module_name in INTEGRATIONS:
         module = importlib.import_module(f"transducer.integrations.{module_name}")
@@ -41,8 +42,12 @@ def _call(alias, obj):
     """A call of ``obj`` with its required arguments (None) and one misspelled keyword."""
     function = obj.__init__ if inspect.isclass(obj) else obj
     params = [p for p in inspect.signature(function).parameters.values() if p.name != "self"]
-    required = [p for p in params if p.default is inspect.Parameter.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [
+        p
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     args = ", ".join(f"{p.name}=None" for p in required)
     misspelled = (params[-1].name if params else "value") + "x"
     return f"{alias}({args}{', ' if args else ''}{misspelled}=None)"
@@ -58,13 +63,28 @@ def test_mypy_flags_a_misspelled_keyword_of_every_public_entry(tmp_path):
     source = "\n".join(line for line, _, _ in entries) + "\n\n" + "\n".join(calls) + "\n"
     path = tmp_path / "calls.py"
     path.write_text(source)
-    first_call = source[:source.index(calls[0])].count("\n") + 1
+    first_call = source[: source.index(calls[0])].count("\n") + 1
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-m", "mypy", "--ignore-missing-imports", "--follow-imports=silent",
-                             "--no-error-summary", "--cache-dir", str(tmp_path / "cache"), str(path)],
-                            capture_output=True, text=True, env=env, cwd=ROOT)
-    flagged = {int(m.group(1)) for m in re.finditer(r"calls\.py:(\d+): error: Unexpected keyword argument",
-                                                    result.stdout)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--ignore-missing-imports",
+            "--follow-imports=silent",
+            "--no-error-summary",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    flagged = {
+        int(m.group(1)) for m in re.finditer(r"calls\.py:(\d+): error: Unexpected keyword argument", result.stdout)
+    }
     missed = [calls[i] for i in range(len(calls)) if first_call + i not in flagged]
     assert not missed, textwrap.dedent(f"""mypy did not flag these calls' misspelled keywords: {missed}
         {result.stdout}{result.stderr}""")

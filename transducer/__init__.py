@@ -8,6 +8,19 @@ from .pack import pack
 from .reference import multiblank_loss_reference, tdt_loss_reference, transducer_loss_reference
 from .tdt import TDTLoss, tdt_loss
 
-__all__ = ["TransducerLoss", "transducer_loss", "RNNTLoss", "rnnt_loss", "FusedJoinerLoss", "fused_joiner_loss",
-           "TDTLoss", "tdt_loss", "MultiblankLoss", "multiblank_loss", "pack", "transducer_loss_reference",
-           "tdt_loss_reference", "multiblank_loss_reference"]
+__all__ = [
+    "TransducerLoss",
+    "transducer_loss",
+    "RNNTLoss",
+    "rnnt_loss",
+    "FusedJoinerLoss",
+    "fused_joiner_loss",
+    "TDTLoss",
+    "tdt_loss",
+    "MultiblankLoss",
+    "multiblank_loss",
+    "pack",
+    "transducer_loss_reference",
+    "tdt_loss_reference",
+    "multiblank_loss_reference",
+]

@@ -44,14 +44,28 @@ BACKENDS = ("cpu", "cuda")
 class Stages(Protocol):
     """The stages of one backend (a module: ``transducer.cpu.stages`` or ``transducer.cuda.stages``)."""
 
-    def layout(self, logit_lengths: Tensor, target_lengths: Tensor, max_u1: int, padded_t: int = 0,
-               labels: Optional[LabelCheck] = None, with_stats: bool = True) -> Layout:
+    def layout(
+        self,
+        logit_lengths: Tensor,
+        target_lengths: Tensor,
+        max_u1: int,
+        padded_t: int = 0,
+        labels: Optional[LabelCheck] = None,
+        with_stats: bool = True,
+    ) -> Layout:
         """One pass over the lengths (one launch on CUDA, no host synchronisation): padded (B, padded_t, max_u1)
         grids when ``padded_t > 0``, compact ones otherwise. With ``with_stats``, ``Layout.stats`` holds what the
         value checks need (``Stats``); with ``labels`` (a LabelCheck) the labels are then checked too."""
 
-    def log_probs(self, logits2d: Tensor, targets: Tensor, layout: Layout, options: LossOptions, row_start: int = 0,
-                  out: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
+    def log_probs(
+        self,
+        logits2d: Tensor,
+        targets: Tensor,
+        layout: Layout,
+        options: LossOptions,
+        row_start: int = 0,
+        out: Optional[Tuple[Tensor, Tensor]] = None,
+    ) -> Tuple[Tensor, Tensor]:
         """RNN-T and RNA: (lp, den). lp (N, 2): lp[r, 0] = log P(blank | cell r), lp[r, 1] = log P(y_{u+1} | cell
         r) for u < U_b (-inf for u == U_b), plus k2's delay penalty ``options.delay_penalty * ((T_b - 1) / 2 -
         t)``; den (N,) = logsumexp_v logits2d[r] (zeros with ``options.from_log_softmax``); a NaN or infinite
@@ -59,16 +73,28 @@ class Stages(Protocol):
         and ``out`` = (lp, den) of every row is written there (the fused joiner loss's tiles; row_start > 0
         needs out)."""
 
-    def multiblank_log_probs(self, logits2d: Tensor, targets: Tensor, layout: Layout, options: LossOptions,
-                             row_start: int = 0, out: Optional[Tuple[Tensor, Tensor, Tensor]] = None
-                             ) -> Tuple[Tensor, Tensor, Tensor]:
+    def multiblank_log_probs(
+        self,
+        logits2d: Tensor,
+        targets: Tensor,
+        layout: Layout,
+        options: LossOptions,
+        row_start: int = 0,
+        out: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+    ) -> Tuple[Tensor, Tensor, Tensor]:
         """(lp, den, lp_arcs): as log_probs (the delay penalty on the label's entry too), sigma subtracted, and
         lp_arcs (N, K) = the big blanks' log-probs (-inf on padding rows)."""
 
-    def tdt_log_probs(self, tokens2d: Tensor, duration_scores: Tensor, targets: Tensor, layout: Layout,
-                      options: LossOptions, row_start: int = 0,
-                      out: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None
-                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def tdt_log_probs(
+        self,
+        tokens2d: Tensor,
+        duration_scores: Tensor,
+        targets: Tensor,
+        layout: Layout,
+        options: LossOptions,
+        row_start: int = 0,
+        out: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None,
+    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """(lp, den, lp_arcs, den_arcs): lp (N, 2) = [tok(blank), tok(y_{u+1})] (-inf for the label at u == U_b
         and on padding rows), den (N,) the logsumexp of the V token columns, lp_arcs (N, D) = dur(., i),
         den_arcs (N,) the logsumexp of the D duration columns. A NaN or infinite score anywhere in a row makes
@@ -86,8 +112,16 @@ class Stages(Protocol):
     def multiblank_alpha_beta(self, lp: Tensor, lp_arcs: Tensor, layout: Layout, options: LossOptions) -> Walks:
         """As tdt_alpha_beta over the multi-blank lattice."""
 
-    def gradient(self, logits2d: Tensor, targets: Tensor, lattice: Lattice, scale: Tensor, options: LossOptions,
-                 out: Tensor, row_start: int = 0) -> Tensor:
+    def gradient(
+        self,
+        logits2d: Tensor,
+        targets: Tensor,
+        lattice: Lattice,
+        scale: Tensor,
+        options: LossOptions,
+        out: Tensor,
+        row_start: int = 0,
+    ) -> Tensor:
         """Writes into ``out`` (N, V), logits' dtype, the gradient of sum_b scale[b] * nll[b] with respect to
         logits2d (FastEmit's ``options.fastemit_lambda`` on the label arcs; each element clamped to [-clamp,
         clamp] for a unit scale when ``options.clamp > 0``); ``scale`` is (B,) in lp's dtype, any stride (an
@@ -98,8 +132,17 @@ class Stages(Protocol):
         ``lattice.lp_arcs`` holds the big blanks' log-probs and their arcs' posteriors are subtracted on their
         columns. Returns ``out``."""
 
-    def tdt_gradient(self, tokens2d: Tensor, duration_scores: Tensor, targets: Tensor, lattice: Lattice,
-                     scale: Tensor, options: LossOptions, out: Tuple[Tensor, Tensor], row_start: int = 0) -> None:
+    def tdt_gradient(
+        self,
+        tokens2d: Tensor,
+        duration_scores: Tensor,
+        targets: Tensor,
+        lattice: Lattice,
+        scale: Tensor,
+        options: LossOptions,
+        out: Tuple[Tensor, Tensor],
+        row_start: int = 0,
+    ) -> None:
         """Writes into ``out`` = (out_tokens (N, V), out_duration_scores (N, D)), the scores' dtype, the gradient of sum_b
         scale[b] * L_b with L_b = (1 - omega) * tdt_b + omega * rnnt_b; ``lattice.rnnt`` holds the walks of the
         plain RNN-T loss of the token columns without sigma (``alpha_beta(lp + sigma, layout, ...)``) when
@@ -118,9 +161,17 @@ class Stages(Protocol):
         """The row width of a new gradient buffer for V-wide logits that an op made (V, or V padded so that the
         op's backward GEMMs read it faster; the gradient is then a view of its first V columns)."""
 
-    def pack_forward(self, encoder_out: Tensor, predictor_out: Tensor, layout: Layout, num_rows: int,
-                     row_start: int = 0, activation: str = "identity", out: Optional[Tensor] = None,
-                     dropout: Optional[Dropout] = None) -> Tensor:
+    def pack_forward(
+        self,
+        encoder_out: Tensor,
+        predictor_out: Tensor,
+        layout: Layout,
+        num_rows: int,
+        row_start: int = 0,
+        activation: str = "identity",
+        out: Optional[Tensor] = None,
+        dropout: Optional[Dropout] = None,
+    ) -> Tensor:
         """Row r - row_start of ``out`` (num_rows, J) = dropout(act(encoder_out[b, t] + predictor_out[b, u])) for
         the rows r = (b, t, u) in [row_start, row_start + num_rows) of the compact layout: the sum, the
         activation and the mask's factor (transducer/joiner.py) in the promoted dtype of the two inputs (as
@@ -131,9 +182,17 @@ class Stages(Protocol):
         """(grad_encoder_out, grad_predictor_out): the sums of grad_rows over u and over t, in grad_rows'
         dtype."""
 
-    def pack_backward_add(self, grad_rows: Tensor, layout: Layout, row_start: int, utterances: Tuple[int, int],
-                          grads: Tuple[Tensor, Tensor], inputs: Optional[Tuple[Tensor, Tensor]] = None,
-                          activation: str = "identity", dropout: Optional[Dropout] = None) -> Tuple[Tensor, Tensor]:
+    def pack_backward_add(
+        self,
+        grad_rows: Tensor,
+        layout: Layout,
+        row_start: int,
+        utterances: Tuple[int, int],
+        grads: Tuple[Tensor, Tensor],
+        inputs: Optional[Tuple[Tensor, Tensor]] = None,
+        activation: str = "identity",
+        dropout: Optional[Dropout] = None,
+    ) -> Tuple[Tensor, Tensor]:
         """``grads`` = (grad_enc (B, maxT, J), grad_pred (B, maxU+1, J)), of the accumulation dtype, += the sums over u and
         over t of grad_rows * mask * act'(a) for the rows [row_start, row_start + len(grad_rows)), which lie in
         the utterances [first, end) = ``utterances``; a, h = act(a) and the mask are recomputed from ``inputs``

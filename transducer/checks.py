@@ -12,9 +12,25 @@ from ops import FLOAT_DTYPES, INDEX_DTYPES
 
 from .layout import CELLS_CAP, MAX_DURATION, MAX_ROWS, Stats
 
-__all__ = ["check_tensor", "check_batch", "is_index", "check_blank", "check_loss_values", "bad_labels_error",
-           "check_blank_type", "duration_scores_note", "plural", "check_pack_values", "check_durations",
-           "check_big_blank_durations", "check_rows", "row_count", "FLOAT_DTYPES", "INDEX_DTYPES", "REDUCTIONS"]
+__all__ = [
+    "check_tensor",
+    "check_batch",
+    "is_index",
+    "check_blank",
+    "check_loss_values",
+    "bad_labels_error",
+    "check_blank_type",
+    "duration_scores_note",
+    "plural",
+    "check_pack_values",
+    "check_durations",
+    "check_big_blank_durations",
+    "check_rows",
+    "row_count",
+    "FLOAT_DTYPES",
+    "INDEX_DTYPES",
+    "REDUCTIONS",
+]
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -57,13 +73,17 @@ def check_batch(logits, targets, logit_lengths, target_lengths):
     agree = [name for name, x in given.items() if x.size(0) == B]
     if B == 0:
         raise ValueError(f"{agree[0]}: expected at least one utterance, got an empty batch")
-    expected = {"logits": f"padded logits of {plural(B, 'utterance')}", "targets": f"{plural(B, 'row')}, one per "
-                f"utterance"}
+    expected = {
+        "logits": f"padded logits of {plural(B, 'utterance')}",
+        "targets": f"{plural(B, 'row')}, one per utterance",
+    }
     for name, x in given.items():
         if x.size(0) != B:
             names = " and ".join([", ".join(agree[:-1]), agree[-1]] if len(agree) > 1 else agree)
-            raise ValueError(f"{name}: expected {expected.get(name, f'shape ({B},), one entry per utterance')} (the "
-                             f"batch size of {names}), got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{name}: expected {expected.get(name, f'shape ({B},), one entry per utterance')} (the "
+                f"batch size of {names}), got shape {tuple(x.shape)}"
+            )
 
 
 def is_index(x):
@@ -92,24 +112,26 @@ def check_blank(blank, num_columns, columns="the vocabulary size is logits.size(
     counting from the end (torchaudio's convention: -1 is the last column); TypeError for a non-int."""
     check_blank_type(blank)
     if not -num_columns <= operator.index(blank) < num_columns:
-        raise ValueError(f"blank: expected an int in [{-num_columns}, {num_columns}) ({columns}; negative values "
-                         f"count from the end), got {blank!r}")
+        raise ValueError(
+            f"blank: expected an int in [{-num_columns}, {num_columns}) ({columns}; negative values "
+            f"count from the end), got {blank!r}"
+        )
     return operator.index(blank) % num_columns
 
 
 def check_blank_type(blank):
     """``blank`` as an int (negative: from the end), before the vocabulary is known; TypeError for another type."""
     if not is_index(blank):
-        raise TypeError(f"blank: expected an int (negative values count from the end), got {type(blank).__name__} "
-                        f"{blank!r}")
+        raise TypeError(
+            f"blank: expected an int (negative values count from the end), got {type(blank).__name__} {blank!r}"
+        )
     return operator.index(blank)
 
 
 def duration_scores_note(D, total, whose, unit):
     """What may explain bad labels where the last D of ``total`` score columns (or weight rows) were taken as
     TDT's duration scores: "; the last D of whose total unit are the D durations' scores, leaving ..."."""
-    return (f"; the last {D} of {whose} {total} {unit} are the {D} durations' scores, leaving {total - D} token "
-            f"{unit}")
+    return f"; the last {D} of {whose} {total} {unit} are the {D} durations' scores, leaving {total - D} token {unit}"
 
 
 def bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra=""):
@@ -119,10 +141,15 @@ def bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra=""):
     stats = Stats(*stats)
     b, u = divmod(stats.first_bad_label, targets.size(1))
     blanks = f"a blank ({blank - big_blanks} ... {blank})" if big_blanks else f"blank = {blank}"
-    count = "1 entry within target_lengths is" if stats.bad_labels == 1 else \
-        f"{stats.bad_labels} entries within target_lengths are"
-    return ValueError(f"targets: {count} outside [0, {vocab_size}) or equal to {blanks}; the first is targets[{b}, "
-                      f"{u}] = {int(targets[b, u])} (utterance {b}){extra}")
+    count = (
+        "1 entry within target_lengths is"
+        if stats.bad_labels == 1
+        else f"{stats.bad_labels} entries within target_lengths are"
+    )
+    return ValueError(
+        f"targets: {count} outside [0, {vocab_size}) or equal to {blanks}; the first is targets[{b}, "
+        f"{u}] = {int(targets[b, u])} (utterance {b}){extra}"
+    )
 
 
 def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks=0):
@@ -135,8 +162,10 @@ def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks
     if u_min < 0:
         raise ValueError(f"target_lengths: every U_b must be >= 0, got min {u_min}")
     if cells >= CELLS_CAP:
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) overflows (2^61 or more; T_b up to "
-                         f"{t_max}, U_b up to {u_max})")
+        raise ValueError(
+            f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) overflows (2^61 or more; T_b up to "
+            f"{t_max}, U_b up to {u_max})"
+        )
     if u_max > S:
         raise ValueError(f"target_lengths: U_b = {u_max} exceeds targets.size(1) = {S}")
     if logits.dim() == 4:
@@ -145,12 +174,16 @@ def check_loss_values(logits, targets, stats, blank, vocab_size=None, big_blanks
         if u_max + 1 > logits.size(2):
             raise ValueError(f"target_lengths: U_b + 1 = {u_max + 1} exceeds logits.size(2) = {logits.size(2)}")
     elif cells != logits.size(0):
-        raise ValueError(f"logits: compact logits must have sum_b T_b*(U_b+1) = {cells} rows, "
-                         f"got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: compact logits must have sum_b T_b*(U_b+1) = {cells} rows, got shape {tuple(logits.shape)}"
+        )
     if bad:
         # TDT's duration scores after the tokens
-        extra = duration_scores_note(logits.size(-1) - V, logits.size(-1), "the logits'", "columns") \
-            if V < logits.size(-1) else ""
+        extra = (
+            duration_scores_note(logits.size(-1) - V, logits.size(-1), "the logits'", "columns")
+            if V < logits.size(-1)
+            else ""
+        )
         raise bad_labels_error(targets, stats, V, blank, big_blanks, extra)
 
 
@@ -159,14 +192,18 @@ def check_pack_values(encoder_out, predictor_out, stats):
     max_t, max_u1 = encoder_out.size(1), predictor_out.size(1)
     t_min, t_max, u_min, u_max, num_rows, _, _ = Stats(*stats)
     if t_min < 1 or t_max > max_t:
-        raise ValueError(f"logit_lengths: expected values in [1, {max_t}] (encoder_out.size(1)), "
-                         f"got [{t_min}, {t_max}]")
+        raise ValueError(
+            f"logit_lengths: expected values in [1, {max_t}] (encoder_out.size(1)), got [{t_min}, {t_max}]"
+        )
     if u_min < 0 or u_max + 1 > max_u1:
-        raise ValueError(f"target_lengths: expected values in [0, {max_u1 - 1}] (predictor_out.size(1) - 1), "
-                         f"got [{u_min}, {u_max}]")
+        raise ValueError(
+            f"target_lengths: expected values in [0, {max_u1 - 1}] (predictor_out.size(1) - 1), got [{u_min}, {u_max}]"
+        )
     if num_rows > MAX_ROWS:
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(num_rows)} rows; at most "
-                         f"2^31 - 1 are supported")
+        raise ValueError(
+            f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(num_rows)} rows; at most "
+            f"2^31 - 1 are supported"
+        )
     return num_rows
 
 
@@ -195,8 +232,9 @@ def check_durations(durations, num_durations=None, name="durations"):
     [0, MAX_DURATION], at least one >= 1 (and ``num_durations`` of them, when given)."""
     ds = _duration_ints(durations, name)
     if not ds or min(ds) < 0 or max(ds) < 1 or len(set(ds)) != len(ds):
-        raise ValueError(f"{name}: expected distinct ints >= 0 with at least one >= 1 (a blank must advance time), "
-                         f"got {list(ds)}")
+        raise ValueError(
+            f"{name}: expected distinct ints >= 0 with at least one >= 1 (a blank must advance time), got {list(ds)}"
+        )
     if num_durations is not None and len(ds) != num_durations:
         raise ValueError(f"{name}: {len(ds)} durations for {num_durations} duration columns")
     return ds
@@ -213,8 +251,10 @@ def check_big_blank_durations(big_blank_durations, blank):
     if min(ds) < 2 or len(set(ds)) != len(ds):
         raise ValueError(f"{name}: expected distinct ints >= 2 (the standard blank has duration 1), got {list(ds)}")
     if blank is not None and blank - len(ds) < 0:
-        raise ValueError(f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
-                         f"do not fit before the blank's column {blank}")
+        raise ValueError(
+            f"{name}: {len(ds)} big blanks sit in the columns blank - 1 ... blank - {len(ds)}, which "
+            f"do not fit before the blank's column {blank}"
+        )
     return ds
 
 
@@ -223,5 +263,7 @@ def check_rows(logits):
     kernels."""
     rows = math.prod(logits.shape[:-1])
     if rows > MAX_ROWS:
-        raise ValueError(f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
-                         f"{tuple(logits.shape)} with {rows} rows")
+        raise ValueError(
+            f"logits: at most 2^31 - 1 rows (cells, padding included) are supported, got shape "
+            f"{tuple(logits.shape)} with {rows} rows"
+        )

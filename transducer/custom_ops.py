@@ -40,19 +40,38 @@ from .lattices import Lattice, Walks, check_supported, kind_of
 from .layout import NUM_STATS, LabelCheck, Layout, table_size
 from .options import LossOptions
 
-__all__ = ["Op", "loss", "loss_call", "pack", "make_layout", "saved_layout", "gradient_buffer", "lattice_outputs",
-           "lattice_of", "fake_outputs", "score_views", "in_place_rows", "saved_tensors"]
+__all__ = [
+    "Op",
+    "loss",
+    "loss_call",
+    "pack",
+    "make_layout",
+    "saved_layout",
+    "gradient_buffer",
+    "lattice_outputs",
+    "lattice_of",
+    "fake_outputs",
+    "score_views",
+    "in_place_rows",
+    "saved_tensors",
+]
 
 
-def make_layout(logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None,
-                big_blanks=0):
+def make_layout(
+    logits, targets, logit_lengths, target_lengths, blank=0, with_stats=False, vocab_size=None, big_blanks=0
+):
     """The Layout of compact (N, V) or padded (B, maxT, maxU+1, V) logits (one launch on CUDA, no sync);
     labels are checked against ``vocab_size`` (default: logits.size(-1)) and the blanks."""
     padded = logits.dim() == 4
     labels = LabelCheck(targets, logits.size(-1) if vocab_size is None else vocab_size, blank, big_blanks)
-    return stages_for(logits.device).layout(logit_lengths, target_lengths,
-                                            logits.size(2) if padded else targets.size(1) + 1,
-                                            logits.size(1) if padded else 0, labels, with_stats)
+    return stages_for(logits.device).layout(
+        logit_lengths,
+        target_lengths,
+        logits.size(2) if padded else targets.size(1) + 1,
+        logits.size(1) if padded else 0,
+        labels,
+        with_stats,
+    )
 
 
 def saved_layout(table, logits, targets):
@@ -74,14 +93,16 @@ def checked_log_probs(layout, logits, targets, options, check_inputs, log_probs,
         return log_probs()
     table = layout.table
     if not table.is_cuda:
-        check_loss_values(logits, targets, layout.stats.tolist(), options.blank, vocab_size,
-                          len(options.big_blank_durations))
+        check_loss_values(
+            logits, targets, layout.stats.tolist(), options.blank, vocab_size, len(options.big_blank_durations)
+        )
         return log_probs()
     reader = host_reader(table.device, NUM_STATS, torch.int64)
     reader.mark()  # after the layout launch
     out = log_probs()
-    check_loss_values(logits, targets, reader.read(layout.stats), options.blank, vocab_size,
-                      len(options.big_blank_durations))
+    check_loss_values(
+        logits, targets, reader.read(layout.stats), options.blank, vocab_size, len(options.big_blank_durations)
+    )
     return out
 
 
@@ -126,8 +147,10 @@ class _FirstOrderOnly(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *_):
-        raise RuntimeError(f"{ctx.name}: no second derivative; a gradient of its gradient (backward with "
-                           f"create_graph=True, then a derivative of the result) is not supported")
+        raise RuntimeError(
+            f"{ctx.name}: no second derivative; a gradient of its gradient (backward with "
+            f"create_graph=True, then a derivative of the result) is not supported"
+        )
 
     @staticmethod
     def wrap(name, grads, sources):
@@ -149,10 +172,12 @@ class Op:
         self.input_names = tuple(inspect.signature(forward).parameters)
         self.name = f"transducer::{name}"
         self.op = torch.library.custom_op(self.name, forward, mutates_args=())
-        self.backward_op = torch.library.custom_op(f"transducer::{name}_backward", backward,
-                                                   mutates_args=backward_mutates)
-        self.op.register_autograd(lambda ctx, grad, *_: self.ordered(gradient(ctx, grad, self.backward_op)),
-                                  setup_context=setup_context)
+        self.backward_op = torch.library.custom_op(
+            f"transducer::{name}_backward", backward, mutates_args=backward_mutates
+        )
+        self.op.register_autograd(
+            lambda ctx, grad, *_: self.ordered(gradient(ctx, grad, self.backward_op)), setup_context=setup_context
+        )
         op = self
 
         # forward(ctx, *inputs), not a separate setup_context: torch's apply then skips binding the
@@ -211,19 +236,33 @@ def lattice_outputs(lattice):
     other)."""
     empty = lattice.lp.new_empty
     rnnt = lattice.rnnt or Walks(empty(0), empty(0), empty(0))
-    return (lattice.layout.table, lattice.lp, lattice.den,
-            lattice.lp_arcs if lattice.lp_arcs is not None else empty(0),
-            lattice.den_arcs if lattice.den_arcs is not None else empty(0),
-            lattice.alpha, lattice.beta, lattice.nll) + tuple(rnnt)
+    return (
+        lattice.layout.table,
+        lattice.lp,
+        lattice.den,
+        lattice.lp_arcs if lattice.lp_arcs is not None else empty(0),
+        lattice.den_arcs if lattice.den_arcs is not None else empty(0),
+        lattice.alpha,
+        lattice.beta,
+        lattice.nll,
+    ) + tuple(rnnt)
 
 
 def lattice_of(layout, tensors, options):
     """The Lattice of lattice_outputs' tensors after the table: backward's saved tensors."""
     lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll = tensors
     kind = kind_of(options)
-    return Lattice(layout, lp, den, alpha, beta, nll, lp_arcs if kind.arcs(options) else None,
-                   den_arcs if kind.extra_columns(options) else None,
-                   Walks(alpha_r, beta_r, rnnt_nll) if options.omega else None)
+    return Lattice(
+        layout,
+        lp,
+        den,
+        alpha,
+        beta,
+        nll,
+        lp_arcs if kind.arcs(options) else None,
+        den_arcs if kind.extra_columns(options) else None,
+        Walks(alpha_r, beta_r, rnnt_nll) if options.omega else None,
+    )
 
 
 def fake_outputs(like, acc, B, N, options):
@@ -233,8 +272,20 @@ def fake_outputs(like, acc, B, N, options):
     K, D = kind.arcs(options), kind.extra_columns(options)
     new = lambda *shape: like.new_empty(shape, dtype=acc)  # noqa: E731
     r = N if options.omega else 0
-    return (new(B), like.new_empty(table_size(B), dtype=torch.int64), new(N, 2), new(N), new(N, K) if K else new(0),
-            new(N) if D else new(0), new(N), new(N), new(B), new(r), new(r), new(B if options.omega else 0))
+    return (
+        new(B),
+        like.new_empty(table_size(B), dtype=torch.int64),
+        new(N, 2),
+        new(N),
+        new(N, K) if K else new(0),
+        new(N) if D else new(0),
+        new(N),
+        new(N),
+        new(B),
+        new(r),
+        new(r),
+        new(B if options.omega else 0),
+    )
 
 
 def in_place_rows(x):
@@ -262,38 +313,88 @@ def score_views(logits, extra_scores, vocab_size):
     return rows, None
 
 
-def _loss_forward(logits: Tensor, extra_scores: Optional[Tensor], targets: Tensor, logit_lengths: Tensor,
-                  target_lengths: Tensor, vocab_size: int, option_ints: List[int], option_floats: List[float],
-                  check_inputs: bool, inplace_grad: bool
-                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                             Tensor]:
+def _loss_forward(
+    logits: Tensor,
+    extra_scores: Optional[Tensor],
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    vocab_size: int,
+    option_ints: List[int],
+    option_floats: List[float],
+    check_inputs: bool,
+    inplace_grad: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     check_rows(logits)  # here, not in the Python caller: under torch.compile the rows may be symbolic
     options = LossOptions.from_flat(option_ints, option_floats)
     kind = kind_of(options)
     check_supported(options, kind, logits.device.type)
     stages = stages_for(logits.device)
     tokens, extra = score_views(logits, extra_scores, vocab_size)
-    layout = make_layout(logits, targets, logit_lengths, target_lengths, options.blank, check_inputs, vocab_size,
-                         len(options.big_blank_durations))
-    log_probs = checked_log_probs(layout, logits, targets, options, check_inputs,
-                                  lambda: kind.log_probs(stages, tokens, extra, targets, layout, options), vocab_size)
+    layout = make_layout(
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        options.blank,
+        check_inputs,
+        vocab_size,
+        len(options.big_blank_durations),
+    )
+    log_probs = checked_log_probs(
+        layout,
+        logits,
+        targets,
+        options,
+        check_inputs,
+        lambda: kind.log_probs(stages, tokens, extra, targets, layout, options),
+        vocab_size,
+    )
     lattice = kind.lattice(stages, layout, log_probs, options)
     return (kind.nll(lattice, options),) + lattice_outputs(lattice)
 
 
-def _loss_backward(grad_nll: Tensor, logits: Tensor, extra_scores: Optional[Tensor], targets: Tensor, table: Tensor,
-                   lp: Tensor, den: Tensor, lp_arcs: Tensor, den_arcs: Tensor, alpha: Tensor, beta: Tensor,
-                   nll: Tensor, alpha_r: Tensor, beta_r: Tensor, rnnt_nll: Tensor, vocab_size: int,
-                   option_ints: List[int], option_floats: List[float], out: Tensor, out_extra: Tensor) -> None:
+def _loss_backward(
+    grad_nll: Tensor,
+    logits: Tensor,
+    extra_scores: Optional[Tensor],
+    targets: Tensor,
+    table: Tensor,
+    lp: Tensor,
+    den: Tensor,
+    lp_arcs: Tensor,
+    den_arcs: Tensor,
+    alpha: Tensor,
+    beta: Tensor,
+    nll: Tensor,
+    alpha_r: Tensor,
+    beta_r: Tensor,
+    rnnt_nll: Tensor,
+    vocab_size: int,
+    option_ints: List[int],
+    option_floats: List[float],
+    out: Tensor,
+    out_extra: Tensor,
+) -> None:
     """out (the logits' shape and dtype; may be the logits) and out_extra (extra_scores', or empty) = the
     gradient of sum_b grad_nll[b] * nll[b]."""
     options = LossOptions.from_flat(option_ints, option_floats)
-    lattice = lattice_of(saved_layout(table, logits, targets),
-                         (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), options)
+    lattice = lattice_of(
+        saved_layout(table, logits, targets),
+        (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll),
+        options,
+    )
     tokens, extra = score_views(logits, extra_scores, vocab_size)
     out_tokens, out_extra = score_views(out, out_extra if extra_scores is not None else None, vocab_size)
-    kind_of(options).gradient(stages_for(logits.device), (tokens, extra), targets, lattice, grad_nll.to(lp.dtype),
-                              options, (out_tokens, out_extra))
+    kind_of(options).gradient(
+        stages_for(logits.device),
+        (tokens, extra),
+        targets,
+        lattice,
+        grad_nll.to(lp.dtype),
+        options,
+        (out_tokens, out_extra),
+    )
 
 
 def _loss_setup_context(ctx, inputs, output):
@@ -320,16 +421,28 @@ def _after_eager_backward(ctx, grads):
         torch.autograd.graph.increment_version(grads[0])
 
 
-loss = Op("loss", _loss_forward, _loss_backward, _loss_setup_context, _loss_gradient,
-          backward_mutates=("out", "out_extra"), after_backward=_after_eager_backward)
+loss = Op(
+    "loss",
+    _loss_forward,
+    _loss_backward,
+    _loss_setup_context,
+    _loss_gradient,
+    backward_mutates=("out", "out_extra"),
+    after_backward=_after_eager_backward,
+)
 loss_op, loss_backward_op = loss.op, loss.backward_op
 
 
 @loss_op.register_fake
 def _(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, option_ints, option_floats, *rest):
     N = logits.numel() // logits.size(-1)
-    return fake_outputs(logits, accumulate_dtype(logits.dtype), logit_lengths.size(0), N,
-                        LossOptions.from_flat(option_ints, option_floats))
+    return fake_outputs(
+        logits,
+        accumulate_dtype(logits.dtype),
+        logit_lengths.size(0),
+        N,
+        LossOptions.from_flat(option_ints, option_floats),
+    )
 
 
 @loss_backward_op.register_fake
@@ -342,15 +455,26 @@ def loss_call(scores, targets, logit_lengths, target_lengths, vocab_size, option
     extra_scores or None)."""
     logits, extra_scores = scores
     ints, floats = options.flat()
-    return loss(logits, extra_scores, targets, logit_lengths, target_lengths, vocab_size, ints, floats,
-                bool(check_inputs), bool(inplace_grad))[0]
+    return loss(
+        logits,
+        extra_scores,
+        targets,
+        logit_lengths,
+        target_lengths,
+        vocab_size,
+        ints,
+        floats,
+        bool(check_inputs),
+        bool(inplace_grad),
+    )[0]
 
 
 # ---------------------------------------------------------------------------------------------- pack
 
 
-def _pack_forward(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor
-                  ) -> Tuple[Tensor, Tensor]:
+def _pack_forward(
+    encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, target_lengths: Tensor
+) -> Tuple[Tensor, Tensor]:
     stages = stages_for(encoder_out.device)
     layout = stages.layout(logit_lengths, target_lengths, predictor_out.size(1))
     num_rows = check_pack_values(encoder_out, predictor_out, layout.stats.tolist())
@@ -370,7 +494,7 @@ def _pack_setup_context(ctx, inputs, output):
 
 
 def _pack_gradient(ctx, grad_rows, backward):
-    table, = saved_tensors(ctx)
+    (table,) = saved_tensors(ctx)
     grad_enc, grad_pred = backward(grad_rows.contiguous(), table, *ctx.sizes)
     # summed in the rows' (the promoted) dtype, then in each input's own, as autograd does for enc + pred
     return {"encoder_out": grad_enc.to(ctx.dtypes[0]), "predictor_out": grad_pred.to(ctx.dtypes[1])}
@@ -385,8 +509,10 @@ def _(encoder_out, predictor_out, logit_lengths, target_lengths):
     # the number of rows, sum_b T_b * (U_b + 1), depends on the lengths' values
     num_rows = torch.library.get_ctx().new_dynamic_size()
     dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
-    return (encoder_out.new_empty(num_rows, encoder_out.size(2), dtype=dtype),
-            encoder_out.new_empty(table_size(logit_lengths.size(0)), dtype=torch.int64))
+    return (
+        encoder_out.new_empty(num_rows, encoder_out.size(2), dtype=dtype),
+        encoder_out.new_empty(table_size(logit_lengths.size(0)), dtype=torch.int64),
+    )
 
 
 @pack_backward_op.register_fake

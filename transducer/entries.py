@@ -4,11 +4,10 @@ argument (the option declarations: transducer/options.py). The signatures and do
 source, where editors and type checkers read them; ``signature_source`` and ``args_section`` give what they must be,
 and tests/test_options.py holds every written signature, default and ``Args`` line to them.
 
-``python -m transducer.entries NAME`` prints an entry's signature and ``Args`` section as the source must spell them.
+``python -m transducer NAME`` prints an entry's signature and ``Args`` section as the source must spell them.
 """
 
 import re
-import sys
 import textwrap
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
@@ -16,14 +15,26 @@ import torch
 
 from .options import BY_NAME, OPTIONS, REQUIRED
 
-__all__ = ["Param", "Entry", "Argument", "DECLARED", "declare", "arguments", "annotation", "args_section",
-           "signature_source", "check_options", "LossModule"]
+__all__ = [
+    "Param",
+    "Entry",
+    "Argument",
+    "DECLARED",
+    "declare",
+    "arguments",
+    "annotation",
+    "args_section",
+    "signature_source",
+    "check_options",
+    "LossModule",
+]
 
 _WIDTH = 116
 
 
 class Param(NamedTuple):
     """An argument that is not an option: a tensor, or a module's own (its sizes, device)."""
+
     name: str
     annotation: str
     doc: str
@@ -33,12 +44,13 @@ class Param(NamedTuple):
 class Entry(NamedTuple):
     """A public function or module: its leading arguments (``params``: Params, and option names in the order it
     takes them positionally), the lattices whose options it takes, and what it changes of a declaration."""
+
     name: str
     lattices: Tuple[str, ...]
-    params: Tuple[Any, ...]          # Param or an option's name, in signature order
-    exclude: Tuple[str, ...] = ()    # options of its lattices it does not take
-    defaults: dict = {}              # option name -> its default here
-    docs: dict = {}                  # option name -> its documentation here
+    params: Tuple[Any, ...]  # Param or an option's name, in signature order
+    exclude: Tuple[str, ...] = ()  # options of its lattices it does not take
+    defaults: dict = {}  # option name -> its default here
+    docs: dict = {}  # option name -> its documentation here
 
     def options(self):
         """The options this entry takes, in signature order: those named in ``params``, then the others of its
@@ -67,16 +79,27 @@ def declare(entry: Entry) -> Entry:
 
 class Argument(NamedTuple):
     """One argument of an entry's signature, in order."""
+
     name: str
-    annotation: str    # as the docstring shows it
+    annotation: str  # as the docstring shows it
     doc: str
-    default: Any       # REQUIRED: none
+    default: Any  # REQUIRED: none
     is_option: bool
     keyword_only: bool
 
 
-_TYPES = {"Tensor or None": Optional[torch.Tensor], "int": int, "str": str, "bool": bool, "float": float, "list of int": Sequence[int], "Tensor": torch.Tensor,
-          "torch.Generator": torch.Generator, "torch.device": torch.device, "torch.dtype": torch.dtype}
+_TYPES = {
+    "Tensor or None": Optional[torch.Tensor],
+    "int": int,
+    "str": str,
+    "bool": bool,
+    "float": float,
+    "list of int": Sequence[int],
+    "Tensor": torch.Tensor,
+    "torch.Generator": torch.Generator,
+    "torch.device": torch.device,
+    "torch.dtype": torch.dtype,
+}
 _SPELLED = {"list of int": "Sequence[int]", "Tensor or None": "Optional[Tensor]"}
 
 
@@ -105,8 +128,9 @@ def arguments(entry):
 
 def _option_argument(entry, name, keyword_only):
     o = BY_NAME[name]
-    return Argument(name, o.annotation, entry.docs.get(name, o.doc), entry.defaults.get(name, o.default), True,
-                    keyword_only)
+    return Argument(
+        name, o.annotation, entry.docs.get(name, o.doc), entry.defaults.get(name, o.default), True, keyword_only
+    )
 
 
 def _arg_line(argument):
@@ -118,8 +142,9 @@ def _arg_line(argument):
         text = f"{a.name} ({a.annotation}, optional): {a.doc} (Default: ``{a.default!r}``)"
     # a ``code span`` stays on one line: its spaces are held as NO-BREAK SPACEs while wrapping
     text = re.sub(r"``.*?``", lambda m: m.group(0).replace(" ", "\u00a0"), text)
-    text = textwrap.fill(text, _WIDTH, initial_indent=" " * 8, subsequent_indent=" " * 12, break_on_hyphens=False,
-                         break_long_words=False)
+    text = textwrap.fill(
+        text, _WIDTH, initial_indent=" " * 8, subsequent_indent=" " * 12, break_on_hyphens=False, break_long_words=False
+    )
     return text.replace("\u00a0", " ")
 
 
@@ -144,17 +169,13 @@ def signature_source(entry, method=False):
         spelled = f"{a.name}: {_spelled(a.annotation, a.default)}"
         parts.append(spelled if a.default is REQUIRED else f"{spelled} = {_default(a.default)}")
     name, result = ("__init__", "None") if method else (entry.name, "Tensor")
-    head = ("    " if method else "") + f"def {name}("
-    lines, line = [], head
-    for i, part in enumerate(parts):
-        piece = part + ("," if i < len(parts) - 1 else f") -> {result}:")
-        if len(line) + len(piece) + 1 > 120 and line.strip() != head.strip():
-            lines.append(line.rstrip())
-            line = " " * len(head) + piece + " "
-        else:
-            line += piece + " "
-    lines.append(line.rstrip())
-    return "\n".join(lines)
+    indent = "    " if method else ""
+    line = f"{indent}def {name}({', '.join(parts)}) -> {result}:"
+    if len(line) <= 120:
+        return line
+    # one argument a line, as ruff format writes a signature that does not fit on one
+    body = "".join(f"{indent}    {part},\n" for part in parts)
+    return f"{indent}def {name}(\n{body}{indent}) -> {result}:"
 
 
 def check_options(values):
@@ -206,16 +227,3 @@ class LossModule(torch.nn.Module):
 
     def extra_repr(self):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-
-
-def _print(name):
-    entry = DECLARED[name]
-    print(signature_source(entry, method=name[0].isupper()))
-    print("\n    Args:\n" + args_section(entry))
-
-
-if __name__ == "__main__":
-    import transducer  # noqa: F401  declares the entries
-    for name in sys.argv[1:] or sorted(DECLARED):
-        _print(name)
-

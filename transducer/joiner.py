@@ -20,14 +20,23 @@ import torch.nn.functional as F
 
 from .checks import is_number
 
-__all__ = ["Activation", "ACTIVATIONS", "LEAKY_RELU_SLOPE", "activation", "check_activation", "Dropout",
-           "check_dropout", "dropout_keep", "dropout_mask"]
+__all__ = [
+    "Activation",
+    "ACTIVATIONS",
+    "LEAKY_RELU_SLOPE",
+    "activation",
+    "check_activation",
+    "Dropout",
+    "check_dropout",
+    "dropout_keep",
+    "dropout_mask",
+]
 
 
 class Activation(NamedTuple):
     name: str
-    code: int                                           # pack.cu: enum Activation
-    forward: Callable[[torch.Tensor], torch.Tensor]     # act(a)
+    code: int  # pack.cu: enum Activation
+    forward: Callable[[torch.Tensor], torch.Tensor]  # act(a)
     slope: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # act'(a), given (a, h = act(a))
 
 
@@ -55,15 +64,18 @@ def _leaky_relu_slope(a, h):
 #: By name, as fused_joiner_loss's ``activation`` takes them: NeMo's joint activations (relu, sigmoid, tanh),
 #: transformers' ``hidden_act`` values gelu (the erf form) and silu, SpeechBrain's default leaky_relu, and the
 #: identity.
-ACTIVATIONS = {a.name: a for a in (
-    Activation("identity", 0, lambda a: a, lambda a, h: torch.ones_like(h)),
-    Activation("tanh", 1, torch.tanh, lambda a, h: 1 - h * h),
-    Activation("relu", 2, torch.relu, lambda a, h: (h > 0).to(h.dtype)),
-    Activation("sigmoid", 3, torch.sigmoid, lambda a, h: h * (1 - h)),
-    Activation("gelu", 4, F.gelu, _gelu_slope),
-    Activation("silu", 5, F.silu, _silu_slope),
-    Activation("leaky_relu", 6, lambda a: F.leaky_relu(a, LEAKY_RELU_SLOPE), _leaky_relu_slope),
-)}
+ACTIVATIONS = {
+    a.name: a
+    for a in (
+        Activation("identity", 0, lambda a: a, lambda a, h: torch.ones_like(h)),
+        Activation("tanh", 1, torch.tanh, lambda a, h: 1 - h * h),
+        Activation("relu", 2, torch.relu, lambda a, h: (h > 0).to(h.dtype)),
+        Activation("sigmoid", 3, torch.sigmoid, lambda a, h: h * (1 - h)),
+        Activation("gelu", 4, F.gelu, _gelu_slope),
+        Activation("silu", 5, F.silu, _silu_slope),
+        Activation("leaky_relu", 6, lambda a: F.leaky_relu(a, LEAKY_RELU_SLOPE), _leaky_relu_slope),
+    )
+}
 
 
 def check_activation(name):
@@ -80,6 +92,7 @@ def activation(name):
 
 class Dropout(NamedTuple):
     """The joiner's dropout: rate p in [0, 1) (0: none) and the seed of its mask (a 64-bit int)."""
+
     p: float = 0.0
     seed: int = 0
 

@@ -21,6 +21,7 @@ from .options import LossOptions
 
 class Walks(NamedTuple):
     """alpha and beta over the rows (N,), and the per-utterance negative log-likelihood nll (B,)."""
+
     alpha: torch.Tensor
     beta: torch.Tensor
     nll: torch.Tensor
@@ -28,16 +29,17 @@ class Walks(NamedTuple):
 
 class Lattice(NamedTuple):
     """What forward keeps for backward: the per-row log-probs and the walks over them."""
+
     layout: Layout
-    lp: torch.Tensor                        # (N, 2): blank and label log-probs (TDT: token log-probs, sigma in)
-    den: torch.Tensor                       # (N,) logsumexp of each row's (token) scores
-    alpha: torch.Tensor                     # (N,)
-    beta: torch.Tensor                      # (N,)
-    nll: torch.Tensor                       # (B,)
+    lp: torch.Tensor  # (N, 2): blank and label log-probs (TDT: token log-probs, sigma in)
+    den: torch.Tensor  # (N,) logsumexp of each row's (token) scores
+    alpha: torch.Tensor  # (N,)
+    beta: torch.Tensor  # (N,)
+    nll: torch.Tensor  # (B,)
     lp_arcs: Optional[torch.Tensor] = None  # the log-probs of the arcs of several frames: TDT's (N, D) duration
     #                                         log-probs, multi-blank's (N, K) big blanks' log-probs
     den_arcs: Optional[torch.Tensor] = None  # TDT: (N,) logsumexp of each row's duration scores
-    rnnt: Optional[Walks] = None            # TDT with omega > 0: the walks of the plain RNN-T loss
+    rnnt: Optional[Walks] = None  # TDT with omega > 0: the walks of the plain RNN-T loss
 
 
 __all__ = ["Kind", "RNNT", "TDT", "MULTIBLANK", "KINDS", "kind_of", "check_supported", "ARRAYS"]
@@ -62,6 +64,7 @@ ARRAYS = ("lp", "den", "lp_arcs", "den_arcs")
 
 class LogProbs(NamedTuple):
     """What a lattice's log-probs stage gives, per row; None where the lattice has no such array."""
+
     lp: torch.Tensor
     den: torch.Tensor
     lp_arcs: Optional[torch.Tensor] = None
@@ -84,8 +87,9 @@ class Kind:
     def new_arrays(self, new, rows, options):
         """The LogProbs arrays for ``rows`` rows, made by ``new(*shape)`` (the fused loss's tiles write them)."""
         K = self.arcs(options)
-        return LogProbs(new(rows, 2), new(rows), new(rows, K) if K else None,
-                        new(rows) if self.extra_columns(options) else None)
+        return LogProbs(
+            new(rows, 2), new(rows), new(rows, K) if K else None, new(rows) if self.extra_columns(options) else None
+        )
 
     def log_probs(self, stages, tokens, extra, targets, layout, options, row_start=0, out=None):
         raise NotImplementedError
@@ -126,8 +130,9 @@ class _Multiblank(_RNNT):
         return len(options.big_blank_durations)
 
     def log_probs(self, stages, tokens, extra, targets, layout, options, row_start=0, out=None):
-        return LogProbs(*stages.multiblank_log_probs(tokens, targets, layout, options, row_start,
-                                                     None if out is None else out[:3]))
+        return LogProbs(
+            *stages.multiblank_log_probs(tokens, targets, layout, options, row_start, None if out is None else out[:3])
+        )
 
     def lattice(self, stages, layout, log_probs, options):
         walks = stages.multiblank_alpha_beta(log_probs.lp, log_probs.lp_arcs, layout, options)
@@ -150,8 +155,15 @@ class _TDT(Kind):
         # with omega > 0 also the walks of the plain RNN-T loss of the token scores (log-probs without sigma)
         walks = stages.tdt_alpha_beta(log_probs.lp, log_probs.lp_arcs, layout, options)
         rnnt = stages.alpha_beta(log_probs.lp + options.sigma, layout, options) if options.omega else None
-        return Lattice(layout, log_probs.lp, log_probs.den, *walks, lp_arcs=log_probs.lp_arcs,
-                       den_arcs=log_probs.den_arcs, rnnt=rnnt)
+        return Lattice(
+            layout,
+            log_probs.lp,
+            log_probs.den,
+            *walks,
+            lp_arcs=log_probs.lp_arcs,
+            den_arcs=log_probs.den_arcs,
+            rnnt=rnnt,
+        )
 
     def gradient(self, stages, scores, targets, lattice, scale, options, out, row_start=0):
         stages.tdt_gradient(*scores, targets, lattice, scale, options, out, row_start)

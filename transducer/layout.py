@@ -44,11 +44,12 @@ def table_size(batch_size):
 
 class Stats(NamedTuple):
     """What the value checks need, computed with the layout (``Layout.stats``, read back as a list)."""
+
     min_t: int
     max_t: int
     min_u: int
     max_u: int
-    cells: int       # sum_b T_b*(U_b+1), saturating at CELLS_CAP
+    cells: int  # sum_b T_b*(U_b+1), saturating at CELLS_CAP
     bad_labels: int  # targets[b, u] with u < U_b outside [0, V) or a blank (0 without label checks)
     first_bad_label: int  # the first of them, b * targets.size(1) + u (the int64 maximum when none)
 
@@ -56,6 +57,7 @@ class Stats(NamedTuple):
 class LabelCheck(NamedTuple):
     """What the layout checks the labels against: ``targets`` (B, S) in ``[0, vocab_size)`` and none of the blanks,
     the columns ``[blank - big_blanks, blank]``."""
+
     targets: torch.Tensor
     vocab_size: int
     blank: int
@@ -70,9 +72,9 @@ class Layout(NamedTuple):
     """
 
     table: torch.Tensor  # int64 (table_size(B),)
-    padded: bool         # True when some rows may be padding
-    max_u1: int          # host-side bound on U_b + 1 (padded: logits.size(2); compact: targets.size(1) + 1)
-    padded_t: int = 0    # padded: logits.size(1) when known (the CUDA row kernels then divide instead of search)
+    padded: bool  # True when some rows may be padding
+    max_u1: int  # host-side bound on U_b + 1 (padded: logits.size(2); compact: targets.size(1) + 1)
+    padded_t: int = 0  # padded: logits.size(1) when known (the CUDA row kernels then divide instead of search)
 
     @property
     def batch_size(self):
@@ -80,27 +82,27 @@ class Layout(NamedTuple):
 
     @property
     def logit_lengths(self):
-        return self.table[:self.batch_size]
+        return self.table[: self.batch_size]
 
     @property
     def target_lengths(self):
         B = self.batch_size
-        return self.table[B:2 * B]
+        return self.table[B : 2 * B]
 
     @property
     def row_strides(self):
         B = self.batch_size
-        return self.table[2 * B:3 * B]
+        return self.table[2 * B : 3 * B]
 
     @property
     def row_splits(self):
         B = self.batch_size
-        return self.table[3 * B:4 * B + 1]
+        return self.table[3 * B : 4 * B + 1]
 
     @property
     def cell_offsets(self):
         B = self.batch_size
-        return self.table[3 * B:4 * B]
+        return self.table[3 * B : 4 * B]
 
     @property
     def stats(self):

@@ -6,7 +6,6 @@ makes logits and targets contiguous where autograd sees the copy, and reduces th
 losses with plain torch ops, so that torch.compile traces all of it.
 """
 
-
 import torch
 from torch import Tensor
 
@@ -17,23 +16,47 @@ from .options import RNNT, LossOptions, joint_checks
 
 #: The tensors every loss over logits takes first.
 LOGITS_TENSORS = (
-    Param("logits", "Tensor", "unnormalised scores, float16 / bfloat16 / float32 / float64: compact "
-          "``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or "
-          "padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``, accurate "
-          "to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a common "
-          "offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite gradient, "
-          "but a coarse one."),
-    Param("targets", "Tensor", "``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``; "
-          "entries past ``U_b`` are ignored."),
+    Param(
+        "logits",
+        "Tensor",
+        "unnormalised scores, float16 / bfloat16 / float32 / float64: compact "
+        "``(sum_b T_b*(U_b+1), V)`` (utterance b's (T_b, U_b+1) grid row-major, utterances one after another) or "
+        "padded ``(B, maxT, maxU+1, V)``, picked by ``logits.dim()``. Log-probs are ``x - logsumexp(x)``, accurate "
+        "to about ``|x|`` times the dtype's epsilon: fp32 scores within about +-1e4 keep them to 1e-3 (a common "
+        "offset of 1e8 leaves nothing of them); larger scores still give a finite loss and a finite gradient, "
+        "but a coarse one.",
+    ),
+    Param(
+        "targets",
+        "Tensor",
+        "``(B, S)`` int32 / int64 labels, ``S >= max U_b``, in ``[0, V)`` and not ``blank``; "
+        "entries past ``U_b`` are ignored.",
+    ),
     Param("logit_lengths", "Tensor", "``(B,)`` int32 / int64 frames, ``T_b >= 1``."),
     Param("target_lengths", "Tensor", "``(B,)`` int32 / int64 labels, ``U_b >= 0``."),
 )
-_TRANSDUCER_LOSS_ORDER = ("blank", "reduction", "one_sym_per_frame", "from_log_softmax", "zero_infinity",
-                          "check_inputs", "inplace_grad", "clamp", "fastemit_lambda", "delay_penalty")
+_TRANSDUCER_LOSS_ORDER = (
+    "blank",
+    "reduction",
+    "one_sym_per_frame",
+    "from_log_softmax",
+    "zero_infinity",
+    "check_inputs",
+    "inplace_grad",
+    "clamp",
+    "fastemit_lambda",
+    "delay_penalty",
+)
 TRANSDUCER_LOSS = Entry("transducer_loss", (RNNT,), LOGITS_TENSORS + _TRANSDUCER_LOSS_ORDER)
 _TORCHAUDIO_BLANK = "the blank's column; negative counts from the end (torchaudio's default: the last)."
-RNNT_LOSS = Entry("rnnt_loss", (RNNT,), LOGITS_TENSORS + ("blank", "clamp", "reduction", "fused_log_softmax"),
-                  exclude=("from_log_softmax",), defaults={"blank": -1}, docs={"blank": _TORCHAUDIO_BLANK})
+RNNT_LOSS = Entry(
+    "rnnt_loss",
+    (RNNT,),
+    LOGITS_TENSORS + ("blank", "clamp", "reduction", "fused_log_softmax"),
+    exclude=("from_log_softmax",),
+    defaults={"blank": -1},
+    docs={"blank": _TORCHAUDIO_BLANK},
+)
 
 
 def _transducer_loss(logits, targets, logit_lengths, target_lengths, options):
@@ -50,8 +73,16 @@ def _transducer_loss(logits, targets, logit_lengths, target_lengths, options):
     reduction, zero_infinity, check_inputs = o.pop("reduction"), o.pop("zero_infinity"), o.pop("check_inputs")
     loss_options = LossOptions(blank=blank, **o)
     joint_checks(loss_options)
-    nll = custom_ops.loss_call((logits.contiguous(), None), targets.contiguous(), logit_lengths, target_lengths,
-                               logits.size(-1), loss_options, check_inputs, inplace_grad)
+    nll = custom_ops.loss_call(
+        (logits.contiguous(), None),
+        targets.contiguous(),
+        logit_lengths,
+        target_lengths,
+        logits.size(-1),
+        loss_options,
+        check_inputs,
+        inplace_grad,
+    )
     return reduce_losses(nll, reduction, zero_infinity)
 
 
@@ -61,19 +92,33 @@ def check_inplace_grad(logits):
     own."""
     base = logits._base if logits._base is not None else logits
     if base.requires_grad and base.is_leaf:
-        raise ValueError("inplace_grad: the logits are (a view of) a leaf tensor that requires grad; the gradient "
-                         "would overwrite their values and autograd would copy it into .grad anyway. Use "
-                         "inplace_grad=True only for logits an op produced (a joiner Linear's output that feeds "
-                         "only this loss)")
+        raise ValueError(
+            "inplace_grad: the logits are (a view of) a leaf tensor that requires grad; the gradient "
+            "would overwrite their values and autograd would copy it into .grad anyway. Use "
+            "inplace_grad=True only for logits an op produced (a joiner Linear's output that feeds "
+            "only this loss)"
+        )
 
 
 declare(TRANSDUCER_LOSS)
 
 
-def transducer_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int = 0,
-                    reduction: str = "mean", one_sym_per_frame: bool = False, from_log_softmax: bool = False,
-                    zero_infinity: bool = False, check_inputs: bool = True, inplace_grad: bool = False,
-                    clamp: float = -1.0, fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
+def transducer_loss(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int = 0,
+    reduction: str = "mean",
+    one_sym_per_frame: bool = False,
+    from_log_softmax: bool = False,
+    zero_infinity: bool = False,
+    check_inputs: bool = True,
+    inplace_grad: bool = False,
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     r"""Transducer (RNN-T) loss, or with ``one_sym_per_frame`` the RNA loss, over compact or padded logits.
 
     Args:
@@ -124,10 +169,24 @@ def transducer_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, targ
         ...                        torch.tensor([3, 1]))
         >>> loss.backward()
     """
-    return _transducer_loss(logits, targets, logit_lengths, target_lengths, dict(
-        blank=blank, reduction=reduction, one_sym_per_frame=one_sym_per_frame, from_log_softmax=from_log_softmax,
-        zero_infinity=zero_infinity, check_inputs=check_inputs, inplace_grad=inplace_grad, clamp=clamp,
-        fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty))
+    return _transducer_loss(
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        dict(
+            blank=blank,
+            reduction=reduction,
+            one_sym_per_frame=one_sym_per_frame,
+            from_log_softmax=from_log_softmax,
+            zero_infinity=zero_infinity,
+            check_inputs=check_inputs,
+            inplace_grad=inplace_grad,
+            clamp=clamp,
+            fastemit_lambda=fastemit_lambda,
+            delay_penalty=delay_penalty,
+        ),
+    )
 
 
 def reduce_losses(nll, reduction, zero_infinity):
@@ -143,8 +202,7 @@ def reduce_losses(nll, reduction, zero_infinity):
     return nll if zero_infinity else nll.clone()
 
 
-TRANSDUCERLOSS_MODULE = declare(TRANSDUCER_LOSS._replace(name="TransducerLoss",
-                                                               params=_TRANSDUCER_LOSS_ORDER))
+TRANSDUCERLOSS_MODULE = declare(TRANSDUCER_LOSS._replace(name="TransducerLoss", params=_TRANSDUCER_LOSS_ORDER))
 
 
 class TransducerLoss(LossModule):
@@ -176,14 +234,33 @@ class TransducerLoss(LossModule):
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """
 
-    def __init__(self, blank: int = 0, reduction: str = "mean", one_sym_per_frame: bool = False,
-                 from_log_softmax: bool = False, zero_infinity: bool = False, check_inputs: bool = True,
-                 inplace_grad: bool = False, clamp: float = -1.0, fastemit_lambda: float = 0.0,
-                 delay_penalty: float = 0.0) -> None:
-        super().__init__(dict(
-            blank=blank, reduction=reduction, one_sym_per_frame=one_sym_per_frame, from_log_softmax=from_log_softmax,
-            zero_infinity=zero_infinity, check_inputs=check_inputs, inplace_grad=inplace_grad, clamp=clamp,
-            fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty))
+    def __init__(
+        self,
+        blank: int = 0,
+        reduction: str = "mean",
+        one_sym_per_frame: bool = False,
+        from_log_softmax: bool = False,
+        zero_infinity: bool = False,
+        check_inputs: bool = True,
+        inplace_grad: bool = False,
+        clamp: float = -1.0,
+        fastemit_lambda: float = 0.0,
+        delay_penalty: float = 0.0,
+    ) -> None:
+        super().__init__(
+            dict(
+                blank=blank,
+                reduction=reduction,
+                one_sym_per_frame=one_sym_per_frame,
+                from_log_softmax=from_log_softmax,
+                zero_infinity=zero_infinity,
+                check_inputs=check_inputs,
+                inplace_grad=inplace_grad,
+                clamp=clamp,
+                fastemit_lambda=fastemit_lambda,
+                delay_penalty=delay_penalty,
+            )
+        )
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of compact or padded ``logits`` with the module's options (see :func:`transducer_loss`)."""
@@ -202,10 +279,22 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, options):
 declare(RNNT_LOSS)
 
 
-def rnnt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, blank: int = -1,
-              clamp: float = -1.0, reduction: str = "mean", fused_log_softmax: bool = True, *,
-              one_sym_per_frame: bool = False, zero_infinity: bool = False, check_inputs: bool = True,
-              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
+def rnnt_loss(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int = -1,
+    clamp: float = -1.0,
+    reduction: str = "mean",
+    fused_log_softmax: bool = True,
+    *,
+    one_sym_per_frame: bool = False,
+    zero_infinity: bool = False,
+    check_inputs: bool = True,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     """torchaudio's ``rnnt_loss``, same arguments and semantics: switch with one changed import. The arguments
     after ``fused_log_softmax`` are keyword-only and not torchaudio's: as for :func:`transducer_loss`.
 
@@ -253,10 +342,23 @@ def rnnt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_len
         >>> rnnt_loss(logits, torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), torch.tensor([5, 4]),
         ...           torch.tensor([2, 1])).backward()
     """
-    return _rnnt_loss(logits, targets, logit_lengths, target_lengths, dict(
-        blank=blank, clamp=clamp, reduction=reduction, fused_log_softmax=fused_log_softmax,
-        one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity, check_inputs=check_inputs,
-        fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty))
+    return _rnnt_loss(
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        dict(
+            blank=blank,
+            clamp=clamp,
+            reduction=reduction,
+            fused_log_softmax=fused_log_softmax,
+            one_sym_per_frame=one_sym_per_frame,
+            zero_infinity=zero_infinity,
+            check_inputs=check_inputs,
+            fastemit_lambda=fastemit_lambda,
+            delay_penalty=delay_penalty,
+        ),
+    )
 
 
 RNNTLOSS_MODULE = declare(RNNT_LOSS._replace(name="RNNTLoss", params=RNNT_LOSS.params[4:]))
@@ -290,13 +392,32 @@ class RNNTLoss(LossModule):
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """
 
-    def __init__(self, blank: int = -1, clamp: float = -1.0, reduction: str = "mean", fused_log_softmax: bool = True,
-                 *, one_sym_per_frame: bool = False, zero_infinity: bool = False, check_inputs: bool = True,
-                 fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> None:
-        super().__init__(dict(
-            blank=blank, clamp=clamp, reduction=reduction, fused_log_softmax=fused_log_softmax,
-            one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity, check_inputs=check_inputs,
-            fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty))
+    def __init__(
+        self,
+        blank: int = -1,
+        clamp: float = -1.0,
+        reduction: str = "mean",
+        fused_log_softmax: bool = True,
+        *,
+        one_sym_per_frame: bool = False,
+        zero_infinity: bool = False,
+        check_inputs: bool = True,
+        fastemit_lambda: float = 0.0,
+        delay_penalty: float = 0.0,
+    ) -> None:
+        super().__init__(
+            dict(
+                blank=blank,
+                clamp=clamp,
+                reduction=reduction,
+                fused_log_softmax=fused_log_softmax,
+                one_sym_per_frame=one_sym_per_frame,
+                zero_infinity=zero_infinity,
+                check_inputs=check_inputs,
+                fastemit_lambda=fastemit_lambda,
+                delay_penalty=delay_penalty,
+            )
+        )
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of ``logits`` with the module's options (see :func:`rnnt_loss`)."""

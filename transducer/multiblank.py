@@ -17,15 +17,31 @@ from .options import MULTIBLANK, REQUIRED, LossOptions, check_device_limits, joi
 
 __all__ = ["multiblank_loss", "MultiblankLoss"]
 
-_ORDER = ("big_blank_durations", "blank", "sigma", "reduction", "fastemit_lambda", "clamp", "zero_infinity",
-          "check_inputs", "delay_penalty")
-_DOCS = {"blank": "the standard blank's column (duration 1), in ``[-V, V)``; negative counts from the end (NeMo's "
-                  "models put it last: ``-1``).",
-         "sigma": "logit under-normalisation: every log-prob is ``log_softmax - sigma``.",
-         "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s '
-                      "``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first)."}
-MULTIBLANK_LOSS = Entry("multiblank_loss", (MULTIBLANK,), LOGITS_TENSORS + _ORDER,
-                        defaults={"big_blank_durations": REQUIRED, "blank": REQUIRED}, docs=_DOCS)
+_ORDER = (
+    "big_blank_durations",
+    "blank",
+    "sigma",
+    "reduction",
+    "fastemit_lambda",
+    "clamp",
+    "zero_infinity",
+    "check_inputs",
+    "delay_penalty",
+)
+_DOCS = {
+    "blank": "the standard blank's column (duration 1), in ``[-V, V)``; negative counts from the end (NeMo's "
+    "models put it last: ``-1``).",
+    "sigma": "logit under-normalisation: every log-prob is ``log_softmax - sigma``.",
+    "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s '
+    "``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).",
+}
+MULTIBLANK_LOSS = Entry(
+    "multiblank_loss",
+    (MULTIBLANK,),
+    LOGITS_TENSORS + _ORDER,
+    defaults={"big_blank_durations": REQUIRED, "blank": REQUIRED},
+    docs=_DOCS,
+)
 
 
 def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
@@ -39,18 +55,36 @@ def _multiblank_loss(logits, targets, logit_lengths, target_lengths, options):
     loss_options = LossOptions(blank=blank, **o)
     check_device_limits(loss_options, logits.device)
     joint_checks(loss_options)
-    nll = loss_call((logits.contiguous(), None), targets.contiguous(), logit_lengths, target_lengths, logits.size(-1),
-                    loss_options, check_inputs)
+    nll = loss_call(
+        (logits.contiguous(), None),
+        targets.contiguous(),
+        logit_lengths,
+        target_lengths,
+        logits.size(-1),
+        loss_options,
+        check_inputs,
+    )
     return reduce_losses(nll, reduction, zero_infinity)
 
 
 declare(MULTIBLANK_LOSS)
 
 
-def multiblank_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
-                    big_blank_durations: Sequence[int], blank: int, sigma: float = 0.0, reduction: str = "mean",
-                    fastemit_lambda: float = 0.0, clamp: float = -1.0, zero_infinity: bool = False,
-                    check_inputs: bool = True, delay_penalty: float = 0.0) -> Tensor:
+def multiblank_loss(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    big_blank_durations: Sequence[int],
+    blank: int,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
+    zero_infinity: bool = False,
+    check_inputs: bool = True,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     r"""Multi-blank RNN-T loss (NeMo's semantics), over compact or padded logits: RNN-T with K big blanks that
     consume several frames at once.
 
@@ -100,18 +134,32 @@ def multiblank_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, targ
         >>> multiblank_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1]),
         ...                 big_blank_durations=[2, 4], blank=-1).backward()
     """
-    return _multiblank_loss(logits, targets, logit_lengths, target_lengths, dict(
-        big_blank_durations=big_blank_durations, blank=blank, sigma=sigma, reduction=reduction,
-        fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity, check_inputs=check_inputs,
-        delay_penalty=delay_penalty))
+    return _multiblank_loss(
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        dict(
+            big_blank_durations=big_blank_durations,
+            blank=blank,
+            sigma=sigma,
+            reduction=reduction,
+            fastemit_lambda=fastemit_lambda,
+            clamp=clamp,
+            zero_infinity=zero_infinity,
+            check_inputs=check_inputs,
+            delay_penalty=delay_penalty,
+        ),
+    )
 
 
 def _check_given(options):
     """The checked options hold the big blanks' durations (an option the other losses leave out, so None by
     default)."""
     if not options["big_blank_durations"]:
-        raise ValueError("big_blank_durations: the multi-blank loss needs its big blanks' durations (distinct ints "
-                         ">= 2), got None")
+        raise ValueError(
+            "big_blank_durations: the multi-blank loss needs its big blanks' durations (distinct ints >= 2), got None"
+        )
 
 
 MULTIBLANKLOSS_MODULE = declare(MULTIBLANK_LOSS._replace(name="MultiblankLoss", params=_ORDER))
@@ -145,13 +193,31 @@ class MultiblankLoss(LossModule):
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """
 
-    def __init__(self, big_blank_durations: Sequence[int], blank: int, sigma: float = 0.0, reduction: str = "mean",
-                 fastemit_lambda: float = 0.0, clamp: float = -1.0, zero_infinity: bool = False,
-                 check_inputs: bool = True, delay_penalty: float = 0.0) -> None:
-        super().__init__(dict(
-            big_blank_durations=big_blank_durations, blank=blank, sigma=sigma, reduction=reduction,
-            fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity, check_inputs=check_inputs,
-            delay_penalty=delay_penalty))
+    def __init__(
+        self,
+        big_blank_durations: Sequence[int],
+        blank: int,
+        sigma: float = 0.0,
+        reduction: str = "mean",
+        fastemit_lambda: float = 0.0,
+        clamp: float = -1.0,
+        zero_infinity: bool = False,
+        check_inputs: bool = True,
+        delay_penalty: float = 0.0,
+    ) -> None:
+        super().__init__(
+            dict(
+                big_blank_durations=big_blank_durations,
+                blank=blank,
+                sigma=sigma,
+                reduction=reduction,
+                fastemit_lambda=fastemit_lambda,
+                clamp=clamp,
+                zero_infinity=zero_infinity,
+                check_inputs=check_inputs,
+                delay_penalty=delay_penalty,
+            )
+        )
 
     def check(self, options):
         """The durations given, and fitting before a blank counted from the start (one counted from the end fits

@@ -26,8 +26,16 @@ from .checks import (
 from .joiner import ACTIVATIONS, check_activation, check_dropout
 from .layout import MAX_DURATIONS
 
-__all__ = ["Option", "OPTIONS", "BY_NAME", "LossOptions", "SUPPORTED", "LATTICES", "joint_checks",
-           "check_device_limits"]
+__all__ = [
+    "Option",
+    "OPTIONS",
+    "BY_NAME",
+    "LossOptions",
+    "SUPPORTED",
+    "LATTICES",
+    "joint_checks",
+    "check_device_limits",
+]
 
 #: The lattices, by the names their losses' errors use (transducer/lattices.py: Kind.name).
 LATTICES = ("RNN-T", "TDT", "multi-blank RNN-T")
@@ -44,13 +52,14 @@ class Option(NamedTuple):
     ``LossOptions`` (``field_type`` says how it travels flat), taken by every public entry of those lattices.
     An option with ``reads`` None is the entry's own (the reduction, the fused loss's joiner): ``entries`` names
     the entries that take it (None: every loss)."""
+
     name: str
-    annotation: str                  # the type as the signature and the docstring show it
-    default: Any                     # the public default (REQUIRED: none)
-    doc: str                         # what it does, one sentence or two
-    check: Callable[[Any], Any]      # the value -> the value the loss uses; TypeError / ValueError naming the option
-    reads: Optional[dict] = None     # lattice name -> backends whose stages read it
-    field_type: str = ""             # "int", "bool", "float" or "tuple": its form in LossOptions
+    annotation: str  # the type as the signature and the docstring show it
+    default: Any  # the public default (REQUIRED: none)
+    doc: str  # what it does, one sentence or two
+    check: Callable[[Any], Any]  # the value -> the value the loss uses; TypeError / ValueError naming the option
+    reads: Optional[dict] = None  # lattice name -> backends whose stages read it
+    field_type: str = ""  # "int", "bool", "float" or "tuple": its form in LossOptions
     entries: Optional[Tuple[str, ...]] = None  # for an entry's own option: the entries that take it (None: every loss)
 
     @property
@@ -75,6 +84,7 @@ def _flag(name):
         if not is_flag(value):
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
         return bool(value)
+
     return check
 
 
@@ -84,6 +94,7 @@ def _finite(name):
         if not math.isfinite(value):
             raise ValueError(f"{name}: expected a finite number, got {value!r}")
         return value
+
     return check
 
 
@@ -105,8 +116,10 @@ FASTEMIT_LAMBDA_MAX = 65503.0
 def _fastemit_lambda(value):
     value = _number("fastemit_lambda", value)
     if not 0 <= value <= FASTEMIT_LAMBDA_MAX:
-        raise ValueError(f"fastemit_lambda: expected a number in [0, {FASTEMIT_LAMBDA_MAX:g}] (1 + fastemit_lambda "
-                         f"bounds the gradient's entries, finite in float16), got {value!r}")
+        raise ValueError(
+            f"fastemit_lambda: expected a number in [0, {FASTEMIT_LAMBDA_MAX:g}] (1 + fastemit_lambda "
+            f"bounds the gradient's entries, finite in float16), got {value!r}"
+        )
     return value
 
 
@@ -153,57 +166,182 @@ _FUSED = ("fused_joiner_loss", "FusedJoinerLoss")
 
 #: Every option, in the order LossOptions' fields and the signatures' keyword-only tails follow.
 OPTIONS = (
-    Option("blank", "int", 0, "the blank's column, in ``[-V, V)``; negative counts from the end.", check_blank_type,
-           {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "int"),
-    Option("reduction", "str", "mean", '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as '
-           'torchaudio).', _reduction),
-    Option("one_sym_per_frame", "bool", False, "RNA: a label moves (t, u) -> (t+1, u+1); an utterance with "
-           "``U_b > T_b - 1`` has no alignment and loss ``+inf``.", _flag("one_sym_per_frame"), {RNNT: _BOTH}, "bool"),
-    Option("from_log_softmax", "bool", False, "the logits are log-probabilities already; the gradient is w.r.t. "
-           "them.", _flag("from_log_softmax"), {RNNT: _BOTH}, "bool"),
-    Option("fused_log_softmax", "bool", True, "``False``: the logits are log-probabilities (torchaudio's spelling of "
-           "``not from_log_softmax``).", _flag("fused_log_softmax"), entries=("rnnt_loss", "RNNTLoss")),
-    Option("zero_infinity", "bool", False, "infinite losses become 0 (their gradient is zero either way); NaN "
-           "losses stay NaN.", _flag("zero_infinity")),
-    Option("check_inputs", "bool", True, "check lengths and labels against the tensors (on CUDA one small "
-           "device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs), "
-           "out-of-range values give undefined results.", _flag("check_inputs")),
-    Option("inplace_grad", "bool", False, "write the gradient over the logits in backward, saving a logits-sized "
-           "buffer; for logits an op produced that nothing else needs (a joiner ``Linear``'s output). A leaf that "
-           "requires grad (or a view of one) is refused with a ValueError.", _flag("inplace_grad"),
-           entries=("transducer_loss", "TransducerLoss")),
-    Option("clamp", "float", -1.0, "if > 0, each gradient element for a unit incoming gradient is clamped to "
-           "``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores' "
-           "gradient alone, as NeMo's).", _clamp, {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
-    Option("fastemit_lambda", "float", 0.0, "FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob "
-           "times ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries "
-           "reach ``1 + fastemit_lambda``, which stays finite in float16.", _fastemit_lambda,
-           {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
-    Option("delay_penalty", "float", 0.0, "k2's delay penalty: the label log-prob of cell (t, u) of utterance b "
-           "gets ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion.", _finite("delay_penalty"),
-           {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
-    Option("durations", "list of int", None, "TDT's durations (frames a symbol covers): distinct ints in "
-           "[0, 65535], at least one >= 1, at most 16 (``layout.MAX_DURATIONS``) on CUDA; the last D = len(durations) "
-           "score columns are theirs.", _durations, {TDT: _BOTH}, "tuple"),
-    Option("sigma", "float", 0.0, "logit under-normalisation: token log-probs are ``log_softmax - sigma``.",
-           _finite("sigma"), {TDT: _BOTH, MULTIBLANK: _BOTH}, "float"),
-    Option("omega", "float", 0.0, "in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain "
-           "RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it).", _omega,
-           {TDT: _BOTH}, "float"),
-    Option("big_blank_durations", "list of int", None, "the multi-blank loss's K big blanks' durations, distinct "
-           "ints in [2, 65535] (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.",
-           _big_blank_durations, {MULTIBLANK: _BOTH}, "tuple"),
-    Option("activation", "str", "tanh", f"the joiner's activation, one of {', '.join(map(repr, ACTIVATIONS))} "
-           "(transducer/joiner.py).", _activation, entries=_FUSED),
-    Option("dropout", "float", 0.0, "the rate of dropout on the joiner's hidden, after the activation (NeMo's "
-           "joint); its mask is a hash of a seed drawn from ``generator`` and of each element's (row, column), the "
-           "same in backward's recompute (``transducer.joiner.dropout_mask``); 0 draws nothing.", _dropout,
-           entries=_FUSED),
-    Option("generator", "torch.Generator", None, "a CPU generator for dropout's seed (None: torch's default one).",
-           _generator, entries=("fused_joiner_loss",)),
-    Option("max_rows", "int", None, "rows per tile (None: tile buffers of about 256 MiB on CUDA, 16 MiB on the "
-           "CPU); forward's on the Hopper kernels, which hold no logits, take the same bytes.", _max_rows,
-           entries=_FUSED),
+    Option(
+        "blank",
+        "int",
+        0,
+        "the blank's column, in ``[-V, V)``; negative counts from the end.",
+        check_blank_type,
+        {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH},
+        "int",
+    ),
+    Option(
+        "reduction",
+        "str",
+        "mean",
+        '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as torchaudio).',
+        _reduction,
+    ),
+    Option(
+        "one_sym_per_frame",
+        "bool",
+        False,
+        "RNA: a label moves (t, u) -> (t+1, u+1); an utterance with "
+        "``U_b > T_b - 1`` has no alignment and loss ``+inf``.",
+        _flag("one_sym_per_frame"),
+        {RNNT: _BOTH},
+        "bool",
+    ),
+    Option(
+        "from_log_softmax",
+        "bool",
+        False,
+        "the logits are log-probabilities already; the gradient is w.r.t. them.",
+        _flag("from_log_softmax"),
+        {RNNT: _BOTH},
+        "bool",
+    ),
+    Option(
+        "fused_log_softmax",
+        "bool",
+        True,
+        "``False``: the logits are log-probabilities (torchaudio's spelling of ``not from_log_softmax``).",
+        _flag("fused_log_softmax"),
+        entries=("rnnt_loss", "RNNTLoss"),
+    ),
+    Option(
+        "zero_infinity",
+        "bool",
+        False,
+        "infinite losses become 0 (their gradient is zero either way); NaN losses stay NaN.",
+        _flag("zero_infinity"),
+    ),
+    Option(
+        "check_inputs",
+        "bool",
+        True,
+        "check lengths and labels against the tensors (on CUDA one small "
+        "device-to-host read, overlapping the first pass); ``False``: no host synchronisation (CUDA graphs), "
+        "out-of-range values give undefined results.",
+        _flag("check_inputs"),
+    ),
+    Option(
+        "inplace_grad",
+        "bool",
+        False,
+        "write the gradient over the logits in backward, saving a logits-sized "
+        "buffer; for logits an op produced that nothing else needs (a joiner ``Linear``'s output). A leaf that "
+        "requires grad (or a view of one) is refused with a ValueError.",
+        _flag("inplace_grad"),
+        entries=("transducer_loss", "TransducerLoss"),
+    ),
+    Option(
+        "clamp",
+        "float",
+        -1.0,
+        "if > 0, each gradient element for a unit incoming gradient is clamped to "
+        "``[-clamp, clamp]`` before the incoming gradient scales it (torchaudio's; TDT: the token scores' "
+        "gradient alone, as NeMo's).",
+        _clamp,
+        {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH},
+        "float",
+    ),
+    Option(
+        "fastemit_lambda",
+        "float",
+        0.0,
+        "FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob "
+        "times ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries "
+        "reach ``1 + fastemit_lambda``, which stays finite in float16.",
+        _fastemit_lambda,
+        {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH},
+        "float",
+    ),
+    Option(
+        "delay_penalty",
+        "float",
+        0.0,
+        "k2's delay penalty: the label log-prob of cell (t, u) of utterance b "
+        "gets ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion.",
+        _finite("delay_penalty"),
+        {RNNT: _BOTH, TDT: _BOTH, MULTIBLANK: _BOTH},
+        "float",
+    ),
+    Option(
+        "durations",
+        "list of int",
+        None,
+        "TDT's durations (frames a symbol covers): distinct ints in "
+        "[0, 65535], at least one >= 1, at most 16 (``layout.MAX_DURATIONS``) on CUDA; the last D = len(durations) "
+        "score columns are theirs.",
+        _durations,
+        {TDT: _BOTH},
+        "tuple",
+    ),
+    Option(
+        "sigma",
+        "float",
+        0.0,
+        "logit under-normalisation: token log-probs are ``log_softmax - sigma``.",
+        _finite("sigma"),
+        {TDT: _BOTH, MULTIBLANK: _BOTH},
+        "float",
+    ),
+    Option(
+        "omega",
+        "float",
+        0.0,
+        "in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain "
+        "RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it).",
+        _omega,
+        {TDT: _BOTH},
+        "float",
+    ),
+    Option(
+        "big_blank_durations",
+        "list of int",
+        None,
+        "the multi-blank loss's K big blanks' durations, distinct "
+        "ints in [2, 65535] (at most 14 on CUDA); big blank i is the column ``blank - 1 - i``.",
+        _big_blank_durations,
+        {MULTIBLANK: _BOTH},
+        "tuple",
+    ),
+    Option(
+        "activation",
+        "str",
+        "tanh",
+        f"the joiner's activation, one of {', '.join(map(repr, ACTIVATIONS))} (transducer/joiner.py).",
+        _activation,
+        entries=_FUSED,
+    ),
+    Option(
+        "dropout",
+        "float",
+        0.0,
+        "the rate of dropout on the joiner's hidden, after the activation (NeMo's "
+        "joint); its mask is a hash of a seed drawn from ``generator`` and of each element's (row, column), the "
+        "same in backward's recompute (``transducer.joiner.dropout_mask``); 0 draws nothing.",
+        _dropout,
+        entries=_FUSED,
+    ),
+    Option(
+        "generator",
+        "torch.Generator",
+        None,
+        "a CPU generator for dropout's seed (None: torch's default one).",
+        _generator,
+        entries=("fused_joiner_loss",),
+    ),
+    Option(
+        "max_rows",
+        "int",
+        None,
+        "rows per tile (None: tile buffers of about 256 MiB on CUDA, 16 MiB on the "
+        "CPU); forward's on the Hopper kernels, which hold no logits, take the same bytes.",
+        _max_rows,
+        entries=_FUSED,
+    ),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 _FIELDS = tuple(option for option in OPTIONS if option.reads is not None)
@@ -284,8 +422,10 @@ _FLAT_KINDS = tuple((option.name, option.field_type) for option in _FIELDS)
 #: The LossOptions fields each lattice's stages take, and the backends that take each (from ``OPTIONS``). A
 #: field set to other than its default for a lattice or backend not listed is refused
 #: (lattices.check_supported); the tests walk every field and backend from it (tests/test_options.py).
-SUPPORTED = {lattice: {option.name: option.reads[lattice] for option in _FIELDS if lattice in option.reads}
-             for lattice in LATTICES}
+SUPPORTED = {
+    lattice: {option.name: option.reads[lattice] for option in _FIELDS if lattice in option.reads}
+    for lattice in LATTICES
+}
 
 
 # ------------------------------------------------------------------------------- checks of several options
@@ -315,5 +455,7 @@ def check_device_limits(options, device):
     if len(options.durations) > MAX_DURATIONS:
         raise ValueError(f"durations: at most {MAX_DURATIONS} on CUDA, got {len(options.durations)}")
     if len(options.big_blank_durations) > MAX_DURATIONS - 2:
-        raise ValueError(f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA, got "
-                         f"{len(options.big_blank_durations)}")
+        raise ValueError(
+            f"big_blank_durations: at most {MAX_DURATIONS - 2} big blanks on CUDA, got "
+            f"{len(options.big_blank_durations)}"
+        )

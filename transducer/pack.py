@@ -37,14 +37,19 @@ def pack(encoder_out: Tensor, predictor_out: Tensor, logit_lengths: Tensor, targ
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), encoder_out.device, "encoder_out")
     B, max_t, D = encoder_out.shape
     if D == 0:
-        raise ValueError(f"encoder_out: expected rows of at least one entry (B, maxT, D >= 1), got shape "
-                         f"{tuple(encoder_out.shape)}")
+        raise ValueError(
+            f"encoder_out: expected rows of at least one entry (B, maxT, D >= 1), got shape {tuple(encoder_out.shape)}"
+        )
     if predictor_out.size(0) != B or predictor_out.size(2) != D:
-        raise ValueError(f"predictor_out: expected shape ({B}, maxU+1, {D}) to match encoder_out "
-                         f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}")
+        raise ValueError(
+            f"predictor_out: expected shape ({B}, maxU+1, {D}) to match encoder_out "
+            f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}"
+        )
     if logit_lengths.shape != (B,) or target_lengths.shape != (B,):
-        raise ValueError(f"logit_lengths, target_lengths: expected shape ({B},), got "
-                         f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}")
+        raise ValueError(
+            f"logit_lengths, target_lengths: expected shape ({B},), got "
+            f"{tuple(logit_lengths.shape)} and {tuple(target_lengths.shape)}"
+        )
     check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_lengths)
     return custom_ops.pack(encoder_out.contiguous(), predictor_out.contiguous(), logit_lengths, target_lengths)[0]
 
@@ -55,8 +60,11 @@ def check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_len
     copied): lengths whose rows the kernels cannot index are refused before the copy (the op checks them again
     after it, for every shape). One host read of the lengths' layout on that rare path."""
     bound = encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
-    if torch.compiler.is_compiling() or bound <= MAX_ROWS or (encoder_out.is_contiguous() and
-                                                              predictor_out.is_contiguous()):
+    if (
+        torch.compiler.is_compiling()
+        or bound <= MAX_ROWS
+        or (encoder_out.is_contiguous() and predictor_out.is_contiguous())
+    ):
         return
     layout = stages_for(encoder_out.device).layout(logit_lengths, target_lengths, predictor_out.size(1))
     check_pack_values(encoder_out, predictor_out, layout.stats.tolist())

@@ -30,9 +30,17 @@ def _label_log_probs(label_lp, fastemit_lambda, delay_penalty):
     return label_lp
 
 
-def transducer_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
-                              blank: int = 0, one_sym_per_frame: bool = False, from_log_softmax: bool = False,
-                              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
+def transducer_loss_reference(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int = 0,
+    one_sym_per_frame: bool = False,
+    from_log_softmax: bool = False,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     """Negative log-likelihood per utterance, shape (B,), in logits' dtype.
 
     logits (B, maxT, maxU+1, V); targets (B, S); logit_lengths, target_lengths (B,).
@@ -49,14 +57,14 @@ def transducer_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Te
     for b in range(logits.size(0)):
         T, U = int(logit_lengths[b]), int(target_lengths[b])
         if from_log_softmax:  # -inf log-probs are legal; a NaN blank log-prob anywhere is not
-            non_finite = bool(torch.isnan(log_probs[b, :T, :U + 1, blank]).any())
+            non_finite = bool(torch.isnan(log_probs[b, :T, : U + 1, blank]).any())
         else:
-            non_finite = not torch.isfinite(logits[b, :T, :U + 1]).all()
+            non_finite = not torch.isfinite(logits[b, :T, : U + 1]).all()
         if one_sym_per_frame and U > T - 1:
             losses.append(log_probs.new_tensor(math.nan if non_finite else math.inf))
             continue
         y = targets[b, :U].long()
-        blank_lp = log_probs[b, :T, :U + 1, blank]
+        blank_lp = log_probs[b, :T, : U + 1, blank]
         emit_lp = _label_log_probs(log_probs[b, :T, torch.arange(U), y], fastemit_lambda, delay_penalty)  # (T, U)
         alpha = {(0, 0): log_probs.new_zeros(())}
         for t in range(T):
@@ -80,9 +88,18 @@ def transducer_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Te
     return torch.stack(losses)
 
 
-def tdt_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
-                       durations: Sequence[int], blank: int = 0, sigma: float = 0.0, omega: float = 0.0,
-                       fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
+def tdt_loss_reference(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    durations: Sequence[int],
+    blank: int = 0,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     """The Token-and-Duration Transducer (TDT) loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,),
     in logits' dtype.
 
@@ -100,27 +117,43 @@ def tdt_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, t
     V = logits.size(-1) - len(durations)
     tok = logits[..., :V].log_softmax(dim=-1) - sigma
     dur = logits[..., V:].log_softmax(dim=-1)
-    tdt = tdt_loss_from_log_probs(tok, dur, targets, logit_lengths, target_lengths, durations, blank,
-                                  fastemit_lambda, delay_penalty)
+    tdt = tdt_loss_from_log_probs(
+        tok, dur, targets, logit_lengths, target_lengths, durations, blank, fastemit_lambda, delay_penalty
+    )
     rnnt = None
     if omega:
-        rnnt = transducer_loss_reference(logits[..., :V], targets, logit_lengths, target_lengths, blank,
-                                         fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
+        rnnt = transducer_loss_reference(
+            logits[..., :V],
+            targets,
+            logit_lengths,
+            target_lengths,
+            blank,
+            fastemit_lambda=fastemit_lambda,
+            delay_penalty=delay_penalty,
+        )
     losses = []
     for b in range(logits.size(0)):
         T, U = int(logit_lengths[b]), int(target_lengths[b])
         loss = tdt[b]
         if omega and math.isfinite(float(loss.detach())):
             loss = (1 - omega) * loss + omega * rnnt[b]
-        if not torch.isfinite(logits[b, :T, :U + 1]).all():
+        if not torch.isfinite(logits[b, :T, : U + 1]).all():
             loss = loss + math.nan
         losses.append(loss)
     return torch.stack(losses)
 
 
-def tdt_loss_from_log_probs(tok: Tensor, dur: Tensor, targets: Tensor, logit_lengths: Tensor,
-                            target_lengths: Tensor, durations: Sequence[int], blank: int = 0,
-                            fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
+def tdt_loss_from_log_probs(
+    tok: Tensor,
+    dur: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    durations: Sequence[int],
+    blank: int = 0,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     """-log of the summed weight of every TDT alignment, per utterance, from the token log-probs tok
     (B, maxT, maxU+1, V) (sigma already subtracted) and the duration log-probs dur (B, maxT, maxU+1, D).
     +inf (a constant) where no alignment exists. No check of finiteness."""
@@ -128,9 +161,9 @@ def tdt_loss_from_log_probs(tok: Tensor, dur: Tensor, targets: Tensor, logit_len
     for b in range(tok.size(0)):
         T, U = int(logit_lengths[b]), int(target_lengths[b])
         y = targets[b, :U].long()
-        blank_lp = tok[b, :T, :U + 1, blank]                 # (T, U+1)
+        blank_lp = tok[b, :T, : U + 1, blank]  # (T, U+1)
         label_lp = _label_log_probs(tok[b, :T, torch.arange(U), y], fastemit_lambda, delay_penalty)  # y_{u+1}, (t, u)
-        dur_lp = dur[b, :T, :U + 1]                          # (T, U+1, D)
+        dur_lp = dur[b, :T, : U + 1]  # (T, U+1, D)
         alpha = {(0, 0): tok.new_zeros(())} if T > 0 else {}
         for t in range(T):
             for u in range(U + 1):
@@ -144,15 +177,26 @@ def tdt_loss_from_log_probs(tok: Tensor, dur: Tensor, targets: Tensor, logit_len
                         terms.append(alpha[t - d, u - 1] + label_lp[t - d, u - 1] + dur_lp[t - d, u - 1, i])
                 if terms:
                     alpha[t, u] = _logsumexp(terms)
-        final = [alpha[T - d, U] + blank_lp[T - d, U] + dur_lp[T - d, U, i]
-                 for i, d in enumerate(durations) if d >= 1 and (T - d, U) in alpha]
+        final = [
+            alpha[T - d, U] + blank_lp[T - d, U] + dur_lp[T - d, U, i]
+            for i, d in enumerate(durations)
+            if d >= 1 and (T - d, U) in alpha
+        ]
         losses.append(-_logsumexp(final) if final else tok.new_tensor(math.inf))
     return torch.stack(losses)
 
 
-def multiblank_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
-                              big_blank_durations: Sequence[int], blank: int, sigma: float = 0.0,
-                              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0) -> Tensor:
+def multiblank_loss_reference(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    big_blank_durations: Sequence[int],
+    blank: int,
+    sigma: float = 0.0,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     """The multi-blank RNN-T loss (Xu et al. 2023, NeMo's semantics) per utterance, shape (B,), in logits' dtype.
 
     logits (B, maxT, maxU+1, V); every log-prob is log_softmax(logits) - sigma. From cell (t, u) the label y_{u+1}
@@ -168,7 +212,7 @@ def multiblank_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Te
     for b in range(logits.size(0)):
         T, U = int(logit_lengths[b]), int(target_lengths[b])
         y = targets[b, :U].long()
-        blanks = lp[b, :T, :U + 1][..., columns]                # (T, U+1, 1 + K): the blank arcs' log-probs
+        blanks = lp[b, :T, : U + 1][..., columns]  # (T, U+1, 1 + K): the blank arcs' log-probs
         label_lp = _label_log_probs(lp[b, :T, torch.arange(U), y], fastemit_lambda, delay_penalty)  # y_{u+1}, (t, u)
         alpha = {(0, 0): lp.new_zeros(())}
         for t in range(T):
@@ -182,7 +226,7 @@ def multiblank_loss_reference(logits: Tensor, targets: Tensor, logit_lengths: Te
                     alpha[t, u] = _logsumexp(terms)
         final = [alpha[T - d, U] + blanks[T - d, U, i] for i, d in enumerate(durations) if (T - d, U) in alpha]
         loss = -_logsumexp(final) if final else lp.new_tensor(math.inf)
-        if not torch.isfinite(logits[b, :T, :U + 1]).all():
+        if not torch.isfinite(logits[b, :T, : U + 1]).all():
             loss = loss + math.nan
         losses.append(loss)
     return torch.stack(losses)

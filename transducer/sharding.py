@@ -30,10 +30,12 @@ def full_parameters(weight, bias, **inputs):
         return weight, bias
     for name, x in inputs.items():
         if isinstance(x, dtensor):
-            raise TypeError(f"{name}: expected a plain torch.Tensor (each rank's own batch, as under DDP or FSDP), got "
-                            f"a DTensor with placements {x.placements} over a {x.device_mesh.ndim}-D device mesh: "
-                            f"sharded or replicated activations (tensor or sequence parallelism) are not supported; "
-                            f"pass {name}.full_tensor()")
+            raise TypeError(
+                f"{name}: expected a plain torch.Tensor (each rank's own batch, as under DDP or FSDP), got "
+                f"a DTensor with placements {x.placements} over a {x.device_mesh.ndim}-D device mesh: "
+                f"sharded or replicated activations (tensor or sequence parallelism) are not supported; "
+                f"pass {name}.full_tensor()"
+            )
     return _full("weight", weight, dtensor), _full("bias", bias, dtensor)
 
 
@@ -44,10 +46,12 @@ def _full(name, x, dtensor):
 
     mesh, placements = x.device_mesh, x.placements
     if mesh.ndim != 1 or not (placements[0].is_shard(0) or placements[0].is_replicate()):
-        raise ValueError(f"{name}: a DTensor with placements {placements} over a {mesh.ndim}-D device mesh is not "
-                         f"supported: the fused loss gathers a parameter sharded along dim 0 (FSDP2's fully_shard) "
-                         f"or replicated, over a 1-D mesh. For HSDP or tensor parallelism, make the module that "
-                         f"calls the loss (FusedJoinerLoss, or the model's joint) the unit holding this Linear, so "
-                         f"that its forward gathers the parameter, or pass {name}.full_tensor()")
+        raise ValueError(
+            f"{name}: a DTensor with placements {placements} over a {mesh.ndim}-D device mesh is not "
+            f"supported: the fused loss gathers a parameter sharded along dim 0 (FSDP2's fully_shard) "
+            f"or replicated, over a 1-D mesh. For HSDP or tensor parallelism, make the module that "
+            f"calls the loss (FusedJoinerLoss, or the model's joint) the unit holding this Linear, so "
+            f"that its forward gathers the parameter, or pass {name}.full_tensor()"
+        )
     # backward: the full gradient of each rank, a partial mean, reduce-scattered (Shard) or all-reduced (Replicate)
     return x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial("avg")])

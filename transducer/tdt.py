@@ -15,22 +15,45 @@ from .options import REQUIRED, TDT, LossOptions, check_device_limits, joint_chec
 
 __all__ = ["tdt_loss", "TDTLoss"]
 
-_DURATION_LOGITS = Param("duration_logits", "Tensor", "``(sum_TU, D)`` or ``(B, maxT, maxU+1, D)``: the duration head "
-                         "on its own (transformers' joint has two heads; concatenating them would copy the largest "
-                         "tensor of the step); None: the last D columns of ``logits``.", None)
-_ORDER = ("durations", "blank", "sigma", "omega", "reduction", "fastemit_lambda", "clamp", "zero_infinity",
-          "check_inputs", _DURATION_LOGITS, "delay_penalty")
-_TDT_LOGITS = Param("logits", "Tensor", "compact ``(sum_b T_b*(U_b+1), V + D)`` or padded "
-                    "``(B, maxT, maxU+1, V + D)``, float16 / bfloat16 / float32 / float64: V token scores (blank "
-                    "among them) then D = len(durations) duration scores per row (NeMo's joint); with "
-                    "``duration_logits``, the V token scores alone. Rows with a unit last stride are read in place (a "
-                    "column slice of a wider tensor), other layouts copied once.")
-_DOCS = {"blank": "the blank among the token columns, in ``[-V, V)``; negative counts from the end (``-1``: NeMo's "
-                  "blank, the last token column).",
-         "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s ``TDTLossNumba``; '
-                      "NeMo's ``RNNTLoss`` and transformers divide by the target lengths first)."}
-TDT_LOSS = Entry("tdt_loss", (TDT,), (_TDT_LOGITS,) + LOGITS_TENSORS[1:] + _ORDER, defaults={"durations": REQUIRED},
-                 docs=_DOCS)
+_DURATION_LOGITS = Param(
+    "duration_logits",
+    "Tensor",
+    "``(sum_TU, D)`` or ``(B, maxT, maxU+1, D)``: the duration head "
+    "on its own (transformers' joint has two heads; concatenating them would copy the largest "
+    "tensor of the step); None: the last D columns of ``logits``.",
+    None,
+)
+_ORDER = (
+    "durations",
+    "blank",
+    "sigma",
+    "omega",
+    "reduction",
+    "fastemit_lambda",
+    "clamp",
+    "zero_infinity",
+    "check_inputs",
+    _DURATION_LOGITS,
+    "delay_penalty",
+)
+_TDT_LOGITS = Param(
+    "logits",
+    "Tensor",
+    "compact ``(sum_b T_b*(U_b+1), V + D)`` or padded "
+    "``(B, maxT, maxU+1, V + D)``, float16 / bfloat16 / float32 / float64: V token scores (blank "
+    "among them) then D = len(durations) duration scores per row (NeMo's joint); with "
+    "``duration_logits``, the V token scores alone. Rows with a unit last stride are read in place (a "
+    "column slice of a wider tensor), other layouts copied once.",
+)
+_DOCS = {
+    "blank": "the blank among the token columns, in ``[-V, V)``; negative counts from the end (``-1``: NeMo's "
+    "blank, the last token column).",
+    "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s ``TDTLossNumba``; '
+    "NeMo's ``RNNTLoss`` and transformers divide by the target lengths first).",
+}
+TDT_LOSS = Entry(
+    "tdt_loss", (TDT,), (_TDT_LOGITS,) + LOGITS_TENSORS[1:] + _ORDER, defaults={"durations": REQUIRED}, docs=_DOCS
+)
 
 
 def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, options):
@@ -45,8 +68,10 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
     else:
         check_tensor("duration_logits", duration_logits, (logits.dtype,), (logits.dim(),), device)
         if duration_logits.shape[:-1] != logits.shape[:-1] or duration_logits.size(-1) != D:
-            raise ValueError(f"duration_logits: expected shape {tuple(logits.shape[:-1]) + (D,)} (logits' rows, "
-                             f"len(durations) columns), got {tuple(duration_logits.shape)}")
+            raise ValueError(
+                f"duration_logits: expected shape {tuple(logits.shape[:-1]) + (D,)} (logits' rows, "
+                f"len(durations) columns), got {tuple(duration_logits.shape)}"
+            )
         V = logits.size(-1)
     if V < 2:
         before = f" before the {D} duration columns" if duration_logits is None else ""
@@ -57,18 +82,38 @@ def _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, o
     loss_options = LossOptions(blank=blank, **o)
     check_device_limits(loss_options, device)
     joint_checks(loss_options)
-    nll = loss_call((in_place_rows(logits), None if duration_logits is None else in_place_rows(duration_logits)),
-                    targets.contiguous(), logit_lengths, target_lengths, V, loss_options, check_inputs)
+    nll = loss_call(
+        (in_place_rows(logits), None if duration_logits is None else in_place_rows(duration_logits)),
+        targets.contiguous(),
+        logit_lengths,
+        target_lengths,
+        V,
+        loss_options,
+        check_inputs,
+    )
     return reduce_losses(nll, reduction, zero_infinity)
 
 
 declare(TDT_LOSS)
 
 
-def tdt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, durations: Sequence[int],
-             blank: int = 0, sigma: float = 0.0, omega: float = 0.0, reduction: str = "mean",
-             fastemit_lambda: float = 0.0, clamp: float = -1.0, zero_infinity: bool = False, check_inputs: bool = True,
-             duration_logits: Optional[Tensor] = None, delay_penalty: float = 0.0) -> Tensor:
+def tdt_loss(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    durations: Sequence[int],
+    blank: int = 0,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
+    zero_infinity: bool = False,
+    check_inputs: bool = True,
+    duration_logits: Optional[Tensor] = None,
+    delay_penalty: float = 0.0,
+) -> Tensor:
     r"""Token-and-Duration Transducer loss (Xu et al. 2023; NeMo's semantics), over compact or padded scores.
 
     Args:
@@ -121,17 +166,33 @@ def tdt_loss(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_leng
         >>> tdt_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1]),
         ...          durations=[0, 1, 2]).backward()
     """
-    return _tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits, dict(
-        durations=durations, blank=blank, sigma=sigma, omega=omega, reduction=reduction,
-        fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity, check_inputs=check_inputs,
-        delay_penalty=delay_penalty))
+    return _tdt_loss(
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        duration_logits,
+        dict(
+            durations=durations,
+            blank=blank,
+            sigma=sigma,
+            omega=omega,
+            reduction=reduction,
+            fastemit_lambda=fastemit_lambda,
+            clamp=clamp,
+            zero_infinity=zero_infinity,
+            check_inputs=check_inputs,
+            delay_penalty=delay_penalty,
+        ),
+    )
 
 
 def _check_given(options):
     """The checked options hold the durations (an option the other losses leave out, so None by default)."""
     if not options["durations"]:
-        raise ValueError("durations: the TDT loss needs its durations (distinct ints >= 0, at least one >= 1), got "
-                         "None")
+        raise ValueError(
+            "durations: the TDT loss needs its durations (distinct ints >= 0, at least one >= 1), got None"
+        )
 
 
 _MODULE = TDT_LOSS._replace(name="TDTLoss", params=tuple(p for p in _ORDER if p != _DURATION_LOGITS))
@@ -171,13 +232,33 @@ class TDTLoss(LossModule):
             ``delay_penalty * ((T_b - 1) / 2 - t)`` before the recursion. (Default: ``0.0``)
     """
 
-    def __init__(self, durations: Sequence[int], blank: int = 0, sigma: float = 0.0, omega: float = 0.0,
-                 reduction: str = "mean", fastemit_lambda: float = 0.0, clamp: float = -1.0,
-                 zero_infinity: bool = False, check_inputs: bool = True, delay_penalty: float = 0.0) -> None:
-        super().__init__(dict(
-            durations=durations, blank=blank, sigma=sigma, omega=omega, reduction=reduction,
-            fastemit_lambda=fastemit_lambda, clamp=clamp, zero_infinity=zero_infinity, check_inputs=check_inputs,
-            delay_penalty=delay_penalty))
+    def __init__(
+        self,
+        durations: Sequence[int],
+        blank: int = 0,
+        sigma: float = 0.0,
+        omega: float = 0.0,
+        reduction: str = "mean",
+        fastemit_lambda: float = 0.0,
+        clamp: float = -1.0,
+        zero_infinity: bool = False,
+        check_inputs: bool = True,
+        delay_penalty: float = 0.0,
+    ) -> None:
+        super().__init__(
+            dict(
+                durations=durations,
+                blank=blank,
+                sigma=sigma,
+                omega=omega,
+                reduction=reduction,
+                fastemit_lambda=fastemit_lambda,
+                clamp=clamp,
+                zero_infinity=zero_infinity,
+                check_inputs=check_inputs,
+                delay_penalty=delay_penalty,
+            )
+        )
 
     def check(self, options):
         _check_given(options)
@@ -185,5 +266,4 @@ class TDTLoss(LossModule):
     def forward(self, logits, targets, logit_lengths, target_lengths, duration_logits=None):
         """The loss of ``logits`` (and ``duration_logits``, the duration head on its own) with the module's
         options (see :func:`tdt_loss`)."""
-        return tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits=duration_logits,
-                        **self.options)
+        return tdt_loss(logits, targets, logit_lengths, target_lengths, duration_logits=duration_logits, **self.options)

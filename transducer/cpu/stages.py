@@ -108,8 +108,9 @@ def log_probs(logits2d, targets, layout, options, row_start=0, out=None):
 def multiblank_log_probs(logits2d, targets, layout, options, row_start=0, out=None):
     if row_start and out is None:
         raise ValueError("multiblank_log_probs: row_start > 0 needs out (the arrays of every row)")
-    return _written(out, _log_probs(logits2d, targets, layout, options, row_start,
-                                    len(options.big_blank_durations)), row_start)
+    return _written(
+        out, _log_probs(logits2d, targets, layout, options, row_start, len(options.big_blank_durations)), row_start
+    )
 
 
 def _written(out, parts, row_start):
@@ -117,7 +118,7 @@ def _written(out, parts, row_start):
     if out is None:
         return parts
     for whole, part in zip(out, parts):
-        whole[row_start:row_start + part.size(0)] = part
+        whole[row_start : row_start + part.size(0)] = part
     return out
 
 
@@ -157,6 +158,7 @@ def _delay_penalty(lp, layout, b, t, options):
 class _StepGrid(NamedTuple):
     """The cells of every utterance by walk step: cell (b, s, u) is (t, u) with t = s - u (anti-diagonals) or
     t = s (RNA's frames); ``rows`` (B, steps, max_u1) its row of the layout (0 off the grid)."""
+
     steps: int
     max_u1: int
     is_cell: torch.Tensor
@@ -185,14 +187,14 @@ def _on_grid(values, grid, pad=0):
     out = values.new_full((B, steps + 2 * pad, *extra, max_u1 + 2), -math.inf)
     picked = values[grid.rows]  # (B, steps, max_u1, *extra)
     picked = torch.where(grid.is_cell.view(B, steps, max_u1, *([1] * len(extra))), picked, -math.inf)
-    out[:, pad:pad + steps, ..., 1:-1] = picked.movedim(2, -1)
+    out[:, pad : pad + steps, ..., 1:-1] = picked.movedim(2, -1)
     return out
 
 
 def _grid_to_rows(values, grid, num_rows, pad=0):
     """The inverse of _on_grid for one array: (N,) with the cells' values, -inf on the other rows."""
     out = values.new_full((num_rows,), -math.inf)
-    out[grid.rows[grid.is_cell]] = values[:, pad:pad + grid.steps, 1:grid.max_u1 + 1][grid.is_cell]
+    out[grid.rows[grid.is_cell]] = values[:, pad : pad + grid.steps, 1 : grid.max_u1 + 1][grid.is_cell]
     return out
 
 
@@ -223,8 +225,9 @@ def alpha_beta(lp, layout, options):
     alpha[:, 0, 1] = 0.0
     cells, right, left = slice(1, max_u1 + 1), slice(2, max_u1 + 2), slice(0, max_u1)
     for n in range(1, steps):
-        alpha[:, n, cells] = torch.logaddexp(alpha[:, n - 1, cells] + blank[:, n - 1, cells],
-                                             alpha[:, n - 1, left] + emit[:, n - 1, left])
+        alpha[:, n, cells] = torch.logaddexp(
+            alpha[:, n - 1, cells] + blank[:, n - 1, cells], alpha[:, n - 1, left] + emit[:, n - 1, left]
+        )
     for n in range(steps - 1, -1, -1):
         value = torch.logaddexp(beta[:, n + 1, cells] + blank[:, n, cells], beta[:, n + 1, right] + emit[:, n, cells])
         value = torch.logaddexp(value, final[:, n, cells])
@@ -255,8 +258,7 @@ def _gradient_coefficients(layout, lp, walks, scale, one_sym_per_frame, start, e
     last = lp.size(0) - 1
     lp, alpha = lp[start:end], alpha[start:end]
     # after a blank: (t+1, u), or the end of the alignment from (T-1, U)
-    after_blank = torch.where(t + 1 < T, beta[(row + stride).clamp(max=last)],
-                              torch.where(u == U, 0.0, -math.inf))
+    after_blank = torch.where(t + 1 < T, beta[(row + stride).clamp(max=last)], torch.where(u == U, 0.0, -math.inf))
     if one_sym_per_frame:
         has_next = (u < U) & (t + 1 < T)
         after_label = beta[(row + stride + 1).clamp(max=last)]
@@ -291,12 +293,13 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     end = row_start + num_rows
     cells = _cells(lattice.layout, row_start, end)
     occupancy, blank_arc, label_arc, b, u, has_label, live = _gradient_coefficients(
-        lattice.layout, lattice.lp, walks, scale, options.one_sym_per_frame, row_start, end, cells)
+        lattice.layout, lattice.lp, walks, scale, options.one_sym_per_frame, row_start, end, cells
+    )
     big = options.big_blank_durations
     if big:  # the big blanks' arcs, on their columns blank - 1 - i
         big_arc = _big_blank_occupancies(lattice.layout, lattice, big, live, row_start, end, cells)
         big_columns = torch.arange(blank - 1, blank - 1 - len(big), -1)
-    den = lattice.den[row_start:row_start + num_rows]
+    den = lattice.den[row_start : row_start + num_rows]
     labels = _labels(targets, b, u, has_label, blank)
     softmax_factor = occupancy + lam * label_arc if lam else occupancy
     label_arc = label_arc * (1 + lam)
@@ -340,12 +343,14 @@ def gradient_row_width(V, itemsize):
     return V
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None,
-                 dropout=None):
+def pack_forward(
+    encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None, dropout=None
+):
     D = encoder_out.size(2)
     if out is not None and (out.shape != (num_rows, D) or not out.is_floating_point()):
-        raise ValueError(f"pack_forward: out must be a ({num_rows}, {D}) floating-point tensor, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"pack_forward: out must be a ({num_rows}, {D}) floating-point tensor, got {tuple(out.shape)} {out.dtype}"
+        )
     rows = _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation, dropout)[1]
     return rows if out is None else out.copy_(rows)
 
@@ -370,8 +375,9 @@ def pack_backward(grad_rows, layout, max_t, max_u1):
     return pack_backward_add(grad_rows, layout, 0, (0, B), (grad_enc, grad_pred))
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity",
-                      dropout=None):
+def pack_backward_add(
+    grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity", dropout=None
+):
     # ``utterances``: the CUDA twin launches over them; here every row finds its own
     grad_enc, grad_pred = grads
     B, max_t, D = grad_enc.shape
@@ -424,6 +430,7 @@ class _Arcs(NamedTuple):
     a blank arc of each of ``blank_durations`` (>= 1) goes from (t, u) to (t + d, u), a label arc of each of
     ``label_durations`` (>= 0) to (t + d, u + 1); ``blank`` (N, len(blank_durations)) and ``label`` (N,
     len(label_durations)) hold their log-weights."""
+
     blank_durations: list
     blank: torch.Tensor
     label_durations: list
@@ -437,8 +444,7 @@ def _tdt_arcs(lp, lp_arcs, options):
     if lp_arcs.size(1) != len(durations):
         raise ValueError(f"tdt_alpha_beta: {len(durations)} durations for {lp_arcs.size(1)} duration columns")
     blanks = [i for i, d in enumerate(durations) if d >= 1]
-    return _Arcs([durations[i] for i in blanks], lp[:, 0:1] + lp_arcs[:, blanks], list(durations),
-                 lp[:, 1:2] + lp_arcs)
+    return _Arcs([durations[i] for i in blanks], lp[:, 0:1] + lp_arcs[:, blanks], list(durations), lp[:, 1:2] + lp_arcs)
 
 
 def _multiblank_arcs(lp, lp_arcs, options):
@@ -462,6 +468,7 @@ class _GridArcs(NamedTuple):
     side): ``blank`` (B, steps + 2 pad, Db, max_u1 + 2) and ``label`` (..., Dl, ...) the weights of the arcs leaving
     each cell, ``closing`` (B, steps + 2 pad, max_u1 + 2) the weight of the blank arc that ends the alignment at the
     cell it leaves from, -inf elsewhere."""
+
     pad: int
     blank_durations: list
     blank: torch.Tensor
@@ -529,8 +536,7 @@ def _walk_both(arcs, grid):
         values = torch.gather(walks, 2, index[k].expand(2, B, terms * max_u1)).view(2, B, terms, max_u1)
         values.add_(weights[k])
         # alpha's cells at grid step pad + k and beta's at pad + steps - 1 - k, as one (2, B, max_u1) view
-        out = walks.as_strided((2, B, max_u1), (B * size + (steps - 1 - 2 * k) * width, size, 1),
-                               (pad + k) * width + 1)
+        out = walks.as_strided((2, B, max_u1), (B * size + (steps - 1 - 2 * k) * width, size, 1), (pad + k) * width + 1)
         logsumexp(values, 2, out=out)
     alpha, beta = (w[:, :-1].view(B, span, width) for w in walks)
     return alpha, beta
@@ -546,12 +552,19 @@ def _term_index(arcs, steps, width, max_u1, start):
     d_blank = torch.tensor(arcs.blank_durations)[None, :, None]
     d_label = torch.tensor(arcs.label_durations)[None, :, None]
     constant = torch.full((steps, 1, max_u1), start)
-    index = torch.stack([
-        torch.cat([(alpha_step - d_blank) * width + column, (alpha_step - d_label - 1) * width + column - 1,
-                   constant], dim=1),
-        torch.cat([(beta_step + d_blank) * width + column, (beta_step + d_label + 1) * width + column + 1,
-                   constant], dim=1),
-    ], dim=1)
+    index = torch.stack(
+        [
+            torch.cat(
+                [(alpha_step - d_blank) * width + column, (alpha_step - d_label - 1) * width + column - 1, constant],
+                dim=1,
+            ),
+            torch.cat(
+                [(beta_step + d_blank) * width + column, (beta_step + d_label + 1) * width + column + 1, constant],
+                dim=1,
+            ),
+        ],
+        dim=1,
+    )
     return index.view(steps, 2, 1, -1)
 
 
@@ -565,15 +578,15 @@ def _term_weights(arcs, steps, max_u1):
     w = arcs.blank.new_empty(steps, 2, B, terms, max_u1)
     # alpha: the arc from its source step, d (blank) or d + 1 (label) steps back
     for j, d in enumerate(arcs.blank_durations):
-        w[:, 0, :, j] = arcs.blank[:, pad - d:pad + steps - d, j, cells].transpose(0, 1)
+        w[:, 0, :, j] = arcs.blank[:, pad - d : pad + steps - d, j, cells].transpose(0, 1)
     for j, d in enumerate(arcs.label_durations):
-        w[:, 0, :, num_blank + j] = arcs.label[:, pad - d - 1:pad + steps - d - 1, j, left].transpose(0, 1)
+        w[:, 0, :, num_blank + j] = arcs.label[:, pad - d - 1 : pad + steps - d - 1, j, left].transpose(0, 1)
     w[:, 0, :, -1] = -math.inf
     w[0, 0, :, -1, 0] = 0.0  # alpha(0, 0) = 0: the constant, at step 0 only
     # beta: the cell's own arcs, steps downwards
-    w[:, 1, :, :num_blank] = arcs.blank[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
-    w[:, 1, :, num_blank:-1] = arcs.label[:, pad:pad + steps, :, cells].flip(1).transpose(0, 1)
-    w[:, 1, :, -1] = arcs.closing[:, pad:pad + steps, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, :num_blank] = arcs.blank[:, pad : pad + steps, :, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, num_blank:-1] = arcs.label[:, pad : pad + steps, :, cells].flip(1).transpose(0, 1)
+    w[:, 1, :, -1] = arcs.closing[:, pad : pad + steps, cells].flip(1).transpose(0, 1)
     return w
 
 
@@ -619,8 +632,13 @@ def _big_blank_occupancies(layout, lattice, big_blank_durations, live, start, en
 def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out, row_start=0):
     out_tokens, out_duration_scores = out
     num_rows, V = tokens2d.shape
-    durations, omega, lam, clamp, blank = (options.durations, options.omega, float(options.fastemit_lambda),
-                                           options.clamp, options.blank)
+    durations, omega, lam, clamp, blank = (
+        options.durations,
+        options.omega,
+        float(options.fastemit_lambda),
+        options.clamp,
+        options.blank,
+    )
     if duration_scores.size(1) != len(durations):
         raise ValueError(f"tdt_gradient: {len(durations)} durations for {duration_scores.size(1)} duration columns")
     if omega and lattice.rnnt is None:
@@ -646,8 +664,9 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
         sub_blank = (1 - omega) * blank_total
         sub_label = (1 - omega) * (1 + lam) * label_total
         if omega:
-            gamma_r, blank_r, label_r, *_ = _gradient_coefficients(layout, lp_rnnt, lattice.rnnt, scale, False,
-                                                                   start, end, cells)
+            gamma_r, blank_r, label_r, *_ = _gradient_coefficients(
+                layout, lp_rnnt, lattice.rnnt, scale, False, start, end, cells
+            )
             factor += omega * (gamma_r + lam * label_r)
             sub_blank += omega * blank_r
             sub_label += omega * (1 + lam) * label_r

@@ -52,74 +52,249 @@ _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8
 # The kernels' parameter structs and their parts (params.cuh, layout.cuh, stages.cu, tdt.cu, pack.cu).
 PADDED_GRID = struct("PaddedGrid", [("utt", FAST_DIVMOD), ("frame", FAST_DIVMOD)])
 GRIDS = struct("Grids", [("table", "ptr"), ("B", "int"), ("pad", PADDED_GRID)])
-ROWS = struct("Rows", [("data", "ptr"), ("ld", "long long"), ("row_start", "int"), ("num_rows", "int"), ("V", "int"),
-                       ("n", "int")])
+ROWS = struct(
+    "Rows",
+    [("data", "ptr"), ("ld", "long long"), ("row_start", "int"), ("num_rows", "int"), ("V", "int"), ("n", "int")],
+)
 LABELS = struct("Labels", [("targets", "ptr"), ("cols", "int"), ("blank", "int")])
 LATTICE = struct("Lattice", [("lp", "ptr"), ("den", "ptr"), ("alpha", "ptr"), ("beta", "ptr"), ("nll", "ptr")])
 WALKS = struct("Walks", [("alpha", "ptr"), ("beta", "ptr"), ("nll", "ptr")])
 SCALE = struct("Scale", [("values", "ptr"), ("stride", "long long")])
 DURATIONS = struct("Durations", [("n", "int"), ("d", ("int", MAX_DURATIONS))])
 DURATION_ROWS = struct("DurationRows", [("data", "ptr"), ("ld", "long long"), ("D", "int")])
-TERMS = struct("Terms", [("sigma", "double"), ("delay_penalty", "double"), ("fastemit_lambda", "double"),
-                         ("omega", "double"), ("clamp", "double")])
-DROPOUT = struct("Dropout", [("seed_lo", "unsigned int"), ("seed_hi", "unsigned int"), ("threshold", "unsigned int"),
-                             ("scale", "double")])
+TERMS = struct(
+    "Terms",
+    [
+        ("sigma", "double"),
+        ("delay_penalty", "double"),
+        ("fastemit_lambda", "double"),
+        ("omega", "double"),
+        ("clamp", "double"),
+    ],
+)
+DROPOUT = struct(
+    "Dropout",
+    [("seed_lo", "unsigned int"), ("seed_hi", "unsigned int"), ("threshold", "unsigned int"), ("scale", "double")],
+)
 
-LAYOUT_PARAMS = struct("LayoutParams", [
-    ("logit_lengths", "ptr"), ("target_lengths", "ptr"), ("labels", LABELS), ("B", "int"), ("padded_t", "int"),
-    ("max_u1", "int"), ("V", "int"), ("big_blanks", "int"), ("table", "ptr")])
-LOG_PROBS_PARAMS = struct("LogProbsParams", [
-    ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("from_log_softmax", "bool"), ("terms", TERMS),
-    ("big_blanks", "int"), ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
-ALPHA_BETA_PARAMS = struct("AlphaBetaParams", [
-    ("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)])
-GRADIENT_PARAMS = struct("GradientParams", [
-    ("grids", GRIDS), ("logits", ROWS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE),
-    ("terms", TERMS), ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS),
-    ("out", "ptr"), ("ld_out", "long long")])
-TDT_LOG_PROBS_PARAMS = struct("TdtLogProbsParams", [
-    ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("labels", LABELS), ("terms", TERMS),
-    ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
-TDT_WALK_PARAMS = struct("TdtWalkParams", [
-    ("grids", GRIDS), ("lp", "ptr"), ("lp_arcs", "ptr"), ("durations", DURATIONS), ("padded", "bool"), ("ring", "int"),
-    ("cols", "int"), ("out", WALKS)])
-TDT_GRADIENT_PARAMS = struct("TdtGradientParams", [
-    ("grids", GRIDS), ("tokens", ROWS), ("duration_scores", DURATION_ROWS), ("durations", DURATIONS),
-    ("labels", LABELS), ("lattice", LATTICE), ("lp_arcs", "ptr"), ("den_arcs", "ptr"), ("rnnt", WALKS),
-    ("scale", SCALE), ("terms", TERMS), ("out_tokens", "ptr"), ("ld_out_tokens", "long long"), ("out_duration_scores", "ptr"),
-    ("ld_out_duration_scores", "long long")])
-ROW_LABELS_PARAMS = struct("RowLabelsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")])
-ROW_LOG_PROBS_PARAMS = struct("RowLogProbsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("big_blanks", "int"), ("statistics", "ptr"),
-    ("ld_statistics", "long long"), ("big_blank_bias", "ptr"), ("terms", TERMS), ("lp", "ptr"), ("den", "ptr"), ("lp_arcs", "ptr")])
-ROW_COEFFICIENTS_PARAMS = struct("RowCoefficientsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("lattice", LATTICE), ("scale", SCALE), ("terms", TERMS), ("lp_arcs", "ptr"), ("big_blank_durations", DURATIONS), ("row_start", "int"), ("num_rows", "int"),
-    ("coefficients", "ptr"), ("labels_out", "ptr")])
-TDT_ROW_LOG_PROBS_PARAMS = struct("TdtRowLogProbsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("D", "int"), ("statistics", "ptr"),
-    ("ld_statistics", "long long"), ("duration_bias", "ptr"), ("terms", TERMS), ("lp", "ptr"), ("lp_arcs", "ptr"), ("den", "ptr"), ("den_arcs", "ptr")])
-TDT_ROW_COEFFICIENTS_PARAMS = struct("TdtRowCoefficientsParams", [
-    ("grids", GRIDS), ("labels", LABELS), ("durations", DURATIONS), ("lattice", LATTICE), ("lp_arcs", "ptr"),
-    ("rnnt", WALKS), ("scale", SCALE), ("terms", TERMS), ("row_start", "int"), ("num_rows", "int"), ("coefficients", "ptr"), ("labels_out", "ptr"),
-    ("duration_gradient", "ptr")])
-PACK_FORWARD_PARAMS = struct("PackForwardParams", [
-    ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS), ("row_start", "int"),
-    ("num_rows", "int"), ("nvec", "int"), ("log_tpr", "int"), ("dropout", DROPOUT), ("out", "ptr"),
-    ("ld_out", "long long")])
-PACK_GRAD_PARAMS = struct("PackGradParams", [
-    ("grad_rows", "ptr"), ("enc", "ptr"), ("pred", "ptr"), ("max_t", "int"), ("max_u1", "int"), ("grids", GRIDS),
-    ("b0", "int"), ("frame_blocks", "int"), ("u_chunk", "int"), ("pred_blocks", "int"), ("enc_blocks", "int"),
-    ("row_start", "int"), ("row_end", "int"), ("nvec", "int"), ("dropout", DROPOUT), ("scratch", "ptr"),
-    ("enc_scratch", "ptr"), ("grad_enc", "ptr"), ("grad_pred", "ptr")])
+LAYOUT_PARAMS = struct(
+    "LayoutParams",
+    [
+        ("logit_lengths", "ptr"),
+        ("target_lengths", "ptr"),
+        ("labels", LABELS),
+        ("B", "int"),
+        ("padded_t", "int"),
+        ("max_u1", "int"),
+        ("V", "int"),
+        ("big_blanks", "int"),
+        ("table", "ptr"),
+    ],
+)
+LOG_PROBS_PARAMS = struct(
+    "LogProbsParams",
+    [
+        ("grids", GRIDS),
+        ("logits", ROWS),
+        ("labels", LABELS),
+        ("from_log_softmax", "bool"),
+        ("terms", TERMS),
+        ("big_blanks", "int"),
+        ("lp", "ptr"),
+        ("den", "ptr"),
+        ("lp_arcs", "ptr"),
+    ],
+)
+ALPHA_BETA_PARAMS = struct(
+    "AlphaBetaParams", [("grids", GRIDS), ("lp", "ptr"), ("padded", "bool"), ("cap", "int"), ("out", WALKS)]
+)
+GRADIENT_PARAMS = struct(
+    "GradientParams",
+    [
+        ("grids", GRIDS),
+        ("logits", ROWS),
+        ("labels", LABELS),
+        ("lattice", LATTICE),
+        ("scale", SCALE),
+        ("terms", TERMS),
+        ("lp_arcs", "ptr"),
+        ("big_blank_durations", DURATIONS),
+        ("out", "ptr"),
+        ("ld_out", "long long"),
+    ],
+)
+TDT_LOG_PROBS_PARAMS = struct(
+    "TdtLogProbsParams",
+    [
+        ("grids", GRIDS),
+        ("tokens", ROWS),
+        ("duration_scores", DURATION_ROWS),
+        ("labels", LABELS),
+        ("terms", TERMS),
+        ("lp", "ptr"),
+        ("lp_arcs", "ptr"),
+        ("den", "ptr"),
+        ("den_arcs", "ptr"),
+    ],
+)
+TDT_WALK_PARAMS = struct(
+    "TdtWalkParams",
+    [
+        ("grids", GRIDS),
+        ("lp", "ptr"),
+        ("lp_arcs", "ptr"),
+        ("durations", DURATIONS),
+        ("padded", "bool"),
+        ("ring", "int"),
+        ("cols", "int"),
+        ("out", WALKS),
+    ],
+)
+TDT_GRADIENT_PARAMS = struct(
+    "TdtGradientParams",
+    [
+        ("grids", GRIDS),
+        ("tokens", ROWS),
+        ("duration_scores", DURATION_ROWS),
+        ("durations", DURATIONS),
+        ("labels", LABELS),
+        ("lattice", LATTICE),
+        ("lp_arcs", "ptr"),
+        ("den_arcs", "ptr"),
+        ("rnnt", WALKS),
+        ("scale", SCALE),
+        ("terms", TERMS),
+        ("out_tokens", "ptr"),
+        ("ld_out_tokens", "long long"),
+        ("out_duration_scores", "ptr"),
+        ("ld_out_duration_scores", "long long"),
+    ],
+)
+ROW_LABELS_PARAMS = struct(
+    "RowLabelsParams", [("grids", GRIDS), ("labels", LABELS), ("num_rows", "int"), ("out", "ptr")]
+)
+ROW_LOG_PROBS_PARAMS = struct(
+    "RowLogProbsParams",
+    [
+        ("grids", GRIDS),
+        ("labels", LABELS),
+        ("num_rows", "int"),
+        ("big_blanks", "int"),
+        ("statistics", "ptr"),
+        ("ld_statistics", "long long"),
+        ("big_blank_bias", "ptr"),
+        ("terms", TERMS),
+        ("lp", "ptr"),
+        ("den", "ptr"),
+        ("lp_arcs", "ptr"),
+    ],
+)
+ROW_COEFFICIENTS_PARAMS = struct(
+    "RowCoefficientsParams",
+    [
+        ("grids", GRIDS),
+        ("labels", LABELS),
+        ("lattice", LATTICE),
+        ("scale", SCALE),
+        ("terms", TERMS),
+        ("lp_arcs", "ptr"),
+        ("big_blank_durations", DURATIONS),
+        ("row_start", "int"),
+        ("num_rows", "int"),
+        ("coefficients", "ptr"),
+        ("labels_out", "ptr"),
+    ],
+)
+TDT_ROW_LOG_PROBS_PARAMS = struct(
+    "TdtRowLogProbsParams",
+    [
+        ("grids", GRIDS),
+        ("labels", LABELS),
+        ("num_rows", "int"),
+        ("D", "int"),
+        ("statistics", "ptr"),
+        ("ld_statistics", "long long"),
+        ("duration_bias", "ptr"),
+        ("terms", TERMS),
+        ("lp", "ptr"),
+        ("lp_arcs", "ptr"),
+        ("den", "ptr"),
+        ("den_arcs", "ptr"),
+    ],
+)
+TDT_ROW_COEFFICIENTS_PARAMS = struct(
+    "TdtRowCoefficientsParams",
+    [
+        ("grids", GRIDS),
+        ("labels", LABELS),
+        ("durations", DURATIONS),
+        ("lattice", LATTICE),
+        ("lp_arcs", "ptr"),
+        ("rnnt", WALKS),
+        ("scale", SCALE),
+        ("terms", TERMS),
+        ("row_start", "int"),
+        ("num_rows", "int"),
+        ("coefficients", "ptr"),
+        ("labels_out", "ptr"),
+        ("duration_gradient", "ptr"),
+    ],
+)
+PACK_FORWARD_PARAMS = struct(
+    "PackForwardParams",
+    [
+        ("enc", "ptr"),
+        ("pred", "ptr"),
+        ("max_t", "int"),
+        ("max_u1", "int"),
+        ("grids", GRIDS),
+        ("row_start", "int"),
+        ("num_rows", "int"),
+        ("nvec", "int"),
+        ("log_tpr", "int"),
+        ("dropout", DROPOUT),
+        ("out", "ptr"),
+        ("ld_out", "long long"),
+    ],
+)
+PACK_GRAD_PARAMS = struct(
+    "PackGradParams",
+    [
+        ("grad_rows", "ptr"),
+        ("enc", "ptr"),
+        ("pred", "ptr"),
+        ("max_t", "int"),
+        ("max_u1", "int"),
+        ("grids", GRIDS),
+        ("b0", "int"),
+        ("frame_blocks", "int"),
+        ("u_chunk", "int"),
+        ("pred_blocks", "int"),
+        ("enc_blocks", "int"),
+        ("row_start", "int"),
+        ("row_end", "int"),
+        ("nvec", "int"),
+        ("dropout", DROPOUT),
+        ("scratch", "ptr"),
+        ("enc_scratch", "ptr"),
+        ("grad_enc", "ptr"),
+        ("grad_pred", "ptr"),
+    ],
+)
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are different template arguments
 def _name(kernel, *params):
     """The instantiation ``kernel<params>``: torch dtypes by their C names, bools as true / false, the rest as
     written (made once per combination: a step launches several kernels)."""
-    c = [ctype(p) if isinstance(p, torch.dtype) else ("true" if p else "false") if isinstance(p, (bool, np.bool_))
-         else str(p) for p in params]
+    c = [
+        ctype(p)
+        if isinstance(p, torch.dtype)
+        else ("true" if p else "false")
+        if isinstance(p, (bool, np.bool_))
+        else str(p)
+        for p in params
+    ]
     return f"{kernel}<{', '.join(c)}>"
 
 
@@ -145,8 +320,9 @@ def _check_cuda(*tensors):
 
 def _row_major(name, x):
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
-        raise ValueError(f"transducer.cuda.stages: {name} must be 2-D with unit column stride, got strides "
-                         f"{x.stride()}")
+        raise ValueError(
+            f"transducer.cuda.stages: {name} must be 2-D with unit column stride, got strides {x.stride()}"
+        )
 
 
 def row_access(itemsize, V, rows, outs=(), stage_rows=0):
@@ -164,11 +340,17 @@ def row_access(itemsize, V, rows, outs=(), stage_rows=0):
     vec = vector_width(itemsize, math.gcd(V, *(t.stride(0) for t in tensors)), tensors)
     if vec == full:
         return vec, True, False
-    if all((o.data_ptr() - rows.data_ptr()) % 16 == 0 and (o.stride(0) - rows.stride(0)) * itemsize % 16 == 0
-           for o in outs):
+    if all(
+        (o.data_ptr() - rows.data_ptr()) % 16 == 0 and (o.stride(0) - rows.stride(0)) * itemsize % 16 == 0 for o in outs
+    ):
         return full, False, False
-    if (stage_rows and len(outs) == 1 and vec * itemsize < 8 and vector_width(itemsize, outs[0].stride(0), outs) == full
-            and _stage_bytes(stage_rows, V, itemsize) <= _STAGE_LIMIT):
+    if (
+        stage_rows
+        and len(outs) == 1
+        and vec * itemsize < 8
+        and vector_width(itemsize, outs[0].stride(0), outs) == full
+        and _stage_bytes(stage_rows, V, itemsize) <= _STAGE_LIMIT
+    ):
         return full, False, True
     return vec, True, False
 
@@ -212,8 +394,13 @@ def _padded_grid(rows_per_utterance, max_u1):
 
 def _terms(options):
     """terms.cuh's struct Terms: the options the kernels' per-row terms read (a clamp <= 0: none, as 0)."""
-    return TERMS(sigma=options.sigma, delay_penalty=options.delay_penalty, fastemit_lambda=options.fastemit_lambda,
-                 omega=options.omega, clamp=max(options.clamp, 0.0))
+    return TERMS(
+        sigma=options.sigma,
+        delay_penalty=options.delay_penalty,
+        fastemit_lambda=options.fastemit_lambda,
+        omega=options.omega,
+        clamp=max(options.clamp, 0.0),
+    )
 
 
 def _labels_struct(targets, blank):
@@ -240,9 +427,17 @@ def layout(logit_lengths, target_lengths, max_u1, padded_t=0, labels=None, with_
         targets = labels.targets.contiguous()
         checked, itype = _labels_struct(targets, labels.blank), targets.dtype
         vocab_size, big_blanks = labels.vocab_size, labels.big_blanks
-    params = LAYOUT_PARAMS(logit_lengths=logit_lengths.contiguous(), target_lengths=target_lengths.contiguous(),
-                           labels=checked, B=B, padded_t=padded_t, max_u1=max_u1, V=vocab_size, big_blanks=big_blanks,
-                           table=table)
+    params = LAYOUT_PARAMS(
+        logit_lengths=logit_lengths.contiguous(),
+        target_lengths=target_lengths.contiguous(),
+        labels=checked,
+        B=B,
+        padded_t=padded_t,
+        max_u1=max_u1,
+        V=vocab_size,
+        big_blanks=big_blanks,
+        table=table,
+    )
     name = _name("layout_kernel", logit_lengths.dtype, target_lengths.dtype, itype, bool(with_stats))
     launch(_STAGES, name, table, (1,), (MAX_BLOCK_THREADS,), (params,))
     return Layout(table, padded_t > 0, int(max_u1), max(int(padded_t), 0))
@@ -274,10 +469,17 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
     vec, aligned, _ = row_access(itemsize, V, logits2d)
     wpr = warps_per_row(num_rows, V * itemsize, logits2d.device)
     rows_per_block = THREADS // (32 * wpr)
-    params = LOG_PROBS_PARAMS(grids=_grids(layout), logits=_rows_struct(logits2d, row_start, vec, aligned),
-                              labels=_labels_struct(targets, options.blank), from_log_softmax=options.from_log_softmax,
-                              terms=_terms(options), big_blanks=big_blanks,
-                              lp=out[0], den=out[1], lp_arcs=out[2] if big_blanks else None)
+    params = LOG_PROBS_PARAMS(
+        grids=_grids(layout),
+        logits=_rows_struct(logits2d, row_start, vec, aligned),
+        labels=_labels_struct(targets, options.blank),
+        from_log_softmax=options.from_log_softmax,
+        terms=_terms(options),
+        big_blanks=big_blanks,
+        lp=out[0],
+        den=out[1],
+        lp_arcs=out[2] if big_blanks else None,
+    )
     name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
@@ -292,8 +494,10 @@ def _walk(lp, layout):
     """The Walks outputs, and the block size (a thread per u) of a walk over anti-diagonals."""
     new = lambda n: torch.empty(n, dtype=lp.dtype, device=lp.device)  # noqa: E731
     max_u1 = max(int(layout.max_u1), 1)
-    return (Walks(new(lp.size(0)), new(lp.size(0)), new(layout.batch_size)),
-            min(MAX_BLOCK_THREADS, ceil_div(max_u1, 32) * 32))
+    return (
+        Walks(new(lp.size(0)), new(lp.size(0)), new(layout.batch_size)),
+        min(MAX_BLOCK_THREADS, ceil_div(max_u1, 32) * 32),
+    )
 
 
 def _walks_struct(walks):
@@ -306,8 +510,9 @@ def alpha_beta(lp, layout, options):
     if B == 0:
         return walks
     cap = _alpha_beta_smem_entries(max(int(layout.max_u1), 1), lp.element_size())
-    params = ALPHA_BETA_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, padded=layout.padded, cap=cap,
-                               out=_walks_struct(walks))
+    params = ALPHA_BETA_PARAMS(
+        grids=_grids(layout, padded_grid=False), lp=lp, padded=layout.padded, cap=cap, out=_walks_struct(walks)
+    )
     name = _name("alpha_beta_kernel", lp.dtype, bool(options.one_sym_per_frame))
     launch(_STAGES, name, lp, (2 * B,), (threads,), (params,), shared_mem=2 * cap * lp.element_size())
     return walks
@@ -335,15 +540,40 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     vec, aligned, staged = row_access(itemsize, V, rows, [out], rows_per_block)
     terms = _terms(options)
     big = options.big_blank_durations
-    params = GRADIENT_PARAMS(grids=_grids(lattice.layout), logits=_rows_struct(rows, row_start, vec, aligned),
-                             labels=_labels_struct(targets, options.blank), lattice=_lattice_struct(lattice),
-                             scale=SCALE(values=scale, stride=scale.stride(0)),
-                             terms=terms, lp_arcs=lattice.lp_arcs if big else None, big_blank_durations=_durations(tuple(big)),
-                             out=out, ld_out=out.stride(0))
-    name = _name("gradient_kernel", logits2d.dtype, targets.dtype, vec, wpr, bool(options.from_log_softmax),
-                 bool(options.one_sym_per_frame), terms.clamp > 0, aligned, staged, bool(big))
-    launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
-           shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
+    params = GRADIENT_PARAMS(
+        grids=_grids(lattice.layout),
+        logits=_rows_struct(rows, row_start, vec, aligned),
+        labels=_labels_struct(targets, options.blank),
+        lattice=_lattice_struct(lattice),
+        scale=SCALE(values=scale, stride=scale.stride(0)),
+        terms=terms,
+        lp_arcs=lattice.lp_arcs if big else None,
+        big_blank_durations=_durations(tuple(big)),
+        out=out,
+        ld_out=out.stride(0),
+    )
+    name = _name(
+        "gradient_kernel",
+        logits2d.dtype,
+        targets.dtype,
+        vec,
+        wpr,
+        bool(options.from_log_softmax),
+        bool(options.one_sym_per_frame),
+        terms.clamp > 0,
+        aligned,
+        staged,
+        bool(big),
+    )
+    launch(
+        _STAGES,
+        name,
+        logits2d,
+        (ceil_div(num_rows, rows_per_block),),
+        (THREADS,),
+        (params,),
+        shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0,
+    )
     return out
 
 
@@ -355,10 +585,17 @@ def row_labels(targets, layout, blank, num_rows):
     for transducer.hopper's kernels."""
     out = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
     if num_rows:
-        params = ROW_LABELS_PARAMS(grids=_grids(layout), labels=_labels_struct(targets, blank), num_rows=num_rows,
-                                   out=out)
-        launch(_STAGES, _name("row_labels_kernel", targets.dtype), out, (ceil_div(num_rows, THREADS),), (THREADS,),
-               (params,))
+        params = ROW_LABELS_PARAMS(
+            grids=_grids(layout), labels=_labels_struct(targets, blank), num_rows=num_rows, out=out
+        )
+        launch(
+            _STAGES,
+            _name("row_labels_kernel", targets.dtype),
+            out,
+            (ceil_div(num_rows, THREADS),),
+            (THREADS,),
+            (params,),
+        )
     return out
 
 
@@ -370,12 +607,27 @@ def row_log_probs(statistics, targets, layout, options, lp, den, lp_arcs=None, b
     ``big_blank_bias`` (K,) float32 (None: no bias)."""
     num_rows = statistics.size(1)
     if num_rows:
-        params = ROW_LOG_PROBS_PARAMS(grids=_grids(layout), labels=_labels_struct(targets, options.blank),
-                                      num_rows=num_rows, big_blanks=len(options.big_blank_durations),
-                                      statistics=statistics, ld_statistics=statistics.stride(0),
-                                      big_blank_bias=big_blank_bias, terms=_terms(options), lp=lp, den=den, lp_arcs=lp_arcs)
-        launch(_STAGES, _name("row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
-               (THREADS,), (params,))
+        params = ROW_LOG_PROBS_PARAMS(
+            grids=_grids(layout),
+            labels=_labels_struct(targets, options.blank),
+            num_rows=num_rows,
+            big_blanks=len(options.big_blank_durations),
+            statistics=statistics,
+            ld_statistics=statistics.stride(0),
+            big_blank_bias=big_blank_bias,
+            terms=_terms(options),
+            lp=lp,
+            den=den,
+            lp_arcs=lp_arcs,
+        )
+        launch(
+            _STAGES,
+            _name("row_log_probs_kernel", targets.dtype),
+            lp,
+            (ceil_div(num_rows, THREADS),),
+            (THREADS,),
+            (params,),
+        )
 
 
 def row_coefficients(targets, lattice, scale, options, row_start, num_rows):
@@ -389,15 +641,27 @@ def row_coefficients(targets, lattice, scale, options, row_start, num_rows):
     labels = torch.empty(num_rows, dtype=torch.int32, device=targets.device)
     if num_rows:
         scale = scale.to(torch.float32)
-        params = ROW_COEFFICIENTS_PARAMS(grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
-                                         lattice=_lattice_struct(lattice),
-                                         scale=SCALE(values=scale, stride=scale.stride(0)),
-                                         terms=_terms(options), lp_arcs=lattice.lp_arcs,
-                                         big_blank_durations=_durations(tuple(options.big_blank_durations)),
-                                         row_start=row_start, num_rows=num_rows, coefficients=coefficients,
-                                         labels_out=labels)
-        launch(_STAGES, _name("row_coefficients_kernel", targets.dtype, bool(options.one_sym_per_frame)), labels,
-               (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
+        params = ROW_COEFFICIENTS_PARAMS(
+            grids=_grids(lattice.layout),
+            labels=_labels_struct(targets, options.blank),
+            lattice=_lattice_struct(lattice),
+            scale=SCALE(values=scale, stride=scale.stride(0)),
+            terms=_terms(options),
+            lp_arcs=lattice.lp_arcs,
+            big_blank_durations=_durations(tuple(options.big_blank_durations)),
+            row_start=row_start,
+            num_rows=num_rows,
+            coefficients=coefficients,
+            labels_out=labels,
+        )
+        launch(
+            _STAGES,
+            _name("row_coefficients_kernel", targets.dtype, bool(options.one_sym_per_frame)),
+            labels,
+            (ceil_div(num_rows, THREADS),),
+            (THREADS,),
+            (params,),
+        )
     return coefficients, labels
 
 
@@ -410,12 +674,27 @@ def tdt_row_log_probs(statistics, duration_bias, targets, layout, options, out):
     num_rows = statistics.size(1)
     if num_rows:
         params = TDT_ROW_LOG_PROBS_PARAMS(
-            grids=_grids(layout), labels=_labels_struct(targets, options.blank), num_rows=num_rows,
-            D=len(options.durations), statistics=statistics, ld_statistics=statistics.stride(0),
-            duration_bias=duration_bias, terms=_terms(options), lp=lp,
-            lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
-        launch(_TDT, _name("tdt_row_log_probs_kernel", targets.dtype), lp, (ceil_div(num_rows, THREADS),),
-               (THREADS,), (params,))
+            grids=_grids(layout),
+            labels=_labels_struct(targets, options.blank),
+            num_rows=num_rows,
+            D=len(options.durations),
+            statistics=statistics,
+            ld_statistics=statistics.stride(0),
+            duration_bias=duration_bias,
+            terms=_terms(options),
+            lp=lp,
+            lp_arcs=lp_arcs,
+            den=den,
+            den_arcs=den_arcs,
+        )
+        launch(
+            _TDT,
+            _name("tdt_row_log_probs_kernel", targets.dtype),
+            lp,
+            (ceil_div(num_rows, THREADS),),
+            (THREADS,),
+            (params,),
+        )
 
 
 def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, dtype):
@@ -430,18 +709,34 @@ def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, 
     if num_rows:
         omega = options.omega
         if omega and lattice.rnnt is None:
-            raise ValueError("transducer.cuda.stages.tdt_row_coefficients: omega > 0 needs the RNN-T walks "
-                             "(lattice.rnnt)")
+            raise ValueError(
+                "transducer.cuda.stages.tdt_row_coefficients: omega > 0 needs the RNN-T walks (lattice.rnnt)"
+            )
         rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
         scale = scale.to(torch.float32)
         params = TDT_ROW_COEFFICIENTS_PARAMS(
-            grids=_grids(lattice.layout), labels=_labels_struct(targets, options.blank),
-            durations=_durations(tuple(options.durations)), lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs,
-            rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), terms=_terms(options),
-            row_start=row_start, num_rows=num_rows,
-            coefficients=coefficients, labels_out=labels, duration_gradient=duration_gradient)
-        launch(_TDT, _name("tdt_row_coefficients_kernel", dtype, targets.dtype, bool(omega)), labels,
-               (ceil_div(num_rows, THREADS),), (THREADS,), (params,))
+            grids=_grids(lattice.layout),
+            labels=_labels_struct(targets, options.blank),
+            durations=_durations(tuple(options.durations)),
+            lattice=_lattice_struct(lattice),
+            lp_arcs=lattice.lp_arcs,
+            rnnt=_walks_struct(rnnt),
+            scale=SCALE(values=scale, stride=scale.stride(0)),
+            terms=_terms(options),
+            row_start=row_start,
+            num_rows=num_rows,
+            coefficients=coefficients,
+            labels_out=labels,
+            duration_gradient=duration_gradient,
+        )
+        launch(
+            _TDT,
+            _name("tdt_row_coefficients_kernel", dtype, targets.dtype, bool(omega)),
+            labels,
+            (ceil_div(num_rows, THREADS),),
+            (THREADS,),
+            (params,),
+        )
     return coefficients, labels, duration_gradient
 
 
@@ -462,8 +757,7 @@ def _pack_vector(length, reads, writes=()):
     most 32 bytes of any, the length and every tensor's base allowing (16-byte aligned at most)."""
     items = [t.element_size() for t in (*reads, *writes)]
     vec = min(16 // min(items), 32 // max(items))
-    while vec > 1 and (length % vec or any(t.data_ptr() % min(vec * t.element_size(), 16)
-                                           for t in (*reads, *writes))):
+    while vec > 1 and (length % vec or any(t.data_ptr() % min(vec * t.element_size(), 16) for t in (*reads, *writes))):
         vec //= 2
     return vec
 
@@ -475,12 +769,17 @@ def _dropout_struct(dropout):
     """pack.cu's Dropout of a joiner.Dropout (or None: none)."""
     if dropout is None or not dropout.p:
         return _NO_DROPOUT
-    return DROPOUT(seed_lo=dropout.seed & 0xFFFFFFFF, seed_hi=(dropout.seed >> 32) & 0xFFFFFFFF,
-                   threshold=dropout.threshold, scale=1.0 / (1.0 - dropout.p))
+    return DROPOUT(
+        seed_lo=dropout.seed & 0xFFFFFFFF,
+        seed_hi=(dropout.seed >> 32) & 0xFFFFFFFF,
+        threshold=dropout.threshold,
+        scale=1.0 / (1.0 - dropout.p),
+    )
 
 
-def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None,
-                 dropout=None):
+def pack_forward(
+    encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None, dropout=None
+):
     _check_cuda(encoder_out, predictor_out)
     encoder_out, predictor_out = encoder_out.contiguous(), predictor_out.contiguous()
     B, max_t, D = encoder_out.shape
@@ -490,10 +789,16 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     shape = (num_rows, D)
     if out is None:
         out = torch.empty(shape, dtype=promoted, device=encoder_out.device)
-    elif (out.shape != shape or not out.is_floating_point() or out.device != encoder_out.device
-          or (D > 1 and out.stride(1) != 1)):
-        raise ValueError(f"pack_forward: out must be a {shape} floating-point tensor on {encoder_out.device} with "
-                         f"unit column stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
+    elif (
+        out.shape != shape
+        or not out.is_floating_point()
+        or out.device != encoder_out.device
+        or (D > 1 and out.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"pack_forward: out must be a {shape} floating-point tensor on {encoder_out.device} with "
+            f"unit column stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}"
+        )
     if num_rows == 0 or D == 0:
         return out
     vec = _pack_vector(math.gcd(D, out.stride(0)), [encoder_out, predictor_out], [out])
@@ -501,11 +806,30 @@ def pack_forward(encoder_out, predictor_out, layout, num_rows, row_start=0, acti
     tpr = _threads_per_item(nvec)
     groups = ceil_div(num_rows, PACK_ROWS)  # a group of tpr threads writes PACK_ROWS rows
     drop = _dropout_struct(dropout)
-    params = PACK_FORWARD_PARAMS(enc=encoder_out, pred=predictor_out, max_t=max_t, max_u1=max_u1,
-                                 grids=_grids(layout, padded_grid=False), row_start=row_start, num_rows=num_rows,
-                                 nvec=nvec, log_tpr=tpr.bit_length() - 1, dropout=drop, out=out, ld_out=out.stride(0))
-    name = _name("pack_forward_kernel", encoder_out.dtype, predictor_out.dtype, promoted, out.dtype, vec,
-                 ACTIVATIONS[activation].code, drop is not _NO_DROPOUT)
+    params = PACK_FORWARD_PARAMS(
+        enc=encoder_out,
+        pred=predictor_out,
+        max_t=max_t,
+        max_u1=max_u1,
+        grids=_grids(layout, padded_grid=False),
+        row_start=row_start,
+        num_rows=num_rows,
+        nvec=nvec,
+        log_tpr=tpr.bit_length() - 1,
+        dropout=drop,
+        out=out,
+        ld_out=out.stride(0),
+    )
+    name = _name(
+        "pack_forward_kernel",
+        encoder_out.dtype,
+        predictor_out.dtype,
+        promoted,
+        out.dtype,
+        vec,
+        ACTIVATIONS[activation].code,
+        drop is not _NO_DROPOUT,
+    )
     launch(_PACK, name, out, (ceil_div(groups, THREADS // tpr),), (THREADS,), (params,))
     return out
 
@@ -520,10 +844,18 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
     grad_enc, grad_pred = grads
     if act or drop is not _NO_DROPOUT:  # the inputs are read (an activation), or give the hidden's dtype
         enc, prd = inputs if inputs is not None else (None, None)
-        if (enc is None or prd is None or enc.shape != grad_enc.shape or prd.shape != grad_pred.shape
-                or enc.device != grad_rows.device or prd.device != grad_rows.device):
-            raise ValueError("pack_backward_add: inputs must be (encoder_out, predictor_out) on grad_rows' device, "
-                             "of the shapes of grad_enc and grad_pred")
+        if (
+            enc is None
+            or prd is None
+            or enc.shape != grad_enc.shape
+            or prd.shape != grad_pred.shape
+            or enc.device != grad_rows.device
+            or prd.device != grad_rows.device
+        ):
+            raise ValueError(
+                "pack_backward_add: inputs must be (encoder_out, predictor_out) on grad_rows' device, "
+                "of the shapes of grad_enc and grad_pred"
+            )
         enc, prd = enc.contiguous(), prd.contiguous()
         promoted = torch.promote_types(enc.dtype, prd.dtype)
         vec = _pack_vector(D, [grad_rows, enc, prd], grads)
@@ -557,20 +889,42 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
         enc_rows = 2 * grad_rows.size(0) // u_chunk + 1 + (b1 - b0) * (16 * u_chunks + 1)
         enc_scratch = grad_rows.new_empty(enc_rows, D, dtype=accumulate_dtype(promoted))
         enc_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES) * PACK_FRAMES * nvec, THREADS)
-    params = PACK_GRAD_PARAMS(grad_rows=grad_rows, enc=enc, pred=prd, max_t=max_t, max_u1=max_u1,
-                              grids=_grids(layout, padded_grid=False), b0=b0, frame_blocks=frame_blocks,
-                              u_chunk=u_chunk, pred_blocks=pred_blocks, enc_blocks=enc_blocks, row_start=row_start,
-                              row_end=row_start + grad_rows.size(0), nvec=nvec, dropout=drop, scratch=scratch,
-                              enc_scratch=enc_scratch, grad_enc=grad_enc, grad_pred=grad_pred)
+    params = PACK_GRAD_PARAMS(
+        grad_rows=grad_rows,
+        enc=enc,
+        pred=prd,
+        max_t=max_t,
+        max_u1=max_u1,
+        grids=_grids(layout, padded_grid=False),
+        b0=b0,
+        frame_blocks=frame_blocks,
+        u_chunk=u_chunk,
+        pred_blocks=pred_blocks,
+        enc_blocks=enc_blocks,
+        row_start=row_start,
+        row_end=row_start + grad_rows.size(0),
+        nvec=nvec,
+        dropout=drop,
+        scratch=scratch,
+        enc_scratch=enc_scratch,
+        grad_enc=grad_enc,
+        grad_pred=grad_pred,
+    )
     types = (grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad_enc.dtype, vec)
-    launch(_PACK, _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT), grad_enc,
-           ((b1 - b0) * frame_blocks // warps, chunks, u_chunks), (PACK_SUM_THREADS,), (params,))
+    launch(
+        _PACK,
+        _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT),
+        grad_enc,
+        ((b1 - b0) * frame_blocks // warps, chunks, u_chunks),
+        (PACK_SUM_THREADS,),
+        (params,),
+    )
     if u_chunks > 1:
-        launch(_PACK, _name("pack_grad_enc_kernel", *types), grad_enc, ((b1 - b0) * enc_blocks,), (THREADS,),
-               (params,))
+        launch(_PACK, _name("pack_grad_enc_kernel", *types), grad_enc, ((b1 - b0) * enc_blocks,), (THREADS,), (params,))
     if max_u1 > 0:
-        launch(_PACK, _name("pack_grad_pred_kernel", *types), grad_pred, ((b1 - b0) * pred_blocks,), (THREADS,),
-               (params,))
+        launch(
+            _PACK, _name("pack_grad_pred_kernel", *types), grad_pred, ((b1 - b0) * pred_blocks,), (THREADS,), (params,)
+        )
 
 
 def pack_backward(grad_rows, layout, max_t, max_u1):
@@ -584,8 +938,9 @@ def pack_backward(grad_rows, layout, max_t, max_u1):
     return grad_enc, grad_pred
 
 
-def pack_backward_add(grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity",
-                      dropout=None):
+def pack_backward_add(
+    grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity", dropout=None
+):
     _check_cuda(grad_rows)
     if grad_rows.size(1) > 0 and grad_rows.size(0) > 0:
         _pack_grad(grad_rows.contiguous(), layout, row_start, utterances, grads, inputs, activation, dropout)
@@ -624,9 +979,16 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
     # vectors in flight (DESIGN.md: Eight vectors in flight where a row is loaded before its cell test)
     deep = 4 if layout.padded else 8
     params = TDT_LOG_PROBS_PARAMS(
-        grids=_grids(layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
+        grids=_grids(layout),
+        tokens=_rows_struct(tokens2d, row_start, vec, aligned),
         duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=D),
-        labels=_labels_struct(targets, options.blank), terms=_terms(options), lp=lp, lp_arcs=lp_arcs, den=den, den_arcs=den_arcs)
+        labels=_labels_struct(targets, options.blank),
+        terms=_terms(options),
+        lp=lp,
+        lp_arcs=lp_arcs,
+        den=den,
+        den_arcs=den_arcs,
+    )
     name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
@@ -650,29 +1012,54 @@ def _duration_walks(lp, lp_arcs, layout, durations, multiblank):
     max_u1 = max(int(layout.max_u1), 1)
     D, itemsize = len(durations), lp.element_size()
     ring = max(durations) + 2  # the anti-diagonals an arc reaches back (or ahead): kept in shared memory
-    params = TDT_WALK_PARAMS(grids=_grids(layout, padded_grid=False), lp=lp, lp_arcs=lp_arcs,
-                             durations=_durations(tuple(durations)), padded=layout.padded, ring=0, cols=0,
-                             out=_walks_struct(walks))
+    params = TDT_WALK_PARAMS(
+        grids=_grids(layout, padded_grid=False),
+        lp=lp,
+        lp_arcs=lp_arcs,
+        durations=_durations(tuple(durations)),
+        padded=layout.padded,
+        ring=0,
+        cols=0,
+        out=_walks_struct(walks),
+    )
     # tdt_walk_kernel: rings of a power of two steps, a column per thread and two of -inf; alpha's ring
     # (2D + 1 entries a cell) is the larger; over 48 KiB where the GPU allows
     walk_ring, walk_cap = 1 << (ring - 1).bit_length(), threads + 2
     walk_smem = walk_ring * walk_cap * (2 * D + 1) * itemsize
     if D <= WALK_MAX_DURATIONS and max_u1 <= WALK_MAX_THREADS and walk_smem <= max_shared_mem(lp):
-        launch(_TDT, _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD, multiblank), lp, (2 * B,), (threads,),
-               (params._replace(ring=walk_ring, cols=walk_cap),), shared_mem=walk_smem)
+        launch(
+            _TDT,
+            _name("tdt_walk_kernel", lp.dtype, D, _WALK_AHEAD, multiblank),
+            lp,
+            (2 * B,),
+            (threads,),
+            (params._replace(ring=walk_ring, cols=walk_cap),),
+            shared_mem=walk_smem,
+        )
         return walks
     smem = ring * max_u1 * itemsize
     if smem > DEFAULT_SHARED_MEM:
         ring, smem = 0, 0
-    launch(_TDT, _name("tdt_alpha_beta_kernel", lp.dtype, multiblank), lp, (2 * B,), (threads,),
-           (params._replace(ring=ring, cols=max_u1),), shared_mem=smem)
+    launch(
+        _TDT,
+        _name("tdt_alpha_beta_kernel", lp.dtype, multiblank),
+        lp,
+        (2 * B,),
+        (threads,),
+        (params._replace(ring=ring, cols=max_u1),),
+        shared_mem=smem,
+    )
     return walks
 
 
 def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, out, row_start=0):
     out_tokens, out_duration_scores = out
-    for name, x in (("tokens2d", tokens2d), ("duration_scores", duration_scores), ("out_tokens", out_tokens),
-                    ("out_duration_scores", out_duration_scores)):
+    for name, x in (
+        ("tokens2d", tokens2d),
+        ("duration_scores", duration_scores),
+        ("out_tokens", out_tokens),
+        ("out_duration_scores", out_duration_scores),
+    ):
         _row_major(name, x)
     num_rows, V = tokens2d.shape
     if num_rows == 0:
@@ -688,14 +1075,31 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
     vec, aligned, staged = row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
     terms = _terms(options)
     params = TDT_GRADIENT_PARAMS(
-        grids=_grids(lattice.layout), tokens=_rows_struct(tokens2d, row_start, vec, aligned),
+        grids=_grids(lattice.layout),
+        tokens=_rows_struct(tokens2d, row_start, vec, aligned),
         duration_scores=DURATION_ROWS(data=duration_scores, ld=duration_scores.stride(0), D=duration_scores.size(1)),
-        durations=_durations(tuple(options.durations)), labels=_labels_struct(targets, options.blank),
-        lattice=_lattice_struct(lattice), lp_arcs=lattice.lp_arcs, den_arcs=lattice.den_arcs,
-        rnnt=_walks_struct(rnnt), scale=SCALE(values=scale, stride=scale.stride(0)), terms=terms, out_tokens=out_tokens,
-        ld_out_tokens=out_tokens.stride(0), out_duration_scores=out_duration_scores,
-        ld_out_duration_scores=out_duration_scores.stride(0))
-    name = _name("tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), terms.clamp > 0,
-                 aligned, staged)
-    launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,),
-           shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0)
+        durations=_durations(tuple(options.durations)),
+        labels=_labels_struct(targets, options.blank),
+        lattice=_lattice_struct(lattice),
+        lp_arcs=lattice.lp_arcs,
+        den_arcs=lattice.den_arcs,
+        rnnt=_walks_struct(rnnt),
+        scale=SCALE(values=scale, stride=scale.stride(0)),
+        terms=terms,
+        out_tokens=out_tokens,
+        ld_out_tokens=out_tokens.stride(0),
+        out_duration_scores=out_duration_scores,
+        ld_out_duration_scores=out_duration_scores.stride(0),
+    )
+    name = _name(
+        "tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), terms.clamp > 0, aligned, staged
+    )
+    launch(
+        _TDT,
+        name,
+        tokens2d,
+        (ceil_div(num_rows, rows_per_block),),
+        (THREADS,),
+        (params,),
+        shared_mem=_stage_bytes(rows_per_block, V, itemsize) if staged else 0,
+    )

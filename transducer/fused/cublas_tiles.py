@@ -29,8 +29,9 @@ class CublasTiles:
             hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
             z = F.linear(hx, self.Wx)[:rows]
             del hx
-            s.kind.log_probs(s.stages, z[:, :V], z[:, V:V + D] if D else None, s.targets, s.layout, s.options, start,
-                             arrays)
+            s.kind.log_probs(
+                s.stages, z[:, :V], z[:, V : V + D] if D else None, s.targets, s.layout, s.options, start, arrays
+            )
             del z
 
     def gradient_tile(self, start, end, lattice, scale):
@@ -38,9 +39,9 @@ class CublasTiles:
         rows = end - start
         hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
         dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
-        tokens, extra = dz[:rows, :V], dz[:rows, V:V + D] if D else None
+        tokens, extra = dz[:rows, :V], dz[:rows, V : V + D] if D else None
         s.kind.gradient(s.stages, (tokens, extra), s.targets, lattice, scale, s.options, (tokens, extra), start)
         del tokens, extra  # views of dz: a view left alive kept a third tile buffer
         if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
-            dz[:, self.rows:] = 0
+            dz[:, self.rows :] = 0
         return hx, dz

@@ -62,8 +62,9 @@ def use_hopper(kind, compute_dtype, device, J):
     if (use, why) not in _said:
         _said.add((use, why))
         path = "the Hopper kernels (transducer.hopper)" if use else "cuBLAS GEMMs and the CUDA stages"
-        _log.log(logging.WARNING if failed else logging.INFO, "fused_joiner_loss: the logits tiles run on %s (%s)",
-                 path, why)
+        _log.log(
+            logging.WARNING if failed else logging.INFO, "fused_joiner_loss: the logits tiles run on %s (%s)", path, why
+        )
     return use
 
 
@@ -75,8 +76,9 @@ class HopperTiles:
         self.step, self.weight, self.bias, self.compute_dtype = step, weight, bias, compute_dtype
         V, D = step.V, step.D
         # the kernels' operand, W alone: the kernel adds the bias in its epilogue
-        self.projection = hopper.projection(weight.to(compute_dtype).contiguous(), bias, tokens=V,
-                                            extra=extra_columns(V, D, step.options))
+        self.projection = hopper.projection(
+            weight.to(compute_dtype).contiguous(), bias, tokens=V, extra=extra_columns(V, D, step.options)
+        )
         self.J, self.rows = weight.size(1), weight.size(0)
 
     @functools.cached_property
@@ -96,13 +98,15 @@ class HopperTiles:
         # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs; the extra
         # columns' bias: the kernel's statistics have none
         first, count = p.extra_start, p.extra
-        extra_bias = None if self.bias is None or not count else \
-            self.bias[first:first + count].to(torch.float32).contiguous()
+        extra_bias = (
+            None if self.bias is None or not count else self.bias[first : first + count].to(torch.float32).contiguous()
+        )
         if s.D:
             cuda_stages.tdt_row_log_probs(statistics, extra_bias, s.targets, s.layout, s.options, arrays)
         else:
-            cuda_stages.row_log_probs(statistics, s.targets, s.layout, s.options, arrays.lp, arrays.den,
-                                      arrays.lp_arcs, extra_bias)
+            cuda_stages.row_log_probs(
+                statistics, s.targets, s.layout, s.options, arrays.lp, arrays.den, arrays.lp_arcs, extra_bias
+            )
 
     def gradient_tile(self, start, end, lattice, scale):
         s, V, D = self.step, self.step.V, self.step.D
@@ -110,13 +114,21 @@ class HopperTiles:
         dtype = self.Wx.dtype
         if D:  # the tile's rows' labels and gradient coefficients for the kernel, and TDT's duration columns'
             coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(
-                s.targets, lattice, scale, s.options, start, rows, dtype)
+                s.targets, lattice, scale, s.options, start, rows, dtype
+            )
         else:
             coefficients, labels = cuda_stages.row_coefficients(s.targets, lattice, scale, s.options, start, rows)
         hx = hidden(s, self.Wx, start, end, gemm_rows(rows, "cuda"))
         # the gradient from the recompute's epilogue; it and Wx are zeros past V
-        dz = hopper.gradient_tile(self.projection, hx[:rows, :self.J], labels, s.options.blank, coefficients,
-                                  max(s.options.clamp, 0.0), hx.size(0))
+        dz = hopper.gradient_tile(
+            self.projection,
+            hx[:rows, : self.J],
+            labels,
+            s.options.blank,
+            coefficients,
+            max(s.options.clamp, 0.0),
+            hx.size(0),
+        )
         if D:  # the duration columns, zeros from the kernel
-            dz[:rows, V:V + D] = duration_gradient
-        return hx, dz[:, :min(dz.size(1), self.Wx.size(0))]
+            dz[:rows, V : V + D] = duration_gradient
+        return hx, dz[:, : min(dz.size(1), self.Wx.size(0))]

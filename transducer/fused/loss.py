@@ -23,10 +23,15 @@ __all__ = ["fused_joiner_loss", "FusedJoinerLoss"]
 
 _TENSORS = (
     Param("encoder_out", "Tensor", "``(B, maxT, J)``, ``J >= 1``, float16 / bfloat16 / float32 / float64."),
-    Param("predictor_out", "Tensor", "``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same "
-          "device."),
-    Param("weight", "Tensor", "``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``, "
-          "``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout)."),
+    Param(
+        "predictor_out", "Tensor", "``(B, maxU+1, J)``, a floating dtype (may differ from encoder_out's), same device."
+    ),
+    Param(
+        "weight",
+        "Tensor",
+        "``(V, J)``, the output projection (a ``Linear(J, V)``'s weight); with ``durations``, "
+        "``(V + D, J)``: V token rows then D duration rows (NeMo's joint layout).",
+    ),
     Param("bias", "Tensor or None", "``(weight.size(0),)``, or None.", REQUIRED),
     Param("targets", "Tensor", "``(B, S)`` int32 / int64, ``S >= max U_b``, labels in ``[0, V)``, not a blank."),
     Param("logit_lengths", "Tensor", "``(B,)`` int32 / int64, ``1 <= T_b <= maxT``."),
@@ -35,10 +40,10 @@ _TENSORS = (
 _DOCS = {
     "blank": "the blank's column among the token rows of ``weight``, in ``[-V, V)``; negative counts from the end.",
     "check_inputs": "check lengths and labels against the tensors; sizing the tiles reads the layout on the host "
-                    "whatever check_inputs (one transfer in forward; the eager backward reuses it, a traced one "
-                    "reads it again).",
+    "whatever check_inputs (one transfer in forward; the eager backward reuses it, a traced one "
+    "reads it again).",
     "durations": "TDT's durations, as for :func:`transducer.tdt_loss`: the loss is TDT's, over ``weight``'s last "
-                 "D = len(durations) rows (not with one_sym_per_frame).",
+    "D = len(durations) rows (not with one_sym_per_frame).",
     "big_blank_durations": "as for :func:`transducer.multiblank_loss` (with ``sigma``): the multi-blank loss.",
 }
 FUSED_JOINER_LOSS = Entry("fused_joiner_loss", LATTICES, _TENSORS, exclude=("from_log_softmax",), docs=_DOCS)
@@ -67,8 +72,15 @@ _JOINER_OPTIONS = ("reduction", "zero_infinity", "check_inputs", "activation", "
 
 def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, options):
     """fused_joiner_loss's work (its arguments checked; ``options``: the options as given)."""
-    weight, bias = full_parameters(weight, bias, encoder_out=encoder_out, predictor_out=predictor_out, targets=targets,
-                                   logit_lengths=logit_lengths, target_lengths=target_lengths)  # FSDP2's shards
+    weight, bias = full_parameters(
+        weight,
+        bias,
+        encoder_out=encoder_out,
+        predictor_out=predictor_out,
+        targets=targets,
+        logit_lengths=logit_lengths,
+        target_lengths=target_lengths,
+    )  # FSDP2's shards
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     device = encoder_out.device
     check_tensor("predictor_out", predictor_out, FLOAT_DTYPES, (3,), device, "encoder_out")
@@ -80,8 +92,9 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     check_tensor("target_lengths", target_lengths, INDEX_DTYPES, (1,), device, "encoder_out")
     B, _, J = encoder_out.shape
     if J == 0:
-        raise ValueError(f"encoder_out: expected rows of at least one entry (B, maxT, J >= 1), got shape "
-                         f"{tuple(encoder_out.shape)}")
+        raise ValueError(
+            f"encoder_out: expected rows of at least one entry (B, maxT, J >= 1), got shape {tuple(encoder_out.shape)}"
+        )
     rows = weight.size(0)  # the token columns and, with durations, the duration columns
     durations = options.get("durations")
     D = len(BY_NAME["durations"].check(durations))
@@ -92,16 +105,20 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     if B == 0:
         raise ValueError("encoder_out: expected at least one utterance, got an empty batch")
     if predictor_out.size(0) != B or predictor_out.size(2) != J:
-        raise ValueError(f"predictor_out: expected shape ({B}, maxU+1, {J}) to match encoder_out "
-                         f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}")
+        raise ValueError(
+            f"predictor_out: expected shape ({B}, maxU+1, {J}) to match encoder_out "
+            f"{tuple(encoder_out.shape)}, got {tuple(predictor_out.shape)}"
+        )
     if weight.size(1) != J:
         raise ValueError(f"weight: expected shape (V, {J}) (J = encoder_out.size(2)), got {tuple(weight.shape)}")
     if bias is not None and bias.shape != (rows,):
         raise ValueError(f"bias: expected shape ({rows},) (weight.size(0)), got {tuple(bias.shape)}")
     for name, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths), ("targets", targets)):
         if x.size(0) != B:
-            raise ValueError(f"{name}: expected {plural(B, 'entry', 'entries')} along dim 0 (one per utterance), "
-                             f"got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{name}: expected {plural(B, 'entry', 'entries')} along dim 0 (one per utterance), "
+                f"got shape {tuple(x.shape)}"
+            )
     dropout, max_rows = call["dropout"], call["max_rows"]
     # the GEMMs' dtype: the autocast dtype, as F.linear under autocast takes it, else the inputs' promoted one
     compute_dtype = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
@@ -110,13 +127,28 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
     if max_rows is None:
         max_rows = default_max_rows(J, rows, torch.finfo(compute_dtype).bits // 8, device.type)
     # dropout's seed: 63 bits from a CPU generator, a CPU tensor (no device work, and torch.compile traces it)
-    seed = torch.randint((1 << 63) - 1, (), generator=call["generator"]) if dropout else \
-        torch.zeros((), dtype=torch.int64)
+    seed = (
+        torch.randint((1 << 63) - 1, (), generator=call["generator"]) if dropout else torch.zeros((), dtype=torch.int64)
+    )
     if call["check_inputs"]:
         check_rows_before_copy(encoder_out, predictor_out, logit_lengths, target_lengths)
-    inputs = (encoder_out.contiguous(), predictor_out.contiguous(), weight, bias, targets.contiguous(), logit_lengths,
-              target_lengths, *options.flat(), call["activation"], dropout, seed, call["check_inputs"], compute_dtype,
-              max_rows, torch.compiler.is_compiling())
+    inputs = (
+        encoder_out.contiguous(),
+        predictor_out.contiguous(),
+        weight,
+        bias,
+        targets.contiguous(),
+        logit_lengths,
+        target_lengths,
+        *options.flat(),
+        call["activation"],
+        dropout,
+        seed,
+        call["check_inputs"],
+        compute_dtype,
+        max_rows,
+        torch.compiler.is_compiling(),
+    )
     with torch.autocast(device.type, enabled=False):  # the op casts for its GEMMs itself
         nll = fused(*inputs)[0]
     return reduce_losses(nll, call["reduction"], call["zero_infinity"])
@@ -125,14 +157,32 @@ def _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_
 declare(FUSED_JOINER_LOSS)
 
 
-def fused_joiner_loss(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
-                      targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, *, blank: int = 0,
-                      reduction: str = "mean", one_sym_per_frame: bool = False, zero_infinity: bool = False,
-                      check_inputs: bool = True, clamp: float = -1.0, fastemit_lambda: float = 0.0,
-                      delay_penalty: float = 0.0, durations: Optional[Sequence[int]] = None, sigma: float = 0.0,
-                      omega: float = 0.0, big_blank_durations: Optional[Sequence[int]] = None,
-                      activation: str = "tanh", dropout: float = 0.0, generator: Optional[torch.Generator] = None,
-                      max_rows: Optional[int] = None) -> Tensor:
+def fused_joiner_loss(
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    *,
+    blank: int = 0,
+    reduction: str = "mean",
+    one_sym_per_frame: bool = False,
+    zero_infinity: bool = False,
+    check_inputs: bool = True,
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
+    durations: Optional[Sequence[int]] = None,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    big_blank_durations: Optional[Sequence[int]] = None,
+    activation: str = "tanh",
+    dropout: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+    max_rows: Optional[int] = None,
+) -> Tensor:
     r"""The joiner ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])), weight, bias)`` and the
     transducer loss over its logits, without the logits or the joiner's hidden in memory.
 
@@ -203,11 +253,33 @@ def fused_joiner_loss(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor
         ...                          torch.tensor([5, 3]), torch.tensor([3, 2]))
         >>> loss.backward()
     """
-    return _fused_joiner_loss(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, dict(
-        blank=blank, reduction=reduction, one_sym_per_frame=one_sym_per_frame, zero_infinity=zero_infinity,
-        check_inputs=check_inputs, clamp=clamp, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty,
-        durations=durations, sigma=sigma, omega=omega, big_blank_durations=big_blank_durations, activation=activation,
-        dropout=dropout, generator=generator, max_rows=max_rows))
+    return _fused_joiner_loss(
+        encoder_out,
+        predictor_out,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        dict(
+            blank=blank,
+            reduction=reduction,
+            one_sym_per_frame=one_sym_per_frame,
+            zero_infinity=zero_infinity,
+            check_inputs=check_inputs,
+            clamp=clamp,
+            fastemit_lambda=fastemit_lambda,
+            delay_penalty=delay_penalty,
+            durations=durations,
+            sigma=sigma,
+            omega=omega,
+            big_blank_durations=big_blank_durations,
+            activation=activation,
+            dropout=dropout,
+            generator=generator,
+            max_rows=max_rows,
+        ),
+    )
 
 
 _MODULE_PARAMS = (
@@ -215,15 +287,30 @@ _MODULE_PARAMS = (
     Param("vocab_size", "int", "V >= 2, the token columns (blank included)."),
     "activation",
     Param("bias", "bool", "the projection has a bias.", True),
-    "blank", "reduction", "one_sym_per_frame", "zero_infinity", "check_inputs", "max_rows", "clamp", "fastemit_lambda",
-    "delay_penalty", "durations", "sigma", "omega", "big_blank_durations", "dropout",
+    "blank",
+    "reduction",
+    "one_sym_per_frame",
+    "zero_infinity",
+    "check_inputs",
+    "max_rows",
+    "clamp",
+    "fastemit_lambda",
+    "delay_penalty",
+    "durations",
+    "sigma",
+    "omega",
+    "big_blank_durations",
+    "dropout",
     Param("device", "torch.device", "the projection's device.", None),
     Param("dtype", "torch.dtype", "the projection's dtype.", None),
 )
-_MODULE_DOCS = dict(_DOCS, blank="the blank's column; negative counts from the end.",
-                    dropout="the rate of dropout on the joiner's hidden in training mode, as for "
-                            ":func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in "
-                            "eval mode.")
+_MODULE_DOCS = dict(
+    _DOCS,
+    blank="the blank's column; negative counts from the end.",
+    dropout="the rate of dropout on the joiner's hidden in training mode, as for "
+    ":func:`fused_joiner_loss` (its seed drawn from torch's default CPU generator); none in "
+    "eval mode.",
+)
 _MODULE = Entry("FusedJoinerLoss", LATTICES, _MODULE_PARAMS, exclude=("from_log_softmax",), docs=_MODULE_DOCS)
 
 
@@ -290,18 +377,48 @@ class FusedJoinerLoss(LossModule):
         torch.Size([2, 5, 4, 6])
     """
 
-    def __init__(self, joiner_dim: int, vocab_size: int, activation: str = "tanh", bias: bool = True, blank: int = 0,
-                 reduction: str = "mean", one_sym_per_frame: bool = False, zero_infinity: bool = False,
-                 check_inputs: bool = True, max_rows: Optional[int] = None, clamp: float = -1.0,
-                 fastemit_lambda: float = 0.0, delay_penalty: float = 0.0, durations: Optional[Sequence[int]] = None,
-                 sigma: float = 0.0, omega: float = 0.0, big_blank_durations: Optional[Sequence[int]] = None,
-                 dropout: float = 0.0, device: Optional[torch.device] = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__(dict(
-            activation=activation, blank=blank, reduction=reduction, one_sym_per_frame=one_sym_per_frame,
-            zero_infinity=zero_infinity, check_inputs=check_inputs, max_rows=max_rows, clamp=clamp,
-            fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty, durations=durations, sigma=sigma, omega=omega,
-            big_blank_durations=big_blank_durations, dropout=dropout))
+    def __init__(
+        self,
+        joiner_dim: int,
+        vocab_size: int,
+        activation: str = "tanh",
+        bias: bool = True,
+        blank: int = 0,
+        reduction: str = "mean",
+        one_sym_per_frame: bool = False,
+        zero_infinity: bool = False,
+        check_inputs: bool = True,
+        max_rows: Optional[int] = None,
+        clamp: float = -1.0,
+        fastemit_lambda: float = 0.0,
+        delay_penalty: float = 0.0,
+        durations: Optional[Sequence[int]] = None,
+        sigma: float = 0.0,
+        omega: float = 0.0,
+        big_blank_durations: Optional[Sequence[int]] = None,
+        dropout: float = 0.0,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__(
+            dict(
+                activation=activation,
+                blank=blank,
+                reduction=reduction,
+                one_sym_per_frame=one_sym_per_frame,
+                zero_infinity=zero_infinity,
+                check_inputs=check_inputs,
+                max_rows=max_rows,
+                clamp=clamp,
+                fastemit_lambda=fastemit_lambda,
+                delay_penalty=delay_penalty,
+                durations=durations,
+                sigma=sigma,
+                omega=omega,
+                big_blank_durations=big_blank_durations,
+                dropout=dropout,
+            )
+        )
         self.build(joiner_dim, vocab_size, bias, device, dtype)
 
     def build(self, joiner_dim, vocab_size, bias, device=None, dtype=None):
@@ -315,15 +432,24 @@ class FusedJoinerLoss(LossModule):
         joiner_dim, vocab_size = operator.index(joiner_dim), operator.index(vocab_size)
         loss_options, _ = _checked(self.options, None, vocab_size, "vocab_size")
         self.options["blank"] = loss_options.blank
-        self.output = torch.nn.Linear(joiner_dim, vocab_size + len(loss_options.durations), bias=bias,
-                                      device=device, dtype=dtype)
+        self.output = torch.nn.Linear(
+            joiner_dim, vocab_size + len(loss_options.durations), bias=bias, device=device, dtype=dtype
+        )
 
     def forward(self, encoder_out, predictor_out, targets, logit_lengths, target_lengths):
         """The loss of the joiner over ``encoder_out`` (B, maxT, J) and ``predictor_out`` (B, maxU+1, J) with the
         module's projection and options (see :func:`fused_joiner_loss`)."""
         options = dict(self.options, dropout=self.options["dropout"] if self.training else 0.0)
-        return fused_joiner_loss(encoder_out, predictor_out, self.output.weight, self.output.bias, targets,
-                                 logit_lengths, target_lengths, **options)
+        return fused_joiner_loss(
+            encoder_out,
+            predictor_out,
+            self.output.weight,
+            self.output.bias,
+            targets,
+            logit_lengths,
+            target_lengths,
+            **options,
+        )
 
     def logits(self, encoder_out, predictor_out):
         """``output(act(encoder_out + predictor_out))`` with broadcasting, for decoding."""

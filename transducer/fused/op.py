@@ -31,7 +31,6 @@ Sizing the tiles reads the layout (row count and row_splits) on the host: one de
 forward; the eager backward takes forward's host copy, a traced one reads it again.
 """
 
-
 import bisect
 from typing import List, Optional, Tuple
 
@@ -59,26 +58,43 @@ def _step(encoder_out, predictor_out, weight, targets, layout, option_flat, join
     options = LossOptions.from_flat(*option_flat)
     kind = kind_of(options)
     D = kind.extra_columns(options)
-    return Step(stages_for(encoder_out.device), encoder_out, predictor_out, layout, activation,
-                Dropout(dropout, int(seed)) if dropout else None, kind, options, targets, weight.size(0) - D, D)
+    return Step(
+        stages_for(encoder_out.device),
+        encoder_out,
+        predictor_out,
+        layout,
+        activation,
+        Dropout(dropout, int(seed)) if dropout else None,
+        kind,
+        options,
+        targets,
+        weight.size(0) - D,
+        D,
+    )
 
 
 def _check_fused_values(encoder_out, predictor_out, targets, vocab_size, extra_columns, stats, blank, big_blanks):
     t_min, t_max, u_min, u_max, cells, bad, _ = stats
     if t_min < 1 or t_max > encoder_out.size(1):
-        raise ValueError(f"logit_lengths: expected values in [1, {encoder_out.size(1)}] (encoder_out.size(1)), "
-                         f"got [{t_min}, {t_max}]")
+        raise ValueError(
+            f"logit_lengths: expected values in [1, {encoder_out.size(1)}] (encoder_out.size(1)), "
+            f"got [{t_min}, {t_max}]"
+        )
     if u_min < 0 or u_max + 1 > predictor_out.size(1) or u_max > targets.size(1):
-        raise ValueError(f"target_lengths: expected values in [0, {min(predictor_out.size(1) - 1, targets.size(1))}] "
-                         f"(predictor_out.size(1) - 1 and targets.size(1)), got [{u_min}, {u_max}]")
+        raise ValueError(
+            f"target_lengths: expected values in [0, {min(predictor_out.size(1) - 1, targets.size(1))}] "
+            f"(predictor_out.size(1) - 1 and targets.size(1)), got [{u_min}, {u_max}]"
+        )
     if cells > MAX_ROWS:  # a saturated count (CELLS_CAP) is larger too
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(cells)} rows; at most "
-                         f"2^31 - 1 are supported")
+        raise ValueError(
+            f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {row_count(cells)} rows; at most "
+            f"2^31 - 1 are supported"
+        )
     if bad:
-        extra = duration_scores_note(extra_columns, vocab_size + extra_columns, "weight's", "rows") \
-            if extra_columns else ""
+        extra = (
+            duration_scores_note(extra_columns, vocab_size + extra_columns, "weight's", "rows") if extra_columns else ""
+        )
         raise bad_labels_error(targets, stats, vocab_size, blank, big_blanks, extra)
-
 
 
 def capacity(encoder_out, predictor_out):
@@ -86,12 +102,24 @@ def capacity(encoder_out, predictor_out):
     return encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
 
 
-def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, bias: Optional[Tensor],
-                   targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, option_ints: List[int],
-                   option_floats: List[float], activation: str, dropout: float, seed: Tensor, check_inputs: bool,
-                   compute_dtype: torch.dtype, max_rows: int, static_shapes: bool
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                              Tensor]:
+def _fused_forward(
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    option_ints: List[int],
+    option_floats: List[float],
+    activation: str,
+    dropout: float,
+    seed: Tensor,
+    check_inputs: bool,
+    compute_dtype: torch.dtype,
+    max_rows: int,
+    static_shapes: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(nll, *custom_ops.lattice_outputs)."""
     options = LossOptions.from_flat(option_ints, option_floats)
     kind = kind_of(options)
@@ -100,21 +128,24 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
     D = kind.extra_columns(options)
     V = weight.size(0) - D  # the token columns
     big = len(options.big_blank_durations)
-    layout = stages.layout(logit_lengths, target_lengths, targets.size(1) + 1, 0,
-                           LabelCheck(targets, V, options.blank, big), check_inputs)
-    step = _step(encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats),
-                 (activation, dropout, seed))
+    layout = stages.layout(
+        logit_lengths, target_lengths, targets.size(1) + 1, 0, LabelCheck(targets, V, options.blank, big), check_inputs
+    )
+    step = _step(
+        encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats), (activation, dropout, seed)
+    )
     path = tile_path(step, weight, bias, compute_dtype)  # its set-up launched before the wait below
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     B = layout.batch_size
-    layout.table.host_row_splits = table[3 * B:4 * B + 1]  # for the eager backward (_setup_context)
+    layout.table.host_row_splits = table[3 * B : 4 * B + 1]  # for the eager backward (_setup_context)
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
     num_rows = table[4 * B]
     bound = capacity(encoder_out, predictor_out)
     if num_rows > bound:
-        raise ValueError(f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds "
-                         f"B * maxT * (maxU+1) = {bound}")
+        raise ValueError(
+            f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds B * maxT * (maxU+1) = {bound}"
+        )
     # static_shapes (set while torch.compile traces): the per-row arrays have room for B * maxT * (maxU+1)
     # rows, a bound known from the shapes, so that the op's outputs have static shapes, and the rows past
     # num_rows hold zeros; in eager mode they have num_rows rows.
@@ -127,7 +158,6 @@ def _fused_forward(encoder_out: Tensor, predictor_out: Tensor, weight: Tensor, b
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
             x[num_rows:] = 0
     return (kind.nll(lattice, options),) + lattice_outputs(lattice)
-
 
 
 # torch's addmm accumulating 16-bit operands' product into a float32 tensor on CUDA: out_dtype came in torch 2.8, but
@@ -162,30 +192,51 @@ def tf32_matmul():
     return precision == "tf32" if precision is not None else torch.backends.cuda.matmul.allow_tf32
 
 
-
-
 def _utterances(row_splits, start, end):
     """The utterances [first, last + 1) whose rows meet [start, end) (row_splits: a host list)."""
     return bisect.bisect_right(row_splits, start) - 1, bisect.bisect_left(row_splits, end, lo=1)
 
 
-def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor, weight: Tensor,
-                    bias: Optional[Tensor], targets: Tensor, table: Tensor, lp: Tensor, den: Tensor, lp_arcs: Tensor,
-                    den_arcs: Tensor, alpha: Tensor, beta: Tensor, nll: Tensor, alpha_r: Tensor, beta_r: Tensor,
-                    rnnt_nll: Tensor, option_ints: List[int], option_floats: List[float], activation: str,
-                    dropout: float, seed: Tensor, compute_dtype: torch.dtype, max_rows: int,
-                    row_splits: Optional[List[int]]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _fused_backward(
+    grad_nll: Tensor,
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    targets: Tensor,
+    table: Tensor,
+    lp: Tensor,
+    den: Tensor,
+    lp_arcs: Tensor,
+    den_arcs: Tensor,
+    alpha: Tensor,
+    beta: Tensor,
+    nll: Tensor,
+    alpha_r: Tensor,
+    beta_r: Tensor,
+    rnnt_nll: Tensor,
+    option_ints: List[int],
+    option_floats: List[float],
+    activation: str,
+    dropout: float,
+    seed: Tensor,
+    compute_dtype: torch.dtype,
+    max_rows: int,
+    row_splits: Optional[List[int]],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * loss[b], each in
     its input's dtype; the last is zeros when there is no bias. ``row_splits``: the layout's, on the host (the
     eager path has forward's), or None to read them from ``table``."""
     layout = Layout(table, False, targets.size(1) + 1)
-    step = _step(encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats),
-                 (activation, dropout, seed))
-    lattice = lattice_of(layout, (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll),
-                         step.options)
+    step = _step(
+        encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats), (activation, dropout, seed)
+    )
+    lattice = lattice_of(
+        layout, (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), step.options
+    )
     path = tile_path(step, weight, bias, compute_dtype)
     Wx = path.Wx  # [W | b | 0] (tiles.projection), launched before the transfer below
-    W, J = Wx[:, :encoder_out.size(2)], encoder_out.size(2)
+    W, J = Wx[:, : encoder_out.size(2)], encoder_out.size(2)
     acc = lp.dtype
     grad_enc = encoder_out.new_zeros(encoder_out.shape, dtype=acc)
     grad_pred = predictor_out.new_zeros(predictor_out.shape, dtype=acc)
@@ -205,8 +256,16 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
         dh = dz.mm(W[:width])
         del dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
-        step.stages.pack_backward_add(dh[:end - start], layout, start, _utterances(row_splits, start, end),
-                                      (grad_enc, grad_pred), (encoder_out, predictor_out), activation, step.dropout)
+        step.stages.pack_backward_add(
+            dh[: end - start],
+            layout,
+            start,
+            _utterances(row_splits, start, end),
+            (grad_enc, grad_pred),
+            (encoder_out, predictor_out),
+            activation,
+            step.dropout,
+        )
         del dh
     rows = weight.size(0)  # without the padding rows
     grad_w = grad_wx[:rows, :J].to(weight.dtype).contiguous()
@@ -215,8 +274,24 @@ def _fused_backward(grad_nll: Tensor, encoder_out: Tensor, predictor_out: Tensor
 
 
 def _setup_context(ctx, inputs, output):
-    (encoder_out, predictor_out, weight, bias, targets, _, _, option_ints, option_floats, activation, dropout, seed,
-     _, compute_dtype, max_rows, _) = inputs
+    (
+        encoder_out,
+        predictor_out,
+        weight,
+        bias,
+        targets,
+        _,
+        _,
+        option_ints,
+        option_floats,
+        activation,
+        dropout,
+        seed,
+        _,
+        compute_dtype,
+        max_rows,
+        _,
+    ) = inputs
     nll, *lattice = output
     ctx.mark_non_differentiable(*lattice)
     ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice, seed)
@@ -230,11 +305,16 @@ def _setup_context(ctx, inputs, output):
 def _gradient(ctx, grad_nll, backward):
     *tensors, seed = saved_tensors(ctx)
     activation, dropout, compute_dtype, max_rows = ctx.joiner
-    grad_enc, grad_pred, grad_w, grad_b = backward(grad_nll, *tensors, *ctx.option_flat, activation, dropout, seed,
-                                                   compute_dtype, max_rows, ctx.row_splits)
+    grad_enc, grad_pred, grad_w, grad_b = backward(
+        grad_nll, *tensors, *ctx.option_flat, activation, dropout, seed, compute_dtype, max_rows, ctx.row_splits
+    )
     bias = tensors[3]
-    return {"encoder_out": grad_enc, "predictor_out": grad_pred, "weight": grad_w,
-            "bias": None if bias is None else grad_b}
+    return {
+        "encoder_out": grad_enc,
+        "predictor_out": grad_pred,
+        "weight": grad_w,
+        "bias": None if bias is None else grad_b,
+    }
 
 
 fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient)
@@ -242,15 +322,39 @@ fused_op, fused_backward_op = fused.op, fused.backward_op
 
 
 @fused_op.register_fake
-def _(encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, option_ints, option_floats,
-      activation, dropout, seed, check_inputs, compute_dtype, max_rows, static_shapes):
+def _(
+    encoder_out,
+    predictor_out,
+    weight,
+    bias,
+    targets,
+    logit_lengths,
+    target_lengths,
+    option_ints,
+    option_floats,
+    activation,
+    dropout,
+    seed,
+    check_inputs,
+    compute_dtype,
+    max_rows,
+    static_shapes,
+):
     rows = capacity(encoder_out, predictor_out) if static_shapes else torch.library.get_ctx().new_dynamic_size()
-    return fake_outputs(encoder_out, accumulate_dtype(compute_dtype), logit_lengths.size(0), rows,
-                        LossOptions.from_flat(option_ints, option_floats))
+    return fake_outputs(
+        encoder_out,
+        accumulate_dtype(compute_dtype),
+        logit_lengths.size(0),
+        rows,
+        LossOptions.from_flat(option_ints, option_floats),
+    )
 
 
 @fused_backward_op.register_fake
 def _(grad_nll, encoder_out, predictor_out, weight, bias, *rest):
-    return (torch.empty_like(encoder_out), torch.empty_like(predictor_out), torch.empty_like(weight),
-            weight.new_empty(weight.size(0)))
-
+    return (
+        torch.empty_like(encoder_out),
+        torch.empty_like(predictor_out),
+        torch.empty_like(weight),
+        weight.new_empty(weight.size(0)),
+    )

@@ -14,8 +14,17 @@ from ..lattices import Kind, Lattice, LogProbs
 from ..layout import Layout
 from ..options import LossOptions
 
-__all__ = ["Step", "TilePath", "tile_path", "tiles", "default_max_rows", "gemm_rows", "projection", "hidden",
-           "extra_columns"]
+__all__ = [
+    "Step",
+    "TilePath",
+    "tile_path",
+    "tiles",
+    "default_max_rows",
+    "gemm_rows",
+    "projection",
+    "hidden",
+    "extra_columns",
+]
 
 # Tile buffers (two of the tile's hidden, logits and dh) of about this many bytes when max_rows is not
 # given: on CUDA smaller tiles cost launches, host time and GEMM efficiency, on the CPU a few thousand rows
@@ -29,6 +38,7 @@ class Step(NamedTuple):
     """What every tile of one pass (forward or backward) reads: the stages of the inputs' device, the joiner's
     inputs and options (``dropout``: a Dropout or None), the layout, the lattice and its options, the labels, the
     token columns V and the extra columns D (TDT's durations; else 0)."""
+
     stages: object
     encoder_out: Tensor
     predictor_out: Tensor
@@ -60,6 +70,7 @@ def tile_path(step: Step, weight: Tensor, bias: Optional[Tensor], compute_dtype:
     here, before the pass reads the layout on the host."""
     from .cublas_tiles import CublasTiles
     from .hopper_tiles import HopperTiles, use_hopper
+
     if use_hopper(step.kind, compute_dtype, step.encoder_out.device, step.encoder_out.size(2)):
         return HopperTiles(step, weight, bias, compute_dtype)
     return CublasTiles(step, weight, bias, compute_dtype)
@@ -138,6 +149,7 @@ def hidden(step, Wx, start, end, rows=None):
         hx[count:] = 0
     if Wx.size(1) > J:  # a bias: its columns of ones
         hx[:count, J:] = 1
-    step.stages.pack_forward(step.encoder_out, step.predictor_out, step.layout, count, start, step.activation,
-                             hx[:count, :J], step.dropout)
+    step.stages.pack_forward(
+        step.encoder_out, step.predictor_out, step.layout, count, start, step.activation, hx[:count, :J], step.dropout
+    )
     return hx

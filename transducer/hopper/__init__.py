@@ -32,8 +32,16 @@ from .compile import compiled as _compiled
 from .compile import launch as _launch
 from .compile import lock as _lock
 
-__all__ = ["available", "self_test", "logits_statistics", "logits_gradient", "Projection", "projection",
-           "statistics_tile", "gradient_tile"]
+__all__ = [
+    "available",
+    "self_test",
+    "logits_statistics",
+    "logits_gradient",
+    "Projection",
+    "projection",
+    "statistics_tile",
+    "gradient_tile",
+]
 
 
 class Config(NamedTuple):
@@ -44,6 +52,7 @@ class Config(NamedTuple):
     2, 1, 1), with ``pingpong`` 2 the same kernel over two row blocks a CTA, one a consumer, H streamed, and the
     gradient's vocabulary tiles of a row-block pair split among ``vocab_groups`` CTAs launched one after the other
     (at most the tiles; 1 otherwise), so that the CTAs running at once share rows of H."""
+
     tile_n: int = 256
     warpgroups: int = 2
     cluster_m: int = 1
@@ -120,14 +129,19 @@ def self_test(device: torch.device) -> Optional[str]:
             labels = torch.randint(-1, 40, (200,), device=H.device, generator=g, dtype=torch.int32)
             den, z_blank, z_label = logits_statistics(H, W, None, labels, 0)
             pingpong = statistics_tile(projection(W, None, Config(128, 2, 1, 1, 1)), H, labels, 0)
-            coefficients = torch.stack([den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den),
-                                        torch.ones_like(den)])
+            coefficients = torch.stack(
+                [den, torch.ones_like(den), torch.zeros_like(den), torch.zeros_like(den), torch.ones_like(den)]
+            )
             G = logits_gradient(H, W, None, labels, 0, coefficients)[:, :40].double()
             Z = H.double() @ W.double().t()
             picked = torch.where(labels >= 0, Z[torch.arange(200, device=H.device), labels.clamp(min=0).long()], 0)
-            error = max(float((den - torch.logsumexp(Z, 1)).abs().max()), float((z_blank - Z[:, 0]).abs().max()),
-                        float((z_label - picked).abs().max()), float((G - torch.softmax(Z, 1)).abs().max()),
-                        max(float((a - b).abs().max()) for a, b in zip(pingpong, (den, z_blank, z_label))))
+            error = max(
+                float((den - torch.logsumexp(Z, 1)).abs().max()),
+                float((z_blank - Z[:, 0]).abs().max()),
+                float((z_label - picked).abs().max()),
+                float((G - torch.softmax(Z, 1)).abs().max()),
+                max(float((a - b).abs().max()) for a, b in zip(pingpong, (den, z_blank, z_label))),
+            )
             result = None if error < 1e-2 else f"their results are off by {error:.3g}"
         except torch.cuda.OutOfMemoryError:
             raise
@@ -137,8 +151,9 @@ def self_test(device: torch.device) -> Optional[str]:
     return result
 
 
-def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int,
-                      out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+def logits_statistics(
+    H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int, out: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Each row's log-softmax denominator and its blank and label logits, without the logits in memory.
 
     Args:
@@ -162,8 +177,9 @@ def logits_statistics(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tens
     return statistics_tile(projection(W, bias), H, labels, blank, out)
 
 
-def logits_gradient(H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int, coefficients: Tensor,
-                    clamp: float = 0.0) -> Tensor:
+def logits_gradient(
+    H: Tensor, W: Tensor, bias: Optional[Tensor], labels: Tensor, blank: int, coefficients: Tensor, clamp: float = 0.0
+) -> Tensor:
     """The gradient of a loss with respect to the logits Z = H W^T + bias, from each row's coefficients, without Z in
     memory: for row r and column v < V (transducer/cuda/stages.cu's gradient_kernel, elementwise),
 
@@ -195,21 +211,29 @@ def _check(H, W, bias, labels, blank):
         raise ValueError(f"H: expected a 2-D bfloat16 or float16 tensor, got {_describe(H)}")
     N, J = H.shape
     if not H.is_cuda or H.stride(1) != 1 or H.stride(0) % 8 or H.data_ptr() % 16 or J % 8 or J == 0:
-        raise ValueError(f"H: expected a CUDA tensor of unit column stride, rows on 16-byte boundaries and J a "
-                         f"positive multiple of 8, got {_describe(H)}")
+        raise ValueError(
+            f"H: expected a CUDA tensor of unit column stride, rows on 16-byte boundaries and J a "
+            f"positive multiple of 8, got {_describe(H)}"
+        )
     if not isinstance(W, Tensor) or W.dim() != 2 or W.size(1) != J or W.dtype != H.dtype:
         raise ValueError(f"W: expected a (V, {J}) tensor of H's dtype {H.dtype}, got {_describe(W)}")
     if W.device != H.device or not W.is_contiguous() or W.data_ptr() % 16:
-        raise ValueError(f"W: expected a contiguous tensor on {H.device} starting on a 16-byte boundary, got "
-                         f"{_describe(W)}")
+        raise ValueError(
+            f"W: expected a contiguous tensor on {H.device} starting on a 16-byte boundary, got {_describe(W)}"
+        )
     V = W.size(0)
     if V < 1:
         raise ValueError("W: expected at least one row (V >= 1), got 0")
-    if bias is not None and (not isinstance(bias, Tensor) or bias.shape != (V,) or not bias.is_floating_point()
-                             or bias.device != H.device):
+    if bias is not None and (
+        not isinstance(bias, Tensor) or bias.shape != (V,) or not bias.is_floating_point() or bias.device != H.device
+    ):
         raise ValueError(f"bias: expected None or a floating ({V},) tensor on {H.device}, got {_describe(bias)}")
-    if not isinstance(labels, Tensor) or labels.shape != (N,) or labels.dtype != torch.int32 \
-            or labels.device != H.device:
+    if (
+        not isinstance(labels, Tensor)
+        or labels.shape != (N,)
+        or labels.dtype != torch.int32
+        or labels.device != H.device
+    ):
         raise ValueError(f"labels: expected an int32 ({N},) tensor on {H.device}, got {_describe(labels)}")
     if not 0 <= blank < V:
         raise ValueError(f"blank: expected a column in [0, {V}), got {blank}")
@@ -218,10 +242,16 @@ def _check(H, W, bias, labels, blank):
 def _check_rows(name, x, count, H):
     """A (count, N) float32 tensor of unit column stride (per-row values), N = H's rows, checked."""
     N = H.size(0)
-    if not isinstance(x, Tensor) or x.shape != (count, N) or x.dtype != torch.float32 or x.device != H.device \
-            or (N > 1 and x.stride(1) != 1):
-        raise ValueError(f"{name}: expected a float32 ({count}, {N}) tensor of unit column stride on {H.device}, "
-                         f"got {_describe(x)}")
+    if (
+        not isinstance(x, Tensor)
+        or x.shape != (count, N)
+        or x.dtype != torch.float32
+        or x.device != H.device
+        or (N > 1 and x.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"{name}: expected a float32 ({count}, {N}) tensor of unit column stride on {H.device}, got {_describe(x)}"
+        )
 
 
 class Projection(NamedTuple):
@@ -230,6 +260,7 @@ class Projection(NamedTuple):
     -inf up to whole vocabulary tiles; fp32), the kernels' shape, and ``extra`` extra columns from ``extra_start``
     on, whose entries of H W^T the statistics return (TDT's duration scores, past the softmax's columns; multi-blank's
     big blanks, among them)."""
+
     W: Tensor
     col_bias: Tensor
     config: Config
@@ -242,8 +273,13 @@ class Projection(NamedTuple):
         return self.col_bias.size(0) // self.config.tile_n
 
 
-def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = None, tokens: Optional[int] = None,
-               extra: Optional[Tuple[int, int]] = None) -> Projection:
+def projection(
+    W: Tensor,
+    bias: Optional[Tensor],
+    config: Optional[Config] = None,
+    tokens: Optional[int] = None,
+    extra: Optional[Tuple[int, int]] = None,
+) -> Projection:
     """What the kernels take of the output projection, made once for the tiles of a pass.
 
     Args:
@@ -268,24 +304,27 @@ def projection(W: Tensor, bias: Optional[Tensor], config: Optional[Config] = Non
         raise ValueError(f"tokens: expected a count in [1, V = {V}], got {tokens}")
     start, count = (tokens, V - tokens) if extra is None else extra
     if not (0 <= start and 0 <= count <= MAX_EXTRA and start + count <= V):
-        raise ValueError(f"extra: expected (start, count), count <= {MAX_EXTRA} columns of the V = {V}, got "
-                         f"{(start, count)}")
+        raise ValueError(
+            f"extra: expected (start, count), count <= {MAX_EXTRA} columns of the V = {V}, got {(start, count)}"
+        )
     config = default_config(V, W.size(1)) if config is None else config
     pingpong_shape = config.pingpong in (1, 2) and config.tile_n in (64, 128) and config[1:4] == (2, 1, 1)
     if config.pingpong and not pingpong_shape:
         raise ValueError(f"config: expected a ping-pong shape (64 or 128, 2, 1, 1, 1 or 2), got {tuple(config)}")
     n_tiles = -(-V // config.tile_n)
     if config.vocab_groups != 1 and not (config.pingpong == 2 and 1 < config.vocab_groups <= n_tiles):
-        raise ValueError(f"config: expected vocab_groups 1, or at most the {n_tiles} vocabulary tiles with pingpong "
-                         f"2, got {tuple(config)}")
-    col_bias = torch.full((n_tiles * config.tile_n,), float("-inf"), device=W.device,
-                          dtype=torch.float32)
+        raise ValueError(
+            f"config: expected vocab_groups 1, or at most the {n_tiles} vocabulary tiles with pingpong "
+            f"2, got {tuple(config)}"
+        )
+    col_bias = torch.full((n_tiles * config.tile_n,), float("-inf"), device=W.device, dtype=torch.float32)
     col_bias[:tokens] = 0 if bias is None else bias[:tokens]
     return Projection(W, col_bias, config, tokens, start, count)
 
 
-def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
-                    out: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
+def statistics_tile(
+    projection: Projection, H: Tensor, labels: Tensor, blank: int, out: Optional[Tensor] = None
+) -> Tuple[Tensor, ...]:
     """logits_statistics of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
     gives what logits_statistics checks (H of W's dtype and J, rows on 16-byte boundaries and a row stride that is
     a multiple of 8, labels int32 (N,), ``out`` float32 (3 + E, N) of unit column stride, all on W's device).
@@ -310,8 +349,9 @@ def statistics_tile(projection: Projection, H: Tensor, labels: Tensor, blank: in
     return tuple(statistics)
 
 
-def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int, coefficients: Tensor,
-                  clamp: float, rows: int = 0) -> Tensor:
+def gradient_tile(
+    projection: Projection, H: Tensor, labels: Tensor, blank: int, coefficients: Tensor, clamp: float, rows: int = 0
+) -> Tensor:
     """logits_gradient of ``projection``'s W and bias, without its checks (the fused loss's tiles): the caller
     gives what logits_gradient checks (as statistics_tile's, and ``coefficients`` float32 (5, N) or (5 + E, N) of
     unit column stride, ``clamp`` >= 0).
@@ -334,8 +374,10 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
     N, J = H.shape
     extra = coefficients.size(0) - 5
     if extra not in (0, projection.extra):
-        raise ValueError(f"coefficients: expected 5 or 5 + {projection.extra} rows (the projection's extra columns), "
-                         f"got {coefficients.size(0)}")
+        raise ValueError(
+            f"coefficients: expected 5 or 5 + {projection.extra} rows (the projection's extra columns), "
+            f"got {coefficients.size(0)}"
+        )
     tile_m = 64 * projection.config.warpgroups
     # whole row tiles, so that the epilogue's stores are whole subtiles: the kernel writes zeros in the last one's rows
     # past N (their den is +inf and their scale 0)
@@ -346,7 +388,7 @@ def gradient_tile(projection: Projection, H: Tensor, labels: Tensor, blank: int,
         _launch(kernel, H, *_arguments(H, projection, labels, coefficients, G), blank, clamp, projection.extra_start)
     if rows > written:
         G[written:rows] = 0
-    return G[:max(N, rows)]
+    return G[: max(N, rows)]
 
 
 def _arguments(H, projection, labels, row_values, G):
@@ -354,14 +396,24 @@ def _arguments(H, projection, labels, row_values, G):
     checked by ``_check``, or given so by the fused loss), the row and column counts and the row strides (the
     statistics pass H for G, which they never touch)."""
     W = projection.W
-    return (H.data_ptr(), W.data_ptr(), projection.col_bias.data_ptr(), labels.data_ptr(), row_values.data_ptr(),
-            G.data_ptr(), H.size(0), W.size(0), H.stride(0), row_values.stride(0), G.stride(0))
+    return (
+        H.data_ptr(),
+        W.data_ptr(),
+        projection.col_bias.data_ptr(),
+        labels.data_ptr(),
+        row_values.data_ptr(),
+        G.data_ptr(),
+        H.size(0),
+        W.size(0),
+        H.stride(0),
+        row_values.stride(0),
+        G.stride(0),
+    )
 
 
 def _describe(x):
     if isinstance(x, Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}" + ("" if x.is_contiguous() else
-                                                                              ", not contiguous")
+        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}" + (
+            "" if x.is_contiguous() else ", not contiguous"
+        )
     return repr(x)
-
-

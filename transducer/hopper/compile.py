@@ -46,8 +46,13 @@ def _runtime():
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
-    types = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32,
-             torch.int32: cutlass.Int32}
+
+    types = {
+        torch.bfloat16: cutlass.BFloat16,
+        torch.float16: cutlass.Float16,
+        torch.float32: cutlass.Float32,
+        torch.int32: cutlass.Int32,
+    }
     return make_ptr, cute.AddressSpace.gmem, types
 
 
@@ -98,18 +103,31 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
         _log.debug("transducer.hopper: compiling again, %s could not be loaded (%s: %s)", file, type(e).__name__, e)
 
     make_ptr, gmem, types = _runtime()
-    pointers = [make_ptr(types[d], 0, gmem, assumed_align=a) for d, a in (
-        (dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))]
+    pointers = [
+        make_ptr(types[d], 0, gmem, assumed_align=a)
+        for d, a in ((dtype, 16), (dtype, 16), (torch.float32, 16), (torch.int32, 4), (torch.float32, 4), (dtype, 16))
+    ]
     epilogue = Epilogue(gradient, clamp, extra)
     if config.pingpong:
-        kernel = LogitsGemmPingpong(J, n_tiles, config.tile_n, epilogue, resident=config.pingpong == 1,
-                                    vocab_groups=config.vocab_groups)
+        kernel = LogitsGemmPingpong(
+            J, n_tiles, config.tile_n, epilogue, resident=config.pingpong == 1, vocab_groups=config.vocab_groups
+        )
     else:
         kernel = LogitsGemm(J, n_tiles, *config[:4], epilogue=epilogue)
-    result = cute.compile(kernel, *pointers, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(8),
-                          cutlass.Int64(1), cutlass.Int64(8), cutlass.Int32(0), cutlass.Float32(0.0),
-                          cutlass.Int32(1), cuda.CUstream(torch.cuda.current_stream().cuda_stream),
-                          options="--enable-tvm-ffi")
+    result = cute.compile(
+        kernel,
+        *pointers,
+        cutlass.Int32(1),
+        cutlass.Int32(1),
+        cutlass.Int64(8),
+        cutlass.Int64(1),
+        cutlass.Int64(8),
+        cutlass.Int32(0),
+        cutlass.Float32(0.0),
+        cutlass.Int32(1),
+        cuda.CUstream(torch.cuda.current_stream().cuda_stream),
+        options="--enable-tvm-ffi",
+    )
     if file is not None:
         _write_cached(result, file)
     return result
@@ -118,8 +136,7 @@ def _compile(J, n_tiles, dtype, config, gradient, clamp, extra):
 def _warn_once(message):
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(f"transducer.hopper: {message}; the kernels are compiled in memory", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"transducer.hopper: {message}; the kernels are compiled in memory", RuntimeWarning, stacklevel=3)
 
 
 def _unsafe(path, directory):
@@ -158,8 +175,9 @@ def _usable(file: Path) -> bool:
     try:
         _make_directory(file.parent)
     except OSError as e:
-        _log.debug("transducer.hopper: the disk cache's directory %s not made (%s: %s)", file.parent,
-                   type(e).__name__, e)
+        _log.debug(
+            "transducer.hopper: the disk cache's directory %s not made (%s: %s)", file.parent, type(e).__name__, e
+        )
         return False
     try:
         problem = _unsafe(file.parent, True)
@@ -192,7 +210,7 @@ def _write_cached(result, file):
             os.fchmod(handle, 0o600)  # whatever the umask
             view = memoryview(data)
             while view:
-                view = view[os.write(handle, view):]
+                view = view[os.write(handle, view) :]
         finally:
             os.close(handle)
         os.replace(part, file)
@@ -237,8 +255,13 @@ def _source_key():
     here = Path(__file__).resolve().parent
     for path in sorted(here.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    for package in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu12",
-                    "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi"):
+    for package in (
+        "nvidia-cutlass-dsl",
+        "nvidia-cutlass-dsl-libs-base",
+        "nvidia-cutlass-dsl-libs-cu12",
+        "nvidia-cutlass-dsl-libs-cu13",
+        "apache-tvm-ffi",
+    ):
         try:
             digest.update(f"{package} {importlib.metadata.version(package)}".encode())
         except importlib.metadata.PackageNotFoundError:
@@ -253,6 +276,16 @@ def _kernel_key(J, n_tiles, dtype, config, gradient, clamp, extra):
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
     compiler = getattr(sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir"), "__file__", None)
     settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))
-    arguments = (J, n_tiles, str(dtype), tuple(config), bool(gradient), bool(clamp), extra, capability,
-                 os.path.basename(compiler) if compiler else platform.machine(), settings)
+    arguments = (
+        J,
+        n_tiles,
+        str(dtype),
+        tuple(config),
+        bool(gradient),
+        bool(clamp),
+        extra,
+        capability,
+        os.path.basename(compiler) if compiler else platform.machine(),
+        settings,
+    )
     return hashlib.sha256(repr(arguments).encode()).hexdigest()[:16]

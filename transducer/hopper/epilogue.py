@@ -9,6 +9,7 @@ class RowTerms(NamedTuple):
     """A row's gradient coefficients (the rows of gradient_tile's ``coefficients``): den (the logsumexp of its
     logits), the softmax's factor (occupancy, FastEmit's label arc in), the blank's and the label's arcs, the
     incoming scale, and the arc subtracted on each extra column (multi-blank's big blanks)."""
+
     den: Any
     occupancy: Any
     blank_arc: Any
@@ -19,6 +20,7 @@ class RowTerms(NamedTuple):
 
 class ColumnFlags(NamedTuple):
     """Which of a row's arcs an entry's column carries: the blank's, the label's, and each extra column's."""
+
     is_blank: Any
     is_label: Any
     is_extra: Tuple[Any, ...] = ()

@@ -72,6 +72,7 @@ def _select(condition, a, b):
 class CUTE_OPS:
     """epilogue.token_gradient's operations in the kernel: exp as exp2 of the scaled difference (the SFU's ex2,
     flushing denormals), a select, fmax and fmin."""
+
     @staticmethod
     def exp_minus(a, b):
         return cute.math.exp2(a * LOG2E - b * LOG2E, approx=True, ftz=True)
@@ -85,6 +86,7 @@ class Epilogue(NamedTuple):
     """Which epilogue a kernel is compiled with: the gradient's (else the statistics), the gradient's clamp applied or
     not, and E extra columns (the statistics store their entries of H W^T; the gradient subtracts a term of each row
     on them)."""
+
     gradient: bool = False
     clamp: bool = False
     extra: int = 0
@@ -95,6 +97,7 @@ STATISTICS = Epilogue()  # the constructors' default epilogue
 
 class Arguments(NamedTuple):
     """__call__'s arguments but the stream, as its docstring says."""
+
     h: Any
     w: Any
     col_bias: Any
@@ -113,6 +116,7 @@ class Arguments(NamedTuple):
 
 class Operands(NamedTuple):
     """The GEMM's operands in the kernel: the TMA atoms of H and W and the tensors they load from."""
+
     tma_h: Any
     mH: Any
     tma_w: Any
@@ -123,6 +127,7 @@ class EpilogueArguments(NamedTuple):
     """What the epilogues read and write in the kernel: the column bias, the labels, the rows' values (statistics
     written, or gradient coefficients read), G's TMA atom and tensor, and the blank, the clamp and the first extra
     column."""
+
     col_bias: Any
     labels: Any
     row_values: Any
@@ -135,6 +140,7 @@ class EpilogueArguments(NamedTuple):
 
 class Layouts(NamedTuple):
     """The kernel's tiled MMA and the shared-memory layouts of H's, W's and G's tiles."""
+
     tiled_mma: Any
     h_smem: Any
     w_smem: Any
@@ -145,6 +151,7 @@ class ThreadTile(NamedTuple):
     """A thread's part of a tile and its rows' registers: the accumulators and each one's (row, column) in the tile,
     both viewed as (rows, columns) of this thread (LogitsGemm._accumulators), each row's values (the statistics or
     the gradient's coefficients, LogitsGemm._init_rows) and its label."""
+
     acc_rc: Any
     coords_rc: Any
     values: Any
@@ -155,6 +162,7 @@ class GradientStore(NamedTuple):
     """The gradient's way out of a thread's accumulators (LogitsGemm._g_copy's tiled copy, its shared memory, the
     accumulators retiled, a subtile's registers), the subtile buffers, G's TMA atom and tensor, and the TMA stores'
     pipeline."""
+
     copy: Any
     copy_smem: Any
     copy_acc: Any
@@ -168,6 +176,7 @@ class GradientStore(NamedTuple):
 class StoreGroup(NamedTuple):
     """The threads holding a tile of G: whether this thread's warp issues the TMA stores, their first subtile
     buffer, their named barrier and their count."""
+
     storing: Any
     first_buffer: Any
     barrier_id: Any
@@ -177,6 +186,7 @@ class StoreGroup(NamedTuple):
 class TmaLoads(NamedTuple):
     """LogitsGemm's loads: their pipeline, the TMA atoms of H and W with their partitions of global and shared
     memory, W's multicast mask and the k tiles a vocabulary tile."""
+
     pipeline: Any
     tma_h: Any
     tHgH: Any
@@ -193,6 +203,7 @@ class TmaLoads(NamedTuple):
 class Mma(NamedTuple):
     """A warpgroup's MMAs of a tile: the tiled MMA, the accumulators, the fragments of H's and W's stages, the loads'
     pipeline and the k tiles a vocabulary tile."""
+
     tiled_mma: Any
     acc: Any
     tCrH: Any
@@ -204,6 +215,7 @@ class Mma(NamedTuple):
 class Stages(NamedTuple):
     """The load pipeline's states: the stage read next, the stage released next, and (LogitsGemm, whose warp 0 also
     loads) the stage loaded next; None where a producer warp loads."""
+
     read: Any
     release: Any
     produced: Any = None
@@ -215,8 +227,16 @@ class LogitsGemm:
     CTAs along the rows (W's tiles multicast among them), ``occupancy`` CTAs per SM sizing the shared-memory stages,
     and the ``epilogue`` (its extra columns from ``extra_start`` on)."""
 
-    def __init__(self, J: int, n_tiles: int, tile_n: int = 256, warpgroups: int = 2, cluster_m: int = 1,
-                 occupancy: int = 1, epilogue: Epilogue = STATISTICS):
+    def __init__(
+        self,
+        J: int,
+        n_tiles: int,
+        tile_n: int = 256,
+        warpgroups: int = 2,
+        cluster_m: int = 1,
+        occupancy: int = 1,
+        epilogue: Epilogue = STATISTICS,
+    ):
         if tile_n not in (64, 128, 256):
             raise ValueError(f"tile_n: expected 64, 128 or 256, got {tile_n}")
         if warpgroups not in (1, 2):
@@ -243,8 +263,14 @@ class LogitsGemm:
         self.h_layout = utils.LayoutEnum.from_tensor(h)
         self.w_layout = utils.LayoutEnum.from_tensor(w)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, self.h_layout.sm90_mma_major_mode(), self.w_layout.sm90_mma_major_mode(),
-            self.acc_dtype, (warpgroups, 1, 1), tiler_mn=(64, self.tile_n))
+            self.ab_dtype,
+            self.ab_dtype,
+            self.h_layout.sm90_mma_major_mode(),
+            self.w_layout.sm90_mma_major_mode(),
+            self.acc_dtype,
+            (warpgroups, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
         tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4  # 64 bf16: one 128-byte swizzle row
         self.tile_mnk = (self.tile_m, self.tile_n, tile_k)
 
@@ -257,8 +283,9 @@ class LogitsGemm:
         self.g_subtile = (self.tile_m, min(G_SUBTILE_N, self.tile_n))
         if (self.tile_n // self.g_subtile[1]) % G_BUFFERS:  # _store_gradient_tile's buffers alternate across tiles
             raise ValueError(f"tile_n: expected a multiple of {G_BUFFERS * self.g_subtile[1]}, got {self.tile_n}")
-        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
-                                                             self.g_subtile, G_BUFFERS)
+        self.g_smem_layout = sm90_utils.make_smem_layout_epi(
+            self.ab_dtype, utils.LayoutEnum.from_tensor(g), self.g_subtile, G_BUFFERS
+        )
         if self.gradient:
             capacity -= cute.cosize(self.g_smem_layout) * self.ab_dtype.width // 8
         # Two CTAs a SM (V <= 1024: 128 x 128 tiles) fill sm_90's shared memory to the byte with three stages and the
@@ -268,10 +295,24 @@ class LogitsGemm:
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
     @cute.jit
-    def __call__(self, h_ptr: cute.Pointer, w_ptr: cute.Pointer, col_bias_ptr: cute.Pointer, labels_ptr: cute.Pointer,
-                 row_values_ptr: cute.Pointer, g_ptr: cute.Pointer, n_rows: cutlass.Int32, n_cols: cutlass.Int32,
-                 h_stride: cutlass.Int64, row_values_stride: cutlass.Int64, g_stride: cutlass.Int64,
-                 blank: cutlass.Int32, clamp: cutlass.Float32, extra_start: cutlass.Int32, stream: cuda.CUstream):
+    def __call__(
+        self,
+        h_ptr: cute.Pointer,
+        w_ptr: cute.Pointer,
+        col_bias_ptr: cute.Pointer,
+        labels_ptr: cute.Pointer,
+        row_values_ptr: cute.Pointer,
+        g_ptr: cute.Pointer,
+        n_rows: cutlass.Int32,
+        n_cols: cutlass.Int32,
+        h_stride: cutlass.Int64,
+        row_values_stride: cutlass.Int64,
+        g_stride: cutlass.Int64,
+        blank: cutlass.Int32,
+        clamp: cutlass.Float32,
+        extra_start: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
         """The tensors from their pointers (pointers and sizes cost the host less to pass than tensors): h (n_rows,
         J) of row stride ``h_stride`` (a multiple of 8) and w (n_cols, J), both K-major; col_bias (n_tiles *
         tile_n,) fp32; labels (n_rows,) int32; row_values (3 + extra, n_rows) fp32: the statistics den, z_blank,
@@ -282,39 +323,74 @@ class LogitsGemm:
         multiple of 8): the gradient (written; the statistics never touch it)."""
         # TVM FFI's calling convention passes each pointer and number as an argument of its own: this one boundary is
         # flat, its arguments gathered into Arguments once
-        args = Arguments(h_ptr, w_ptr, col_bias_ptr, labels_ptr, row_values_ptr, g_ptr, n_rows, n_cols, h_stride,
-                         row_values_stride, g_stride, blank, clamp, extra_start)
+        args = Arguments(
+            h_ptr,
+            w_ptr,
+            col_bias_ptr,
+            labels_ptr,
+            row_values_ptr,
+            g_ptr,
+            n_rows,
+            n_cols,
+            h_stride,
+            row_values_stride,
+            g_stride,
+            blank,
+            clamp,
+            extra_start,
+        )
         h, w, col_bias, labels, row_values, g = self._tensors(args)
         self._setup(h, w, g)
         tma_h, tma_h_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), h, cute.slice_(self.h_smem_layout, (None, None, 0)),
-            (self.tile_m, self.tile_mnk[2]))
-        w_op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1
-                else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(),
+            h,
+            cute.slice_(self.h_smem_layout, (None, None, 0)),
+            (self.tile_m, self.tile_mnk[2]),
+        )
+        w_op = (
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+            if self.cluster_m > 1
+            else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        )
         tma_w, tma_w_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            w_op, w, cute.slice_(self.w_smem_layout, (None, None, 0)), (self.tile_n, self.tile_mnk[2]),
-            num_multicast=self.cluster_m)
+            w_op,
+            w,
+            cute.slice_(self.w_smem_layout, (None, None, 0)),
+            (self.tile_n, self.tile_mnk[2]),
+            num_multicast=self.cluster_m,
+        )
 
         # the gradient's subtiles are stored by TMA from shared memory (the statistics never store G: their atom is
         # built and left unused, so that both epilogues take the same arguments)
         tma_g, tma_g_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), g, cute.slice_(self.g_smem_layout, (None, None, 0)),
-            self.g_subtile)
+            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
+            g,
+            cute.slice_(self.g_smem_layout, (None, None, 0)),
+            self.g_subtile,
+        )
         self.shared_storage = self._shared_storage()
-        self.kernel(Operands(tma_h, tma_h_tensor, tma_w, tma_w_tensor),
-                    EpilogueArguments(col_bias, labels, row_values, tma_g, tma_g_tensor, blank, clamp, extra_start),
-                    Layouts(self.tiled_mma, self.h_smem_layout, self.w_smem_layout, self.g_smem_layout)).launch(
-            grid=[self._ctas(h.shape[0]), 1, 1], block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1],
-            stream=stream)
+        self.kernel(
+            Operands(tma_h, tma_h_tensor, tma_w, tma_w_tensor),
+            EpilogueArguments(col_bias, labels, row_values, tma_g, tma_g_tensor, blank, clamp, extra_start),
+            Layouts(self.tiled_mma, self.h_smem_layout, self.w_smem_layout, self.g_smem_layout),
+        ).launch(
+            grid=[self._ctas(h.shape[0]), 1, 1],
+            block=[self.threads, 1, 1],
+            cluster=[self.cluster_m, 1, 1],
+            stream=stream,
+        )
 
     def _shared_storage(self):
         """The kernel's shared memory: the load ring's barriers, then the fields _storage_fields adds, then the tiles
         of H, W and G (8 elements where the statistics never use it), each 1024-byte aligned (TMA's swizzle)."""
         g_elements = cute.cosize(self.g_smem_layout) if self.gradient else 8
-        fields = {"barriers": cute.struct.MemRange[cutlass.Int64, self.stages * 2], **self._storage_fields(),
-                  "sH": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024],
-                  "sW": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024],
-                  "sG": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024]}
+        fields = {
+            "barriers": cute.struct.MemRange[cutlass.Int64, self.stages * 2],
+            **self._storage_fields(),
+            "sH": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.h_smem_layout)], 1024],
+            "sW": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.w_smem_layout)], 1024],
+            "sG": cute.struct.Align[cute.struct.MemRange[self.ab_dtype, g_elements], 1024],
+        }
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def _storage_fields(self):
@@ -335,9 +411,10 @@ class LogitsGemm:
         w = cute.make_tensor(args.w, cute.make_layout((args.n_cols, J), stride=(J, 1)))
         col_bias = cute.make_tensor(args.col_bias, cute.make_layout(width))
         labels = cute.make_tensor(args.labels, cute.make_layout(n_rows))
-        row_values = cute.make_tensor(args.row_values, cute.make_layout(((5 if self.gradient else 3) + self.extra,
-                                                                         n_rows),
-                                                                        stride=(args.row_values_stride, 1)))
+        row_values = cute.make_tensor(
+            args.row_values,
+            cute.make_layout(((5 if self.gradient else 3) + self.extra, n_rows), stride=(args.row_values_stride, 1)),
+        )
         if self.gradient:
             g_rows = (n_rows + self.tile_m - 1) // self.tile_m * self.tile_m
             g = cute.make_tensor(args.g, cute.make_layout((g_rows, width), stride=(cute.assume(g_stride, divby=8), 1)))
@@ -355,24 +432,35 @@ class LogitsGemm:
         m_block = bidx
         rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
-        stage_bytes = (cute.size_in_bytes(self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0)))
-                       + cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0))))
+        stage_bytes = cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(h_smem_layout, (None, None, 0))
+        ) + cute.size_in_bytes(self.ab_dtype, cute.slice_(w_smem_layout, (None, None, 0)))
         # a stage is free once every warp of every CTA that W's multicast writes into has released it
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * self.threads // 32)
         loads = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread), consumer_group=consumers,
-            tx_count=stage_bytes, cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)), defer_sync=True)
+            barrier_storage=storage.barriers.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=consumers,
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
+            defer_sync=True,
+        )
         pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
 
         # (tile_m, tile_k, k_tiles) of H; (tile_n, tile_k, n_tiles, k_tiles) of W
         gH = cute.local_tile(mH, (self.tile_m, self.tile_mnk[2]), (m_block, None))
         gW = cute.local_tile(mW, (self.tile_n, self.tile_mnk[2]), (None, None))
         tHsH, tHgH = cute.nvgpu.cpasync.tma_partition(
-            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2))
+            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2)
+        )
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
-            tma_w, rank_in_cluster, cute.make_layout(self.cluster_m), cute.group_modes(sW, 0, 2),
-            cute.group_modes(gW, 0, 2))
+            tma_w,
+            rank_in_cluster,
+            cute.make_layout(self.cluster_m),
+            cute.group_modes(sW, 0, 2),
+            cute.group_modes(gW, 0, 2),
+        )
         w_mcast_mask = 0
         if cutlass.const_expr(self.cluster_m > 1):
             w_mcast_mask = cutlass.Int16((1 << self.cluster_m) - 1)  # every CTA of the cluster
@@ -391,7 +479,8 @@ class LogitsGemm:
         if cutlass.const_expr(self.gradient):
             sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)
             g_stores = pipeline.PipelineTmaStore.create(
-                num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads))
+                num_stages=G_BUFFERS, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads)
+            )
             g_store = GradientStore(*self._g_copy(tiled_mma, tidx, sG, acc), sG, tma_g, mG, g_stores)
 
         # each of the thread's rows' values and label in registers (_init_rows)
@@ -424,8 +513,9 @@ class LogitsGemm:
 
             self._epilogue_tile(tile, epilogue, m_block, n_rows, n_tile)
             if cutlass.const_expr(self.gradient):
-                self._store_gradient_tile(g_store, StoreGroup(warp_idx == 0, 0, G_BARRIER, self.threads), m_block,
-                                          n_tile)
+                self._store_gradient_tile(
+                    g_store, StoreGroup(warp_idx == 0, 0, G_BARRIER, self.threads), m_block, n_tile
+                )
 
         if cutlass.const_expr(not self.gradient):
             self._merge_quad_statistics(values)
@@ -472,8 +562,9 @@ class LogitsGemm:
             if cutlass.const_expr(self.resident):
                 h_index = k_tile
             for k_block in cutlass.range_constexpr(k_blocks):
-                cute.gemm(tiled_mma, acc, tCrH[(None, None, k_block, h_index)],
-                          tCrW[(None, None, k_block, read.index)], acc)
+                cute.gemm(
+                    tiled_mma, acc, tCrH[(None, None, k_block, h_index)], tCrW[(None, None, k_block, read.index)], acc
+                )
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(1)  # the previous k tile's MMAs are done: its stage is free
             if k_tile > 0:
@@ -498,21 +589,31 @@ class LogitsGemm:
         thread_mma = tiled_mma.get_slice(tidx)
         tCcC = thread_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
-        return (acc, cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout)),
-                cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout)))
+        return (
+            acc,
+            cute.make_tensor(acc.iterator, _rows_by_columns(acc.layout)),
+            cute.make_tensor(tCcC.iterator, _rows_by_columns(tCcC.layout)),
+        )
 
     def _g_copy(self, tiled_mma: cute.TiledMma, tidx, sG: cute.Tensor, acc: cute.Tensor):
         """The gradient's way out of a thread's accumulators: registers of G's dtype, then shared memory by stmatrix
         (CUTLASS's Hopper dense_gemm epilogue); (the tiled copy, its shared memory, the accumulators retiled, the
         layout of a subtile's registers)."""
         g_copy = cute.make_tiled_copy_S(
-            sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype,
-                                              elem_ty_acc=self.acc_dtype),
+            sm90_utils.sm90_get_smem_store_op(
+                utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.ab_dtype, elem_ty_acc=self.acc_dtype
+            ),
             cute.make_tiled_copy_C_atom(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma))
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.ab_dtype), tiled_mma
+            ),
+        )
         thread_g_copy = g_copy.get_slice(tidx)
-        return (g_copy, thread_g_copy.partition_D(sG), g_copy.retile(acc),
-                cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3]))
+        return (
+            g_copy,
+            thread_g_copy.partition_D(sG),
+            g_copy.retile(acc),
+            cute.make_layout(cute.shape(thread_g_copy.partition_S(sG))[:3]),
+        )
 
     def _row_value_count(self):
         """The values a row keeps in registers: the statistics' running max and sum and two picks; the gradient's
@@ -520,8 +621,7 @@ class LogitsGemm:
         return EXTRA_ARCS + self.extra if self.gradient else 4
 
     @cute.jit
-    def _init_rows(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32,
-                   n_rows: cutlass.Int32):
+    def _init_rows(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32, n_rows: cutlass.Int32):
         """Each of the thread's rows' values before the tiles: the statistics' running max, sum and picks start
         empty; the gradient's coefficients are read once (rows past N: den = +inf and the rest 0, so that their
         gradient is 0); and its label (-1 past N)."""
@@ -547,8 +647,14 @@ class LogitsGemm:
                 label[r] = labels[row]
 
     @cute.jit
-    def _epilogue_tile(self, tile: ThreadTile, epilogue: EpilogueArguments, m_block: cutlass.Int32,
-                       n_rows: cutlass.Int32, n_tile: cutlass.Int32):
+    def _epilogue_tile(
+        self,
+        tile: ThreadTile,
+        epilogue: EpilogueArguments,
+        m_block: cutlass.Int32,
+        n_rows: cutlass.Int32,
+        n_tile: cutlass.Int32,
+    ):
         """The epilogue of vocabulary tile ``n_tile`` in the accumulators: the statistics first store the extra
         columns' raw entries (the bias added next is -inf past the softmax's columns), then the bias is added, then
         the statistics or the gradient are formed (the gradient in the accumulators; _store_gradient_tile stores it).
@@ -601,8 +707,14 @@ class LogitsGemm:
                 values[PICK_BLANK, r] = acc_rc[r, c] if col == blank_at else values[PICK_BLANK, r]
 
     @cute.jit
-    def _store_extra(self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32,
-                     extra_at: cutlass.Int32):
+    def _store_extra(
+        self,
+        tile: ThreadTile,
+        row_values: cute.Tensor,
+        m_block: cutlass.Int32,
+        n_rows: cutlass.Int32,
+        extra_at: cutlass.Int32,
+    ):
         """The entries of the extra columns in this tile (from its column ``extra_at`` on) into row_values[3 + i],
         each by the one thread holding it (the caller runs it on the tiles holding any)."""
         acc_rc, coords_rc = tile.acc_rc, tile.coords_rc
@@ -624,8 +736,9 @@ class LogitsGemm:
             quad_max = values[ROW_MAX, r]
             for offset in cutlass.range_constexpr(2):
                 quad_max = cute.arch.fmax(quad_max, cute.arch.shuffle_sync_bfly(quad_max, offset=1 << offset))
-            total_sum = values[ROW_SUM, r] * cute.math.exp2((values[ROW_MAX, r] - quad_max) * LOG2E, approx=True,
-                                                            ftz=True)
+            total_sum = values[ROW_SUM, r] * cute.math.exp2(
+                (values[ROW_MAX, r] - quad_max) * LOG2E, approx=True, ftz=True
+            )
             z_b = values[PICK_BLANK, r]
             z_l = values[PICK_LABEL, r]
             for offset in cutlass.range_constexpr(2):
@@ -638,8 +751,9 @@ class LogitsGemm:
             values[PICK_LABEL, r] = z_l
 
     @cute.jit
-    def _write_statistics(self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32,
-                          n_rows: cutlass.Int32):
+    def _write_statistics(
+        self, tile: ThreadTile, row_values: cute.Tensor, m_block: cutlass.Int32, n_rows: cutlass.Int32
+    ):
         """Each row's den, z_blank and z_label from its quad-merged statistics (_merge_quad_statistics), written by
         the quad's first thread."""
         coords_rc, values = tile.coords_rc, tile.values
@@ -654,8 +768,14 @@ class LogitsGemm:
                     row_values[2, row] = values[PICK_LABEL, r]
 
     @cute.jit
-    def _gradient_tile(self, tile: ThreadTile, blank: cutlass.Int32, clamp: cutlass.Float32, first_col: cutlass.Int32,
-                       extra_start: cutlass.Int32):
+    def _gradient_tile(
+        self,
+        tile: ThreadTile,
+        blank: cutlass.Int32,
+        clamp: cutlass.Float32,
+        first_col: cutlass.Int32,
+        extra_start: cutlass.Int32,
+    ):
         """G = scale * clamp(exp(z - den) * occupancy - [v == blank] blank_arc - [v == label] label_arc) over one
         vocabulary tile (epilogue.token_gradient, which the CPU tests evaluate with torch), in place of the tile's
         logits in the accumulators; with extra columns, less each row's term i on column extra_start + i too
@@ -676,8 +796,14 @@ class LogitsGemm:
 
     def _row_terms(self, values, r):
         """Row r's RowTerms from the thread's registers (_init_rows)."""
-        return RowTerms(values[DEN, r], values[OCCUPANCY, r], values[BLANK_ARC, r], values[LABEL_ARC, r],
-                        values[SCALE, r], tuple(values[EXTRA_ARCS + i, r] for i in range(self.extra)))
+        return RowTerms(
+            values[DEN, r],
+            values[OCCUPANCY, r],
+            values[BLANK_ARC, r],
+            values[LABEL_ARC, r],
+            values[SCALE, r],
+            tuple(values[EXTRA_ARCS + i, r] for i in range(self.extra)),
+        )
 
     def _column_flags(self, col, blank_at, label_at, extra_at):
         """The ColumnFlags of column ``col`` of the tile, the blank's, the label's and the first extra column's
@@ -685,8 +811,9 @@ class LogitsGemm:
         return ColumnFlags(col == blank_at, col == label_at, tuple(col == extra_at + i for i in range(self.extra)))
 
     @cute.jit
-    def _store_gradient_tile(self, store: GradientStore, group: StoreGroup, m_block: cutlass.Int32,
-                             n_tile: cutlass.Int32):
+    def _store_gradient_tile(
+        self, store: GradientStore, group: StoreGroup, m_block: cutlass.Int32, n_tile: cutlass.Int32
+    ):
         """The tile of G in the accumulators to its place in mG, subtile by subtile: each written to a shared-memory
         buffer in mG's dtype by the ``group.threads`` threads holding the tile, then stored by TMA from the warp
         where ``group.storing`` is true while the next subtile is written; a buffer is written again only once its
@@ -697,7 +824,8 @@ class LogitsGemm:
         storing, first_buffer, barrier_id, threads = group
         gG = cute.zipped_divide(cute.local_tile(mG, (self.tile_m, self.tile_n), (m_block, n_tile)), self.g_subtile)
         smem_subtiles, gmem_subtiles = cute.nvgpu.cpasync.tma_partition(
-            tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG)
+            tma_g, 0, cute.make_layout(1), cute.group_modes(sG, 0, 2), gG
+        )
         subtiles = cute.size(gG, mode=[1])
         subtile_grid = cute.make_layout(gG.shape[1], stride=(gG.shape[1][1], 1))
         # a subtile's registers (values, row blocks, column groups): of each row block, the values of the
@@ -731,8 +859,9 @@ class LogitsGemm:
         k_tile = state.count % k_tiles
         barrier = loads.producer_get_barrier(state)
         cute.copy(tma_h, tHgH[(None, k_tile)], tHsH[(None, state.index)], tma_bar_ptr=barrier)
-        cute.copy(tma_w, tWgW[(None, n_tile, k_tile)], tWsW[(None, state.index)], tma_bar_ptr=barrier,
-                  mcast_mask=w_mcast_mask)
+        cute.copy(
+            tma_w, tWgW[(None, n_tile, k_tile)], tWsW[(None, state.index)], tma_bar_ptr=barrier, mcast_mask=w_mcast_mask
+        )
         loads.producer_commit(state)
 
 
@@ -770,13 +899,23 @@ class LogitsGemmPingpong(LogitsGemm):
 
     MIN_STAGES = 3
 
-    def __init__(self, J: int, n_tiles: int, tile_n: int = 128, epilogue: Epilogue = STATISTICS, g_subtile_n: int = 16,
-                 resident: bool = True, vocab_groups: int = 1):
+    def __init__(
+        self,
+        J: int,
+        n_tiles: int,
+        tile_n: int = 128,
+        epilogue: Epilogue = STATISTICS,
+        g_subtile_n: int = 16,
+        resident: bool = True,
+        vocab_groups: int = 1,
+    ):
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n: expected 64 or 128, got {tile_n}")
         if vocab_groups < 1 or vocab_groups > 1 and (resident or not epilogue.gradient or vocab_groups > n_tiles):
-            raise ValueError(f"vocab_groups: expected 1, or at most n_tiles = {n_tiles} for the gradient over two row "
-                             f"blocks a CTA, got {vocab_groups}")
+            raise ValueError(
+                f"vocab_groups: expected 1, or at most n_tiles = {n_tiles} for the gradient over two row "
+                f"blocks a CTA, got {vocab_groups}"
+            )
         super().__init__(J, n_tiles, tile_n, 2, 1, 1, epilogue)
         self.vocab_groups = vocab_groups
         self.tile_m = 128
@@ -804,25 +943,30 @@ class LogitsGemmPingpong(LogitsGemm):
                 continue
             g_bytes = 2 * buffers * self.g_subtile[0] * self.g_subtile[1] * element if self.gradient else 0
             self.g_buffers = buffers
-            self.stages = min(8, (utils.get_smem_capacity_in_bytes("sm_90") - fixed - h_bytes - g_bytes)
-                              // stage_bytes)
+            self.stages = min(8, (utils.get_smem_capacity_in_bytes("sm_90") - fixed - h_bytes - g_bytes) // stage_bytes)
             if self.stages >= self.MIN_STAGES:
                 break
         if self.stages < self.MIN_STAGES:
-            raise ValueError(f"J: the tile of H (128 x {self.J}) leaves room for {self.stages} stages of W, "
-                             f"expected at least {self.MIN_STAGES}")
-        self.g_smem_layout = sm90_utils.make_smem_layout_epi(self.ab_dtype, utils.LayoutEnum.from_tensor(g),
-                                                             self.g_subtile, 2 * self.g_buffers)
-        self.h_smem_layout = sm90_utils.make_smem_layout_a(self.h_layout, self.tile_mnk, self.ab_dtype,
-                                                           self.k_tiles if self.resident else self.stages)
+            raise ValueError(
+                f"J: the tile of H (128 x {self.J}) leaves room for {self.stages} stages of W, "
+                f"expected at least {self.MIN_STAGES}"
+            )
+        self.g_smem_layout = sm90_utils.make_smem_layout_epi(
+            self.ab_dtype, utils.LayoutEnum.from_tensor(g), self.g_subtile, 2 * self.g_buffers
+        )
+        self.h_smem_layout = sm90_utils.make_smem_layout_a(
+            self.h_layout, self.tile_mnk, self.ab_dtype, self.k_tiles if self.resident else self.stages
+        )
         self.w_smem_layout = sm90_utils.make_smem_layout_b(self.w_layout, self.tile_mnk, self.ab_dtype, self.stages)
 
     def _storage_fields(self):
         """The resident H's load barrier, and the statistics' merge of the consumers (its barrier and buffer)."""
         merge_values = 4 * self.tile_m if self.resident and not self.gradient else 4
-        return {"h_barriers": cute.struct.MemRange[cutlass.Int64, 2],
-                "merge_barrier": cute.struct.MemRange[cutlass.Int64, 1],
-                "merge": cute.struct.MemRange[cutlass.Float32, merge_values]}
+        return {
+            "h_barriers": cute.struct.MemRange[cutlass.Int64, 2],
+            "merge_barrier": cute.struct.MemRange[cutlass.Int64, 1],
+            "merge": cute.struct.MemRange[cutlass.Float32, merge_values],
+        }
 
     def _ctas(self, n_rows):
         """The grid: a CTA per row tile, or per two of them where H is not resident, times the vocabulary groups."""
@@ -859,16 +1003,24 @@ class LogitsGemmPingpong(LogitsGemm):
         h_load = None
         if cutlass.const_expr(self.resident):  # the tile of H: loaded once, waited for by both consumers, kept
             h_load = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.h_barriers.data_ptr(), num_stages=1,
+                barrier_storage=storage.h_barriers.data_ptr(),
+                num_stages=1,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=h_bytes,
-                cta_layout_vmnk=cta, defer_sync=True)
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+                tx_count=h_bytes,
+                cta_layout_vmnk=cta,
+                defer_sync=True,
+            )
         # the turns' stages (W's k tiles, and H's unless resident), each read by the consumer whose turn it is
         loads = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
+            barrier_storage=storage.barriers.data_ptr(),
+            num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4), tx_count=stage_bytes,
-            cta_layout_vmnk=cta, defer_sync=True)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cta,
+            defer_sync=True,
+        )
         # the second consumer's statistics in ``merge``: its threads arrive once they have written them
         merge_barrier = storage.merge_barrier.data_ptr()
         if cutlass.const_expr(self.resident and not self.gradient):
@@ -881,9 +1033,11 @@ class LogitsGemmPingpong(LogitsGemm):
         m_blocks = cute.size(gH, mode=[2])
         gW = cute.local_tile(mW, (self.tile_n, self.tile_mnk[2]), (None, None))
         tHsH, tHgH = cute.nvgpu.cpasync.tma_partition(
-            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2))
+            tma_h, 0, cute.make_layout(1), cute.group_modes(sH, 0, 2), cute.group_modes(gH, 0, 2)
+        )
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
-            tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+            tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2)
+        )
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if warpgroup == 0:
@@ -893,8 +1047,12 @@ class LogitsGemmPingpong(LogitsGemm):
                     h_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                     h_load.producer_acquire(h_state)
                     for k_tile in cutlass.range(k_tiles, unroll=1):
-                        cute.copy(tma_h, tHgH[(None, m_block, k_tile)], tHsH[(None, k_tile)],
-                                  tma_bar_ptr=h_load.producer_get_barrier(h_state))
+                        cute.copy(
+                            tma_h,
+                            tHgH[(None, m_block, k_tile)],
+                            tHsH[(None, k_tile)],
+                            tma_bar_ptr=h_load.producer_get_barrier(h_state),
+                        )
                     h_load.producer_commit(h_state)
                 produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 # the turns' loads in order: resident, W's k tiles of each vocabulary tile; else those of each of
@@ -908,8 +1066,7 @@ class LogitsGemmPingpong(LogitsGemm):
                     barrier = loads.producer_get_barrier(produced)
                     if cutlass.const_expr(not self.resident):
                         block = cutlass.min(2 * m_block + turn % 2, m_blocks - 1)
-                        cute.copy(tma_h, tHgH[(None, block, k_tile)], tHsH[(None, produced.index)],
-                                  tma_bar_ptr=barrier)
+                        cute.copy(tma_h, tHgH[(None, block, k_tile)], tHsH[(None, produced.index)], tma_bar_ptr=barrier)
                     cute.copy(tma_w, tWgW[(None, n_tile, k_tile)], tWsW[(None, produced.index)], tma_bar_ptr=barrier)
                     loads.producer_commit(produced)
                     produced.advance()
@@ -935,7 +1092,8 @@ class LogitsGemmPingpong(LogitsGemm):
                 sG = storage.sG.get_tensor(g_smem_layout.outer, swizzle=g_smem_layout.inner)  # g_buffers each
                 g_stores = pipeline.PipelineTmaStore.create(
                     num_stages=self.g_buffers,
-                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP),
+                )
                 g_store = GradientStore(*self._g_copy(tiled_mma, tidx, sG, acc), sG, tma_g, mG, g_stores)
 
             values = cute.make_rmem_tensor((self._row_value_count(), rows), cutlass.Float32)  # as LogitsGemm's
@@ -954,9 +1112,12 @@ class LogitsGemmPingpong(LogitsGemm):
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             mma = Mma(tiled_mma, acc, tCrH, tCrW, loads, k_tiles)
             turns = self.n_tiles if self.resident else 2 * tiles
-            for n_tile in cutlass.range(consumer if self.resident else first_tile,
-                                        self.n_tiles if self.resident else first_tile + tiles,
-                                        2 if self.resident else 1, unroll=1):
+            for n_tile in cutlass.range(
+                consumer if self.resident else first_tile,
+                self.n_tiles if self.resident else first_tile + tiles,
+                2 if self.resident else 1,
+                unroll=1,
+            ):
                 turn = n_tile
                 if cutlass.const_expr(not self.resident):
                     turn = 2 * (n_tile - first_tile) + consumer
@@ -967,8 +1128,9 @@ class LogitsGemmPingpong(LogitsGemm):
                     cute.arch.barrier(barrier_id=ORDER_BARRIER + consumer, number_of_threads=2 * THREADS_PER_WARPGROUP)
                 read, release, _ = self._mma_tile(mma, Stages(read, release))
                 if turn + 1 < turns:  # the other consumer's turn
-                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER + 1 - consumer,
-                                             number_of_threads=2 * THREADS_PER_WARPGROUP)
+                    cute.arch.barrier_arrive(
+                        barrier_id=ORDER_BARRIER + 1 - consumer, number_of_threads=2 * THREADS_PER_WARPGROUP
+                    )
                 cute.nvgpu.warpgroup.wait_group(0)
                 loads.consumer_release(release)
                 release.advance()
@@ -978,8 +1140,9 @@ class LogitsGemmPingpong(LogitsGemm):
 
                 self._epilogue_tile(tile, epilogue, row_block, n_rows, n_tile)
                 if cutlass.const_expr(self.gradient):
-                    stored_by = StoreGroup(warp_idx % 4 == 0, self.g_buffers * consumer, 1 + consumer,
-                                           THREADS_PER_WARPGROUP)
+                    stored_by = StoreGroup(
+                        warp_idx % 4 == 0, self.g_buffers * consumer, 1 + consumer, THREADS_PER_WARPGROUP
+                    )
                     self._store_gradient_tile(g_store, stored_by, row_block, n_tile)
 
             if cutlass.const_expr(not self.gradient and not self.resident):
@@ -1001,11 +1164,11 @@ class LogitsGemmPingpong(LogitsGemm):
                     for r in cutlass.range_constexpr(rows):
                         other_max = merge[ROW_MAX, coords_rc[r, 0][0]]
                         new_max = cute.arch.fmax(values[ROW_MAX, r], other_max)
-                        values[ROW_SUM, r] = (
-                            values[ROW_SUM, r] * cute.math.exp2((values[ROW_MAX, r] - new_max) * LOG2E, approx=True,
-                                                                ftz=True)
-                            + merge[ROW_SUM, coords_rc[r, 0][0]] * cute.math.exp2((other_max - new_max) * LOG2E,
-                                                                                   approx=True, ftz=True))
+                        values[ROW_SUM, r] = values[ROW_SUM, r] * cute.math.exp2(
+                            (values[ROW_MAX, r] - new_max) * LOG2E, approx=True, ftz=True
+                        ) + merge[ROW_SUM, coords_rc[r, 0][0]] * cute.math.exp2(
+                            (other_max - new_max) * LOG2E, approx=True, ftz=True
+                        )
                         values[ROW_MAX, r] = new_max
                         values[PICK_BLANK, r] = values[PICK_BLANK, r] + merge[PICK_BLANK, coords_rc[r, 0][0]]
                         values[PICK_LABEL, r] = values[PICK_LABEL, r] + merge[PICK_LABEL, coords_rc[r, 0][0]]

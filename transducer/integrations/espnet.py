@@ -48,21 +48,34 @@ class _WarpLoss(torch.nn.Module):
         if isinstance(blank, bool) or not isinstance(blank, int):
             raise TypeError(f"blank: expected an int (the blank's column), got {type(blank).__name__}")
         if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (warp-transducer's), "
-                             f"got {reduction!r}")
+            raise ValueError(
+                f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (warp-transducer's), got {reduction!r}"
+            )
         self.blank = blank
         self.reduction = reduction
 
     def forward(self, acts: Tensor, labels: Tensor, act_lens: Tensor, label_lens: Tensor) -> Tensor:
-        losses = self._loss_function(acts, labels, act_lens, label_lens, blank=self.blank, reduction="none",
-                                     **self.options())
+        losses = self._loss_function(
+            acts, labels, act_lens, label_lens, blank=self.blank, reduction="none", **self.options()
+        )
         return reduce(self._as_returned(losses), self.reduction)
 
     def joint_loss(self, encoder_out, decoder_out, weight, bias, labels, act_lens, label_lens, activation):
         """This loss of the joint ``F.linear(act(encoder_out[b, t] + decoder_out[b, u]), weight, bias)`` by
         :func:`transducer.fused_joiner_loss` (no joint in memory), reduced as :meth:`forward` reduces."""
-        losses = fused_joiner_loss(encoder_out, decoder_out, weight, bias, labels, act_lens, label_lens,
-                                   activation=activation, blank=self.blank, reduction="none", **self.options())
+        losses = fused_joiner_loss(
+            encoder_out,
+            decoder_out,
+            weight,
+            bias,
+            labels,
+            act_lens,
+            label_lens,
+            activation=activation,
+            blank=self.blank,
+            reduction="none",
+            **self.options(),
+        )
         return reduce(self._as_returned(losses), self.reduction)
 
     def _as_returned(self, losses):
@@ -101,8 +114,15 @@ class RNNTLoss(_WarpLoss):
         return {"fastemit_lambda": self.fastemit_lambda}
 
 
-def rnnt_loss(acts: Tensor, labels: Tensor, act_lens: Tensor, label_lens: Tensor, blank: int = 0,
-              reduction: str = "mean", fastemit_lambda: float = 0.001) -> Tensor:
+def rnnt_loss(
+    acts: Tensor,
+    labels: Tensor,
+    act_lens: Tensor,
+    label_lens: Tensor,
+    blank: int = 0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.001,
+) -> Tensor:
     """warp-transducer's ``warprnnt_pytorch.rnnt_loss``: :class:`RNNTLoss`'s forward, its arguments as there."""
     return RNNTLoss(blank, fastemit_lambda, reduction)(acts, labels, act_lens, label_lens)
 
@@ -125,8 +145,15 @@ class MultiblankRNNTLoss(_WarpLoss):
 
     _loss_function = staticmethod(multiblank_loss)
 
-    def __init__(self, blank: int, big_blank_durations: Sequence[int], reduction: str = "mean",
-                 fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0) -> None:
+    def __init__(
+        self,
+        blank: int,
+        big_blank_durations: Sequence[int],
+        reduction: str = "mean",
+        fastemit_lambda: float = 0.0,
+        clamp: float = -1.0,
+        sigma: float = 0.0,
+    ) -> None:
         super().__init__(blank, reduction)
         # the losses' own checks, on the values as given: a float duration or a bool clamp is refused
         self.big_blank_durations = check_big_blank_durations(big_blank_durations, blank if blank >= 0 else None)
@@ -136,8 +163,12 @@ class MultiblankRNNTLoss(_WarpLoss):
 
     def options(self):
         """The options this loss passes to :func:`transducer.multiblank_loss`."""
-        return {"big_blank_durations": self.big_blank_durations, "fastemit_lambda": self.fastemit_lambda,
-                "clamp": self.clamp, "sigma": self.sigma}
+        return {
+            "big_blank_durations": self.big_blank_durations,
+            "fastemit_lambda": self.fastemit_lambda,
+            "clamp": self.clamp,
+            "sigma": self.sigma,
+        }
 
     def _as_returned(self, losses):
         # the numba loss returns the loss times 1 + fastemit_lambda (not its gradient)
@@ -161,15 +192,22 @@ def _espnet():
         from espnet2.asr_transducer.espnet_transducer_model import ESPnetASRTransducerModel
         from espnet2.asr_transducer.joint_network import JointNetwork
     except ImportError as e:
-        raise ImportError(f"transducer.integrations.espnet needs ESPnet: pip install 'transducer-loss[espnet]' && "
-                          f"pip install --no-deps espnet==202511 ({e})") from e
+        raise ImportError(
+            f"transducer.integrations.espnet needs ESPnet: pip install 'transducer-loss[espnet]' && "
+            f"pip install --no-deps espnet==202511 ({e})"
+        ) from e
     return ESPnetASRModel, ESPnetASRTransducerModel, JointNetwork, Swish
 
 
 # the joint's activation modules (exact types) -> the fused joiner's activation; ESPnet's get_activation builds
 # Tanh (its default), ReLU, Identity and Swish among them; GELU with approximate="none" is handled apart
-_ACTIVATIONS = {torch.nn.Tanh: "tanh", torch.nn.ReLU: "relu", torch.nn.Identity: "identity",
-                torch.nn.Sigmoid: "sigmoid", torch.nn.SiLU: "silu"}
+_ACTIVATIONS = {
+    torch.nn.Tanh: "tanh",
+    torch.nn.ReLU: "relu",
+    torch.nn.Identity: "identity",
+    torch.nn.Sigmoid: "sigmoid",
+    torch.nn.SiLU: "silu",
+}
 
 
 def _activation_name(act, swish_class):
@@ -186,13 +224,17 @@ def _joint_activation(joint, joint_class, swish_class):
     """The fused joiner's activation for ESPnet's joint ``joint``; a ValueError naming what cannot be fused."""
     unfused = "or apply(model, fused=False)"
     if not isinstance(joint, joint_class) or type(joint).forward is not joint_class.forward:
-        raise ValueError(f"model.joint_network: {type(joint).__name__} is not ESPnet's JointNetwork "
-                         f"(lin_out(activation(lin_enc(enc) + lin_dec(dec)))); {unfused}")
+        raise ValueError(
+            f"model.joint_network: {type(joint).__name__} is not ESPnet's JointNetwork "
+            f"(lin_out(activation(lin_enc(enc) + lin_dec(dec)))); {unfused}"
+        )
     name = _activation_name(joint.joint_activation, swish_class)
     if name is None:
-        raise ValueError(f"model.joint_network: the activation {joint.joint_activation} has no fused counterpart "
-                         f"(tanh, relu, identity, swish with beta <= 1, and torch's Sigmoid, SiLU, "
-                         f"GELU(approximate='none')); {unfused}")
+        raise ValueError(
+            f"model.joint_network: the activation {joint.joint_activation} has no fused counterpart "
+            f"(tanh, relu, identity, swish with beta <= 1, and torch's Sigmoid, SiLU, "
+            f"GELU(approximate='none')); {unfused}"
+        )
     return name
 
 
@@ -205,13 +247,20 @@ def _loss_of(model):
     if criterion is None:
         return RNNTLoss(blank=0, fastemit_lambda=model.fastemit_lambda, reduction="mean")
     if type(criterion).__name__ == "MultiblankRNNTLossNumba":
-        return MultiblankRNNTLoss(criterion.blank, criterion.big_blank_durations, criterion.reduction,
-                                  criterion.fastemit_lambda, criterion.clamp if criterion.clamp > 0 else -1.0,
-                                  criterion.sigma)
+        return MultiblankRNNTLoss(
+            criterion.blank,
+            criterion.big_blank_durations,
+            criterion.reduction,
+            criterion.fastemit_lambda,
+            criterion.clamp if criterion.clamp > 0 else -1.0,
+            criterion.sigma,
+        )
     if type(criterion).__module__.split(".")[0] == "warprnnt_pytorch":
         return RNNTLoss(criterion.blank, getattr(criterion, "fastemit_lambda", 0.0), criterion.reduction)
-    raise ValueError(f"model.criterion_transducer: {type(criterion).__name__} has no counterpart in transducer; "
-                     f"expected warp-transducer's RNNTLoss or ESPnet's MultiblankRNNTLossNumba")
+    raise ValueError(
+        f"model.criterion_transducer: {type(criterion).__name__} has no counterpart in transducer; "
+        f"expected warp-transducer's RNNTLoss or ESPnet's MultiblankRNNTLossNumba"
+    )
 
 
 def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
@@ -247,21 +296,30 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     asr_class, transducer_class, joint_class, swish_class = _espnet()
     if isinstance(model, transducer_class):
         if model.use_k2_pruned_loss:
-            raise ValueError("model: use_k2_pruned_loss: the model trains on k2's pruned loss, which apply does not "
-                             "replace; build it with use_k2_pruned_loss=False")
+            raise ValueError(
+                "model: use_k2_pruned_loss: the model trains on k2's pruned loss, which apply does not "
+                "replace; build it with use_k2_pruned_loss=False"
+            )
         method, espnet_method, fused_method = "forward", transducer_class.forward, _fused_forward
     elif isinstance(model, asr_class):
         if not model.use_transducer_decoder:
             raise ValueError("model: this ESPnetASRModel has no transducer decoder (joint_network is None)")
-        method, espnet_method, fused_method = \
-            "_calc_transducer_loss", asr_class._calc_transducer_loss, _fused_calc_transducer_loss
+        method, espnet_method, fused_method = (
+            "_calc_transducer_loss",
+            asr_class._calc_transducer_loss,
+            _fused_calc_transducer_loss,
+        )
     else:
-        raise TypeError(f"model: expected an ESPnet ESPnetASRModel (with a transducer decoder) or "
-                        f"ESPnetASRTransducerModel, got {type(model).__name__}")
+        raise TypeError(
+            f"model: expected an ESPnet ESPnetASRModel (with a transducer decoder) or "
+            f"ESPnetASRTransducerModel, got {type(model).__name__}"
+        )
     if fused:
         if getattr(type(model), method) is not espnet_method:
-            raise ValueError(f"model: {type(model).__name__} has its own {method}, which the fused step would skip; "
-                             f"or apply(model, fused=False)")
+            raise ValueError(
+                f"model: {type(model).__name__} has its own {method}, which the fused step would skip; "
+                f"or apply(model, fused=False)"
+            )
         _joint_activation(model.joint_network, joint_class, swish_class)
     model.criterion_transducer = _loss_of(model)
     if fused:
@@ -276,17 +334,25 @@ def _joint_loss(model, encoder_out, decoder_out, target, t_len, u_len):
     _, _, joint_class, swish_class = _espnet()
     joint = model.joint_network
     activation = _joint_activation(joint, joint_class, swish_class)
-    return model.criterion_transducer.joint_loss(joint.lin_enc(encoder_out), joint.lin_dec(decoder_out),
-                                                 joint.lin_out.weight, joint.lin_out.bias, target, t_len, u_len,
-                                                 activation)
+    return model.criterion_transducer.joint_loss(
+        joint.lin_enc(encoder_out),
+        joint.lin_dec(decoder_out),
+        joint.lin_out.weight,
+        joint.lin_out.bias,
+        target,
+        t_len,
+        u_len,
+        activation,
+    )
 
 
 def _fused_calc_transducer_loss(self, encoder_out, encoder_out_lens, labels):
     """ESPnetASRModel._calc_transducer_loss with the joint fused with the loss (see apply)."""
     from espnet2.asr_transducer.utils import get_transducer_task_io
 
-    decoder_in, target, t_len, u_len = get_transducer_task_io(labels, encoder_out_lens, ignore_id=self.ignore_id,
-                                                              blank_id=self.blank_id)
+    decoder_in, target, t_len, u_len = get_transducer_task_io(
+        labels, encoder_out_lens, ignore_id=self.ignore_id, blank_id=self.blank_id
+    )
     self.decoder.set_device(encoder_out.device)
     decoder_out = self.decoder(decoder_in)
     loss_transducer = _joint_loss(self, encoder_out, decoder_out, target, t_len, u_len)
@@ -302,7 +368,7 @@ def _fused_forward(self, speech, speech_lengths, text, text_lengths, **kwargs):
     from espnet2.torch_utils.device_funcs import force_gatherable
 
     batch_size = speech.shape[0]
-    text = text[:, :text_lengths.max()]
+    text = text[:, : text_lengths.max()]
     encoder_out, encoder_out_lens = self.encode(speech, speech_lengths)
     decoder_in, target, t_len, u_len = get_transducer_task_io(text, encoder_out_lens, ignore_id=self.ignore_id)
     self.decoder.set_device(encoder_out.device)
@@ -314,17 +380,27 @@ def _fused_forward(self, speech, speech_lengths, text, text_lengths, **kwargs):
         loss_ctc = self._calc_ctc_loss(encoder_out, target, t_len, u_len)
     if self.use_auxiliary_lm_loss:
         loss_lm = self._calc_lm_loss(decoder_out, target)
-    loss = (self.transducer_weight * loss_trans + self.auxiliary_ctc_weight * loss_ctc
-            + self.auxiliary_lm_loss_weight * loss_lm)
+    loss = (
+        self.transducer_weight * loss_trans
+        + self.auxiliary_ctc_weight * loss_ctc
+        + self.auxiliary_lm_loss_weight * loss_lm
+    )
 
     cer_transducer, wer_transducer = None, None
     if not self.training and (self.report_cer or self.report_wer):
         if self.error_calculator is None:
             from espnet2.asr_transducer.error_calculator import ErrorCalculator
 
-            self.error_calculator = ErrorCalculator(self.decoder, self.joint_network, self.token_list,
-                                                    self.sym_space, self.sym_blank, nstep=self.validation_nstep,
-                                                    report_cer=self.report_cer, report_wer=self.report_wer)
+            self.error_calculator = ErrorCalculator(
+                self.decoder,
+                self.joint_network,
+                self.token_list,
+                self.sym_space,
+                self.sym_blank,
+                nstep=self.validation_nstep,
+                report_cer=self.report_cer,
+                report_wer=self.report_wer,
+            )
         cer_transducer, wer_transducer = self.error_calculator(encoder_out, target, t_len)
 
     stats = dict(

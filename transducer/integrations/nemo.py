@@ -85,16 +85,24 @@ class RNNTLoss(torch.nn.Module):
     joints).
     """
 
-    def __init__(self, num_classes: int, reduction: str = "mean_batch", loss_name: str = "default",
-                 loss_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        reduction: str = "mean_batch",
+        loss_name: str = "default",
+        loss_kwargs: Optional[Mapping[str, Any]] = None,
+    ) -> None:
         super().__init__()
         if loss_name not in LOSS_NAMES:
-            raise ValueError(f"loss_name: {loss_name!r} has no counterpart in transducer; expected one of "
-                             f"{', '.join(map(repr, LOSS_NAMES))} (graph_rnnt and graph_w_transducer are k2's "
-                             f"graph losses, which NeMo runs itself)")
+            raise ValueError(
+                f"loss_name: {loss_name!r} has no counterpart in transducer; expected one of "
+                f"{', '.join(map(repr, LOSS_NAMES))} (graph_rnnt and graph_w_transducer are k2's "
+                f"graph losses, which NeMo runs itself)"
+            )
         if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (NeMo's), "
-                             f"got {reduction!r}")
+            raise ValueError(
+                f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (NeMo's), got {reduction!r}"
+            )
         if isinstance(num_classes, bool) or not isinstance(num_classes, int):
             raise TypeError(f"num_classes: expected an int (the blank's column), got {type(num_classes).__name__}")
         if num_classes < 0:
@@ -103,8 +111,9 @@ class RNNTLoss(torch.nn.Module):
         kwargs = dict(loss_kwargs or {})
         unused = sorted(set(kwargs) - set(defaults))
         if unused:
-            warnings.warn(f"loss_kwargs: {', '.join(unused)} ignored: the {loss_name} loss does not take them",
-                          stacklevel=2)
+            warnings.warn(
+                f"loss_kwargs: {', '.join(unused)} ignored: the {loss_name} loss does not take them", stacklevel=2
+            )
         self.options = {}
         for name, default in defaults.items():
             value = kwargs.get(name, default)
@@ -131,20 +140,35 @@ class RNNTLoss(torch.nn.Module):
 
     def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor) -> Tensor:
         loss = {"rnnt": transducer_loss, "tdt": tdt_loss, "multiblank": multiblank_loss}[self.kind]
-        losses = loss(log_probs, targets, input_lengths, target_lengths, blank=self._blank, reduction="none",
-                      **self.options)
+        losses = loss(
+            log_probs, targets, input_lengths, target_lengths, blank=self._blank, reduction="none", **self.options
+        )
         return self.reduce(self._as_nemo_returns(losses), target_lengths)
 
     def _as_nemo_returns(self, losses):
         return losses + self._value_scale * losses.detach() if self._value_scale else losses
 
-    def joint_loss(self, encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths,
-                   activation, dropout=0.0):
+    def joint_loss(
+        self, encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, activation, dropout=0.0
+    ):
         """The ``(B,)`` losses of the joint ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])),
         weight, bias)`` by :func:`transducer.fused_joiner_loss` (no joint in memory), with this loss's options."""
-        return self._as_nemo_returns(fused_joiner_loss(
-            encoder_out, predictor_out, weight, bias, targets, logit_lengths, target_lengths, activation=activation,
-            dropout=dropout, blank=self._blank, reduction="none", **self.options))
+        return self._as_nemo_returns(
+            fused_joiner_loss(
+                encoder_out,
+                predictor_out,
+                weight,
+                bias,
+                targets,
+                logit_lengths,
+                target_lengths,
+                activation=activation,
+                dropout=dropout,
+                blank=self._blank,
+                reduction="none",
+                **self.options,
+            )
+        )
 
     def reduce(self, losses, target_lengths):
         """NeMo's ``RNNTLoss.reduce``: ``losses`` (a tensor or a list of them, concatenated) by ``self.reduction``."""
@@ -155,16 +179,24 @@ class RNNTLoss(torch.nn.Module):
 
 # activation modules a joint_net may start with -> the fused joiner's activation (NeMo builds ReLU, Tanh and
 # Sigmoid; GELU with approximate="none" is handled apart)
-_ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid", torch.nn.SiLU: "silu",
-                torch.nn.Identity: "identity"}
+_ACTIVATIONS = {
+    torch.nn.ReLU: "relu",
+    torch.nn.Tanh: "tanh",
+    torch.nn.Sigmoid: "sigmoid",
+    torch.nn.SiLU: "silu",
+    torch.nn.Identity: "identity",
+}
 
 
 def _joint_net_parts(joint_net):
     """(activation name, dropout rate, output Linear) of a joint_net ``Sequential(act, [Dropout], Linear)``, or a
     string saying why it is not one."""
     layers = list(joint_net) if isinstance(joint_net, torch.nn.Sequential) else []
-    if len(layers) not in (2, 3) or not isinstance(layers[-1], torch.nn.Linear) or \
-            (len(layers) == 3 and type(layers[1]) is not torch.nn.Dropout):
+    if (
+        len(layers) not in (2, 3)
+        or not isinstance(layers[-1], torch.nn.Linear)
+        or (len(layers) == 3 and type(layers[1]) is not torch.nn.Dropout)
+    ):
         return f"joint_net is not Sequential(activation, [Dropout], Linear): {joint_net}"
     act = layers[0]
     if isinstance(act, torch.nn.GELU) and act.approximate == "none":
@@ -172,8 +204,10 @@ def _joint_net_parts(joint_net):
     else:
         name = _ACTIVATIONS.get(type(act))
     if name is None:
-        return (f"the joint's activation {act} has no fused counterpart (ReLU, Tanh, Sigmoid, "
-                f"GELU(approximate='none'), SiLU, Identity)")
+        return (
+            f"the joint's activation {act} has no fused counterpart (ReLU, Tanh, Sigmoid, "
+            f"GELU(approximate='none'), SiLU, Identity)"
+        )
     return name, layers[1].p if len(layers) == 3 else 0.0, layers[-1]
 
 
@@ -181,36 +215,64 @@ class FusedJointMixin:
     """The forward of a NeMo ``RNNTJoint`` whose fused path (``fuse_loss_wer``) computes the loss by
     :meth:`RNNTLoss.joint_loss` over the whole batch (see :func:`apply`); mixed into the joint's own class."""
 
-    def forward(self, encoder_outputs=None, decoder_outputs=None, encoder_lengths=None, transcripts=None,
-                transcript_lengths=None, compute_wer=False, keep_hypotheses=False):
+    def forward(
+        self,
+        encoder_outputs=None,
+        decoder_outputs=None,
+        encoder_lengths=None,
+        transcripts=None,
+        transcript_lengths=None,
+        compute_wer=False,
+        keep_hypotheses=False,
+    ):
         loss_wer = transcripts is not None and encoder_lengths is not None and transcript_lengths is not None
         if self.fuse_loss_wer and not loss_wer and decoder_outputs is not None:
             # the joint itself, as an unfused joint gives it (apply may have turned fusion on)
             return self.joint(encoder_outputs.transpose(1, 2), decoder_outputs.transpose(1, 2))
-        if not loss_wer or not self.fuse_loss_wer or not isinstance(self.loss, RNNTLoss) or \
-                self.is_adapter_available():
+        if not loss_wer or not self.fuse_loss_wer or not isinstance(self.loss, RNNTLoss) or self.is_adapter_available():
             # NeMo's own forward: fusion turned off (or by export), another loss set, or adapters on the joint;
             # keep_hypotheses only where asked for (NeMo's forward takes it from 3.0)
             extra = {"keep_hypotheses": True} if keep_hypotheses else {}
-            return super().forward(encoder_outputs=encoder_outputs, decoder_outputs=decoder_outputs,
-                                   encoder_lengths=encoder_lengths, transcripts=transcripts,
-                                   transcript_lengths=transcript_lengths, compute_wer=compute_wer, **extra)
+            return super().forward(
+                encoder_outputs=encoder_outputs,
+                decoder_outputs=decoder_outputs,
+                encoder_lengths=encoder_lengths,
+                transcripts=transcripts,
+                transcript_lengths=transcript_lengths,
+                compute_wer=compute_wer,
+                **extra,
+            )
         loss = None
         if decoder_outputs is not None:
-            f = self.project_encoder(encoder_outputs.transpose(1, 2))   # (B, T, H)
-            g = self.project_prednet(decoder_outputs.transpose(1, 2))   # (B, U+1, H)
+            f = self.project_encoder(encoder_outputs.transpose(1, 2))  # (B, T, H)
+            g = self.project_prednet(decoder_outputs.transpose(1, 2))  # (B, U+1, H)
             masking_prob = getattr(self, "masking_prob", -1.0)
             if self.training and masking_prob > 0:
                 # joint_after_projection's mask of the decoder side, drawn as it draws it (on the CPU)
                 g = g * torch.gt(torch.rand([g.size(0), 1, g.size(1), 1]).to(g.device), masking_prob)[:, 0]
             activation, dropout, output = _joint_net_parts(self.joint_net)
-            losses = self.loss.joint_loss(f, g, output.weight, output.bias, transcripts, encoder_lengths,
-                                          transcript_lengths, activation, dropout if self.training else 0.0)
+            losses = self.loss.joint_loss(
+                f,
+                g,
+                output.weight,
+                output.bias,
+                transcripts,
+                encoder_lengths,
+                transcript_lengths,
+                activation,
+                dropout if self.training else 0.0,
+            )
             loss = self.loss.reduce(losses, transcript_lengths)
         wer = wer_num = wer_denom = None
         if compute_wer:
-            wer, wer_num, wer_denom = self._batch_wer(encoder_outputs, decoder_outputs is not None, encoder_lengths,
-                                                      transcripts, transcript_lengths, keep_hypotheses)
+            wer, wer_num, wer_denom = self._batch_wer(
+                encoder_outputs,
+                decoder_outputs is not None,
+                encoder_lengths,
+                transcripts,
+                transcript_lengths,
+                keep_hypotheses,
+            )
         else:
             self.hypotheses = [] if keep_hypotheses else None
         return loss, wer, wer_num, wer_denom
@@ -218,14 +280,18 @@ class FusedJointMixin:
     def _batch_wer(self, encoder_outputs, narrow, encoder_lengths, transcripts, transcript_lengths, keep_hypotheses):
         """The batch's WER as NeMo's fused joint computes it for a sub-batch holding the whole batch."""
         if narrow:  # NeMo narrows the sub-batch to its longest utterance where it computes the loss
-            encoder_outputs = encoder_outputs[:, :, :int(encoder_lengths.max())]
-            transcripts = transcripts[:, :int(transcript_lengths.max())]
+            encoder_outputs = encoder_outputs[:, :, : int(encoder_lengths.max())]
+            transcripts = transcripts[:, : int(transcript_lengths.max())]
         sync = None
         if self.training:
             sync, self.wer._to_sync = self.wer._to_sync, False
         try:
-            self.wer.update(predictions=encoder_outputs.detach(), predictions_lengths=encoder_lengths,
-                            targets=transcripts.detach(), targets_lengths=transcript_lengths)
+            self.wer.update(
+                predictions=encoder_outputs.detach(),
+                predictions_lengths=encoder_lengths,
+                targets=transcripts.detach(),
+                targets_lengths=transcript_lengths,
+            )
             self.hypotheses = self.wer.get_hypotheses() if keep_hypotheses else None
             wer, wer_num, wer_denom = self.wer.compute()
             self.wer.reset()
@@ -240,8 +306,9 @@ _FUSED_CLASSES = {}
 
 def _fused_class(cls):
     if cls not in _FUSED_CLASSES:
-        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (FusedJointMixin, cls),
-                                   {"__module__": __name__, "unfused_class": cls})
+        _FUSED_CLASSES[cls] = type(
+            f"Fused{cls.__name__}", (FusedJointMixin, cls), {"__module__": __name__, "unfused_class": cls}
+        )
     return _FUSED_CLASSES[cls]
 
 
@@ -266,22 +333,31 @@ def _loss_of(model, joint):
     extra outputs (RNN-T, TDT) or the last (multi-blank); NeMo's models give tdt_pytorch V + D, out of range."""
     loss_name, loss_kwargs = model.extract_rnnt_loss_cfg(model.cfg.get("loss", None))
     if loss_name not in LOSS_NAMES:
-        raise ValueError(f"model: cfg.loss.loss_name {loss_name!r} has no counterpart in transducer; expected one "
-                         f"of {', '.join(map(repr, LOSS_NAMES))}")
+        raise ValueError(
+            f"model: cfg.loss.loss_name {loss_name!r} has no counterpart in transducer; expected one "
+            f"of {', '.join(map(repr, LOSS_NAMES))}"
+        )
     kind, _ = LOSS_NAMES[loss_name]
     if loss_kwargs is not None and not isinstance(loss_kwargs, dict):
         from omegaconf import OmegaConf
+
         loss_kwargs = OmegaConf.to_container(loss_kwargs, resolve=True)
     loss_kwargs = loss_kwargs or {}
     extra = joint.num_extra_outputs
     want = {"tdt": "durations", "multiblank": "big_blank_durations"}.get(kind)
     if want is not None and len(loss_kwargs.get(want) or ()) != extra:
-        raise ValueError(f"model: cfg.loss.{loss_name}_kwargs.{want} has {len(loss_kwargs.get(want) or ())} "
-                         f"entries, the joint has {extra} extra outputs (cfg.joint.num_extra_outputs)")
+        raise ValueError(
+            f"model: cfg.loss.{loss_name}_kwargs.{want} has {len(loss_kwargs.get(want) or ())} "
+            f"entries, the joint has {extra} extra outputs (cfg.joint.num_extra_outputs)"
+        )
     # the blank: the last column but the extra outputs (TDT's durations), or the last (multi-blank)
     num_classes = joint.num_classes_with_blank - 1 - (extra if kind == "tdt" else 0)
-    return RNNTLoss(num_classes, reduction=model.cfg.get("rnnt_reduction", "mean_batch"), loss_name=loss_name,
-                    loss_kwargs=loss_kwargs)
+    return RNNTLoss(
+        num_classes,
+        reduction=model.cfg.get("rnnt_reduction", "mean_batch"),
+        loss_name=loss_name,
+        loss_kwargs=loss_kwargs,
+    )
 
 
 def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
@@ -332,8 +408,10 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     """
     model_class, joint_class, sampled_class = _nemo()
     if not isinstance(model, model_class):
-        raise TypeError(f"model: expected a NeMo transducer model (an EncDecRNNTModel, EncDecRNNTBPEModel, "
-                        f"EncDecHybridRNNTCTCModel or EncDecHybridRNNTCTCBPEModel), got {type(model).__name__}")
+        raise TypeError(
+            f"model: expected a NeMo transducer model (an EncDecRNNTModel, EncDecRNNTBPEModel, "
+            f"EncDecHybridRNNTCTCModel or EncDecHybridRNNTCTCBPEModel), got {type(model).__name__}"
+        )
     joint = model.joint
     base = joint.unfused_class if isinstance(joint, FusedJointMixin) else type(joint)
     if issubclass(base, sampled_class):
@@ -342,11 +420,17 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     if fused:
         if not issubclass(base, joint_class):
             raise ValueError(f"model.joint: {base.__name__} is not a NeMo RNNTJoint; {unfused}")
-        own = [f"{cls.__name__}.{name}" for cls in base.__mro__[:base.__mro__.index(joint_class)]
-               for name in ("forward", "joint", "joint_after_projection") if name in cls.__dict__]
+        own = [
+            f"{cls.__name__}.{name}"
+            for cls in base.__mro__[: base.__mro__.index(joint_class)]
+            for name in ("forward", "joint", "joint_after_projection")
+            if name in cls.__dict__
+        ]
         if own:
-            raise ValueError(f"model.joint: {base.__name__} has its own {', '.join(own)}, which the fused loss would "
-                             f"skip (RNNTJoint's: project, add, joint_net); {unfused}")
+            raise ValueError(
+                f"model.joint: {base.__name__} has its own {', '.join(own)}, which the fused loss would "
+                f"skip (RNNTJoint's: project, add, joint_net); {unfused}"
+            )
         parts = _joint_net_parts(joint.joint_net)
         if isinstance(parts, str):
             raise ValueError(f"model.joint: {parts}; {unfused}")

@@ -19,7 +19,7 @@ def spelled(name, as_spelled):
         message = str(e)
         if not message.startswith(f"{name}:"):
             raise
-        raise type(e)(as_spelled + message[len(name):]) from None
+        raise type(e)(as_spelled + message[len(name) :]) from None
 
 
 def checked(name, value, as_spelled=None):

@@ -47,15 +47,18 @@ def _lengths(input_lens, target_lens, padded_frames, targets, scores, of):
     for name, lengths in (("input_lens", input_lens), ("target_lens", target_lens)):
         check_tensor(name, lengths, FLOAT_DTYPES, (1,), scores.device, of)
         if lengths.size(0) != batch_size:
-            raise ValueError(f"{name}: expected shape ({batch_size},) (one length per utterance), got "
-                             f"{tuple(lengths.shape)}")
+            raise ValueError(
+                f"{name}: expected shape ({batch_size},) (one length per utterance), got {tuple(lengths.shape)}"
+            )
     if batch_size:  # an empty batch: the loss refuses it
-        bounds = torch.stack([x.double() for x in (input_lens.min(), input_lens.max(), target_lens.min(),
-                                                   target_lens.max())]).tolist()
+        bounds = torch.stack(
+            [x.double() for x in (input_lens.min(), input_lens.max(), target_lens.min(), target_lens.max())]
+        ).tolist()
         for name, low, high in (("input_lens", *bounds[:2]), ("target_lens", *bounds[2:])):
             if not 0 <= low <= high <= 1:
-                raise ValueError(f"{name}: expected lengths relative to the padded length, in [0, 1], got values "
-                                 f"in [{low}, {high}]")
+                raise ValueError(
+                    f"{name}: expected lengths relative to the padded length, in [0, 1], got values in [{low}, {high}]"
+                )
     return absolute_lengths(input_lens, padded_frames), absolute_lengths(target_lens, targets.size(1))
 
 
@@ -65,8 +68,10 @@ def _check_arguments(blank_index, num_columns, columns, reduction, use_torchaudi
     with spelled("blank", "blank_index"):
         check_blank(blank_index, num_columns, columns)
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (SpeechBrain's transducer "
-                         f"loss's), got {reduction!r}")
+        raise ValueError(
+            f"reduction: expected one of {', '.join(map(repr, REDUCTIONS))} (SpeechBrain's transducer "
+            f"loss's), got {reduction!r}"
+        )
     if not is_flag(use_torchaudio):
         raise TypeError(f"use_torchaudio: expected a bool, got {type(use_torchaudio).__name__} {use_torchaudio!r}")
 
@@ -82,8 +87,15 @@ def _reduce(losses, frames, reduction, use_torchaudio):
     return losses
 
 
-def transducer_loss(logits: Tensor, targets: Tensor, input_lens: Tensor, target_lens: Tensor, blank_index: int,
-                    reduction: str = "mean", use_torchaudio: bool = False) -> Tensor:
+def transducer_loss(
+    logits: Tensor,
+    targets: Tensor,
+    input_lens: Tensor,
+    target_lens: Tensor,
+    blank_index: int,
+    reduction: str = "mean",
+    use_torchaudio: bool = False,
+) -> Tensor:
     r"""SpeechBrain's ``transducer_loss``: the same arguments and values, on the CPU and CUDA, for 16-bit logits
     without a float32 copy, with the gradient of the value it returns.
 
@@ -107,16 +119,24 @@ def transducer_loss(logits: Tensor, targets: Tensor, input_lens: Tensor, target_
         this value (SpeechBrain's numba loss gave the gradient of the sum of the negative log-likelihoods).
     """
     check_tensor("logits", logits, FLOAT_DTYPES, (4,), None)
-    _check_arguments(blank_index, logits.size(-1), "the vocabulary size is logits.size(-1)", reduction,
-                     use_torchaudio)
+    _check_arguments(blank_index, logits.size(-1), "the vocabulary size is logits.size(-1)", reduction, use_torchaudio)
     frames, labels = _lengths(input_lens, target_lens, logits.size(1), targets, logits, "logits")
     losses = _transducer_loss(logits, targets, frames, labels, blank=blank_index, reduction="none")
     return _reduce(losses, frames, reduction, use_torchaudio)
 
 
-def fused_transducer_loss(encoder_out: Tensor, decoder_out: Tensor, joint: torch.nn.Module, output: torch.nn.Module,
-                          targets: Tensor, input_lens: Tensor, target_lens: Tensor, blank_index: int,
-                          reduction: str = "mean", use_torchaudio: bool = False) -> Tensor:
+def fused_transducer_loss(
+    encoder_out: Tensor,
+    decoder_out: Tensor,
+    joint: torch.nn.Module,
+    output: torch.nn.Module,
+    targets: Tensor,
+    input_lens: Tensor,
+    target_lens: Tensor,
+    blank_index: int,
+    reduction: str = "mean",
+    use_torchaudio: bool = False,
+) -> Tensor:
     r""":func:`transducer_loss` of ``output(joint(encoder_out.unsqueeze(2), decoder_out.unsqueeze(1)))``, computed
     by :func:`transducer.fused_joiner_loss`: no ``(B, maxT, maxU+1, V)`` joint or logits in forward or backward.
 
@@ -145,11 +165,22 @@ def fused_transducer_loss(encoder_out: Tensor, decoder_out: Tensor, joint: torch
     activation = _fused_activation(joint)
     check_tensor("encoder_out", encoder_out, FLOAT_DTYPES, (3,), None)
     linear = _output_linear(output, encoder_out)
-    _check_arguments(blank_index, linear.out_features, "the vocabulary size is output's out_features", reduction,
-                     use_torchaudio)
+    _check_arguments(
+        blank_index, linear.out_features, "the vocabulary size is output's out_features", reduction, use_torchaudio
+    )
     frames, labels = _lengths(input_lens, target_lens, encoder_out.size(1), targets, encoder_out, "encoder_out")
-    losses = fused_joiner_loss(encoder_out, decoder_out, linear.weight, linear.bias, targets, frames, labels,
-                               activation=activation, blank=blank_index, reduction="none")
+    losses = fused_joiner_loss(
+        encoder_out,
+        decoder_out,
+        linear.weight,
+        linear.bias,
+        targets,
+        frames,
+        labels,
+        activation=activation,
+        blank=blank_index,
+        reduction="none",
+    )
     return _reduce(losses, frames, reduction, use_torchaudio)
 
 
@@ -162,8 +193,13 @@ def _unwrapped(module):
 
 # nonlinearities of a Transducer_joint -> the fused loss's activation (GELU and LeakyReLU are handled apart: their
 # arguments decide)
-_ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid", torch.nn.SiLU: "silu",
-                torch.nn.Identity: "identity"}
+_ACTIVATIONS = {
+    torch.nn.ReLU: "relu",
+    torch.nn.Tanh: "tanh",
+    torch.nn.Sigmoid: "sigmoid",
+    torch.nn.SiLU: "silu",
+    torch.nn.Identity: "identity",
+}
 
 
 def _fused_activation(joint):
@@ -171,14 +207,16 @@ def _fused_activation(joint):
     try:
         from speechbrain.nnet.transducer.transducer_joint import Transducer_joint
     except ImportError as e:
-        raise ImportError(f"fused_transducer_loss needs speechbrain: pip install 'transducer-loss[speechbrain]' "
-                          f"({e})") from e
+        raise ImportError(
+            f"fused_transducer_loss needs speechbrain: pip install 'transducer-loss[speechbrain]' ({e})"
+        ) from e
     joint = _unwrapped(joint)
     if not isinstance(joint, Transducer_joint) or type(joint).forward is not Transducer_joint.forward:
         raise ValueError(f"joint: expected SpeechBrain's Transducer_joint, got {type(joint).__name__}")
     if joint.joint != "sum":
-        raise ValueError(f"joint: the fused loss sums the encoder and decoder outputs (joint='sum'), got "
-                         f"joint={joint.joint!r}")
+        raise ValueError(
+            f"joint: the fused loss sums the encoder and decoder outputs (joint='sum'), got joint={joint.joint!r}"
+        )
     act = joint.nonlinearity
     if type(act) is torch.nn.GELU and act.approximate == "none":
         return "gelu"
@@ -186,8 +224,10 @@ def _fused_activation(joint):
         return "leaky_relu"
     if type(act) in _ACTIVATIONS:
         return _ACTIVATIONS[type(act)]
-    raise ValueError(f"joint: the nonlinearity {act} has no fused counterpart (LeakyReLU(negative_slope="
-                     f"{LEAKY_RELU_SLOPE}), GELU(approximate='none'), ReLU, Tanh, Sigmoid, SiLU, Identity)")
+    raise ValueError(
+        f"joint: the nonlinearity {act} has no fused counterpart (LeakyReLU(negative_slope="
+        f"{LEAKY_RELU_SLOPE}), GELU(approximate='none'), ReLU, Tanh, Sigmoid, SiLU, Identity)"
+    )
 
 
 def _output_linear(output, encoder_out):

@@ -32,12 +32,20 @@ ACTIVATIONS = dict({name: name for name in JOINER_ACTIVATIONS}, linear="identity
 
 def _check_reduction(reduction):  # transformers' message
     if reduction not in REDUCTIONS:
-        raise ValueError(f'Invalid reduction mode "{reduction}". Expected one of '
-                         f'{", ".join(repr(r) for r in REDUCTIONS)}.')
+        raise ValueError(
+            f'Invalid reduction mode "{reduction}". Expected one of {", ".join(repr(r) for r in REDUCTIONS)}.'
+        )
 
 
-def ParakeetForRNNTLoss(logits: Tensor, labels: Tensor, logit_lengths: Tensor, label_lengths: Tensor,
-                        blank_token_id: int, reduction: str = "mean_volume", **kwargs: Any) -> Tensor:
+def ParakeetForRNNTLoss(
+    logits: Tensor,
+    labels: Tensor,
+    logit_lengths: Tensor,
+    label_lengths: Tensor,
+    blank_token_id: int,
+    reduction: str = "mean_volume",
+    **kwargs: Any,
+) -> Tensor:
     r"""transformers' ``ParakeetForRNNTLoss`` (the RNN-T loss ``ParakeetForRNNT`` trains with) on
     :func:`transducer.transducer_loss`: no torchaudio, no float32 copy of 16-bit logits, right on every device
     (torchaudio's CUDA loss is wrong for an utterance with ``T_b = 1`` or ``U_b = 0``).
@@ -62,14 +70,24 @@ def ParakeetForRNNTLoss(logits: Tensor, labels: Tensor, logit_lengths: Tensor, l
     _check_reduction(reduction)
     device = logits.device
     label_lengths = label_lengths.to(device)
-    losses = transducer_loss(logits, labels.to(device), logit_lengths.to(device), label_lengths,
-                             blank=blank_token_id, reduction="none")
+    losses = transducer_loss(
+        logits, labels.to(device), logit_lengths.to(device), label_lengths, blank=blank_token_id, reduction="none"
+    )
     return reduce(losses, label_lengths, reduction)
 
 
-def ParakeetForTDTLoss(token_logits: Tensor, duration_logits: Tensor, labels: Tensor, logit_lengths: Tensor,
-                       label_lengths: Tensor, blank_token_id: int, durations: Sequence[int], sigma: float = 0.0,
-                       reduction: str = "mean", **kwargs: Any) -> Tensor:
+def ParakeetForTDTLoss(
+    token_logits: Tensor,
+    duration_logits: Tensor,
+    labels: Tensor,
+    logit_lengths: Tensor,
+    label_lengths: Tensor,
+    blank_token_id: int,
+    durations: Sequence[int],
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    **kwargs: Any,
+) -> Tensor:
     r"""transformers' ``ParakeetForTDTLoss`` (the TDT loss ``ParakeetForTDT`` trains with) on
     :func:`transducer.tdt_loss`: the two heads read in place (column slices of one joint output are fine), 16-bit
     scores without a float32 copy, and a finite gradient whatever the durations (transformers' loss gives NaN
@@ -99,16 +117,26 @@ def ParakeetForTDTLoss(token_logits: Tensor, duration_logits: Tensor, labels: Te
     _check_reduction(reduction)
     device = token_logits.device
     label_lengths = label_lengths.to(device)
-    losses = tdt_loss(token_logits, labels.to(device), logit_lengths.to(device), label_lengths,
-                      durations=durations, blank=blank_token_id,
-                      sigma=sigma, reduction="none", duration_logits=duration_logits)
+    losses = tdt_loss(
+        token_logits,
+        labels.to(device),
+        logit_lengths.to(device),
+        label_lengths,
+        durations=durations,
+        blank=blank_token_id,
+        sigma=sigma,
+        reduction="none",
+        duration_logits=duration_logits,
+    )
     return reduce(losses, label_lengths, reduction)
 
 
 def _parakeet_classes():
     """transformers' ParakeetForRNNT and ParakeetForTDT, or an ImportError naming the version needed."""
-    need = ("transducer.integrations.transformers needs transformers >= 5.12 (ParakeetForTDT came in 5.10, "
-            "ParakeetForRNNT in 5.12)")
+    need = (
+        "transducer.integrations.transformers needs transformers >= 5.12 (ParakeetForTDT came in 5.10, "
+        "ParakeetForRNNT in 5.12)"
+    )
     try:
         import transformers
     except ImportError as e:
@@ -155,8 +183,7 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
     elif isinstance(model, rnnt_class):
         loss_function = ParakeetForRNNTLoss
     else:
-        raise TypeError(f"model: expected a transformers ParakeetForRNNT or ParakeetForTDT, "
-                        f"got {type(model).__name__}")
+        raise TypeError(f"model: expected a transformers ParakeetForRNNT or ParakeetForTDT, got {type(model).__name__}")
     if fused:
         _check_fusable(model, rnnt_class, tdt_class)
     model.loss_function = loss_function
@@ -173,26 +200,49 @@ def _check_fusable(model, rnnt_class, tdt_class):
 
     unfused = "or apply(model, fused=False)"
     if model.config.hidden_act not in ACTIVATIONS:
-        raise ValueError(f"model: the joint's activation {model.config.hidden_act!r} (config.hidden_act) cannot be "
-                         f"fused; expected one of {', '.join(map(repr, ACTIVATIONS))}, {unfused}")
+        raise ValueError(
+            f"model: the joint's activation {model.config.hidden_act!r} (config.hidden_act) cannot be "
+            f"fused; expected one of {', '.join(map(repr, ACTIVATIONS))}, {unfused}"
+        )
     if type(model).forward not in (rnnt_class.forward, tdt_class.forward):
-        raise ValueError(f"model: {type(model).__name__} has its own forward, which the fused forward would skip; "
-                         f"{unfused}")
-    if not isinstance(model.joint, ParakeetRNNTJointNetwork) or \
-            type(model.joint).forward is not ParakeetRNNTJointNetwork.forward:
-        raise ValueError(f"model.joint: {type(model.joint).__name__} is not transformers' joint network "
-                         f"(activation(encoder + decoder), then head); {unfused}")
+        raise ValueError(
+            f"model: {type(model).__name__} has its own forward, which the fused forward would skip; {unfused}"
+        )
+    if (
+        not isinstance(model.joint, ParakeetRNNTJointNetwork)
+        or type(model.joint).forward is not ParakeetRNNTJointNetwork.forward
+    ):
+        raise ValueError(
+            f"model.joint: {type(model.joint).__name__} is not transformers' joint network "
+            f"(activation(encoder + decoder), then head); {unfused}"
+        )
 
 
-def _fused_forward(self, input_features=None, attention_mask=None, decoder_input_ids=None, decoder_cache=None,
-                   use_decoder_cache=None, encoder_outputs=None, labels=None, **kwargs):
+def _fused_forward(
+    self,
+    input_features=None,
+    attention_mask=None,
+    decoder_input_ids=None,
+    decoder_cache=None,
+    use_decoder_cache=None,
+    encoder_outputs=None,
+    labels=None,
+    **kwargs,
+):
     """ParakeetForRNNT's and ParakeetForTDT's forward with labels, the joint fused with the loss (see apply)."""
     tdt = self.loss_function is ParakeetForTDTLoss
     if labels is None or not (tdt or self.loss_function is ParakeetForRNNTLoss):
-        return type(self).forward(self, input_features=input_features, attention_mask=attention_mask,
-                                  decoder_input_ids=decoder_input_ids, decoder_cache=decoder_cache,
-                                  use_decoder_cache=use_decoder_cache, encoder_outputs=encoder_outputs, labels=labels,
-                                  **kwargs)
+        return type(self).forward(
+            self,
+            input_features=input_features,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_cache=decoder_cache,
+            use_decoder_cache=use_decoder_cache,
+            encoder_outputs=encoder_outputs,
+            labels=labels,
+            **kwargs,
+        )
     from transformers.models.parakeet.modeling_parakeet import ParakeetRNNTDecoderCache, ParakeetRNNTOutput
 
     config = self.config
@@ -211,8 +261,9 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
         return_dict = config.return_dict
 
     if encoder_outputs is None:
-        encoder_outputs = self.get_audio_features(input_features=input_features, attention_mask=attention_mask,
-                                                  **kwargs)
+        encoder_outputs = self.get_audio_features(
+            input_features=input_features, attention_mask=attention_mask, **kwargs
+        )
     if use_decoder_cache and decoder_cache is None:
         decoder_cache = ParakeetRNNTDecoderCache(config)
     decoder_hidden_states = self.decoder(decoder_input_ids, cache=decoder_cache)
@@ -220,10 +271,19 @@ def _fused_forward(self, input_features=None, attention_mask=None, decoder_input
     device = encoder_hidden_states.device
     label_lengths = label_lengths.to(device)
     losses = fused_joiner_loss(
-        encoder_hidden_states, decoder_hidden_states, self.joint.head.weight, self.joint.head.bias,
-        labels.to(device), encoder_outputs.attention_mask.sum(-1).to(device), label_lengths,
-        activation=ACTIVATIONS[config.hidden_act], blank=config.blank_token_id,
-        reduction="none", durations=durations, sigma=sigma)
+        encoder_hidden_states,
+        decoder_hidden_states,
+        self.joint.head.weight,
+        self.joint.head.bias,
+        labels.to(device),
+        encoder_outputs.attention_mask.sum(-1).to(device),
+        label_lengths,
+        activation=ACTIVATIONS[config.hidden_act],
+        blank=config.blank_token_id,
+        reduction="none",
+        durations=durations,
+        sigma=sigma,
+    )
     output = ParakeetRNNTOutput(
         loss=reduce(losses, label_lengths, reduction),
         logits=None,
