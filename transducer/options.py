@@ -1,11 +1,13 @@
 """Every option of the losses, declared once: name, type, default, check, one line of documentation, and which
 lattices' stages read it on which backends. From the declarations follow ``LossOptions`` (the options the stages
-read, carried flat through the registered ops), the option table ``SUPPORTED``, and every public function's and
-module's signature, docstring, checks and repr (transducer/signatures.py).
+read, carried flat through the registered ops), the option table ``SUPPORTED``, the checks, and what every public
+function's and module's written signature and docstring must say (transducer/entries.py; a test holds them to it).
 
-Adding an option: its ``Option`` line in ``OPTIONS`` below, the stages that read it (both backends: the CPU stage
-and, on CUDA, a field of the kernel's parameter struct), the float64 reference (transducer/reference.py) and the
-test values (tests/test_options.py: ``VALUES`` and ``reference()``). Nothing else.
+Adding an option: its ``Option`` line in ``OPTIONS`` below, a line in the signature and docstring of each public
+entry that takes it (``python -m transducer NAME`` prints them), the stages that read it (both backends: the CPU
+stage and, on CUDA, the term function of transducer/cuda/terms.cuh with a field of its ``Terms`` struct), the float64
+reference (transducer/reference.py) and the test values (tests/test_options.py: ``VALUES`` and ``reference()``;
+tests/test_terms.py for a per-row term).
 """
 
 import math
