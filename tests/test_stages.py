@@ -722,9 +722,32 @@ def test_pack_forward_into_a_wider_matrix(device):
     assert got.data_ptr() == wide.data_ptr()
     torch.testing.assert_close(wide[:, : enc.size(2)], want)
     assert (wide[:, enc.size(2) :] == 7.0).all()
-    for bad in (wide[:-1, : enc.size(2)], wide[:, : enc.size(2)].long()):
+    for bad in (wide[:-1, : enc.size(2)], wide[:, : enc.size(2) - 1], wide[:, : enc.size(2)].long()):
         with pytest.raises(ValueError, match="pack_forward: out must be"):
             stages.pack_forward(enc, pred, layout, rows, 0, "tanh", bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["identity", "tanh"])
+@pytest.mark.parametrize("pad_rows, ones", [(0, 1), (1, 3), (7, 8), (13, 0)])
+def test_pack_forward_writes_the_gemm_operand(device, dtype, activation, pad_rows, ones):
+    """pack_forward into an out taller and wider than the tile (the fused loss's GEMM operand): the tile's rows
+    [start, start + count) in its first J columns, ones in the columns past J, zeros in every column of the rows
+    past count, whatever out held before (NaN here); pad_rows not a multiple of the kernel's rows a thread
+    group."""
+    enc, pred, T, U, stages, layout, rows = pack_batch(device, 591)
+    enc, pred = enc.to(dtype), pred.to(dtype)
+    J, start, count = enc.size(2), 3, rows - 5
+    act = torch.tanh if activation == "tanh" else (lambda x: x)
+    want = act(pack(enc.double(), pred.double(), T, U))[start : start + count]
+    out = torch.full((count + pad_rows, J + ones), float("nan"), dtype=dtype, device=enc.device)
+    got = stages.pack_forward(enc, pred, layout, count, start, activation, out)
+    assert got.data_ptr() == out.data_ptr()
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out[:count, :J].double(), want, **tol)
+    assert (out[:count, J:] == 1).all()
+    assert (out[count:] == 0).all()
 
 
 def pack_backward_over_tiles(device, T, U, max_t, max_u1, D, activation, p, dtype, bounds, seed):

@@ -176,7 +176,9 @@ class Stages(Protocol):
         the rows r = (b, t, u) in [row_start, row_start + num_rows) of the compact layout: the sum, the
         activation and the mask's factor (transducer/joiner.py) in the promoted dtype of the two inputs (as
         ``enc + pred`` computes them), written in ``out``'s dtype (default: the promoted one); ``out`` may be
-        the first J columns of a wider matrix. Returns ``out``."""
+        the first J columns of a wider matrix. An ``out`` of (R, C), R >= num_rows and C >= J, gets ones in its
+        columns past J (a bias's columns in the fused loss's GEMM operand) and zeros in its rows past num_rows
+        (the GEMMs' padding rows). Returns ``out``."""
 
     def pack_backward(self, grad_rows: Tensor, layout: Layout, max_t: int, max_u1: int) -> Tuple[Tensor, Tensor]:
         """(grad_encoder_out, grad_predictor_out): the sums of grad_rows over u and over t, in grad_rows'

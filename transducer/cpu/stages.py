@@ -347,12 +347,18 @@ def pack_forward(
     encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None, dropout=None
 ):
     D = encoder_out.size(2)
-    if out is not None and (out.shape != (num_rows, D) or not out.is_floating_point()):
+    if out is not None and (out.dim() != 2 or out.size(0) < num_rows or out.size(1) < D or not out.is_floating_point()):
         raise ValueError(
-            f"pack_forward: out must be a ({num_rows}, {D}) floating-point tensor, got {tuple(out.shape)} {out.dtype}"
+            f"pack_forward: out must be a floating-point tensor of at least ({num_rows}, {D}), "
+            f"got {tuple(out.shape)} {out.dtype}"
         )
     rows = _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation, dropout)[1]
-    return rows if out is None else out.copy_(rows)
+    if out is None:
+        return rows
+    out[:num_rows, :D] = rows
+    out[:num_rows, D:] = 1
+    out[num_rows:] = 0
+    return out
 
 
 def _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation, dropout):

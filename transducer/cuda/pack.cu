@@ -4,7 +4,8 @@
 //
 //   pack_forward_kernel            out[r - row_start] = dropout(act(a)), a = enc[b, t] + pred[b, u], for
 //                                  row r = (b, t, u) (out's rows ld_out apart: the fused loss packs into a
-//                                  wider matrix)
+//                                  wider matrix), then `ones` columns of ones (a bias's, the fused loss's GEMM
+//                                  operand); out's rows past the layout's (to out_rows) zeros in every column
 //   pack_grad_kernel               grad_enc[b, t] += sum_{u <= U_b} d(b, t, u) in range   (t < T_b), and
 //                                  scratch[b, frame block, u] = sum_{t in the block} d(b, t, u) in range; for
 //                                  an utterance of more than u_chunk rows a frame, each chunk of u_chunk values
@@ -243,9 +244,11 @@ struct PackForwardParams {
   int max_u1;
   td::Grids grids;  // the compact layout
   int row_start;
-  int num_rows;
-  int nvec;     // D / VEC
-  int log_tpr;  // log2 of the threads of a group
+  int num_rows;  // the layout's rows written
+  int out_rows;  // out's rows: those past num_rows zeros
+  int nvec;      // D / VEC
+  int ones;      // out's columns past D: ones in the layout's rows, zeros past them
+  int log_tpr;   // log2 of the threads of a group
   td::Dropout dropout;  // DROPOUT
   TO* out;
   long long ld_out;
@@ -263,21 +266,26 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
   const int max_t = p.max_t, max_u1 = p.max_u1, num_rows = p.num_rows, log_tpr = p.log_tpr, nvec = p.nvec;
   const int lane = threadIdx.x & ((1 << log_tpr) - 1);
   const int first = (blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr)) * R;
-  if (first >= num_rows) return;
+  if (first >= p.out_rows) return;
   const td::Grids& g = p.grids;
   const long long D = (long long)nvec * VEC;
-  int b, t, u;
-  g.coordinates(p.row_start + first, b, t, u);
-  long long end = g.split(b + 1);  // the first row past utterance b
-  long long st = g.stride(b);
+  int b = 0, t = 0, u = 0;
+  long long end = 0, st = 1;
+  if (first < num_rows) {
+    g.coordinates(p.row_start + first, b, t, u);
+    end = g.split(b + 1);  // the first row past utterance b
+    st = g.stride(b);
+  }
   const Vec<TE, VEC>* pe[R];
   const Vec<TP, VEC>* pp[R];
-  bool inside[R], cell[R];  // a row of the tile; and a cell of the inputs (else zeros: inconsistent lengths)
+  // a row of out, one of the layout's rows; and a cell of the inputs (else zeros: inconsistent lengths)
+  bool inside[R], real[R], cell[R];
 #pragma unroll
   for (int k = 0; k < R; ++k) {
     const int r = p.row_start + first + k;
-    inside[k] = first + k < num_rows;
-    if (k > 0 && inside[k]) {
+    inside[k] = first + k < p.out_rows;
+    real[k] = first + k < num_rows;
+    if (k > 0 && real[k]) {
       if (r < end) {
         if (++u >= st) u = 0, ++t;
       } else {
@@ -286,7 +294,7 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
         st = g.stride(b);
       }
     }
-    cell[k] = inside[k] && t < max_t && u < max_u1;
+    cell[k] = real[k] && t < max_t && u < max_u1;
     pe[k] = reinterpret_cast<const Vec<TE, VEC>*>(enc + ((long long)b * max_t + t) * D);
     pp[k] = reinterpret_cast<const Vec<TP, VEC>*>(pred + ((long long)b * max_u1 + u) * D);
   }
@@ -336,6 +344,12 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
         for (int j = 0; j < VEC; ++j) o.v[j] = td::convert<TO>(h[j]);
       }
       reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] = o;
+    }
+  }
+  for (int c = lane; c < p.ones; c += (1 << log_tpr)) {
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (inside[k]) out[(long long)(first + k) * p.ld_out + D + c] = td::convert<TO>(real[k] ? 1.0f : 0.0f);
     }
   }
 }

@@ -250,7 +250,9 @@ PACK_FORWARD_PARAMS = struct(
         ("grids", GRIDS),
         ("row_start", "int"),
         ("num_rows", "int"),
+        ("out_rows", "int"),
         ("nvec", "int"),
+        ("ones", "int"),
         ("log_tpr", "int"),
         ("dropout", DROPOUT),
         ("out", "ptr"),
@@ -777,6 +779,22 @@ def _dropout_struct(dropout):
     )
 
 
+def _check_pack_out(out, num_rows, D, device):
+    """pack_forward's ``out``: at least (num_rows, D), floating point, on ``device``, of unit column stride."""
+    if (
+        out.dim() != 2
+        or out.size(0) < num_rows
+        or out.size(1) < D
+        or not out.is_floating_point()
+        or out.device != device
+        or (out.size(1) > 1 and out.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"pack_forward: out must be a floating-point tensor of at least ({num_rows}, {D}) on {device} with "
+            f"unit column stride, got {tuple(out.shape)} {out.dtype} on {out.device}, strides {out.stride()}"
+        )
+
+
 def pack_forward(
     encoder_out, predictor_out, layout, num_rows, row_start=0, activation="identity", out=None, dropout=None
 ):
@@ -786,25 +804,18 @@ def pack_forward(
     max_u1 = predictor_out.size(1)
     promoted = torch.promote_types(encoder_out.dtype, predictor_out.dtype)
     num_rows = int(num_rows)
-    shape = (num_rows, D)
     if out is None:
-        out = torch.empty(shape, dtype=promoted, device=encoder_out.device)
-    elif (
-        out.shape != shape
-        or not out.is_floating_point()
-        or out.device != encoder_out.device
-        or (D > 1 and out.stride(1) != 1)
-    ):
-        raise ValueError(
-            f"pack_forward: out must be a {shape} floating-point tensor on {encoder_out.device} with "
-            f"unit column stride, got {tuple(out.shape)} {out.dtype} strides {out.stride()}"
-        )
-    if num_rows == 0 or D == 0:
+        out = torch.empty((num_rows, D), dtype=promoted, device=encoder_out.device)
+    else:
+        _check_pack_out(out, num_rows, D, encoder_out.device)
+    out_rows, ones = out.shape
+    ones -= D
+    if out_rows == 0 or (D == 0 and ones == 0):
         return out
-    vec = _pack_vector(math.gcd(D, out.stride(0)), [encoder_out, predictor_out], [out])
+    vec = _pack_vector(math.gcd(D, out.stride(0)), [encoder_out, predictor_out], [out]) if D else 1
     nvec = D // vec
-    tpr = _threads_per_item(nvec)
-    groups = ceil_div(num_rows, PACK_ROWS)  # a group of tpr threads writes PACK_ROWS rows
+    tpr = _threads_per_item(max(nvec, ones))
+    groups = ceil_div(out_rows, PACK_ROWS)  # a group of tpr threads writes PACK_ROWS rows
     drop = _dropout_struct(dropout)
     params = PACK_FORWARD_PARAMS(
         enc=encoder_out,
@@ -814,7 +825,9 @@ def pack_forward(
         grids=_grids(layout, padded_grid=False),
         row_start=row_start,
         num_rows=num_rows,
+        out_rows=out_rows,
         nvec=nvec,
+        ones=ones,
         log_tpr=tpr.bit_length() - 1,
         dropout=drop,
         out=out,

@@ -6,7 +6,7 @@ are rounded to the GEMMs' dtype, as in the unfused composition.
 
 import torch.nn.functional as F
 
-from .tiles import Step, gemm_rows, hidden, projection, tiles
+from .tiles import Step, gemm_rows, hidden, hidden_buffer, projection, tiles
 
 __all__ = ["CublasTiles"]
 
@@ -22,26 +22,35 @@ class CublasTiles:
     def _gemm_rows(self, rows):
         return gemm_rows(rows, self.step.encoder_out.device.type)
 
+    def _tiles(self, num_rows, max_rows):
+        """The tiles' bounds and their hidden's memory."""
+        bounds = list(tiles(num_rows, max_rows))
+        rows = max((self._gemm_rows(end - start) for start, end in bounds), default=0)
+        return bounds, hidden_buffer(self.step, self.Wx, rows)
+
     def forward(self, num_rows, max_rows, arrays):
         s, V, D = self.step, self.step.V, self.step.D
-        for start, end in tiles(num_rows, max_rows):
+        bounds, buffer = self._tiles(num_rows, max_rows)
+        for start, end in bounds:
             rows = end - start
-            hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
+            hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows), buffer)
             z = F.linear(hx, self.Wx)[:rows]
-            del hx
             s.kind.log_probs(
                 s.stages, z[:, :V], z[:, V : V + D] if D else None, s.targets, s.layout, s.options, start, arrays
             )
             del z
 
-    def gradient_tile(self, start, end, lattice, scale):
+    def gradient_tiles(self, num_rows, max_rows, lattice, scale):
         s, V, D = self.step, self.step.V, self.step.D
-        rows = end - start
-        hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows))
-        dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
-        tokens, extra = dz[:rows, :V], dz[:rows, V : V + D] if D else None
-        s.kind.gradient(s.stages, (tokens, extra), s.targets, lattice, scale, s.options, (tokens, extra), start)
-        del tokens, extra  # views of dz: a view left alive kept a third tile buffer
-        if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
-            dz[:, self.rows :] = 0
-        return hx, dz
+        bounds, buffer = self._tiles(num_rows, max_rows)
+        for start, end in bounds:
+            rows = end - start
+            hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows), buffer)
+            dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
+            tokens, extra = dz[:rows, :V], dz[:rows, V : V + D] if D else None
+            s.kind.gradient(s.stages, (tokens, extra), s.targets, lattice, scale, s.options, (tokens, extra), start)
+            del tokens, extra  # views of dz: a view left alive kept a third tile buffer
+            if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
+                dz[:, self.rows :] = 0
+            yield start, end, hx, dz
+            del hx, dz

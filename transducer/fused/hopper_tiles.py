@@ -26,7 +26,7 @@ import torch
 
 from .. import hopper
 from ..cuda import stages as cuda_stages
-from .tiles import Step, extra_columns, gemm_rows, hidden, projection, tiles
+from .tiles import Step, extra_columns, gemm_rows, hidden, hidden_buffer, projection, tiles
 
 __all__ = ["use_hopper", "HopperTiles"]
 
@@ -91,10 +91,13 @@ class HopperTiles:
         W = p.W  # forward's hidden has no bias columns
         labels = cuda_stages.row_labels(s.targets, s.layout, s.options.blank, num_rows)
         statistics = s.encoder_out.new_empty(3 + p.extra, num_rows, dtype=torch.float32)
-        for start, end in tiles(num_rows, max_rows * (self.J + self.rows) // self.J):
-            hx = hidden(s, W, start, end)
+        bounds = list(tiles(num_rows, max_rows * (self.J + self.rows) // self.J))
+        buffer = hidden_buffer(s, W, max((end - start for start, end in bounds), default=0))
+        for start, end in bounds:
+            hx = hidden(s, W, start, end, buffer=buffer)
             hopper.statistics_tile(p, hx, labels[start:end], s.options.blank, statistics[:, start:end])
             del hx
+        del buffer
         # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs; the extra
         # columns' bias: the kernel's statistics have none
         first, count = p.extra_start, p.extra
@@ -108,27 +111,33 @@ class HopperTiles:
                 statistics, s.targets, s.layout, s.options, arrays.lp, arrays.den, arrays.lp_arcs, extra_bias
             )
 
-    def gradient_tile(self, start, end, lattice, scale):
+    def gradient_tiles(self, num_rows, max_rows, lattice, scale):
         s, V, D = self.step, self.step.V, self.step.D
-        rows = end - start
-        dtype = self.Wx.dtype
-        if D:  # the tile's rows' labels and gradient coefficients for the kernel, and TDT's duration columns'
+        dtype, clamp = self.Wx.dtype, max(s.options.clamp, 0.0)
+        # every row's labels and gradient coefficients for the kernel at once (and TDT's duration columns'), their
+        # tiles' slices of them after
+        if D:
             coefficients, labels, duration_gradient = cuda_stages.tdt_row_coefficients(
-                s.targets, lattice, scale, s.options, start, rows, dtype
+                s.targets, lattice, scale, s.options, 0, num_rows, dtype
             )
         else:
-            coefficients, labels = cuda_stages.row_coefficients(s.targets, lattice, scale, s.options, start, rows)
-        hx = hidden(s, self.Wx, start, end, gemm_rows(rows, "cuda"))
-        # the gradient from the recompute's epilogue; it and Wx are zeros past V
-        dz = hopper.gradient_tile(
-            self.projection,
-            hx[:rows, : self.J],
-            labels,
-            s.options.blank,
-            coefficients,
-            max(s.options.clamp, 0.0),
-            hx.size(0),
-        )
-        if D:  # the duration columns, zeros from the kernel
-            dz[:rows, V : V + D] = duration_gradient
-        return hx, dz[:, : min(dz.size(1), self.Wx.size(0))]
+            coefficients, labels = cuda_stages.row_coefficients(s.targets, lattice, scale, s.options, 0, num_rows)
+        bounds = list(tiles(num_rows, max_rows))
+        buffer = hidden_buffer(s, self.Wx, max((gemm_rows(end - start, "cuda") for start, end in bounds), default=0))
+        for start, end in bounds:
+            rows = end - start
+            hx = hidden(s, self.Wx, start, end, gemm_rows(rows, "cuda"), buffer)
+            # the gradient from the recompute's epilogue; it and Wx are zeros past V
+            dz = hopper.gradient_tile(
+                self.projection,
+                hx[:rows, : self.J],
+                labels[start:end],
+                s.options.blank,
+                coefficients[:, start:end],
+                clamp,
+                hx.size(0),
+            )
+            if D:  # the duration columns, zeros from the kernel
+                dz[:rows, V : V + D] = duration_gradient[start:end]
+            yield start, end, hx, dz[:, : min(dz.size(1), self.Wx.size(0))]
+            del hx, dz

@@ -46,7 +46,7 @@ from ..joiner import Dropout
 from ..lattices import check_supported, kind_of
 from ..layout import MAX_ROWS, NUM_STATS, LabelCheck, Layout
 from ..options import LossOptions
-from .tiles import Step, tile_path, tiles
+from .tiles import Step, rows_in_place, tile_path
 
 __all__ = ["fused", "fused_op", "fused_backward_op", "capacity", "tf32_matmul"]
 
@@ -244,17 +244,16 @@ def _fused_backward(
     scale = grad_nll.to(acc)
     if row_splits is None:
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
-    for start, end in tiles(row_splits[-1], max_rows):
-        hx, dz = path.gradient_tile(start, end, lattice, scale)
+    for start, end, hx, dz in path.gradient_tiles(row_splits[-1], max_rows, lattice, scale):
         width = dz.size(1)
         if Wx.size(1) > J and _bias_gradient_apart(hx, J):
             _add_product(grad_wx[:width, :J], dz.t(), hx[:, :J])
             grad_wx[:width, J].addmv_(dz.t(), hx[:, J])
         else:
             _add_product(grad_wx[:width], dz.t(), hx)
-        del hx  # a tile holds two of (hidden, logits, dh) at a time: tiles.default_max_rows
-        dh = dz.mm(W[:width])
-        del dz
+        # dh in the hidden's place: a tile holds two of (hidden, logits, dh) at a time (tiles.default_max_rows)
+        dh = torch.mm(dz, W[:width], out=rows_in_place(hx, J))
+        del hx, dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
         step.stages.pack_backward_add(
             dh[: end - start],

@@ -22,7 +22,9 @@ __all__ = [
     "default_max_rows",
     "gemm_rows",
     "projection",
+    "hidden_buffer",
     "hidden",
+    "rows_in_place",
     "extra_columns",
 ]
 
@@ -55,13 +57,17 @@ class Step(NamedTuple):
 class TilePath(Protocol):
     """One way to run the fused loss's tiles. ``forward`` writes every row's log-probs (``arrays``, the lattice's
     per-row arrays) over the tiles of ``num_rows`` rows of at most ``max_rows`` rows of hidden and logits;
-    ``gradient_tile`` gives the rows [start, end)'s hidden ``hx`` (with its bias columns: ``projection``) and the
-    gradient of their logits ``dz`` (rows past end - start and columns past the projection's rows zero), each of
-    ``gemm_rows`` rows, for the weight gradient ``dz^T hx`` and dh = ``dz W``."""
+    ``gradient_tiles`` gives, tile by tile over the same tiles, (start, end, hx, dz): the rows [start, end)'s
+    hidden ``hx`` (with its bias columns: ``projection``) and the gradient of their logits ``dz`` (rows past end -
+    start and columns past the projection's rows zero), each of ``gemm_rows`` rows, for the weight gradient ``dz^T
+    hx`` and dh = ``dz W``. ``hx`` is a contiguous tensor in memory of the pass's own, which the next tile
+    overwrites: once the weight gradient has read it, dh may take its place (``rows_in_place``)."""
 
     def forward(self, num_rows: int, max_rows: int, arrays: LogProbs) -> None: ...
 
-    def gradient_tile(self, start: int, end: int, lattice: Lattice, scale: Tensor) -> Tuple[Tensor, Tensor]: ...
+    def gradient_tiles(
+        self, num_rows: int, max_rows: int, lattice: Lattice, scale: Tensor
+    ) -> Iterator[Tuple[int, int, Tensor, Tensor]]: ...
 
 
 def tile_path(step: Step, weight: Tensor, bias: Optional[Tensor], compute_dtype: torch.dtype) -> TilePath:
@@ -136,20 +142,30 @@ def projection(weight, bias, compute_dtype):
     return Wx, Wx[:, :J]
 
 
-def hidden(step, Wx, start, end, rows=None):
+def hidden_buffer(step, Wx, rows):
+    """The memory of a pass's hidden tiles (``hidden``'s ``buffer``): ``rows`` rows (its largest tile's) of Wx's
+    width and dtype."""
+    return step.encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
+
+
+def hidden(step, Wx, start, end, rows=None, buffer=None):
     """The GEMMs' operand against Wx (``projection``) for the rows [start, end), in Wx's dtype: h = dropout(act(
     encoder_out[b, t] + predictor_out[b, u])) (the sum and act in the inputs' promoted dtype, as the unfused
     composition computes them, then rounded to Wx's dtype by the pack pass itself: no tile of the promoted dtype),
     then with a bias columns of ones; ``rows`` rows (``gemm_rows``; default end - start), those past end - start
-    zeros in every column, so that their logits are zeros and give dW nothing. The backward recomputes act'(a) and
-    the mask from the inputs (pack_backward_add), so h is not kept."""
-    J, count = step.encoder_out.size(2), end - start
-    hx = step.encoder_out.new_empty(rows or count, Wx.size(1), dtype=Wx.dtype)
-    if hx.size(0) > count:
-        hx[count:] = 0
-    if Wx.size(1) > J:  # a bias: its columns of ones
-        hx[:count, J:] = 1
+    zeros in every column, so that their logits are zeros and give dW nothing: one pack pass writes it all. In
+    the first rows of ``buffer`` (``hidden_buffer``: a pass's tiles take turns in it), else in a new tensor. The
+    backward recomputes act'(a) and the mask from the inputs (pack_backward_add), so h is not kept."""
+    rows = rows or end - start
+    hx = buffer[:rows] if buffer is not None else step.encoder_out.new_empty(rows, Wx.size(1), dtype=Wx.dtype)
     step.stages.pack_forward(
-        step.encoder_out, step.predictor_out, step.layout, count, start, step.activation, hx[:count, :J], step.dropout
+        step.encoder_out, step.predictor_out, step.layout, end - start, start, step.activation, hx, step.dropout
     )
     return hx
+
+
+def rows_in_place(hx, width):
+    """A contiguous (len(hx), width) tensor in the memory of the contiguous ``hx`` (width <= hx.size(1)): dh takes
+    the place of the tile's hidden once the weight gradient has read it, so that a tile holds two buffers at a
+    time (``default_max_rows``)."""
+    return hx.view(-1)[: hx.size(0) * width].view(hx.size(0), width)
