@@ -116,7 +116,10 @@ def test_tf32_setting_read_either_way():
 
     matmul = torch.backends.cuda.matmul
     newer = hasattr(matmul, "fp32_precision")  # torch 2.9 and later
+    # torch.get_float32_matmul_precision too: setting the flags below moves it to "high" (TF32), which the two
+    # newer settings' restoring does not undo
     saved = (matmul.fp32_precision, torch.backends.fp32_precision) if newer else matmul.allow_tf32
+    saved_precision = torch.get_float32_matmul_precision()
     try:
         matmul.allow_tf32 = False
         assert tf32_matmul() is False
@@ -128,10 +131,12 @@ def test_tf32_setting_read_either_way():
             matmul.fp32_precision = "tf32"
             assert tf32_matmul() is True
     finally:
+        torch.set_float32_matmul_precision(saved_precision)
         if newer:
             matmul.fp32_precision, torch.backends.fp32_precision = saved
         else:
             matmul.allow_tf32 = saved
+        assert tf32_matmul() is (saved_precision != "highest" if newer else saved)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -284,6 +289,38 @@ def test_activations_and_dropout_equal_the_composition(device, activation, dropo
             reduction="none",
         )
         assert (other - want).abs().max() > 1e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hopper", ["0", "1"])
+def test_backward_holds_two_tile_buffers(hopper, monkeypatch):
+    """The backward holds two tile buffers at a time (a tile's hidden and its logits' gradient, then that gradient and
+    dh in the hidden's place): its peak beyond what was allocated before it stays under two buffers of its largest
+    tile (4096 rows: hidden with the bias's columns, the gradient at the padded width 1024) plus the per-row
+    arrays, the gradients and 1 MiB. A third buffer (the tile's gradient kept alive across pack's backward, 8 MiB)
+    would exceed it. On both tile paths (TRANSDUCER_HOPPER: the Hopper kernels where they run)."""
+    monkeypatch.setenv("TRANSDUCER_HOPPER", hopper)
+    gen = torch.Generator().manual_seed(7)
+    B, T, U, J, V = 4, 200, 50, 64, 1000
+    enc = torch.randn(B, T, J, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    pred = torch.randn(B, U + 1, J, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    weight = (torch.randn(V, J, generator=gen) * 0.1).cuda().requires_grad_()
+    bias = torch.zeros(V, device="cuda", requires_grad=True)
+    targets = torch.randint(1, V, (B, U), generator=gen).cuda()
+    lengths = torch.full((B,), T, device="cuda"), torch.full((B,), U, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = fused_joiner_loss(enc, pred, weight, bias, targets, *lengths, max_rows=4096, reduction="sum")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    peak = torch.cuda.max_memory_allocated() - base
+    rows = B * T * (U + 1)  # 10 tiles of 4080 rows, 4096 in the GEMMs
+    buffers = (4096 + 128) * (J + 8 + 1024) * 2
+    per_row = rows * 32
+    grads = (B * T * J + B * (U + 1) * J + 1024 * (J + 8)) * 4 * 2
+    assert enc.grad is not None and torch.isfinite(weight.grad).all()
+    assert peak <= buffers + per_row + grads + (1 << 20), (peak, buffers + per_row + grads + (1 << 20))
 
 
 @pytest.mark.cuda

@@ -41,16 +41,19 @@ class CublasTiles:
             del z
 
     def gradient_tiles(self, num_rows, max_rows, lattice, scale):
-        s, V, D = self.step, self.step.V, self.step.D
         bounds, buffer = self._tiles(num_rows, max_rows)
         for start, end in bounds:
-            rows = end - start
-            hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows), buffer)
-            dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
-            tokens, extra = dz[:rows, :V], dz[:rows, V : V + D] if D else None
-            s.kind.gradient(s.stages, (tokens, extra), s.targets, lattice, scale, s.options, (tokens, extra), start)
-            del tokens, extra  # views of dz: a view left alive kept a third tile buffer
-            if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
-                dz[:, self.rows :] = 0
-            yield start, end, hx, dz
-            del hx, dz
+            # no name here holds the tile's tensors while the caller has them: it frees dz before pack's backward
+            yield (start, end, *self._gradient_tile(start, end, lattice, scale, buffer))
+
+    def _gradient_tile(self, start, end, lattice, scale, buffer):
+        s, V, D = self.step, self.step.V, self.step.D
+        rows = end - start
+        hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows), buffer)
+        dz = F.linear(hx, self.Wx)  # the tile's logits, turned into their gradient in place; zeros past rows
+        tokens, extra = dz[:rows, :V], dz[:rows, V : V + D] if D else None
+        s.kind.gradient(s.stages, (tokens, extra), s.targets, lattice, scale, s.options, (tokens, extra), start)
+        del tokens, extra  # views of dz: a view left alive kept a third tile buffer
+        if self.Wx.size(0) > self.rows:  # the padding columns: no gradient (and no NaN from a non-finite h)
+            dz[:, self.rows :] = 0
+        return hx, dz

@@ -122,22 +122,30 @@ class HopperTiles:
             )
         else:
             coefficients, labels = cuda_stages.row_coefficients(s.targets, lattice, scale, s.options, 0, num_rows)
+        rows = (labels, coefficients, duration_gradient if D else None)
         bounds = list(tiles(num_rows, max_rows))
         buffer = hidden_buffer(s, self.Wx, max((gemm_rows(end - start, "cuda") for start, end in bounds), default=0))
         for start, end in bounds:
-            rows = end - start
-            hx = hidden(s, self.Wx, start, end, gemm_rows(rows, "cuda"), buffer)
-            # the gradient from the recompute's epilogue; it and Wx are zeros past V
-            dz = hopper.gradient_tile(
-                self.projection,
-                hx[:rows, : self.J],
-                labels[start:end],
-                s.options.blank,
-                coefficients[:, start:end],
-                clamp,
-                hx.size(0),
-            )
-            if D:  # the duration columns, zeros from the kernel
-                dz[:rows, V : V + D] = duration_gradient[start:end]
-            yield start, end, hx, dz[:, : min(dz.size(1), self.Wx.size(0))]
-            del hx, dz
+            # no name here holds the tile's tensors while the caller has them: it frees dz before pack's backward
+            yield (start, end, *self._gradient_tile(start, end, rows, clamp, buffer))
+
+    def _gradient_tile(self, start, end, rows, clamp, buffer):
+        """(hx, dz) of the rows [start, end), from ``rows`` = every row's (labels, coefficients, TDT's duration
+        gradient or None)."""
+        s, V, D = self.step, self.step.V, self.step.D
+        labels, coefficients, duration_gradient = rows
+        count = end - start
+        hx = hidden(s, self.Wx, start, end, gemm_rows(count, "cuda"), buffer)
+        # the gradient from the recompute's epilogue; it and Wx are zeros past V
+        dz = hopper.gradient_tile(
+            self.projection,
+            hx[:count, : self.J],
+            labels[start:end],
+            s.options.blank,
+            coefficients[:, start:end],
+            clamp,
+            hx.size(0),
+        )
+        if D:  # the duration columns, zeros from the kernel
+            dz[:count, V : V + D] = duration_gradient[start:end]
+        return hx, dz[:, : min(dz.size(1), self.Wx.size(0))]
