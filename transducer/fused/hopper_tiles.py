@@ -112,7 +112,7 @@ class HopperTiles:
             )
 
     def gradient_tiles(self, num_rows, max_rows, lattice, scale):
-        s, V, D = self.step, self.step.V, self.step.D
+        s, D = self.step, self.step.D
         dtype, clamp = self.Wx.dtype, max(s.options.clamp, 0.0)
         # every row's labels and gradient coefficients for the kernel at once (and TDT's duration columns'), their
         # tiles' slices of them after
