@@ -136,7 +136,7 @@ def test_tf32_setting_read_either_way():
             matmul.fp32_precision, torch.backends.fp32_precision = saved
         else:
             matmul.allow_tf32 = saved
-        assert tf32_matmul() is (saved_precision != "highest" if newer else saved)
+    assert tf32_matmul() is (saved_precision != "highest" if newer else saved)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -289,6 +289,32 @@ def test_activations_and_dropout_equal_the_composition(device, activation, dropo
             reduction="none",
         )
         assert (other - want).abs().max() > 1e-3
+
+
+def test_backward_writes_dh_into_the_hidden(monkeypatch):
+    """Every backward tile's dh, which pack's backward reads, lies in that tile's hidden's memory, and a pass's tiles
+    take turns in one buffer: a tile holds two buffers (tests the CPU's tiles; on CUDA the peak test below)."""
+    import transducer.cpu.stages as cpu_stages
+    import transducer.fused.op as op
+
+    hidden, dh = [], []
+    rows_in_place, pack_backward_add = op.rows_in_place, cpu_stages.pack_backward_add
+
+    def record_hidden(hx, width):
+        hidden.append(hx.data_ptr())
+        return rows_in_place(hx, width)
+
+    def record_dh(grad_rows, *args, **kwargs):
+        dh.append(grad_rows.data_ptr())
+        return pack_backward_add(grad_rows, *args, **kwargs)
+
+    monkeypatch.setattr(op, "rows_in_place", record_hidden)
+    monkeypatch.setattr(cpu_stages, "pack_backward_add", record_dh)
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(601)
+    fused_joiner_loss(enc, pred, weight, bias, targets, T, U, activation="tanh", max_rows=64).sum().backward()
+    rows = int((T * (U + 1)).sum())
+    assert len(dh) == len(hidden) == -(-rows // 57) > 1  # tiles of at most 64 - 8 + 1 rows (tiles.tiles)
+    assert dh == hidden and len(set(hidden)) == 1
 
 
 @pytest.mark.cuda

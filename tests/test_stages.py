@@ -713,8 +713,8 @@ def pack_batch(device, seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_pack_forward_into_a_wider_matrix(device):
-    """The stages' pack_forward(out=): written into the first J columns of a wider matrix (the fused loss's
-    hidden rows with a column of ones), the rest untouched; a wrong shape or dtype is a ValueError."""
+    """The stages' pack_forward(out=): into a column view of a wider matrix (a row stride past its width), the
+    rest of the matrix untouched; an out smaller than (rows, J), of an integer dtype, is a ValueError."""
     enc, pred, T, U, stages, layout, rows = pack_batch(device, 590)
     want = torch.tanh(pack(enc, pred, T, U))
     wide = torch.full((rows, enc.size(2) + 5), 7.0, dtype=enc.dtype, device=enc.device)
@@ -731,20 +731,26 @@ def test_pack_forward_into_a_wider_matrix(device):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("activation", ["identity", "tanh"])
 @pytest.mark.parametrize("pad_rows, ones", [(0, 1), (1, 3), (7, 8), (13, 0)])
-def test_pack_forward_writes_the_gemm_operand(device, dtype, activation, pad_rows, ones):
+@pytest.mark.parametrize("variant", ["plain", "dropout", "fp32 inputs"])
+def test_pack_forward_writes_the_gemm_operand(device, dtype, activation, pad_rows, ones, variant):
     """pack_forward into an out taller and wider than the tile (the fused loss's GEMM operand): the tile's rows
     [start, start + count) in its first J columns, ones in the columns past J, zeros in every column of the rows
     past count, whatever out held before (NaN here); pad_rows not a multiple of the kernel's rows a thread
-    group."""
+    group. With the joiner's dropout, and with fp32 inputs into an out of ``dtype`` (autocast's operand)."""
     enc, pred, T, U, stages, layout, rows = pack_batch(device, 591)
-    enc, pred = enc.to(dtype), pred.to(dtype)
+    inputs = torch.float32 if variant == "fp32 inputs" else dtype
+    enc, pred = enc.to(inputs), pred.to(inputs)
     J, start, count = enc.size(2), 3, rows - 5
+    dropout = Dropout(0.3, 8765) if variant == "dropout" else None
     act = torch.tanh if activation == "tanh" else (lambda x: x)
     want = act(pack(enc.double(), pred.double(), T, U))[start : start + count]
+    if dropout:
+        want = want * dropout_mask(dropout, count, J, start, want.dtype, want.device)
     out = torch.full((count + pad_rows, J + ones), float("nan"), dtype=dtype, device=enc.device)
-    got = stages.pack_forward(enc, pred, layout, count, start, activation, out)
+    got = stages.pack_forward(enc, pred, layout, count, start, activation, out, dropout)
     assert got.data_ptr() == out.data_ptr()
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-2)
+    eps = 1e-12 if dtype == inputs == torch.float64 else 1e-6 if dtype == torch.float64 else 1e-2
+    tol = dict(rtol=eps, atol=eps)
     torch.testing.assert_close(out[:count, :J].double(), want, **tol)
     assert (out[:count, J:] == 1).all()
     assert (out[count:] == 0).all()

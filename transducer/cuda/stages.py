@@ -636,7 +636,7 @@ def row_coefficients(targets, lattice, scale, options, row_start, num_rows):
     """((5 + K, num_rows) float32, (num_rows,) int32): the coefficients of the logits' gradient (den, occupancy,
     blank arc, label arc, scale: hopper.logits_gradient's; then the arcs of the K big blanks' columns blank - K ...
     blank - 1, for hopper.gradient_tile's extra columns) and the label of each row of [row_start, row_start +
-    num_rows) (a tile's), from a float32 lattice and the incoming scale (B,) (stages.cu's row_coefficients_kernel:
+    num_rows), from a float32 lattice and the incoming scale (B,) (stages.cu's row_coefficients_kernel:
     gradient_kernel's per-row terms)."""
     K = len(options.big_blank_durations)
     coefficients = torch.empty(5 + K, num_rows, dtype=torch.float32, device=targets.device)
