@@ -6,12 +6,11 @@ Forward: ``hopper.statistics_tile`` gives each tile's rows' den and blank and la
 would; the statistics also give each row's entries of the projection's extra columns: TDT's duration scores (its rows
 past the V token rows, outside the softmax; tdt_row_log_probs writes the TDT log-probs) or the
 multi-blank loss's big blanks' logits (columns blank - K ... blank - 1). Backward: row_coefficients
-(tdt_row_coefficients) forms every row's labels and gradient coefficients once a pass, each tile taking its
-slice (stages.cu: gradient_kernel's
-per-row terms, the big blanks' arcs among them; tdt.cu: tdt_gradient_kernel's, and the duration scores' gradient) and
-``hopper.gradient_tile`` writes each tile's gradient G = dL/dz once, in the GEMMs' dtype (TDT's duration columns
-written into it after), for cuBLAS's dh = G W and dW = G^T h. The logits are fp32 accumulators here (not rounded to
-the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
+(tdt_row_coefficients) forms every row's labels and gradient coefficients once a pass, each tile taking its slice
+(stages.cu: gradient_kernel's per-row terms, the big blanks' arcs among them; tdt.cu: tdt_gradient_kernel's, and the
+duration scores' gradient) and ``hopper.gradient_tile`` writes each tile's gradient G = dL/dz once, in the GEMMs'
+dtype (TDT's duration columns written into it after), for cuBLAS's dh = G W and dW = G^T h. The logits are fp32
+accumulators here (not rounded to the GEMMs' dtype as in the other path) and the bias is added to them in fp32.
 
 The path runs where ``use_hopper`` says: every lattice, bf16 or fp16 GEMMs, J a positive multiple of 8, an sm_90 GPU
 with ``nvidia-cutlass-dsl`` and ``apache-tvm-ffi`` importable (the ``hopper`` extra) whose kernels pass their
