@@ -230,9 +230,9 @@ __device__ __forceinline__ T convert(A x) {
   return ops::from_acc<T>((typename ops::AccOf<T>::type)x);
 }
 
-// kPackRows consecutive rows per group of threads: a group finds the first row's (b, t, u) by the search
-// and steps to the next rows (a search again only where a row starts another utterance), and has the
-// rows' loads in flight together (DESIGN.md: Several rows per thread group in pack_forward).
+// kPackRows consecutive rows per warp, each lane taking every 32nd vector of them: a warp finds the first row's
+// (b, t, u) by the search and steps to the next rows (a search again only where a row starts another utterance),
+// and has the rows' loads in flight together (DESIGN.md: Several rows per warp in pack_forward).
 constexpr int kPackRows = 4;  // transducer/cuda/stages.py: PACK_ROWS
 }  // namespace td
 
@@ -248,7 +248,6 @@ struct PackForwardParams {
   int out_rows;  // out's rows: those past num_rows zeros
   int nvec;      // D / VEC
   int ones;      // out's columns past D: ones in the layout's rows, zeros past them
-  int log_tpr;   // log2 of the threads of a group
   td::Dropout dropout;  // DROPOUT
   TO* out;
   long long ld_out;
@@ -263,9 +262,9 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
   const TE* __restrict__ enc = p.enc;
   const TP* __restrict__ pred = p.pred;
   TO* __restrict__ out = p.out;
-  const int max_t = p.max_t, max_u1 = p.max_u1, num_rows = p.num_rows, log_tpr = p.log_tpr, nvec = p.nvec;
-  const int lane = threadIdx.x & ((1 << log_tpr) - 1);
-  const int first = (blockIdx.x * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr)) * R;
+  const int max_t = p.max_t, max_u1 = p.max_u1, num_rows = p.num_rows, nvec = p.nvec;
+  const int lane = threadIdx.x & 31;
+  const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   if (first >= p.out_rows) return;
   const td::Grids& g = p.grids;
   const long long D = (long long)nvec * VEC;
@@ -298,7 +297,7 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
     pe[k] = reinterpret_cast<const Vec<TE, VEC>*>(enc + ((long long)b * max_t + t) * D);
     pp[k] = reinterpret_cast<const Vec<TP, VEC>*>(pred + ((long long)b * max_u1 + u) * D);
   }
-  for (int i = lane; i < nvec; i += (1 << log_tpr)) {
+  for (int i = lane; i < nvec; i += 32) {
     Vec<TE, VEC> e[R];
     Vec<TP, VEC> q[R];
 #pragma unroll
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
       reinterpret_cast<Vec<TO, VEC>*>(out + (long long)(first + k) * p.ld_out)[i] = o;
     }
   }
-  for (int c = lane; c < p.ones; c += (1 << log_tpr)) {
+  for (int c = lane; c < p.ones; c += 32) {
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       if (inside[k]) out[(long long)(first + k) * p.ld_out + D + c] = td::convert<TO>(real[k] ? 1.0f : 0.0f);

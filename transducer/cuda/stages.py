@@ -33,7 +33,7 @@ THREADS = 256  # block size of the per-row kernels and the pack kernels (row_pas
 # CUDA's limit of threads per block: the walks' blocks (a thread per u) and layout_kernel's (layout.cuh:
 # kMaxBlockThreads)
 MAX_BLOCK_THREADS = 1024
-PACK_ROWS = 4  # rows a thread group of pack_forward_kernel writes (pack.cu: kPackRows)
+PACK_ROWS = 4  # rows a warp of pack_forward_kernel writes (pack.cu: kPackRows)
 PACK_FRAMES = 8  # frames a warp of pack_grad_kernel sums (pack.cu: kSumFrames)
 PACK_LANES = 8  # vectors of a row a warp of pack_grad_kernel takes (pack.cu: kSumLanes)
 PACK_SUM_THREADS = 128  # pack_grad_kernel's block (pack.cu: kSumThreads)
@@ -253,7 +253,6 @@ PACK_FORWARD_PARAMS = struct(
         ("out_rows", "int"),
         ("nvec", "int"),
         ("ones", "int"),
-        ("log_tpr", "int"),
         ("dropout", DROPOUT),
         ("out", "ptr"),
         ("ld_out", "long long"),
@@ -745,14 +744,6 @@ def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, 
 # --------------------------------------------------------------------------- pack
 
 
-def _threads_per_item(nvec):
-    """Power of two in [32, THREADS] covering a row's nvec vectors (fewer loop trips, whole warps)."""
-    tpr = 32
-    while tpr < nvec and tpr < THREADS:
-        tpr *= 2
-    return tpr
-
-
 def _pack_vector(length, reads, writes=()):
     """Elements per access of a pack pass over rows of ``length`` elements of tensors of different dtypes: 16
     bytes of the narrowest tensor (8 elements beside 16-bit rows: 32 bytes of fp32 ones, two accesses), at
@@ -814,8 +805,7 @@ def pack_forward(
         return out
     vec = _pack_vector(math.gcd(D, out.stride(0)), [encoder_out, predictor_out], [out]) if D else 1
     nvec = D // vec
-    tpr = _threads_per_item(max(nvec, ones))
-    groups = ceil_div(out_rows, PACK_ROWS)  # a group of tpr threads writes PACK_ROWS rows
+    warps = ceil_div(out_rows, PACK_ROWS)  # a warp writes PACK_ROWS rows
     drop = _dropout_struct(dropout)
     params = PACK_FORWARD_PARAMS(
         enc=encoder_out,
@@ -828,7 +818,6 @@ def pack_forward(
         out_rows=out_rows,
         nvec=nvec,
         ones=ones,
-        log_tpr=tpr.bit_length() - 1,
         dropout=drop,
         out=out,
         ld_out=out.stride(0),
@@ -843,7 +832,7 @@ def pack_forward(
         ACTIVATIONS[activation].code,
         drop is not _NO_DROPOUT,
     )
-    launch(_PACK, name, out, (ceil_div(groups, THREADS // tpr),), (THREADS,), (params,))
+    launch(_PACK, name, out, (ceil_div(warps, THREADS // 32),), (THREADS,), (params,))
     return out
 
 
