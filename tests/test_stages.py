@@ -700,12 +700,12 @@ def test_stages_need_out_for_a_tile(device):
         stages.tdt_log_probs(x[:, :5], x[:, 5:], targets, layout, LossOptions(durations=(0, 1)), 2)
 
 
-def pack_batch(device, seed):
-    """Encoder and predictor outputs (width 12) of 5 utterances with T_b = 1 and U_b = 0 among them, their
+def pack_batch(device, seed, width=12):
+    """Encoder and predictor outputs (of ``width``) of 5 utterances with T_b = 1 and U_b = 0 among them, their
     stages, layout and row count."""
     gen = torch.Generator().manual_seed(seed)
     _, T, U = random_targets(gen, 5, 8, 4, 17, 0, edges=True)
-    enc, pred = (torch.randn(5, n, 12, generator=gen, dtype=torch.float64) for n in (8, 5))  # maxT, maxU + 1
+    enc, pred = (torch.randn(5, n, width, generator=gen, dtype=torch.float64) for n in (8, 5))  # maxT, maxU + 1
     enc, pred, T, U = to_device(device, enc, pred, T, U)
     stages = stages_for(enc.device)
     return enc, pred, T, U, stages, stages.layout(T, U, pred.size(1)), int((T * (U + 1)).sum())
@@ -730,17 +730,22 @@ def test_pack_forward_into_a_wider_matrix(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("activation", ["identity", "tanh"])
-@pytest.mark.parametrize("pad_rows, ones", [(0, 1), (1, 3), (7, 8), (13, 0)])
+@pytest.mark.parametrize("pad_rows, ones", [(0, 1), (1, 3), (7, 8), (13, 0), (7, 40)])
 @pytest.mark.parametrize("variant", ["plain", "dropout", "fp32 inputs"])
-def test_pack_forward_writes_the_gemm_operand(device, dtype, activation, pad_rows, ones, variant):
+@pytest.mark.parametrize("J", [12, 328])
+def test_pack_forward_writes_the_gemm_operand(device, dtype, activation, pad_rows, ones, variant, J):
     """pack_forward into an out taller and wider than the tile (the fused loss's GEMM operand): the tile's rows
     [start, start + count) in its first J columns, ones in the columns past J, zeros in every column of the rows
-    past count, whatever out held before (NaN here); pad_rows not a multiple of the kernel's rows a thread
-    group. With the joiner's dropout, and with fp32 inputs into an out of ``dtype`` (autocast's operand)."""
-    enc, pred, T, U, stages, layout, rows = pack_batch(device, 591)
+    past count, whatever out held before (NaN here); count not a multiple of the rows a warp of the kernel writes
+    (PACK_ROWS), nor out's rows but for pad_rows 1 and 13, so that a warp's rows end among the tile's and among
+    out's. At J = 328 and with 40 ones columns a lane's loops over the vectors and the ones take several trips (41
+    vectors of 8 beside 8 ones, 164 of 2 in fp64, 328 of 1 where the row stride allows no wider vector). With the
+    joiner's dropout, and with fp32 inputs into an out of ``dtype`` (autocast's operand)."""
+    enc, pred, T, U, stages, layout, rows = pack_batch(device, 591, J)
     inputs = torch.float32 if variant == "fp32 inputs" else dtype
     enc, pred = enc.to(inputs), pred.to(inputs)
-    J, start, count = enc.size(2), 3, rows - 5
+    start, count = 3, rows - 6
+    assert count % cuda.PACK_ROWS  # a warp's rows: the tile's last ones, then padding
     dropout = Dropout(0.3, 8765) if variant == "dropout" else None
     act = torch.tanh if activation == "tanh" else (lambda x: x)
     want = act(pack(enc.double(), pred.double(), T, U))[start : start + count]
