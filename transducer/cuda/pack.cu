@@ -281,10 +281,10 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
   bool inside[R], real[R], cell[R];
 #pragma unroll
   for (int k = 0; k < R; ++k) {
+    const int r = p.row_start + first + k;
     inside[k] = first + k < p.out_rows;
     real[k] = first + k < num_rows;
     if (k > 0 && real[k]) {
-      const int r = p.row_start + first + k;  // a layout row (padding rows may pass 2^31 - 1)
       if (r < end) {
         if (++u >= st) u = 0, ++t;
       } else {
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
       }
       if (DROPOUT) {
         const A scale = td::round_to<P>((A)p.dropout.scale);
-        const unsigned int row = (unsigned int)p.row_start + (unsigned int)(first + k);
+        const unsigned int row = (unsigned int)(p.row_start + first + k);
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
           h[j] = td::dropout_keep(p.dropout, row, (unsigned int)(i * VEC + j)) ? td::round_to<P>(h[j] * scale) : A(0);
