@@ -43,6 +43,8 @@ __all__ = [
     "KernelArguments",
     "allow_shared_mem",
     "shared_mem_allowed",
+    "current_raw_stream",
+    "current_device",
 ]
 
 _INCLUDE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,8 +113,9 @@ def _function(path, name, dev):
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's private fast path, when present
 
 
-def _current_raw_stream(device_id: int) -> int:
-    """torch's current stream as a raw cudaStream_t."""
+def current_raw_stream(device_id: int) -> int:
+    """torch's current stream on CUDA device ``device_id`` as a raw cudaStream_t (an int), without making a
+    torch.cuda.Stream (which costs the host several microseconds)."""
     return _raw_stream(device_id) if _raw_stream is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
@@ -240,7 +243,8 @@ def allow_shared_mem(key, fn, shared_mem):
 
 
 _per_thread = threading.local()
-_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+#: () -> the current CUDA device's index: torch's private fast path, when present
+current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem: int = 0):
@@ -269,13 +273,13 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
         # compiled on another thread would then be launched without one (CUDA_ERROR_INVALID_CONTEXT): once per
         # kernel and thread, make the device's primary context current (cudaSetDevice does; on another device
         # the launch below enters torch.cuda.device, which calls it).
-        if _current_device() == dev:
+        if current_device() == dev:
             cupy().cuda.runtime.setDevice(dev)
     fn, launch_kernel, packed = entry
     gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
     bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
-    stream = _current_raw_stream(dev)
-    if _current_device() == dev:
+    stream = current_raw_stream(dev)
+    if current_device() == dev:
         if shared_mem > DEFAULT_SHARED_MEM:
             allow_shared_mem((path, name, dev), fn, shared_mem)
         launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
@@ -323,7 +327,7 @@ class HostReader:
             pass
 
     def mark(self) -> None:
-        self.runtime.eventRecord(self.marked, _current_raw_stream(self.device))
+        self.runtime.eventRecord(self.marked, current_raw_stream(self.device))
 
     def read(self, src: torch.Tensor) -> list:
         if (

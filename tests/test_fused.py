@@ -12,6 +12,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from _batches import DEVICES, random_targets
 
+import transducer.fused.op as fused_op_module
 from transducer import FusedJoinerLoss, fused_joiner_loss, multiblank_loss, pack, tdt_loss, transducer_loss
 from transducer.joiner import ACTIVATIONS, Dropout, dropout_mask
 from transducer.options import LossOptions
@@ -576,6 +577,24 @@ def test_eager_backward_reads_nothing_back(device, monkeypatch):
     traced = torch.autograd.grad(out[0].sum(), (enc, pred, weight, bias))
     for a, b in zip(traced, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_backward_takes_forwards_tile_path(device, monkeypatch):
+    """The eager backward reuses forward's tile path (its projections) rather than making one again, and lets it go
+    once used: a second backward of the graph (retain_graph) makes its own, with the same gradients."""
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(566, device=device)
+    made = []
+    real = fused_op_module.tile_path
+    monkeypatch.setattr(fused_op_module, "tile_path", lambda *args: made.append(args) or real(*args))
+    loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum")
+    assert len(made) == 1
+    first = torch.autograd.grad(loss, (enc, pred, weight, bias), retain_graph=True)
+    assert len(made) == 1
+    second = torch.autograd.grad(loss, (enc, pred, weight, bias))
+    assert len(made) == 2
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -166,9 +166,21 @@ class Op:
     setup_context and gradient (without the registered op's Python layers). ``gradient(ctx, grad, backward)``
     turns the incoming gradient into the inputs' gradients with ``backward`` (the backward op while tracing,
     its plain implementation in eager mode) and returns them as a dict by input name (forward's parameter
-    names); inputs it leaves out get None. Calling the Op picks the path."""
+    names); inputs it leaves out get None. ``eager_forward``, if given, is what the eager path runs in forward's
+    place: ``(outputs, state)``, forward's outputs and what it made on the host for backward (no tensor of the
+    graph), which setup_context finds as ``ctx.eager_state``. Calling the Op picks the path."""
 
-    def __init__(self, name, forward, backward, setup_context, gradient, backward_mutates=(), after_backward=None):
+    def __init__(
+        self,
+        name,
+        forward,
+        backward,
+        setup_context,
+        gradient,
+        backward_mutates=(),
+        after_backward=None,
+        eager_forward=None,
+    ):
         self.input_names = tuple(inspect.signature(forward).parameters)
         self.name = f"transducer::{name}"
         self.op = torch.library.custom_op(self.name, forward, mutates_args=())
@@ -188,7 +200,10 @@ class Op:
             def forward(ctx, *inputs):
                 ctx.set_materialize_grads(False)
                 ctx.eager = True  # setup_context may read it (wide_gradient_rows)
-                output = forward(*inputs)
+                if eager_forward is None:
+                    output = forward(*inputs)
+                else:
+                    output, ctx.eager_state = eager_forward(*inputs)
                 setup_context(ctx, inputs, output)
                 ctx.first_output = (output[0].shape, output[0].dtype, output[0].device)
                 return output

@@ -4,6 +4,8 @@ backward recomputes the tile's logits and turns them into their gradient in plac
 are rounded to the GEMMs' dtype, as in the unfused composition.
 """
 
+import copy
+
 import torch.nn.functional as F
 
 from .tiles import Step, gemm_rows, hidden, hidden_buffer, projection, tiles
@@ -18,6 +20,15 @@ class CublasTiles:
         self.step = step
         self.Wx, _ = projection(weight, bias, compute_dtype)
         self.rows = weight.size(0)  # the projection's real rows (V + D)
+
+    def prepare_backward(self):
+        """Nothing: both passes take the projection made with the path."""
+
+    def for_step(self, step):
+        """This path over ``step``, with this one's projection."""
+        other = copy.copy(self)
+        other.step = step
+        return other
 
     def _gemm_rows(self, rows):
         return gemm_rows(rows, self.step.encoder_out.device.type)

@@ -18,6 +18,7 @@ self-test, unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the o
 step on Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
 """
 
+import copy
 import functools
 import logging
 import os
@@ -86,18 +87,32 @@ class HopperTiles:
         """Backward's projection for the hidden and the weight gradient (tiles.projection)."""
         return projection(self.weight, self.bias, self.compute_dtype)[0]
 
+    def prepare_backward(self):
+        """Makes backward's projection Wx now (forward's kernels take W alone)."""
+        self.Wx  # the cached property, made here
+
+    def for_step(self, step):
+        """This path over ``step``, with this one's projections."""
+        other = copy.copy(self)
+        other.step = step
+        return other
+
     def forward(self, num_rows, max_rows, arrays):
         s, p = self.step, self.projection
         W = p.W  # forward's hidden has no bias columns
-        labels = cuda_stages.row_labels(s.targets, s.layout, s.options.blank, num_rows)
-        statistics = s.encoder_out.new_empty(3 + p.extra, num_rows, dtype=torch.float32)
         bounds = list(tiles(num_rows, max_rows * (self.J + self.rows) // self.J))
         buffer = hidden_buffer(s, W, max((end - start for start, end in bounds), default=0))
+        labels = statistics = None
         for start, end in bounds:
             hx = hidden(s, W, start, end, buffer=buffer)
+            if labels is None:  # made once the GPU has the first tile's pack to run
+                labels = cuda_stages.row_labels(s.targets, s.layout, s.options.blank, num_rows)
+                statistics = s.encoder_out.new_empty(3 + p.extra, num_rows, dtype=torch.float32)
             hopper.statistics_tile(p, hx, labels[start:end], s.options.blank, statistics[:, start:end])
             del hx
         del buffer
+        if statistics is None:  # no rows
+            return
         # each row's den, z_blank, z_label (and duration or big blank scores), then the log-probs; the extra
         # columns' bias: the kernel's statistics have none
         first, count = p.extra_start, p.extra

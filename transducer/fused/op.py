@@ -28,7 +28,8 @@ The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_jo
 registered like ``transducer::loss`` (a ``custom_ops.Op``: an eager path skips the op's Python layers), with the
 loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``lattices.Kind``.
 Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
-forward; the eager backward takes forward's host copy, a traced one reads it again.
+forward; the eager backward takes forward's host copy, a traced one reads it again. The eager backward also takes
+forward's tile path, with the projections it made of the weight (backward's made at the end of forward).
 """
 
 import bisect
@@ -121,6 +122,46 @@ def _fused_forward(
     static_shapes: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(nll, *custom_ops.lattice_outputs)."""
+    return _forward(
+        encoder_out,
+        predictor_out,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        option_ints,
+        option_floats,
+        activation,
+        dropout,
+        seed,
+        check_inputs,
+        compute_dtype,
+        max_rows,
+        static_shapes,
+    )[0]
+
+
+def _forward(
+    encoder_out,
+    predictor_out,
+    weight,
+    bias,
+    targets,
+    logit_lengths,
+    target_lengths,
+    option_ints,
+    option_floats,
+    activation,
+    dropout,
+    seed,
+    check_inputs,
+    compute_dtype,
+    max_rows,
+    static_shapes,
+):
+    """_fused_forward's outputs, and what the eager backward takes of its work on the host: (outputs,
+    (row_splits, path)), the layout's row_splits as a list and the tile path (with its projections)."""
     options = LossOptions.from_flat(option_ints, option_floats)
     kind = kind_of(options)
     check_supported(options, kind, encoder_out.device.type)
@@ -137,7 +178,6 @@ def _fused_forward(
     path = tile_path(step, weight, bias, compute_dtype)  # its set-up launched before the wait below
     table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
     B = layout.batch_size
-    layout.table.host_row_splits = table[3 * B : 4 * B + 1]  # for the eager backward (_setup_context)
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
     num_rows = table[4 * B]
@@ -157,7 +197,7 @@ def _fused_forward(
     if rows > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):
             x[num_rows:] = 0
-    return (kind.nll(lattice, options),) + lattice_outputs(lattice)
+    return (kind.nll(lattice, options),) + lattice_outputs(lattice), (table[3 * B : 4 * B + 1], path)
 
 
 # torch's addmm accumulating 16-bit operands' product into a float32 tensor on CUDA: out_dtype came in torch 2.8, but
@@ -178,11 +218,12 @@ def _add_product(acc, a, b):
         acc += a.mm(b)
 
 
-def _bias_gradient_apart(hx, J):
+def _bias_gradient_apart(Wx, J):
     """Whether the weight gradient's GEMM takes the J columns of the hidden alone and db (its column J) a GEMV of its
-    own: for fp32 tiles on CUDA without TF32 where J is a multiple of 64, as cuBLAS's SIMT fp32 GEMMs run slower at
-    the J + 8 columns that put db into the GEMM (DESIGN.md: The bias gradient from the weight gradient's GEMM)."""
-    return hx.is_cuda and hx.dtype == torch.float32 and J % 64 == 0 and not tf32_matmul()
+    own, for tiles against the projection ``Wx``: for fp32 tiles on CUDA without TF32 where J is a multiple of 64,
+    as cuBLAS's SIMT fp32 GEMMs run slower at the J + 8 columns that put db into the GEMM (DESIGN.md: The bias
+    gradient from the weight gradient's GEMM)."""
+    return Wx.is_cuda and Wx.dtype == torch.float32 and J % 64 == 0 and not tf32_matmul()
 
 
 def tf32_matmul():
@@ -227,32 +268,68 @@ def _fused_backward(
     """(grad_encoder_out, grad_predictor_out, grad_weight, grad_bias) of sum_b grad_nll[b] * loss[b], each in
     its input's dtype; the last is zeros when there is no bias. ``row_splits``: the layout's, on the host (the
     eager path has forward's), or None to read them from ``table``."""
+    return _backward(
+        grad_nll,
+        encoder_out,
+        predictor_out,
+        weight,
+        bias,
+        targets,
+        table,
+        (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll),
+        (option_ints, option_floats),
+        (activation, dropout, seed),
+        compute_dtype,
+        max_rows,
+        row_splits,
+    )
+
+
+def _backward(
+    grad_nll,
+    encoder_out,
+    predictor_out,
+    weight,
+    bias,
+    targets,
+    table,
+    lattice_tensors,
+    option_flat,
+    joiner,
+    compute_dtype,
+    max_rows,
+    row_splits,
+    forward_path=None,
+):
+    """_fused_backward's work; ``forward_path``: forward's tile path, whose projections the eager backward
+    reuses (TilePath.for_step), or None to make them again."""
     layout = Layout(table, False, targets.size(1) + 1)
-    step = _step(
-        encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats), (activation, dropout, seed)
-    )
-    lattice = lattice_of(
-        layout, (lp, den, lp_arcs, den_arcs, alpha, beta, nll, alpha_r, beta_r, rnnt_nll), step.options
-    )
-    path = tile_path(step, weight, bias, compute_dtype)
+    step = _step(encoder_out, predictor_out, weight, targets, layout, option_flat, joiner)
+    activation = step.activation
+    lattice = lattice_of(layout, lattice_tensors, step.options)
+    path = tile_path(step, weight, bias, compute_dtype) if forward_path is None else forward_path.for_step(step)
     Wx = path.Wx  # [W | b | 0] (tiles.projection), launched before the transfer below
     W, J = Wx[:, : encoder_out.size(2)], encoder_out.size(2)
-    acc = lp.dtype
+    acc = lattice.lp.dtype
     grad_enc = encoder_out.new_zeros(encoder_out.shape, dtype=acc)
     grad_pred = predictor_out.new_zeros(predictor_out.shape, dtype=acc)
     grad_wx = weight.new_zeros(Wx.shape, dtype=acc)  # [dW | db | ...]
     scale = grad_nll.to(acc)
     if row_splits is None:
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
+    apart = Wx.size(1) > J and _bias_gradient_apart(Wx, J)
+    views = None  # grad_wx's and W's rows of the tiles' gradient columns (as many in every tile)
     for start, end, hx, dz in path.gradient_tiles(row_splits[-1], max_rows, lattice, scale):
-        width = dz.size(1)
-        if Wx.size(1) > J and _bias_gradient_apart(hx, J):
-            _add_product(grad_wx[:width, :J], dz.t(), hx[:, :J])
-            grad_wx[:width, J].addmv_(dz.t(), hx[:, J])
+        if views is None:
+            views = grad_wx[: dz.size(1)], W[: dz.size(1)]
+        grad_wx_rows, W_rows = views
+        if apart:
+            _add_product(grad_wx_rows[:, :J], dz.t(), hx[:, :J])
+            grad_wx_rows[:, J].addmv_(dz.t(), hx[:, J])
         else:
-            _add_product(grad_wx[:width], dz.t(), hx)
+            _add_product(grad_wx_rows, dz.t(), hx)
         # dh in the hidden's place: a tile holds two of (hidden, logits, dh) at a time (tiles.default_max_rows)
-        dh = torch.mm(dz, W[:width], out=rows_in_place(hx, J))
+        dh = torch.mm(dz, W_rows, out=rows_in_place(hx, J))
         del hx, dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
         step.stages.pack_backward_add(
@@ -296,17 +373,38 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(encoder_out, predictor_out, weight, bias, targets, *lattice, seed)
     ctx.option_flat = (option_ints, option_floats)
     ctx.joiner = (activation, dropout, compute_dtype, max_rows)
-    # the eager path's backward sizes its tiles with forward's host copy of row_splits (no transfer); a traced
-    # backward must not bake one batch's row_splits into its graph
-    ctx.row_splits = getattr(lattice[0], "host_row_splits", None) if getattr(ctx, "eager", False) else None
+    # the eager path's backward sizes its tiles with forward's host copy of row_splits (no transfer) and reuses its
+    # tile path's projections, backward's made here, while the GPU runs forward's lattice; a traced backward must
+    # not bake one batch's row_splits into its graph
+    ctx.row_splits, ctx.forward_path = getattr(ctx, "eager_state", (None, None))
+    if ctx.forward_path is not None:
+        if any(ctx.needs_input_grad):
+            ctx.forward_path.prepare_backward()
+        else:
+            ctx.forward_path = None
 
 
 def _gradient(ctx, grad_nll, backward):
     *tensors, seed = saved_tensors(ctx)
     activation, dropout, compute_dtype, max_rows = ctx.joiner
-    grad_enc, grad_pred, grad_w, grad_b = backward(
-        grad_nll, *tensors, *ctx.option_flat, activation, dropout, seed, compute_dtype, max_rows, ctx.row_splits
-    )
+    path, ctx.forward_path = getattr(ctx, "forward_path", None), None  # forward's, let go once used
+    if path is not None:  # eager: backward reuses forward's projections
+        grads = _backward(
+            grad_nll,
+            *tensors[:6],
+            tensors[6:],
+            ctx.option_flat,
+            (activation, dropout, seed),
+            compute_dtype,
+            max_rows,
+            ctx.row_splits,
+            path,
+        )
+    else:
+        grads = backward(
+            grad_nll, *tensors, *ctx.option_flat, activation, dropout, seed, compute_dtype, max_rows, ctx.row_splits
+        )
+    grad_enc, grad_pred, grad_w, grad_b = grads
     bias = tensors[3]
     return {
         "encoder_out": grad_enc,
@@ -316,7 +414,7 @@ def _gradient(ctx, grad_nll, backward):
     }
 
 
-fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient)
+fused = Op("fused_joiner_loss", _fused_forward, _fused_backward, _setup_context, _gradient, eager_forward=_forward)
 fused_op, fused_backward_op = fused.op, fused.backward_op
 
 

@@ -29,6 +29,8 @@ from typing import Optional
 
 import torch
 
+from ops.cuda import current_device, current_raw_stream
+
 _log = logging.getLogger("transducer")
 # the compiled kernels' function name in the disk cache's object files (_compile)
 _CACHED_NAME = "logits_gemm"
@@ -59,12 +61,12 @@ def _runtime():
 def launch(kernel, H, *arguments):
     """Runs a compiled kernel on H's device and on torch's current stream there (entering the device where it is not
     the current one, as ops.cuda.launch does): the kernels take addresses, which carry no device."""
-    device = H.device
-    if device.index == torch.cuda.current_device():
-        kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
+    device = H.get_device()
+    if device == current_device():
+        kernel(*arguments, current_raw_stream(device))
     else:
         with torch.cuda.device(device):
-            kernel(*arguments, torch.cuda.current_stream(device).cuda_stream)
+            kernel(*arguments, current_raw_stream(device))
 
 
 def compiled(J, n_tiles, dtype, config, gradient, clamp, extra):
