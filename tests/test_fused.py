@@ -4,6 +4,7 @@ utterances, TDT; the module, opcheck and torch.compile; bad input and options. (
 tested in test_stages.py.)"""
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -582,18 +583,44 @@ def test_eager_backward_reads_nothing_back(device, monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_eager_backward_takes_forwards_tile_path(device, monkeypatch):
     """The eager backward reuses forward's tile path (its projections) rather than making one again, and lets it go
-    once used: a second backward of the graph (retain_graph) makes its own, with the same gradients."""
+    once used, while the loss lives on: a second backward of the graph (retain_graph) makes its own, with the same
+    gradients."""
     enc, pred, weight, bias, targets, T, U, _ = joiner_batch(566, device=device)
-    made = []
+    projections = []  # each path's projection, weakly: alive while something keeps the path
+
+    def counted(*args):
+        path = real(*args)
+        projections.append(weakref.ref(path.Wx))
+        return path
+
     real = fused_op_module.tile_path
-    monkeypatch.setattr(fused_op_module, "tile_path", lambda *args: made.append(args) or real(*args))
+    monkeypatch.setattr(fused_op_module, "tile_path", counted)
     loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum")
-    assert len(made) == 1
+    assert len(projections) == 1 and projections[0]() is not None
     first = torch.autograd.grad(loss, (enc, pred, weight, bias), retain_graph=True)
-    assert len(made) == 1
+    assert len(projections) == 1 and projections[0]() is None
     second = torch.autograd.grad(loss, (enc, pred, weight, bias))
-    assert len(made) == 2
+    assert len(projections) == 2
     for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_forward_keeps_its_inputs_as_saved_tensors_only(device):
+    """What the eager forward keeps for backward holds its inputs only as saved tensors (not through the tile path
+    kept for backward), so that saved-tensor hooks (save_on_cpu, checkpointing) decide where they live; the
+    gradients from the hooks' copies are the same."""
+    enc0, pred, weight, bias, targets, T, U, _ = joiner_batch(567, device=device)
+    want = torch.autograd.grad(
+        fused_joiner_loss(enc0, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum"), (enc0, weight)
+    )
+    enc = enc0 * 1  # a tensor that only the op's saved tensors would keep
+    alive = weakref.ref(enc)
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: x.clone(), lambda x: x):
+        loss = fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=7, reduction="sum")
+    del enc
+    assert alive() is None
+    for a, b in zip(torch.autograd.grad(loss, (enc0, weight)), want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

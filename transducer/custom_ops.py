@@ -205,6 +205,7 @@ class Op:
                 else:
                     output, ctx.eager_state = eager_forward(*inputs)
                 setup_context(ctx, inputs, output)
+                ctx.eager_state = None  # setup_context has kept what it keeps of it
                 ctx.first_output = (output[0].shape, output[0].dtype, output[0].device)
                 return output
 

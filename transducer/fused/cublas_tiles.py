@@ -21,9 +21,6 @@ class CublasTiles:
         self.Wx, _ = projection(weight, bias, compute_dtype)
         self.rows = weight.size(0)  # the projection's real rows (V + D)
 
-    def prepare_backward(self):
-        """Nothing: both passes take the projection made with the path."""
-
     def for_step(self, step):
         """This path over ``step``, with this one's projection."""
         other = copy.copy(self)

@@ -87,10 +87,6 @@ class HopperTiles:
         """Backward's projection for the hidden and the weight gradient (tiles.projection)."""
         return projection(self.weight, self.bias, self.compute_dtype)[0]
 
-    def prepare_backward(self):
-        """Makes backward's projection Wx now (forward's kernels take W alone)."""
-        self.Wx  # the cached property, made here
-
     def for_step(self, step):
         """This path over ``step``, with this one's projections."""
         other = copy.copy(self)

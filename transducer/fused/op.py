@@ -29,7 +29,8 @@ registered like ``transducer::loss`` (a ``custom_ops.Op``: an eager path skips t
 loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``lattices.Kind``.
 Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
 forward; the eager backward takes forward's host copy, a traced one reads it again. The eager backward also takes
-forward's tile path, with the projections it made of the weight (backward's made at the end of forward).
+forward's tile path, with the projections it made of the weight (docs/design.md: The eager backward takes forward's
+projections).
 """
 
 import bisect
@@ -374,14 +375,10 @@ def _setup_context(ctx, inputs, output):
     ctx.option_flat = (option_ints, option_floats)
     ctx.joiner = (activation, dropout, compute_dtype, max_rows)
     # the eager path's backward sizes its tiles with forward's host copy of row_splits (no transfer) and reuses its
-    # tile path's projections, backward's made here, while the GPU runs forward's lattice; a traced backward must
-    # not bake one batch's row_splits into its graph
-    ctx.row_splits, ctx.forward_path = getattr(ctx, "eager_state", (None, None))
-    if ctx.forward_path is not None:
-        if any(ctx.needs_input_grad):
-            ctx.forward_path.prepare_backward()
-        else:
-            ctx.forward_path = None
+    # tile path's projections (the path without forward's step: the inputs stay with the saved tensors and their
+    # hooks); a traced backward must not bake one batch's row_splits into its graph
+    ctx.row_splits, path = getattr(ctx, "eager_state", None) or (None, None)
+    ctx.forward_path = path.for_step(None) if path is not None and any(ctx.needs_input_grad) else None
 
 
 def _gradient(ctx, grad_nll, backward):

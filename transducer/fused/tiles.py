@@ -62,9 +62,9 @@ class TilePath(Protocol):
     start and columns past the projection's rows zero), each of ``gemm_rows`` rows, for the weight gradient ``dz^T
     hx`` and dh = ``dz W``. ``hx`` is a contiguous tensor in memory of the pass's own, which the next tile
     overwrites: once the weight gradient has read it, dh may take its place (``rows_in_place``). ``Wx`` is
-    backward's projection (``projection``); ``prepare_backward`` makes what backward needs of the weight ahead
-    of it, and ``for_step`` gives the path for another pass's step over the same weight, bias and compute dtype,
-    sharing what this one made of them (the eager backward takes forward's)."""
+    backward's projection (``projection``); ``for_step`` gives the path for another pass's step (or None, a path
+    kept for later) over the same weight, bias and compute dtype, sharing what this one made of them (the eager
+    backward takes forward's)."""
 
     Wx: Tensor
 
@@ -74,9 +74,7 @@ class TilePath(Protocol):
         self, num_rows: int, max_rows: int, lattice: Lattice, scale: Tensor
     ) -> Iterator[Tuple[int, int, Tensor, Tensor]]: ...
 
-    def prepare_backward(self) -> None: ...
-
-    def for_step(self, step: Step) -> "TilePath": ...
+    def for_step(self, step: Optional[Step]) -> "TilePath": ...
 
 
 def tile_path(step: Step, weight: Tensor, bias: Optional[Tensor], compute_dtype: torch.dtype) -> TilePath:
