@@ -5,6 +5,7 @@
     python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt, wide-rnnt,
                                                           # wide-multiblank)
     python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
+    python benchmarks/fused_step.py --host                # and the host's part of our steps against the GPU's
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
     python benchmarks/fused_step.py --changing-shapes     # shapes that change every step, as in training
 
@@ -167,7 +168,7 @@ def contenders(case, prec, flash):
         def clear():
             enc.grad = pred.grad = linear.weight.grad = linear.bias.grad = None
 
-        def ours(hopper_path):
+        def ours(hopper_path, marks=None):
             clear()
             os.environ["TRANSDUCER_HOPPER"] = hopper_path
             try:
@@ -185,6 +186,8 @@ def contenders(case, prec, flash):
                         reduction="sum",
                         **options,
                     )
+                if marks is not None:
+                    marks.append(time.perf_counter())  # the forward call has returned
                 loss.backward()
             finally:
                 os.environ["TRANSDUCER_HOPPER"] = "0"
@@ -207,7 +210,36 @@ def contenders(case, prec, flash):
     return steps
 
 
-def run_case(case, prec, count, profile, flash):
+def host_split(case, prec, name, step, count=20):
+    """--host: the host's part of one of our steps (the batch's first) against the GPU's, printed: the host time until
+    the loss call returns and until backward returns, and the step's wall time (CUDA-synchronised), each the
+    minimum over ``count`` steps, and the kernels' time a step (torch.profiler over 3 steps, their sum)."""
+    step()
+    forward, backward, wall = [], [], []
+    for _ in range(count):
+        marks = []
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step(marks=marks)
+        end = time.perf_counter()
+        torch.cuda.synchronize()
+        forward.append(marks[0] - start)
+        backward.append(end - marks[0])
+        wall.append(time.perf_counter() - start)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels) / 3 / 1e3
+    print(
+        f"--- {case} {prec}, {name}: host until the loss returns {min(forward) * 1e3:.2f} ms, until backward "
+        f"returns {min(backward) * 1e3:.2f} more; the step {min(wall) * 1e3:.2f} ms; kernels {busy:.2f} ms a step "
+        f"({len(kernels) / 3:.0f} of them)"
+    )
+
+
+def run_case(case, prec, count, profile, flash, host=False):
     """The case's steps against their floor on ``count`` batches, printed; the figures as a dict."""
     J, V, durations, _, _ = CASES[case]
     rows = V + len(durations or [])
@@ -233,6 +265,10 @@ def run_case(case, prec, count, profile, flash):
         T, U = shapes[0]
         print(f"--- {case} {prec}: the kernels of one step ({profiled}), N = {int((T * (U + 1)).sum())}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    if host:
+        for name in (DEFAULT, HOPPER):
+            if name in timings:
+                host_split(case, prec, name, steps(shapes[0])[name])
     floor = timings[FLOOR].ms
     rows_avg = sum(int((T * (U + 1)).sum()) for T, U in shapes) // count
     clock = gpu_clock()
@@ -331,6 +367,7 @@ def main():
     )
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--host", action="store_true", help="and the host's part of our steps against the GPU's")
     p.add_argument("--no-flash", action="store_true")
     p.add_argument("--precisions", nargs="*", default=None, help="of each case's: bf16, bf16-fp32in, fp32")
     p.add_argument("--json", type=Path, help="write the figures here")
@@ -353,7 +390,7 @@ def main():
             if a.changing_shapes:
                 out.append(run_changing_shapes(case, prec, a.steps, a.skip, a.repeats, a.time_limit, flash))
             else:
-                out.append(run_case(case, prec, a.batches, a.profile, flash))
+                out.append(run_case(case, prec, a.batches, a.profile, flash, a.host))
     if a.json:
         key = "changing_shapes" if a.changing_shapes else "cases"
         a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), key: out}, indent=1))
