@@ -319,18 +319,15 @@ def _backward(
     if row_splits is None:
         row_splits = layout.row_splits.tolist()  # a transfer, after the launches above
     apart = Wx.size(1) > J and _bias_gradient_apart(Wx, J)
-    views = None  # grad_wx's and W's rows of the tiles' gradient columns (as many in every tile)
     for start, end, hx, dz in path.gradient_tiles(row_splits[-1], max_rows, lattice, scale):
-        if views is None:
-            views = grad_wx[: dz.size(1)], W[: dz.size(1)]
-        grad_wx_rows, W_rows = views
+        width = dz.size(1)
         if apart:
-            _add_product(grad_wx_rows[:, :J], dz.t(), hx[:, :J])
-            grad_wx_rows[:, J].addmv_(dz.t(), hx[:, J])
+            _add_product(grad_wx[:width, :J], dz.t(), hx[:, :J])
+            grad_wx[:width, J].addmv_(dz.t(), hx[:, J])
         else:
-            _add_product(grad_wx_rows, dz.t(), hx)
+            _add_product(grad_wx[:width], dz.t(), hx)
         # dh in the hidden's place: a tile holds two of (hidden, logits, dh) at a time (tiles.default_max_rows)
-        dh = torch.mm(dz, W_rows, out=rows_in_place(hx, J))
+        dh = torch.mm(dz, W[:width], out=rows_in_place(hx, J))
         del hx, dz
         # dh in the compute dtype: pack_backward_add reads it as it is, with the inputs of their own dtypes
         step.stages.pack_backward_add(
