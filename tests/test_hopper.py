@@ -6,12 +6,14 @@ path (cuBLAS and the CUDA stages; TRANSDUCER_HOPPER=0 turns the Hopper path off)
 RNA, clamp, FastEmit, the delay penalty, dropout, every activation, with and without a bias, ragged batches with T_b = 1
 and U_b = 0, a zero incoming gradient, and random batches and options (the fuzz); TDT and multi-blank RNN-T, the
 duration scores and the big blanks in extra columns of the projection. The argument checks and the choice of
-path run anywhere."""
+path run anywhere, and so does the kernels' build where the hopper extra is installed."""
 
+import importlib.util
 import logging
 import os
 import random
 import stat
+import types
 import warnings
 from pathlib import Path
 
@@ -222,6 +224,42 @@ def test_available_without_a_gpu_or_package():
     if not torch.cuda.is_available():
         assert hopper.available() is False
     assert hopper.available("cpu") is False
+
+
+HAS_DSL = all(importlib.util.find_spec(name) is not None for name in ("cutlass", "tvm_ffi"))
+BUILT_ANYWHERE = [  # V, J, dtype, gradient, clamp, extra: every default kernel shape, both epilogues
+    (500, 512, torch.bfloat16, False, False, 0),  # two row blocks a CTA, H streamed
+    (500, 512, torch.bfloat16, True, False, 0),  # ... the gradient's vocabulary tiles split between two CTAs
+    (100, 64, torch.float16, True, True, 0),  # ... one CTA a row-block pair, the clamp
+    (8198, 640, torch.bfloat16, False, False, 5),  # H resident, TDT's duration columns
+    (8198, 640, torch.bfloat16, True, False, 5),
+    (1100, 768, torch.bfloat16, False, False, 0),  # the cooperative kernel, rows too wide for H to stay
+    (1100, 768, torch.bfloat16, True, True, 3),
+]
+
+
+@pytest.mark.skipif(not HAS_DSL, reason="needs nvidia-cutlass-dsl and apache-tvm-ffi (the hopper extra)")
+@pytest.mark.parametrize("V, J, dtype, gradient, clamp, extra", BUILT_ANYWHERE)
+def test_kernels_build_without_a_gpu(monkeypatch, V, J, dtype, gradient, clamp, extra):
+    """Each default kernel shape traces and compiles for sm_90a on any machine, one without a GPU too (the CPU suite
+    with the hopper extra): a change to the kernels that the DSL cannot trace or compile fails here. The compiler is
+    told the architecture (its default without a GPU is another) and given the null stream where there is no CUDA
+    device; the disk cache is left alone."""
+    import cutlass.cute as cute
+
+    build = cute.compile
+    monkeypatch.setattr(
+        cute, "compile", lambda *a, options, **k: build(*a, options=f"{options} --gpu-arch sm_90a", **k)
+    )
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setenv("TRANSDUCER_HOPPER_CACHE", "0")
+    config = hopper.default_config(V, J)
+    n_tiles = -(-V // config.tile_n)
+    if not gradient:
+        config = config._replace(vocab_groups=1)  # as compiled() gives the statistics
+    kernel = hopper_compile._compile.__wrapped__(J, n_tiles, dtype, config, gradient, clamp, extra)
+    assert callable(kernel)
 
 
 def test_disk_cache_file(monkeypatch, tmp_path):
