@@ -6,6 +6,7 @@
                                                           # wide-multiblank)
     python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
     python benchmarks/fused_step.py --host                # and the host's part of our steps against the GPU's
+    python benchmarks/fused_step.py --calls               # and the host time of each call of our steps
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
     python benchmarks/fused_step.py --changing-shapes     # shapes that change every step, as in training
 
@@ -239,7 +240,109 @@ def host_split(case, prec, name, step, count=20):
     )
 
 
-def run_case(case, prec, count, profile, flash, host=False):
+# --calls: the functions timed, by module: the stages (both backends'), the launch path, the public call's work, the
+# fused op's eager forward and backward (its autograd Function's) and their parts, the tile paths, the Hopper
+# kernels' entries, torch's GEMMs and autograd's backward
+CALLS = {
+    "transducer.cuda.stages": (
+        "layout",
+        "row_labels",
+        "row_log_probs",
+        "row_coefficients",
+        "tdt_row_log_probs",
+        "tdt_row_coefficients",
+        "alpha_beta",
+        "pack_forward",
+        "pack_backward_add",
+    ),
+    "transducer.cpu.stages": ("layout", "alpha_beta", "pack_forward", "pack_backward_add"),
+    "ops.cuda": ("launch",),
+    "transducer.fused.loss": ("_fused_joiner_loss",),
+    "transducer.fused.op": ("fused.eager.forward", "fused.eager.backward", "_backward", "_add_product", "tile_path"),
+    "transducer.fused.tiles": ("hidden", "hidden_buffer"),
+    "transducer.fused.cublas_tiles": ("CublasTiles.forward", "CublasTiles._gradient_tile", "hidden"),
+    "transducer.fused.hopper_tiles": ("HopperTiles.forward", "HopperTiles._gradient_tile", "hidden"),
+    "transducer.hopper": ("projection", "statistics_tile", "gradient_tile"),
+    "torch": ("mm", "addmm"),
+    "torch.Tensor": ("backward",),
+}
+
+
+class CallTimers:
+    """While entered, each function of CALLS (that exists) wrapped in a time.perf_counter_ns timer: ``totals`` and
+    ``counts`` by "module.name" (inclusive times, from every thread: autograd's runs the backward)."""
+
+    def __init__(self):
+        self.totals, self.counts, self._undo = {}, {}, []
+
+    def __enter__(self):
+        import importlib
+
+        for module_name, names in CALLS.items():
+            try:
+                module = importlib.import_module(module_name) if module_name != "torch.Tensor" else torch.Tensor
+            except ImportError:
+                continue
+            for name in names:
+                *owners, attr = name.split(".")
+                holder = functools.reduce(getattr, owners, module)
+                original = holder.__dict__.get(attr) if isinstance(holder, type) else getattr(holder, attr, None)
+                if original is None or not callable(original):
+                    continue
+                self._undo.append((holder, attr, original))
+                setattr(holder, attr, self._timed(f"{module_name.removeprefix('transducer.')}.{name}", original))
+        return self
+
+    def _timed(self, label, fn):
+        totals, counts = self.totals, self.counts
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] = totals.get(label, 0) + time.perf_counter_ns() - start
+                counts[label] = counts.get(label, 0) + 1
+
+        return timed
+
+    def __exit__(self, *exc):
+        for holder, attr, original in reversed(self._undo):
+            setattr(holder, attr, original)
+        self._undo.clear()
+
+
+def host_calls(case, prec, name, step, count=20, synchronize=torch.cuda.synchronize):
+    """--calls: each timed call of one of our steps (the batch's first), printed: its host time a step (inclusive, the
+    mean over ``count`` synchronised steps), its calls a step and its time a call; the rows as a list of dicts."""
+    step()
+    synchronize()
+    with CallTimers() as timers:
+        for _ in range(count):
+            step()
+            synchronize()
+    rows = sorted(
+        (
+            dict(
+                call=k,
+                us_a_step=t / count / 1e3,
+                calls_a_step=timers.counts[k] / count,
+                us_a_call=t / timers.counts[k] / 1e3,
+            )
+            for k, t in timers.totals.items()
+        ),
+        key=lambda r: -r["us_a_step"],
+    )
+    print(f"--- {case} {prec}, {name}: the host time of each call, the mean of {count} steps")
+    for r in rows:
+        print(
+            f"  {r['call']:<40} {r['us_a_step']:9.1f} us a step {r['calls_a_step']:6.1f} calls {r['us_a_call']:9.1f} us a call"
+        )
+    return rows
+
+
+def run_case(case, prec, count, profile, flash, host=False, calls=False):
     """The case's steps against their floor on ``count`` batches, printed; the figures as a dict."""
     J, V, durations, _, _ = CASES[case]
     rows = V + len(durations or [])
@@ -269,6 +372,10 @@ def run_case(case, prec, count, profile, flash, host=False):
         for name in (DEFAULT, HOPPER):
             if name in timings:
                 host_split(case, prec, name, steps(shapes[0])[name])
+    if calls:
+        for name in (DEFAULT, HOPPER):
+            if name in timings:
+                host_calls(case, prec, name, steps(shapes[0])[name])
     floor = timings[FLOOR].ms
     rows_avg = sum(int((T * (U + 1)).sum()) for T, U in shapes) // count
     clock = gpu_clock()
@@ -368,6 +475,7 @@ def main():
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--host", action="store_true", help="and the host's part of our steps against the GPU's")
+    p.add_argument("--calls", action="store_true", help="and the host time of each call of our steps")
     p.add_argument("--no-flash", action="store_true")
     p.add_argument("--precisions", nargs="*", default=None, help="of each case's: bf16, bf16-fp32in, fp32")
     p.add_argument("--json", type=Path, help="write the figures here")
@@ -390,7 +498,7 @@ def main():
             if a.changing_shapes:
                 out.append(run_changing_shapes(case, prec, a.steps, a.skip, a.repeats, a.time_limit, flash))
             else:
-                out.append(run_case(case, prec, a.batches, a.profile, flash, a.host))
+                out.append(run_case(case, prec, a.batches, a.profile, flash, a.host, a.calls))
     if a.json:
         key = "changing_shapes" if a.changing_shapes else "cases"
         a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), key: out}, indent=1))

@@ -192,6 +192,32 @@ def test_fused_step_case_figures_as_bench_reads_them(no_gpu, monkeypatch):
     assert [r["vs"] for r in bench.rows_f(dict(cases=[out]))] == ["1.00x floor", "2.00x floor"]
 
 
+def test_fused_step_host_calls_times_each_call_and_restores_them():
+    """fused_step.py --calls on a CPU step of the fused loss: each call's count a step (one backward, the hidden packed
+    in forward and again in backward, one tile) and inclusive time (the backward's within autograd's), and every
+    function as it was afterwards."""
+    import transducer.cpu.stages as cpu_stages
+    import transducer.fused.op as op
+    from transducer import fused_joiner_loss
+
+    enc, pred = torch.randn(2, 5, 8, requires_grad=True), torch.randn(2, 3, 8, requires_grad=True)
+    linear = torch.nn.Linear(8, 6)
+    targets, T, U = torch.randint(0, 5, (2, 2)), torch.tensor([5, 3]), torch.tensor([2, 1])
+
+    def step():
+        fused_joiner_loss(enc, pred, linear.weight, linear.bias, targets, T, U, blank=5, reduction="sum").backward()
+
+    before = (op._backward, op.fused.eager.__dict__["forward"], cpu_stages.pack_forward, torch.Tensor.backward)
+    rows = {r["call"]: r for r in fused_step.host_calls("toy", "fp32", "cpu", step, count=3, synchronize=lambda: None)}
+    assert (op._backward, op.fused.eager.__dict__["forward"], cpu_stages.pack_forward, torch.Tensor.backward) == before
+    assert rows["fused.op._backward"]["calls_a_step"] == 1 and rows["torch.Tensor.backward"]["calls_a_step"] == 1
+    assert rows["cpu.stages.pack_forward"]["calls_a_step"] == 2
+    assert rows["cpu.stages.pack_backward_add"]["calls_a_step"] == 1
+    assert rows["fused.op.fused.eager.backward"]["us_a_step"] <= rows["torch.Tensor.backward"]["us_a_step"]
+    assert rows["fused.op._backward"]["us_a_step"] <= rows["fused.op.fused.eager.backward"]["us_a_step"]
+    assert all(r["us_a_call"] > 0 for r in rows.values())
+
+
 @pytest.mark.parametrize("mode, case", [("fsdp", "protocol-a"), ("ddp", "parakeet-tdt")])
 def test_sharded_step_on_gloo(tmp_path, mode, case):
     """sharded_step.py under torchrun, 2 processes on the CPU (gloo, tiny sizes): its table and its figures, each
