@@ -4,28 +4,20 @@ backward recomputes the tile's logits and turns them into their gradient in plac
 are rounded to the GEMMs' dtype, as in the unfused composition.
 """
 
-import copy
-
 import torch.nn.functional as F
 
-from .tiles import Step, gemm_rows, hidden, hidden_buffer, projection, tiles
+from .tiles import Step, TilePathBase, gemm_rows, hidden, hidden_buffer, projection, tiles
 
 __all__ = ["CublasTiles"]
 
 
-class CublasTiles:
+class CublasTiles(TilePathBase):
     """transducer/fused/tiles.py's TilePath on torch's GEMMs and the stages."""
 
     def __init__(self, step: Step, weight, bias, compute_dtype):
         self.step = step
         self.Wx, _ = projection(weight, bias, compute_dtype)
         self.rows = weight.size(0)  # the projection's real rows (V + D)
-
-    def for_step(self, step):
-        """This path over ``step``, with this one's projection."""
-        other = copy.copy(self)
-        other.step = step
-        return other
 
     def _gemm_rows(self, rows):
         return gemm_rows(rows, self.step.encoder_out.device.type)

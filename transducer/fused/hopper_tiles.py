@@ -18,7 +18,6 @@ self-test, unless ``TRANSDUCER_HOPPER=0`` is in the environment; elsewhere the o
 step on Hopper's kernels). Which path runs is logged once per process on the ``transducer`` logger.
 """
 
-import copy
 import functools
 import logging
 import os
@@ -27,7 +26,7 @@ import torch
 
 from .. import hopper
 from ..cuda import stages as cuda_stages
-from .tiles import Step, extra_columns, gemm_rows, hidden, hidden_buffer, projection, tiles
+from .tiles import Step, TilePathBase, extra_columns, gemm_rows, hidden, hidden_buffer, projection, tiles
 
 __all__ = ["use_hopper", "HopperTiles"]
 
@@ -69,7 +68,7 @@ def use_hopper(kind, compute_dtype, device, J):
     return use
 
 
-class HopperTiles:
+class HopperTiles(TilePathBase):
     """transducer/fused/tiles.py's TilePath on transducer.hopper's kernels: forward's tiles hold only the hidden, so
     they take as many rows as fill the bytes of ``max_rows`` rows of hidden and logits."""
 
@@ -86,12 +85,6 @@ class HopperTiles:
     def Wx(self):
         """Backward's projection for the hidden and the weight gradient (tiles.projection)."""
         return projection(self.weight, self.bias, self.compute_dtype)[0]
-
-    def for_step(self, step):
-        """This path over ``step``, with this one's projections."""
-        other = copy.copy(self)
-        other.step = step
-        return other
 
     def forward(self, num_rows, max_rows, arrays):
         s, p = self.step, self.projection

@@ -4,6 +4,7 @@ projection and the hidden, and the interface the paths implement (``TilePath``),
 transducer/fused/hopper_tiles.py (the CuTe DSL kernels of transducer.hopper, sm_90).
 """
 
+import copy
 from typing import Iterator, NamedTuple, Optional, Protocol, Tuple
 
 import torch
@@ -17,6 +18,7 @@ from ..options import LossOptions
 __all__ = [
     "Step",
     "TilePath",
+    "TilePathBase",
     "tile_path",
     "tiles",
     "default_max_rows",
@@ -75,6 +77,18 @@ class TilePath(Protocol):
     ) -> Iterator[Tuple[int, int, Tensor, Tensor]]: ...
 
     def for_step(self, step: Optional[Step]) -> "TilePath": ...
+
+
+class TilePathBase:
+    """What both tile paths share: ``for_step``, as TilePath says, a shallow copy over another step (the copy keeps
+    what this one made of the weight)."""
+
+    step: Optional[Step]
+
+    def for_step(self, step):
+        other = copy.copy(self)
+        other.step = step
+        return other
 
 
 def tile_path(step: Step, weight: Tensor, bias: Optional[Tensor], compute_dtype: torch.dtype) -> TilePath:
