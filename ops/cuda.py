@@ -16,6 +16,7 @@ holds the packages. Importing this module never needs CuPy; launching does.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -259,7 +260,24 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
     up to ``max_shared_mem(t)``, opts the kernel in first.
     """
     dev = t.get_device()
-    # this thread's cache: (kernel, device, argument types) -> the CUfunction, cuLaunchKernel, the argument buffer
+    fn, launch_kernel, packed = _entry(path, name, dev, args)
+    gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
+    bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
+    stream = current_raw_stream(dev)
+    if current_device() == dev:
+        if shared_mem > DEFAULT_SHARED_MEM:
+            allow_shared_mem((path, name, dev), fn, shared_mem)
+        launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
+    else:  # the function belongs to dev's context
+        with torch.cuda.device(dev):
+            if shared_mem > DEFAULT_SHARED_MEM:
+                allow_shared_mem((path, name, dev), fn, shared_mem)
+            launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
+
+
+def _entry(path, name, dev, args):
+    """This thread's (CUfunction, cuLaunchKernel, KernelArguments) of kernel ``name`` on device ``dev`` for the
+    types of ``args``, made on first use."""
     try:
         launches = _per_thread.launches
     except AttributeError:
@@ -275,19 +293,26 @@ def launch(path: str, name: str, t: torch.Tensor, grid, block, args, shared_mem:
         # the launch below enters torch.cuda.device, which calls it).
         if current_device() == dev:
             cupy().cuda.runtime.setDevice(dev)
-    fn, launch_kernel, packed = entry
-    gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
-    bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
-    stream = current_raw_stream(dev)
-    if current_device() == dev:
-        if shared_mem > DEFAULT_SHARED_MEM:
-            allow_shared_mem((path, name, dev), fn, shared_mem)
-        launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
-    else:  # the function belongs to dev's context
-        with torch.cuda.device(dev):
+    return entry
+
+
+def launch_each(path: str, kernels, t: torch.Tensor, args):
+    """Launch each kernel of ``kernels``, ``(name, grid, block, shared_mem)`` in order, of the .cu file at ``path``
+    with the same ``args`` (as ``launch`` takes them), on torch's current stream of ``t``'s device: the arguments
+    are packed once for all of them (the passes of one stage that take one parameter struct)."""
+    dev = t.get_device()
+    extra = stream = None
+    here = current_device() == dev
+    with contextlib.nullcontext() if here else torch.cuda.device(dev):  # a function belongs to dev's context
+        for name, grid, block, shared_mem in kernels:
+            fn, launch_kernel, packed = _entry(path, name, dev, args)
+            if extra is None:  # the first kernel's buffer holds the arguments: cuLaunchKernel copies them
+                extra, stream = packed.pack(args), current_raw_stream(dev)
+            gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
+            bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
             if shared_mem > DEFAULT_SHARED_MEM:
                 allow_shared_mem((path, name, dev), fn, shared_mem)
-            launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, packed.pack(args))
+            launch_kernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, 0, extra)
 
 
 class HostReader:

@@ -750,6 +750,38 @@ def test_launch_opts_a_kernel_in_to_more_shared_memory_once_per_size(monkeypatch
     assert calls == [(1234, 8, 64 * 1024), (1234, 8, 100 * 1024), (5678, 8, 50 * 1024)]
 
 
+def test_launch_each_packs_the_arguments_once_for_its_kernels(monkeypatch):
+    # ops.cuda.launch_each launches its kernels in order, each with its grid, block and shared memory, on one
+    # packing of the shared arguments: every launch reads the first kernel's buffer (no GPU needed: the driver's
+    # calls are recorded)
+    import types
+
+    import ops.cuda as oc
+
+    launched, packs = [], []
+    monkeypatch.setattr(oc, "_per_thread", types.SimpleNamespace())
+    monkeypatch.setattr(oc, "current_device", lambda: 0)
+    monkeypatch.setattr(oc, "current_raw_stream", lambda dev: 77)
+    functions = {f"k{i}": 100 + i for i in range(3)}
+    monkeypatch.setattr(oc, "_function", lambda path, name, dev: (None, functions[name], lambda *a: launched.append(a)))
+    monkeypatch.setattr(oc, "_functions", {})
+    runtime = types.SimpleNamespace(setDevice=lambda dev: None)
+    monkeypatch.setattr(oc, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    pack = oc.KernelArguments.pack
+    monkeypatch.setattr(oc.KernelArguments, "pack", lambda self, args: packs.append(args) or pack(self, args))
+    t = types.SimpleNamespace(get_device=lambda: 0)
+    args = (oc.i32(5), oc.i64(7))
+    oc.launch_each("a.cu", [("k0", (2, 3, 1), (128,), 0), ("k1", (4,), (64, 2), 0), ("k2", (1,), (32,), 0)], t, args)
+    assert len(packs) == 1
+    extras = {a[-1] for a in launched}
+    assert len(extras) == 1
+    assert [a[:10] for a in launched] == [
+        (100, 2, 3, 1, 128, 1, 1, 0, 77, 0),
+        (101, 4, 1, 1, 64, 2, 1, 0, 77, 0),
+        (102, 1, 1, 1, 32, 1, 1, 0, 77, 0),
+    ]
+
+
 def _divmod_scalar(f):
     """FastDivmod's constants as a numpy structured scalar: a C struct by value, as the launch path packs it."""
     return np.array(tuple(f.params()), dtype=[("d", "<u4"), ("m", "<u4"), ("l", "<u4")])[()]

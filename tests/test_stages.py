@@ -11,7 +11,6 @@ import pytest
 import torch
 from _batches import DEVICES, cell_mask, compact, random_batch, random_targets, to_device
 
-from ops.cuda import launch
 from transducer import pack, tdt_loss_reference
 from transducer.backend import Stages, stages_for
 from transducer.cpu import stages as cpu
@@ -839,8 +838,11 @@ def test_pack_backward_add_over_chunks_of_u(monkeypatch, device, u_chunk, activa
     tiles cutting frames, frame blocks and utterances."""
     monkeypatch.setattr(cuda, "PACK_U_CHUNK", u_chunk)
     launched = []
+    launch_each = cuda.launch_each
     monkeypatch.setattr(
-        cuda, "launch", lambda path, name, *args, **kw: launched.append(name) or launch(path, name, *args, **kw)
+        cuda,
+        "launch_each",
+        lambda path, kernels, *args: launched.extend(k[0] for k in kernels) or launch_each(path, kernels, *args),
     )
     T, U = torch.tensor([20, 11, 9, 3, 13, 17]), torch.tensor([95, 70, 33, 31, 0, 95])
     got, want = pack_backward_over_tiles(

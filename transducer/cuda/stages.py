@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ops import FastDivmod, accumulate_dtype, ctype
-from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, max_shared_mem, num_sms, vector_width
+from ops.cuda import DEFAULT_SHARED_MEM, ceil_div, launch, launch_each, max_shared_mem, num_sms, vector_width
 from ops.params import FAST_DIVMOD, struct
 
 from ..joiner import ACTIVATIONS
@@ -748,9 +749,16 @@ def _pack_vector(length, reads, writes=()):
     """Elements per access of a pack pass over rows of ``length`` elements of tensors of different dtypes: 16
     bytes of the narrowest tensor (8 elements beside 16-bit rows: 32 bytes of fp32 ones, two accesses), at
     most 32 bytes of any, the length and every tensor's base allowing (16-byte aligned at most)."""
-    items = [t.element_size() for t in (*reads, *writes)]
-    vec = min(16 // min(items), 32 // max(items))
-    while vec > 1 and (length % vec or any(t.data_ptr() % min(vec * t.element_size(), 16) for t in (*reads, *writes))):
+    return _pack_vector_of(
+        length, [(t.dtype, t.data_ptr() % 16) for t in reads], [(t.dtype, t.data_ptr() % 16) for t in writes]
+    )
+
+
+def _pack_vector_of(length, reads, writes=()):
+    """_pack_vector of tensors given as (dtype, base address modulo 16)."""
+    items = [(dtype.itemsize, offset) for dtype, offset in (*reads, *writes)]
+    vec = min(16 // min(size for size, _ in items), 32 // max(size for size, _ in items))
+    while vec > 1 and (length % vec or any(offset % min(vec * size, 16) for size, offset in items)):
         vec //= 2
     return vec
 
@@ -803,10 +811,18 @@ def pack_forward(
     ones -= D
     if out_rows == 0 or (D == 0 and ones == 0):
         return out
-    vec = _pack_vector(math.gcd(D, out.stride(0)), [encoder_out, predictor_out], [out]) if D else 1
-    nvec = D // vec
-    warps = ceil_div(out_rows, PACK_ROWS)  # a warp writes PACK_ROWS rows
     drop = _dropout_struct(dropout)
+    ld_out = out.stride(0)
+    vec, name = _pack_forward_kernel(
+        D,
+        ld_out,
+        (encoder_out.dtype, encoder_out.data_ptr() % 16),
+        (predictor_out.dtype, predictor_out.data_ptr() % 16),
+        (out.dtype, out.data_ptr() % 16),
+        ACTIVATIONS[activation].code,
+        drop is not _NO_DROPOUT,
+    )
+    warps = ceil_div(out_rows, PACK_ROWS)  # a warp writes PACK_ROWS rows
     params = PACK_FORWARD_PARAMS(
         enc=encoder_out,
         pred=predictor_out,
@@ -816,24 +832,24 @@ def pack_forward(
         row_start=row_start,
         num_rows=num_rows,
         out_rows=out_rows,
-        nvec=nvec,
+        nvec=D // vec,
         ones=ones,
         dropout=drop,
         out=out,
-        ld_out=out.stride(0),
-    )
-    name = _name(
-        "pack_forward_kernel",
-        encoder_out.dtype,
-        predictor_out.dtype,
-        promoted,
-        out.dtype,
-        vec,
-        ACTIVATIONS[activation].code,
-        drop is not _NO_DROPOUT,
+        ld_out=ld_out,
     )
     launch(_PACK, name, out, (ceil_div(warps, THREADS // 32),), (THREADS,), (params,))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _pack_forward_kernel(D, ld_out, enc, pred, out, act, dropout):
+    """(vector width, pack_forward_kernel's instantiation) for rows of D entries written ld_out apart, the encoder's,
+    the predictor's and the output's (dtype, base address modulo 16), the activation's code and dropout or not:
+    worked out once per combination (a pass's tiles share one)."""
+    vec = _pack_vector_of(math.gcd(D, ld_out), [enc, pred], [out]) if D else 1
+    promoted = torch.promote_types(enc[0], pred[0])
+    return vec, _name("pack_forward_kernel", enc[0], pred[0], promoted, out[0], vec, act, dropout)
 
 
 def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, activation="identity", dropout=None):
@@ -844,6 +860,7 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
     act = ACTIVATIONS[activation].code
     drop = _dropout_struct(dropout)
     grad_enc, grad_pred = grads
+    enc = prd = None
     if act or drop is not _NO_DROPOUT:  # the inputs are read (an activation), or give the hidden's dtype
         enc, prd = inputs if inputs is not None else (None, None)
         if (
@@ -859,74 +876,122 @@ def _pack_grad(grad_rows, layout, row_start, utterances, grads, inputs=None, act
                 "of the shapes of grad_enc and grad_pred"
             )
         enc, prd = enc.contiguous(), prd.contiguous()
-        promoted = torch.promote_types(enc.dtype, prd.dtype)
-        vec = _pack_vector(D, [grad_rows, enc, prd], grads)
-    else:  # the inputs are not read: their types are the rows'
-        enc = prd = None
-        promoted = grad_rows.dtype
-        vec = _pack_vector(D, [grad_rows], grads)
-    enc_dtype = enc.dtype if enc is not None else grad_rows.dtype
-    pred_dtype = prd.dtype if prd is not None else grad_rows.dtype
-    nvec = D // vec
     b0, b1 = utterances
-    max_t, max_u1 = grad_enc.size(1), grad_pred.size(1)
     if b1 <= b0:
         return
-    chunks = ceil_div(nvec, PACK_LANES)
-    if layout.batch_size * max(max_t, max_u1) >= 1 << 31 or chunks > 65535:
-        raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31, and D below 2^22 elements")
+    tensors = (grad_rows, enc, prd, grad_enc, grad_pred)
+    plan = _pack_grad_plan(
+        layout.batch_size,
+        grad_enc.size(1),
+        grad_pred.size(1),
+        D,
+        PACK_U_CHUNK,
+        act,
+        drop is not _NO_DROPOUT,
+        tuple(None if x is None else x.dtype for x in tensors),
+        tuple(None if x is None else x.data_ptr() % 16 for x in tensors),
+    )
+    rows = grad_rows.size(0)
     # the scratch: per frame block that meets the rows, min(U_b + 1, max_u1) rows of D sums, placed as pack.cu's
     # scratch_row places them: at most this many rows
-    scratch_rows = ceil_div(grad_rows.size(0), PACK_FRAMES) + (b1 - b0) * (2 * max_u1 + 1)
-    scratch = grad_rows.new_empty(scratch_rows, D, dtype=accumulate_dtype(promoted))
-    warps = PACK_SUM_THREADS // 32  # a warp per frame block, a block per warps consecutive ones
-    frame_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES), warps) * warps
-    pred_blocks = ceil_div(max(max_u1, 1) * nvec * PACK_PRED_PARTS, THREADS)
-    # chunks of u (pack.cu's grid_chunks) and their sums over u: at most as many rows as pack.cu's enc_scratch_row
-    # places
-    u_chunk = PACK_U_CHUNK if 0 < PACK_U_CHUNK < max_u1 else 0
-    u_chunks = ceil_div(max_u1, u_chunk) if u_chunk else 1
-    enc_scratch, enc_blocks = None, 1
-    if u_chunks > 1:
-        enc_rows = 2 * grad_rows.size(0) // u_chunk + 1 + (b1 - b0) * (16 * u_chunks + 1)
-        enc_scratch = grad_rows.new_empty(enc_rows, D, dtype=accumulate_dtype(promoted))
-        enc_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES) * PACK_FRAMES * nvec, THREADS)
+    scratch = grad_rows.new_empty(
+        ceil_div(rows, PACK_FRAMES) + (b1 - b0) * plan.scratch_rows_per_utterance, D, dtype=plan.sum_dtype
+    )
+    enc_scratch = None
+    if plan.u_chunks > 1:  # chunks of u (pack.cu's grid_chunks) and their sums over u: as pack.cu's enc_scratch_row
+        enc_rows = 2 * rows // plan.u_chunk + 1 + (b1 - b0) * (16 * plan.u_chunks + 1)
+        enc_scratch = grad_rows.new_empty(enc_rows, D, dtype=plan.sum_dtype)
     params = PACK_GRAD_PARAMS(
         grad_rows=grad_rows,
         enc=enc,
         pred=prd,
-        max_t=max_t,
-        max_u1=max_u1,
+        max_t=grad_enc.size(1),
+        max_u1=grad_pred.size(1),
         grids=_grids(layout, padded_grid=False),
         b0=b0,
-        frame_blocks=frame_blocks,
-        u_chunk=u_chunk,
-        pred_blocks=pred_blocks,
-        enc_blocks=enc_blocks,
+        frame_blocks=plan.frame_blocks,
+        u_chunk=plan.u_chunk,
+        pred_blocks=plan.pred_blocks,
+        enc_blocks=plan.enc_blocks,
         row_start=row_start,
-        row_end=row_start + grad_rows.size(0),
-        nvec=nvec,
+        row_end=row_start + rows,
+        nvec=plan.nvec,
         dropout=drop,
         scratch=scratch,
         enc_scratch=enc_scratch,
         grad_enc=grad_enc,
         grad_pred=grad_pred,
     )
-    types = (grad_rows.dtype, enc_dtype, pred_dtype, promoted, grad_enc.dtype, vec)
-    launch(
-        _PACK,
-        _name("pack_grad_kernel", *types, act, drop is not _NO_DROPOUT),
-        grad_enc,
-        ((b1 - b0) * frame_blocks // warps, chunks, u_chunks),
-        (PACK_SUM_THREADS,),
-        (params,),
+    utterances = b1 - b0
+    kernels = [(plan.names[0], (utterances * plan.sum_blocks, plan.chunks, plan.u_chunks), (PACK_SUM_THREADS,), 0)]
+    if plan.u_chunks > 1:
+        kernels.append((plan.names[1], (utterances * plan.enc_blocks,), (THREADS,), 0))
+    if plan.sums_over_t:
+        kernels.append((plan.names[2], (utterances * plan.pred_blocks,), (THREADS,), 0))
+    launch_each(_PACK, kernels, grad_enc, (params,))
+
+
+class _PackGradPlan(NamedTuple):
+    """What pack's backward launches of a shape, dtypes and alignment (_pack_grad_plan)."""
+
+    names: tuple  # pack_grad_kernel's, pack_grad_enc_kernel's and pack_grad_pred_kernel's instantiations
+    nvec: int
+    chunks: int
+    sum_blocks: int  # pack_grad_kernel's blocks an utterance
+    frame_blocks: int
+    u_chunk: int
+    u_chunks: int
+    enc_blocks: int
+    pred_blocks: int
+    sums_over_t: bool  # pack_grad_pred_kernel runs: there are label positions
+    scratch_rows_per_utterance: int
+    sum_dtype: torch.dtype
+
+
+@functools.lru_cache(maxsize=256)
+def _pack_grad_plan(B, max_t, max_u1, D, u_chunk, act, dropout, dtypes, alignments):
+    """_pack_grad's launches for B utterances of max_t frames and max_u1 label positions, rows of D entries, chunks of
+    u of u_chunk values (PACK_U_CHUNK; 0: none), the activation's code, dropout or not, and the dtypes and the base
+    addresses modulo 16 of (grad_rows, enc, pred, grad_enc, grad_pred) (None for inputs not read): worked out once
+    per combination (a pass's tiles share one)."""
+    grad_t, enc_t, pred_t, grad_enc_t, grad_pred_t = dtypes
+    reads = [(grad_t, alignments[0])]
+    if enc_t is not None:  # the inputs are read: their types give the hidden's
+        promoted = torch.promote_types(enc_t, pred_t)
+        reads += [(enc_t, alignments[1]), (pred_t, alignments[2])]
+    else:
+        promoted, enc_t, pred_t = grad_t, grad_t, grad_t
+    vec = _pack_vector_of(D, reads, [(grad_enc_t, alignments[3]), (grad_pred_t, alignments[4])])
+    nvec = D // vec
+    chunks = ceil_div(nvec, PACK_LANES)
+    if B * max(max_t, max_u1) >= 1 << 31 or chunks > 65535:
+        raise ValueError("pack_backward: B * max_t and B * max_u1 must stay below 2^31, and D below 2^22 elements")
+    warps = PACK_SUM_THREADS // 32  # a warp per frame block, a block per warps consecutive ones
+    frame_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES), warps) * warps
+    u_chunk = u_chunk if 0 < u_chunk < max_u1 else 0
+    u_chunks = ceil_div(max_u1, u_chunk) if u_chunk else 1
+    enc_blocks = ceil_div(ceil_div(max(max_t, 1), PACK_FRAMES) * PACK_FRAMES * nvec, THREADS) if u_chunks > 1 else 1
+    pred_blocks = ceil_div(max(max_u1, 1) * nvec * PACK_PRED_PARTS, THREADS)
+    types = (grad_t, enc_t, pred_t, promoted, grad_enc_t, vec)
+    names = (
+        _name("pack_grad_kernel", *types, act, dropout),
+        _name("pack_grad_enc_kernel", *types),
+        _name("pack_grad_pred_kernel", *types),
     )
-    if u_chunks > 1:
-        launch(_PACK, _name("pack_grad_enc_kernel", *types), grad_enc, ((b1 - b0) * enc_blocks,), (THREADS,), (params,))
-    if max_u1 > 0:
-        launch(
-            _PACK, _name("pack_grad_pred_kernel", *types), grad_pred, ((b1 - b0) * pred_blocks,), (THREADS,), (params,)
-        )
+    return _PackGradPlan(
+        names,
+        nvec,
+        chunks,
+        frame_blocks // warps,
+        frame_blocks,
+        u_chunk,
+        u_chunks,
+        enc_blocks,
+        pred_blocks,
+        max_u1 > 0,
+        2 * max_u1 + 1,
+        accumulate_dtype(promoted),
+    )
 
 
 def pack_backward(grad_rows, layout, max_t, max_u1):
