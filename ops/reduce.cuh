@@ -29,7 +29,7 @@ struct ReduceState {
 
 template <typename A, bool kFinite>
 __device__ __forceinline__ A max_of(A a, A b) {
-  return kFinite ? (b > a ? b : a) : nan_max(a, b);
+  return kFinite ? fmax(a, b) : nan_max(a, b);  // fmax: one instruction, and it drops a NaN
 }
 
 template <typename A, bool kFinite>
@@ -101,8 +101,22 @@ __device__ __forceinline__ A finish(ReduceState<A> st) {
 }
 
 // Merge over the 32 lanes of a warp (blockDim.x a multiple of 32): every lane ends with the warp's state.
+// logsumexp takes the warp's max first, then each lane's sum rescaled to it once, then the sum of those:
+// one exp a lane instead of two at each of the five steps of pairwise merges (the same value: the scale
+// factors of a lane's steps multiply into the one).
 template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false>
 __device__ __forceinline__ ReduceState<A> warp_merge(ReduceState<A> st) {
+  if (OP == kLogSumExp) {
+    A m = st.m;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max_of<A, kFinite>(m, __shfl_xor_sync(0xffffffffu, m, o));
+    A s = st.s == A(0) ? A(0) : st.s * Exp()(lse_ref<A, kFinite>(st.m) - lse_ref<A, kFinite>(m));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    st.m = m;
+    st.s = m != m ? m : s;
+    return st;
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     ReduceState<A> other;
