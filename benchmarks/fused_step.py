@@ -4,7 +4,7 @@
     python benchmarks/fused_step.py                       # every case
     python benchmarks/fused_step.py --cases protocol-a     # some of them (protocol-a, flash, parakeet-tdt, wide-rnnt,
                                                           # wide-multiblank)
-    python benchmarks/fused_step.py --profile             # and the kernels of one step of ours
+    python benchmarks/fused_step.py --profile             # and the kernels of one step of ours, by group
     python benchmarks/fused_step.py --host                # and the host's part of our steps against the GPU's
     python benchmarks/fused_step.py --calls               # and the host time of each call of our steps
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
@@ -17,7 +17,8 @@ The floor of a fused step over N = sum_b T_b (U_b + 1) rows, J -> V: the logits 
 backward's recompute, dH = G W and dW = G^T H, each timed alone with torch at the sizes the step runs (V padded as
 the step pads it, the GEMMs' dtype; common.floor_gemms). Where the step can run on the Hopper kernels
 (transducer/fused/hopper_tiles.py: the default there), it is timed there and on the other path (TRANSDUCER_HOPPER=0), and
-its first step's time (the kernels' compilation) is printed; --profile then profiles a step on the Hopper kernels.
+its first step's time (the kernels' compilation) is printed; --profile then profiles a step on each path, its kernels
+summed by what they do (KERNEL_GROUPS).
 Floor and steps are timed in interleaved rounds on each batch (common.interleaved), and each one's minimum is kept:
 a GPU that heats up (an H100's SM clock falls from about 1.9 GHz to under 1 GHz after a long run of GEMMs) slows all
 alike, and the clock is printed; the figure is the mean over the batches of those minima. A step is forward under
@@ -342,6 +343,58 @@ def host_calls(case, prec, name, step, count=20, synchronize=torch.cuda.synchron
     return rows
 
 
+# --profile's groups of a step's kernels: (group, the names' substrings), the first group a name matches
+KERNEL_GROUPS = (
+    ("the statistics and gradient kernels (transducer.hopper)", ("transducerhopper",)),
+    ("pack_forward (the hidden, forward and again in backward)", ("pack_forward",)),
+    ("pack's backward (act' and the sums over u and t)", ("pack_grad",)),
+    ("the row kernels (labels, log-probs and coefficients of rows)", ("row_labels", "row_log_probs", "row_coeff")),
+    ("the log-probs stage (the logits' den)", ("log_probs_kernel",)),
+    ("the gradient stage (the logits' gradient)", ("gradient_kernel",)),
+    ("alpha and beta (the lattice's walks)", ("alpha_beta", "walk_kernel")),
+    ("cuBLAS's GEMMs (with split-K's reductions)", ("nvjet", "gemm", "splitkreduce", "cublas", "xmma")),
+)
+OTHER_KERNELS = "the rest (fills, casts, copies, the layout)"
+
+
+def kernel_group(name):
+    """--profile's group of a kernel of this name (KERNEL_GROUPS; OTHER_KERNELS where none matches)."""
+    low = name.lower()
+    return next((group for group, keys in KERNEL_GROUPS if any(k in low for k in keys)), OTHER_KERNELS)
+
+
+def grouped_kernels(events):
+    """(group, ms, launches) of ``events``, (kernel name, us, launches) triples, summed by kernel_group, in
+    KERNEL_GROUPS's order then the rest; groups without a kernel left out."""
+    ms, launches = {}, {}
+    for name, us, count in events:
+        group = kernel_group(name)
+        ms[group] = ms.get(group, 0.0) + us / 1e3
+        launches[group] = launches.get(group, 0) + count
+    order = [group for group, _ in KERNEL_GROUPS] + [OTHER_KERNELS]
+    return [(group, ms[group], launches[group]) for group in order if group in ms]
+
+
+def profile_step(case, prec, name, step, rows, floor_ms):
+    """--profile: the kernels of one of our steps (torch.profiler), printed by group (grouped_kernels) against the
+    floor, then the longest kernels by name; the groups as a list of dicts."""
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [(e.name, e.device_time, 1) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    groups = grouped_kernels(events)
+    total = sum(ms for _, ms, _ in groups)
+    print(f"--- {case} {prec}, {name}: the kernels of one step, N = {rows} rows; floor {floor_ms:.2f} ms")
+    for group, ms, count in groups:
+        print(f"  {group:<62} {ms:7.3f} ms {count:5d} launches")
+    print(
+        f"  {'all kernels':<62} {total:7.3f} ms {sum(c for _, _, c in groups):5d} launches ({total / floor_ms:.2f}x floor)"
+    )
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    return [dict(group=group, ms=ms, launches=count) for group, ms, count in groups]
+
+
 def run_case(case, prec, count, profile, flash, host=False, calls=False):
     """The case's steps against their floor on ``count`` batches, printed; the figures as a dict."""
     J, V, durations, _, _ = CASES[case]
@@ -359,15 +412,10 @@ def run_case(case, prec, count, profile, flash, host=False, calls=False):
             f"{case} {prec}: the first step on the Hopper kernels took {timings[HOPPER].first_s:.1f} s (they compile)"
         )
     if profile:
-        profiled = HOPPER if HOPPER in timings else DEFAULT
-        step = steps(shapes[0])[profiled]
-        step()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
         T, U = shapes[0]
-        print(f"--- {case} {prec}: the kernels of one step ({profiled}), N = {int((T * (U + 1)).sum())}")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+        for name in (DEFAULT, HOPPER):
+            if name in timings:
+                profile_step(case, prec, name, steps(shapes[0])[name], int((T * (U + 1)).sum()), timings[FLOOR].ms)
     if host:
         for name in (DEFAULT, HOPPER):
             if name in timings:

@@ -273,3 +273,40 @@ def test_help(script):
     )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "--json" in p.stdout
+
+
+def test_profile_groups_the_kernels_of_a_step():
+    """fused_step.py --profile: each kernel of a step in the group of what it does (its name's first match in
+    KERNEL_GROUPS, the row kernels before the log-probs and gradient stages whose names they contain), the groups'
+    times and launches summed in KERNEL_GROUPS's order, the unmatched kernels last."""
+    events = [
+        ("kernel_cutlass_kernel_transducerhopperkernelsLogitsGemmPingpong_object_at__x", 120.0, 1),
+        ("void pack_forward_kernel<ops::bf16_t, ops::bf16_t, ops::bf16_t, ops::bf16_t, 8, 1, false>(P)", 40.0, 1),
+        ("void pack_grad_kernel<ops::bf16_t, ops::bf16_t>(P)", 75.0, 1),
+        ("void pack_grad_pred_kernel<ops::bf16_t>(P)", 15.0, 1),
+        ("void row_log_probs_kernel<long long>(RowLogProbsParams<long long>)", 5.0, 1),
+        ("void tdt_row_coefficients_kernel<long long>(P)", 4.0, 1),
+        (
+            "void log_probs_kernel<ops::bf16_t, long long, 8, 1, false>(LogProbsParams<ops::bf16_t, long long>)",
+            100.0,
+            1,
+        ),
+        ("void gradient_kernel<ops::bf16_t, long long, 8, 1, false, false, false, false, false, false>(P)", 101.0, 1),
+        ("void alpha_beta_kernel<float, false>(AlphaBetaParams<float>)", 259.0, 1),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", 107.0, 1),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>(x)", 6.0, 1),
+        ("Memset (Device)", 1.0, 1),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(x)", 3.0, 1),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", 93.0, 1),
+    ]
+    groups = fused_step.grouped_kernels(events)
+    names = [g for g, _, _ in groups]
+    assert names == [g for g, _ in fused_step.KERNEL_GROUPS] + [fused_step.OTHER_KERNELS]
+    by = {g: (ms, n) for g, ms, n in groups}
+    assert by[names[0]] == (0.120, 1)
+    assert by[names[2]] == (pytest.approx(0.090), 2)  # pack's backward: both of its kernels
+    assert by[names[3]] == (pytest.approx(0.009), 2)  # the row kernels, the TDT one too
+    assert by[names[4]] == (pytest.approx(0.100), 1) and by[names[5]] == (pytest.approx(0.101), 1)
+    assert by[names[7]] == (pytest.approx(0.206), 3)  # cuBLAS: both GEMMs and split-K's reduction
+    assert by[fused_step.OTHER_KERNELS] == (pytest.approx(0.004), 2)
+    assert fused_step.grouped_kernels(events[:1]) == [(names[0], 0.120, 1)]
