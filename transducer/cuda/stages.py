@@ -745,17 +745,11 @@ def tdt_row_coefficients(targets, lattice, scale, options, row_start, num_rows, 
 # --------------------------------------------------------------------------- pack
 
 
-def _pack_vector(length, reads, writes=()):
-    """Elements per access of a pack pass over rows of ``length`` elements of tensors of different dtypes: 16
-    bytes of the narrowest tensor (8 elements beside 16-bit rows: 32 bytes of fp32 ones, two accesses), at
-    most 32 bytes of any, the length and every tensor's base allowing (16-byte aligned at most)."""
-    return _pack_vector_of(
-        length, [(t.dtype, t.data_ptr() % 16) for t in reads], [(t.dtype, t.data_ptr() % 16) for t in writes]
-    )
-
-
 def _pack_vector_of(length, reads, writes=()):
-    """_pack_vector of tensors given as (dtype, base address modulo 16)."""
+    """Elements per access of a pack pass over rows of ``length`` elements of tensors of different dtypes, each
+    given as (dtype, base address modulo 16): 16 bytes of the narrowest tensor (8 elements beside 16-bit rows: 32
+    bytes of fp32 ones, two accesses), at most 32 bytes of any, the length and every tensor's base allowing
+    (16-byte aligned at most)."""
     items = [(dtype.itemsize, offset) for dtype, offset in (*reads, *writes)]
     vec = min(16 // min(size for size, _ in items), 32 // max(size for size, _ in items))
     while vec > 1 and (length % vec or any(offset % min(vec * size, 16) for size, offset in items)):
