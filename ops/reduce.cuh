@@ -100,29 +100,31 @@ __device__ __forceinline__ A finish(ReduceState<A> st) {
   return OP == kLogSumExp ? log_acc(st.s) + lse_ref<A, kFinite>(st.m) : st.m;
 }
 
-// Merge over the 32 lanes of a warp (blockDim.x a multiple of 32): every lane ends with the warp's state.
-// logsumexp takes the warp's max first, then each lane's sum rescaled to it once, then the sum of those:
-// one exp a lane instead of two at each of the five steps of pairwise merges (the same value: the scale
-// factors of a lane's steps multiply into the one).
-template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false>
-__device__ __forceinline__ ReduceState<A> warp_merge(ReduceState<A> st) {
-  if (OP == kLogSumExp) {
+// Merge over the 32 lanes of a warp (blockDim.x a multiple of 32), or over each aligned group of WIDTH lanes
+// (8 or 16: several rows a warp; `mask` holds the lanes of the calling thread's group, every one of which makes
+// the call): every lane ends with its group's state. logsumexp takes the group's max first, then each lane's sum
+// rescaled to it once, then the sum of those: one exp a lane instead of two at each step of pairwise merges (the
+// same value: the scale factors of a lane's steps multiply into the one).
+template <int OP, typename A, typename Exp = AccurateExp, bool kFinite = false, int WIDTH = 32>
+__device__ __forceinline__ ReduceState<A> warp_merge(ReduceState<A> st, unsigned int mask = 0xffffffffu) {
+  static_assert(WIDTH == 8 || WIDTH == 16 || WIDTH == 32, "warp_merge: groups of 8, 16 or 32 lanes");
+  if constexpr (OP == kLogSumExp) {
     A m = st.m;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max_of<A, kFinite>(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = WIDTH / 2; o > 0; o >>= 1) m = max_of<A, kFinite>(m, __shfl_xor_sync(mask, m, o));
     A s = st.s == A(0) ? A(0) : st.s * Exp()(lse_ref<A, kFinite>(st.m) - lse_ref<A, kFinite>(m));
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int o = WIDTH / 2; o > 0; o >>= 1) s += __shfl_xor_sync(mask, s, o);
     st.m = m;
     st.s = m != m ? m : s;
-    return st;
-  }
+  } else {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    ReduceState<A> other;
-    other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
-    other.s = OP == kLogSumExp ? __shfl_xor_sync(0xffffffffu, st.s, o) : A(0);
-    st = merge<OP, A, Exp, kFinite>(st, other);
+    for (int o = WIDTH / 2; o > 0; o >>= 1) {
+      ReduceState<A> other;
+      other.m = __shfl_xor_sync(mask, st.m, o);
+      other.s = A(0);
+      st = merge<OP, A, Exp, kFinite>(st, other);
+    }
   }
   return st;
 }

@@ -1,6 +1,6 @@
 """The kernels' parameter structs and constants, defined once in the CUDA sources and mirrored in Python
 (transducer/cuda/stages.py, transducer/layout.py): both sides list the same fields, in the same order, of the same
-types, and the same values; the launch bounds are named constants; warps_per_row picks only what the row kernels
+types, and the same values; the launch bounds are named constants; threads_per_row picks only what the row kernels
 take; every kernel under transducer/ (found in the .cu files) that forms a per-row term does so with
 transducer/cuda/terms.cuh's functions, passing them its Terms whole, and reads no option nor spells a term itself
 (tests/test_terms.py checks those functions' values); and every option the option table (transducer/options.py:
@@ -11,6 +11,7 @@ import os
 import re
 
 import pytest
+import torch
 
 import ops
 from ops import gather_cuda, reduce_cuda
@@ -199,18 +200,44 @@ def test_launch_bounds_are_named_constants():
     assert [b for b in bounds if not re.fullmatch(r"\w+::k\w+(\s*,\s*\w+::k\w+)?", b.strip())] == []
 
 
-def test_warps_per_row_picks_what_the_row_kernels_take(monkeypatch):
-    # RowGeometry<WPR> (row_pass.cuh) takes a warp or a block a row; cuda.warps_per_row picks the kernels' WPR
-    block = re.search(r"static_assert\(WPR == 1 \|\| WPR == ([^,]+),", TEXT).group(1)
-    allowed = {1, int(eval(block, {}, _constants(TEXT)))}
-    assert allowed == {1, cuda.THREADS // 32}
+def test_threads_per_row_picks_what_the_row_kernels_take(monkeypatch):
+    # RowGeometry<TPR> (row_pass.cuh) takes 8, 16 or 32 lanes or a block a row; cuda.threads_per_row picks TPR
+    allowed = re.search(r"static_assert\(TPR == 8 \|\| TPR == 16 \|\| TPR == 32 \|\| TPR == (\w+),", TEXT).group(1)
+    assert allowed == "kThreads" and _constants(TEXT)["kThreads"] == cuda.THREADS
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
     picked = {
-        cuda.warps_per_row(rows, row_bytes, None)
+        (min_lanes, cuda.threads_per_row(rows, row_bytes, None, min_lanes))
+        for min_lanes in (8, 16, 32)
         for rows in (1, 1000, 10**6)
-        for row_bytes in (2, 1000, 4096, 16384, 16385, 1 << 20)
+        for row_bytes in (2, 1000, 2048, 4096, 16384, 16385, 1 << 20)
     }
-    assert picked == allowed
+    assert {tpr for _, tpr in picked} == {8, 16, 32, cuda.THREADS}
+    assert all(tpr >= min_lanes for min_lanes, tpr in picked)
+    # each lane of a short row reads at most ROW_BYTES_PER_LANE, and no fewer lanes would do
+    for row_bytes in (2, 1000, 1024, 1025, 2048, 2049, 4095):
+        tpr = cuda.threads_per_row(10**6, row_bytes, None)
+        assert tpr == 32 or (
+            row_bytes <= tpr * cuda.ROW_BYTES_PER_LANE and (tpr == 8 or row_bytes > tpr // 2 * cuda.ROW_BYTES_PER_LANE)
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("V, ld", [(5, 5), (64, 64), (500, 500), (500, 512), (1021, 1024), (505, 512)])
+@pytest.mark.parametrize("lanes", [0, 1, 3, 7, 8, 16, 17])
+def test_a_row_pass_gets_the_lanes_its_access_needs(monkeypatch, dtype, V, ld, lanes):
+    # the unaligned pass gives its head and tail scalars one lane each (RowPass::begin: lanes < head + tail), the
+    # multi-blank kernels lanes 1 ... K (log-probs) or 0 ... K - 1 (gradient) of the row: every one must exist
+    monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
+    rows = torch.zeros(64, ld, dtype=dtype)[:, :V]
+    for outs, staging in (((), False), ((rows,), True), ((torch.zeros(64, -(-V // 8) * 8, dtype=dtype)[:, :V],), True)):
+        tpr, vec, aligned, staged = cuda._row_pass(10**6, V, rows.element_size(), rows, outs, staging, lanes)
+        assert (vec, aligned, staged) == cuda.row_access(rows.element_size(), V, rows, outs, 8 if staging else 0)
+        assert tpr in (8, 16, 32)
+        assert tpr >= lanes or tpr == 32  # K < 32: the launcher's check (multiblank), not the pass's
+        if not aligned and not staged:
+            assert tpr >= 2 * vec - 2
+        if staged:
+            assert tpr == 32  # its shared rows are sized for 8 rows a block
 
 
 def _kernel(text, name):

@@ -187,6 +187,64 @@ def test_padded_rows_by_division_match_the_search(V):
             assert torch.equal(got[start:], want[start:])
 
 
+ROW_GEOMETRY_CASES = [  # V, the rows' width, dtype, padded, big blanks
+    (7, 7, torch.float32, True, 0),
+    (64, 64, torch.float16, False, 0),  # aligned rows
+    (500, 500, torch.bfloat16, False, 0),  # rows 1000 bytes apart: the unaligned pass's head and tail scalars
+    (500, 512, torch.bfloat16, True, 0),  # the fused loss's tiles: 500 columns of 512-wide rows
+    (37, 37, torch.float32, False, 3),
+    (300, 300, torch.bfloat16, True, 15),  # 15 big blanks: log-probs' lanes 1 ... 15 of the row
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tpr", [8, 16, 32, cuda.THREADS])
+@pytest.mark.parametrize("V, width, dtype, padded, big", ROW_GEOMETRY_CASES)
+def test_row_kernels_match_cpu_in_every_row_geometry(monkeypatch, tpr, V, width, dtype, padded, big):
+    """log_probs (multiblank_log_probs with big blanks) and gradient with each row geometry forced (row_pass.cuh's
+    RowGeometry: 8, 16 or 32 lanes or a block a row; more where the pass needs them, stages._row_pass) give the CPU
+    twin's values, every entry written: rows of several utterances share a warp, padding rows among them (NaN and
+    inf, which must not be read) leave early while their warp's other rows merge."""
+    monkeypatch.setattr(cuda, "threads_per_row", lambda num_rows, row_bytes, device, min_lanes=8: max(tpr, min_lanes))
+    gen = torch.Generator().manual_seed(V + tpr + big)
+    durations = tuple(range(2, 2 + big))
+    logits, targets, T, U = random_batch(gen, 5, 7, 4, V - big, V - big - 1, dtype=torch.float32, scale=2.0, extra=big)
+    if padded:
+        for b in range(len(T)):
+            logits[b, T[b] :] = math.nan
+            logits[b, :, U[b] + 1 :] = math.inf
+        cell = cell_mask(logits, T, U).reshape(-1)
+    else:
+        logits = compact(logits, T, U)
+        cell = torch.ones(logits.numel() // V, dtype=torch.bool)
+    N = cell.numel()
+    wide = torch.full((N, width), math.nan)
+    wide[:, :V] = logits.reshape(N, V)
+    x = wide.to(dtype)[:, :V]
+    o = options(V - 1, big_blank_durations=durations) if big else options(V - 1)
+    c_layout = make_layout(logits, targets, T, U)
+    g_layout = make_layout(*(t.to(DEV) for t in (logits, targets, T, U)))
+    log_probs = (lambda s: s.multiblank_log_probs) if big else (lambda s: s.log_probs)
+    want = log_probs(cpu)(x, targets, c_layout, o)
+    poison_allocator(((N, 2), torch.float32), ((N,), torch.float32), ((N, max(big, 1)), torch.float32))
+    got = log_probs(cuda)(x.to(DEV), targets.to(DEV), g_layout, o)
+    assert_no_nan(*got)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu()[cell], w[cell], rtol=1e-5, atol=1e-5)
+    walks = cpu.multiblank_alpha_beta(want[0], want[2], c_layout, o) if big else cpu.alpha_beta(want[0], c_layout, o)
+    scale = torch.rand(len(T), generator=gen) + 0.5
+    scale[2] = 0.0  # no gradient for this utterance
+    lattice = Lattice(c_layout, want[0], want[1], *walks, lp_arcs=want[2] if big else None)
+    expected = cpu.gradient(x, targets, lattice, scale, o, torch.empty_like(x))
+    lattice_g = Lattice(g_layout, *(a.to(DEV) if a is not None else None for a in lattice[1:]))
+    out = torch.full((N, width), math.nan, dtype=dtype, device=DEV)[:, :V]
+    cuda.gradient(x.to(DEV), targets.to(DEV), lattice_g, scale.to(DEV), o, out)
+    assert_no_nan(out)
+    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=ulp, atol=1e-6)
+    assert expected.abs().max() > 0.01
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("V", [33, 512])

@@ -1,5 +1,5 @@
 // The pass over one row of the logits that the per-row kernels (log-probs, gradient) make: RowPass reads a row's
-// columns in 16-byte vectors, a warp or a block a row, RowOut writes the gradient's row, map_row joins them.
+// columns in 16-byte vectors, some lanes of a warp, a warp or a block a row (RowGeometry), RowOut writes the gradient's row, map_row joins them.
 //
 // The element types, conversions and math come from ops/numeric.cuh, the logsumexp states from ops/reduce.cuh.
 #pragma once
@@ -16,15 +16,30 @@ using namespace ops;
 constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/cuda/stages.py: THREADS)
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
 
-// The threads of a row: a warp (WPR = 1) or a block of kThreads (transducer/cuda/stages.py's warps_per_row picks
-// one of the two; tests/test_kernel_params.py checks it picks no other).
-template <int WPR>
+// The threads of a row, TPR: a group of 8 or 16 lanes of a warp (4 or 2 rows a warp), a warp, or a block of
+// kThreads (transducer/cuda/stages.py's threads_per_row picks one; tests/test_kernel_params.py checks it picks no
+// other). A short row's fixed work (its utterance's search, the label's load, the merge of its state, the stores) is
+// then done once for 32 / TPR rows by each warp instruction, instead of once for one row.
+template <int TPR>
 struct RowGeometry {
-  static_assert(WPR == 1 || WPR == kThreads / 32, "one warp or one block per row");
-  static constexpr int G = 32 * WPR;                 // threads per row
-  static constexpr int LOG_G = WPR == 1 ? 5 : 8;
+  static_assert(TPR == 8 || TPR == 16 || TPR == 32 || TPR == kThreads, "8, 16 or 32 lanes or one block per row");
+  static constexpr int G = TPR;                                          // threads per row
+  static constexpr int LOG_G = TPR == 8 ? 3 : TPR == 16 ? 4 : TPR == 32 ? 5 : 8;
   static_assert(1 << LOG_G == G, "LOG_G: log2 of the threads per row");
-  static constexpr int RPB = kThreads / G;           // rows per block
+  static constexpr int RPB = kThreads / G;                               // rows per block
+  static constexpr bool IN_WARP = G <= 32;                               // a row's threads are lanes of one warp
+  // the lanes of the calling thread's row within its warp (its shuffles' and syncs' mask: the rows of a warp
+  // may part ways, a padding row's lanes returning early)
+  static __device__ __forceinline__ unsigned int lanes() {
+    return G >= 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
+  }
+  // every thread of the row at one point
+  static __device__ __forceinline__ void sync() {
+    if (IN_WARP)
+      __syncwarp(lanes());
+    else
+      __syncthreads();
+  }
 };
 
 // One row of the logits, read by a group of G threads in VEC-wide vectors, UNROLL vectors in flight
@@ -34,15 +49,15 @@ struct RowGeometry {
 // begin() is the row's vectors. Otherwise (NeMo's TDT joint:
 // V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
 // VEC boundary and the `tail` columns after its last whole vector are one scalar each for the first
-// head + tail (< 2 VEC) threads of the row, and the vectors between them are read as when aligned.
+// head + tail (<= 2 VEC - 2) threads of the row (the launcher gives it that many at least), and the vectors between them are read as when aligned.
 // `logits` holds the rows [row_start, row_start + num_rows) of the layout (all of them, or a tile of
 // the fused joiner loss), `ld` apart (struct Rows); the per-row arrays (lp, den, alpha, beta) are indexed by the row of
 // the layout. In the compact layout the first vectors are
 // loaded before the row's (b, t, u) is known (`early`): they depend on r alone, so the search for b
 // and the loads of strides, lengths and targets overlap them instead of delaying them.
-template <typename T, int VEC, int WPR, bool ALIGNED = true, int DEEP = kUnroll, bool READ_ONLY = false>
+template <typename T, int VEC, int TPR, bool ALIGNED = true, int DEEP = kUnroll, bool READ_ONLY = false>
 struct RowPass {
-  typedef RowGeometry<WPR> Geo;
+  typedef RowGeometry<TPR> Geo;
   typedef Vec<T, VEC> VT;
   // Vectors in flight per thread: DEEP, but 2 for 16-byte vectors of 8 halves: they hold 4 registers each,
   // and 4 of them beside the gradient kernels' state spill (DESIGN.md: Two vectors in flight for 16-byte
@@ -58,7 +73,7 @@ struct RowPass {
   bool early;
   RowInfo ri;
 
-  // false for the threads past the last row (uniform per row, per block when WPR == 8)
+  // false for the threads past the last row (uniform per row: over the block when a block takes a row)
   // `logits`: rows.data, as the kernel's own (restrict) pointer
   __device__ __forceinline__ bool begin(const T* logits, const Rows<T>& rows, const Grids& g, bool load_early) {
     const int n = rows.n;
@@ -91,7 +106,7 @@ struct RowPass {
       if (i < nvec) buf[k] = READ_ONLY ? ldg(p + i) : p[i];
     }
   }
-  // logsumexp of the row's scores (a warp per row: every lane gets it; a block per row: warp 0 does).
+  // logsumexp of the row's scores (a row in a warp: each of its lanes gets it; a block per row: warp 0 does).
   // A NaN or +-inf score makes it NaN: x - x is 0 or NaN, and each vector's sum of it joins the state's
   // sum, which a NaN keeps NaN through every rescale and merge (no reduction of its own).
   __device__ __forceinline__ typename AccOf<T>::type logsumexp() {
@@ -112,8 +127,8 @@ struct RowPass {
       push<kLogSumExp, Acc, FastExp, true>(lse, xs);
       lse.s += xs - xs;
     }
-    if (WPR == 1) {
-      lse = warp_merge<kLogSumExp, Acc, FastExp, true>(lse);
+    if (Geo::IN_WARP) {
+      lse = warp_merge<kLogSumExp, Acc, FastExp, true, Geo::IN_WARP ? Geo::G : 32>(lse, Geo::lanes());
     } else {
       __shared__ ReduceState<Acc> smem[32];
       lse = block_merge<kLogSumExp, Acc, FastExp, true>(lse, smem);
@@ -149,9 +164,9 @@ struct RowPass {
 // it is stored in the widest pieces that offset allows (one 16-byte store, two of 8 or four of 4 bytes;
 // 2-byte elements at an odd position: 2 + 4 + 4 + 4 + 2), not element by element, whose 2-byte stores
 // conflict on the banks (DESIGN.md: Stage a row in the widest stores its offset allows).
-template <typename T, int VEC, int WPR, bool STAGED>
+template <typename T, int VEC, int TPR, bool STAGED>
 struct RowOut {
-  typedef RowGeometry<WPR> Geo;
+  typedef RowGeometry<TPR> Geo;
   typedef Vec<T, VEC> VT;
   static_assert(!STAGED || sizeof(VT) == 16, "staged rows are written in 16-byte vectors");
   static_assert(sizeof(T) == 2 || sizeof(T) % 4 == 0, "put's pieces: 2-byte elements or whole words");
@@ -201,10 +216,7 @@ struct RowOut {
   // after the row's last put, by every thread of the row
   __device__ __forceinline__ void finish(int lane) {
     if (!STAGED) return;
-    if (WPR == 1)
-      __syncwarp();
-    else
-      __syncthreads();
+    Geo::sync();
     const int nvec = n / VEC;
     const VT* s = reinterpret_cast<const VT*>(stage);
     VT* q = reinterpret_cast<VT*>(row);

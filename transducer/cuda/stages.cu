@@ -4,11 +4,11 @@
 //
 //   layout_kernel      one block: the Layout table (lengths, strides, row_splits) and the
 //                      value-check stats (LayoutParams)
-//   log_probs_kernel   one warp (or one 256-thread block, long rows) per row: den = logsumexp_v in
+//   log_probs_kernel   8, 16 or 32 lanes (or a 256-thread block, long rows) per row: den = logsumexp_v in
 //                      one online pass, lp = picked - den (LogProbsParams)
 //   alpha_beta_kernel  2B blocks: block b walks alpha of utterance b, block B + b its beta (and
 //                      loss), one thread per u (AlphaBetaParams)
-//   gradient_kernel    one warp (or block) per row: one read of the logits, one write of the gradient
+//   gradient_kernel    8, 16 or 32 lanes (or a block) per row: one read of the logits, one write of the gradient
 //                      (GradientParams)
 //   row_labels_kernel, row_log_probs_kernel, row_coefficients_kernel
 //                      one thread per row: what the fused loss's Hopper kernels take and give per row
@@ -46,7 +46,7 @@ struct LogProbsParams {
   typename ops::AccOf<T>::type* lp_arcs;  // (N, K)
 };
 
-template <typename T, typename I, int VEC, int WPR, bool ALIGNED>
+template <typename T, typename I, int VEC, int TPR, bool ALIGNED>
 __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
   Acc* __restrict__ lp = p.lp;
   Acc* __restrict__ den = p.den;
   const int V = p.logits.V;
-  RowPass<T, VEC, WPR, ALIGNED, kUnroll, true> pass;
+  RowPass<T, VEC, TPR, ALIGNED, kUnroll, true> pass;
   if (!pass.begin(p.logits.data, p.logits, p.grids, !p.grids.pad.padded() && !p.from_log_softmax)) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
@@ -306,22 +306,22 @@ struct GradientParams {
   long long ld_out;
 };
 
-template <typename T, typename I, int VEC, int WPR, bool FROM_LOG_SOFTMAX, bool RNA, bool CLAMP, bool ALIGNED,
+template <typename T, typename I, int VEC, int TPR, bool FROM_LOG_SOFTMAX, bool RNA, bool CLAMP, bool ALIGNED,
           bool STAGED, bool BIG_BLANKS>
 __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientParams<T, I> p) {
   using namespace td;
   typedef typename AccOf<T>::type Acc;
-  typedef RowGeometry<WPR> Geo;
+  typedef RowGeometry<TPR> Geo;
   const Acc NINF = neg_inf<Acc>();
   const ReadOnly<I> targets{p.labels.targets};
   const ReadOnly<Acc> lp{p.lattice.lp}, den{p.lattice.den}, alpha{p.lattice.alpha}, beta{p.lattice.beta},
       loss{p.lattice.nll};
   const int V = p.logits.V, blank = p.labels.blank;
-  RowPass<T, VEC, WPR, ALIGNED> pass;
+  RowPass<T, VEC, TPR, ALIGNED> pass;
   if (!pass.begin(p.logits.data, p.logits, p.grids, !FROM_LOG_SOFTMAX && !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
-  RowOut<T, VEC, WPR, STAGED> dst;
+  RowOut<T, VEC, TPR, STAGED> dst;
   dst.begin(p.out + (long long)(r - p.logits.row_start) * p.ld_out, pass.head, V);
   bool live = ri.cell;
   Acc l = Acc(0), sc = Acc(0);
@@ -348,10 +348,7 @@ __global__ void __launch_bounds__(td::kThreads) gradient_kernel(const GradientPa
     if (pass.lane < K)
       row_big[pass.lane] = big_blank_arc(beta, ldg(p.lp_arcs + (long long)r * K + pass.lane),
                                          duration(p.big_blank_durations, pass.lane), r, ri, lognorm);
-    if (WPR == 1)
-      __syncwarp();
-    else
-      __syncthreads();
+    Geo::sync();
   }
   map_row(pass, dst, !FROM_LOG_SOFTMAX, [&](int v, T x) {
     return from_acc<T>(

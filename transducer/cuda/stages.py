@@ -48,6 +48,7 @@ WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThread
 _WALK_AHEAD = 2
 # RowOut<..., true>'s rows a block: room left within DEFAULT_SHARED_MEM for the kernels' static shared memory
 _STAGE_LIMIT = 32 * 1024
+ROW_BYTES_PER_LANE = 128  # threads_per_row: a short row takes lanes enough that each reads at most this much
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
 
 # The kernels' parameter structs and their parts (params.cuh, layout.cuh, stages.cu, tdt.cu, pack.cu).
@@ -300,18 +301,33 @@ def _name(kernel, *params):
     return f"{kernel}<{', '.join(c)}>"
 
 
-def warps_per_row(num_rows, row_bytes, device):
-    """1 (a warp per row, 8 rows per block) or 8 (a 256-thread block per row).
-
-    A warp per row keeps 64 rows in flight per SM with four 16-byte loads per
-    lane, which saturates HBM for every row length seen in training; a block
-    per row is for rows too long for one warp (over 16 KiB) or too few rows to
-    fill the GPU with warps."""
+def threads_per_row(num_rows, row_bytes, device, min_lanes=8):
+    """The row kernels' threads a row (row_pass.cuh's RowGeometry): THREADS (a block) for rows too long for a warp
+    (over 16 KiB) or too few rows to fill the GPU with warps; else the fewest lanes of a warp, 8, 16 or 32 and at
+    least ``min_lanes``, that leave each lane at most ROW_BYTES_PER_LANE of the row. A short row's fixed work
+    (finding its utterance, the label's load, the merge of its logsumexp state, the stores) outweighs its elements'
+    at a warp a row; at 8 or 16 lanes a row, 4 or 2 rows of a warp share each instruction of it (DESIGN.md: Several
+    rows a warp for short rows). A warp keeps four 16-byte loads a lane in flight whatever its rows, which
+    saturates HBM for every row length seen in training."""
     if row_bytes > 16384:
-        return 8
+        return THREADS
     if row_bytes >= 4096 and num_rows < 64 * num_sms(device):
-        return 8
-    return 1
+        return THREADS
+    return next(g for g in (8, 16, 32) if g >= min_lanes and row_bytes <= g * ROW_BYTES_PER_LANE or g == 32)
+
+
+def _row_pass(num_rows, V, itemsize, rows, outs=(), staging=False, lanes=0):
+    """(threads a row, vec, aligned, staged) of a row kernel's pass over the V columns of ``rows`` (and ``outs``:
+    row_access): threads_per_row's, with lanes enough for what the pass gives lanes of the row: the unaligned
+    pass's head and tail scalars, one a lane (at most 2 vec - 2), and ``lanes`` of the row's own (the multi-blank
+    loss's big blanks). A staged gradient (``staging``) keeps a warp a row: its rows' copies in shared memory
+    are sized for 8 rows a block."""
+    tpr = threads_per_row(num_rows, V * itemsize, rows.device)
+    vec, aligned, staged = row_access(itemsize, V, rows, outs, THREADS // max(tpr, 32) if staging else 0)
+    if tpr < 32:
+        need = 32 if staged else max(lanes, 0 if aligned else 2 * vec - 2)
+        tpr = next(g for g in (8, 16, 32) if g >= max(tpr, need) or g == 32)
+    return tpr, vec, aligned, staged
 
 
 def _check_cuda(*tensors):
@@ -468,9 +484,8 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
         return out
     _row_major("logits2d", logits2d)
     itemsize = logits2d.element_size()
-    vec, aligned, _ = row_access(itemsize, V, logits2d)
-    wpr = warps_per_row(num_rows, V * itemsize, logits2d.device)
-    rows_per_block = THREADS // (32 * wpr)
+    tpr, vec, aligned, _ = _row_pass(num_rows, V, itemsize, logits2d, lanes=big_blanks + 1 if big_blanks else 0)
+    rows_per_block = THREADS // tpr
     params = LOG_PROBS_PARAMS(
         grids=_grids(layout),
         logits=_rows_struct(logits2d, row_start, vec, aligned),
@@ -482,7 +497,7 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
         den=out[1],
         lp_arcs=out[2] if big_blanks else None,
     )
-    name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, wpr, aligned)
+    name = _name("log_probs_kernel", logits2d.dtype, targets.dtype, vec, tpr, aligned)
     launch(_STAGES, name, logits2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
 
@@ -537,11 +552,10 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     # The gradient w.r.t. log-probs does not read them: with from_log_softmax the row pass is laid on
     # `out` alone, so the logits' alignment does not narrow its vectors.
     rows = out if options.from_log_softmax else logits2d
-    wpr = warps_per_row(num_rows, V * itemsize, logits2d.device)
-    rows_per_block = THREADS // (32 * wpr)
-    vec, aligned, staged = row_access(itemsize, V, rows, [out], rows_per_block)
-    terms = _terms(options)
     big = options.big_blank_durations
+    tpr, vec, aligned, staged = _row_pass(num_rows, V, itemsize, rows, [out], staging=True, lanes=len(big))
+    rows_per_block = THREADS // tpr
+    terms = _terms(options)
     params = GRADIENT_PARAMS(
         grids=_grids(lattice.layout),
         logits=_rows_struct(rows, row_start, vec, aligned),
@@ -559,7 +573,7 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
         logits2d.dtype,
         targets.dtype,
         vec,
-        wpr,
+        tpr,
         bool(options.from_log_softmax),
         bool(options.one_sym_per_frame),
         terms.clamp > 0,
@@ -1035,8 +1049,8 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
         return out
     itemsize = tokens2d.element_size()
     vec, aligned, _ = row_access(itemsize, V, tokens2d)
-    wpr = warps_per_row(num_rows, V * itemsize, tokens2d.device)
-    rows_per_block = THREADS // (32 * wpr)
+    tpr = threads_per_row(num_rows, V * itemsize, tokens2d.device, min_lanes=32)  # tdt.cu: the durations' lanes
+    rows_per_block = THREADS // tpr
     # vectors in flight (DESIGN.md: Eight vectors in flight where a row is loaded before its cell test)
     deep = 4 if layout.padded else 8
     params = TDT_LOG_PROBS_PARAMS(
@@ -1050,7 +1064,7 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
         den=den,
         den_arcs=den_arcs,
     )
-    name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, wpr, aligned, deep)
+    name = _name("tdt_log_probs_kernel", tokens2d.dtype, targets.dtype, vec, tpr, aligned, deep)
     launch(_TDT, name, tokens2d, (ceil_div(num_rows, rows_per_block),), (THREADS,), (params,))
     return out
 
@@ -1131,8 +1145,8 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
     rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
     scale = scale.to(lattice.lp.dtype)
     itemsize = tokens2d.element_size()
-    wpr = warps_per_row(num_rows, V * itemsize, tokens2d.device)
-    rows_per_block = THREADS // (32 * wpr)
+    tpr = threads_per_row(num_rows, V * itemsize, tokens2d.device, min_lanes=32)  # tdt.cu: the durations' lanes
+    rows_per_block = THREADS // tpr
     vec, aligned, staged = row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
     terms = _terms(options)
     params = TDT_GRADIENT_PARAMS(
@@ -1153,7 +1167,7 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
         ld_out_duration_scores=out_duration_scores.stride(0),
     )
     name = _name(
-        "tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, wpr, bool(omega), terms.clamp > 0, aligned, staged
+        "tdt_gradient_kernel", tokens2d.dtype, targets.dtype, vec, tpr, bool(omega), terms.clamp > 0, aligned, staged
     )
     launch(
         _TDT,

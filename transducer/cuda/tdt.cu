@@ -246,9 +246,10 @@ struct TdtLogProbsParams {
   typename ops::AccOf<T>::type* den_arcs;  // (N,)
 };
 
-template <typename T, typename I, int VEC, int WPR, bool ALIGNED, int DEEP>
+template <typename T, typename I, int VEC, int TPR, bool ALIGNED, int DEEP>
 __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLogProbsParams<T, I> p) {
   using namespace td;
+  static_assert(TPR >= 32, "the durations take lanes of the row's first warp: a warp or a block a row");
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
   const ReadOnly<T> tok{p.tokens.data}, dur{p.duration_scores.data};
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
   // layout, whose rows are loaded before their (b, t, u) is known, and 4 for the padded layout, which loads
   // a row once it knows the row is a cell (DESIGN.md: Eight vectors in flight where a row is loaded before
   // its cell test).
-  RowPass<T, VEC, WPR, ALIGNED, DEEP, true> pass;
+  RowPass<T, VEC, TPR, ALIGNED, DEEP, true> pass;
   if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r;
@@ -288,8 +289,8 @@ __global__ void __launch_bounds__(td::kThreads) tdt_log_probs_kernel(const TdtLo
     push<kLogSumExp, Acc, AccurateExp, true>(lsd, x_dur);
     lsd.s += x_dur - x_dur;
   }
-  if (threadIdx.x < 32 || WPR == 1) lsd = warp_merge<kLogSumExp, Acc, AccurateExp, true>(lsd);
-  // every lane of the row's first warp now holds both (warp 0 of the block when WPR == 8)
+  if (threadIdx.x < 32 || TPR == 32) lsd = warp_merge<kLogSumExp, Acc, AccurateExp, true>(lsd);
+  // every lane of the row's first warp now holds both (warp 0 of the block when a block takes the row)
   const Acc d_dur = finish<kLogSumExp, Acc, true>(lsd);
   const Acc bad = (d_tok - d_tok) + (d_dur - d_dur);  // 0, or NaN when either is
   if (pass.lane == 0) {
@@ -459,9 +460,10 @@ struct TdtGradientParams {
   long long ld_out_duration_scores;
 };
 
-template <typename T, typename I, int VEC, int WPR, bool OMEGA, bool CLAMP, bool ALIGNED, bool STAGED>
+template <typename T, typename I, int VEC, int TPR, bool OMEGA, bool CLAMP, bool ALIGNED, bool STAGED>
 __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGradientParams<T, I> p) {
   using namespace td;
+  static_assert(TPR >= 32, "the durations take lanes of the row's first warp: a warp or a block a row");
   typedef typename AccOf<T>::type Acc;
   const Acc NINF = neg_inf<Acc>();
   const T* dur = p.duration_scores.data;
@@ -471,12 +473,12 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
       beta{p.lattice.beta}, loss{p.lattice.nll}, alpha_r{p.rnnt.alpha}, beta_r{p.rnnt.beta}, loss_r{p.rnnt.nll};
   const Durations& durs = p.durations;
   const int D = durs.n, V = p.tokens.V, blank = p.labels.blank;
-  RowPass<T, VEC, WPR, ALIGNED> pass;
+  RowPass<T, VEC, TPR, ALIGNED> pass;
   if (!pass.begin(p.tokens.data, p.tokens, p.grids, !p.grids.pad.padded())) return;
   const RowInfo& ri = pass.ri;
   const int r = pass.r, lane = pass.lane;
   const long long local = r - p.tokens.row_start;
-  RowOut<T, VEC, WPR, STAGED> dst;
+  RowOut<T, VEC, TPR, STAGED> dst;
   dst.begin(p.out_tokens + local * p.ld_out_tokens, pass.head, V);
   T* qd = p.out_duration_scores + local * p.ld_out_duration_scores;
   bool live = ri.cell;
@@ -505,14 +507,14 @@ __global__ void __launch_bounds__(td::kThreads) tdt_gradient_kernel(const TdtGra
     arc = tdt_arcs(beta, lp_arcs[(long long)r * D + lane], duration(durs, lane), r, ri, lognorm, lp_b, lp_l);
   const Acc own = arc.blank + arc.label;  // B_j + L_j of this lane's duration j
   Acc sum_blank = arc.blank, sum_label = arc.label;  // sums over the durations, on warp 0's lanes
-  if (threadIdx.x < 32 || WPR == 1) {
+  if (threadIdx.x < 32 || TPR == 32) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       sum_blank += __shfl_xor_sync(0xffffffffu, sum_blank, o);
       sum_label += __shfl_xor_sync(0xffffffffu, sum_label, o);
     }
   }
-  if (WPR > 1) {  // a block per row: warp 0 hands the sums to the others
+  if (TPR > 32) {  // a block per row: warp 0 hands the sums to the others
     __shared__ Acc shared_sums[2];
     if (threadIdx.x == 0) {
       shared_sums[0] = sum_blank;
