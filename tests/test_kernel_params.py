@@ -205,20 +205,18 @@ def test_threads_per_row_picks_what_the_row_kernels_take(monkeypatch):
     allowed = re.search(r"static_assert\(TPR == 8 \|\| TPR == 16 \|\| TPR == 32 \|\| TPR == (\w+),", TEXT).group(1)
     assert allowed == "kThreads" and _constants(TEXT)["kThreads"] == cuda.THREADS
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
-    picked = {
-        (min_lanes, cuda.threads_per_row(rows, row_bytes, None, min_lanes))
-        for min_lanes in (8, 16, 32)
-        for rows in (1, 1000, 10**6)
-        for row_bytes in (2, 1000, 2048, 4096, 16384, 16385, 1 << 20)
-    }
-    assert {tpr for _, tpr in picked} == {8, 16, 32, cuda.THREADS}
-    assert all(tpr >= min_lanes for min_lanes, tpr in picked)
-    # each lane of a short row reads at most ROW_BYTES_PER_LANE, and no fewer lanes would do
-    for row_bytes in (2, 1000, 1024, 1025, 2048, 2049, 4095):
-        tpr = cuda.threads_per_row(10**6, row_bytes, None)
-        assert tpr == 32 or (
-            row_bytes <= tpr * cuda.ROW_BYTES_PER_LANE and (tpr == 8 or row_bytes > tpr // 2 * cuda.ROW_BYTES_PER_LANE)
-        )
+    sizes = [
+        (rows, row_bytes) for rows in (1, 1000, 10**6) for row_bytes in (2, 1000, 2048, 4096, 16384, 16385, 1 << 20)
+    ]
+    lanes = (cuda.LOG_PROBS_LANE_BYTES, cuda.GRADIENT_LANE_BYTES)
+    assert {cuda.threads_per_row(r, n, None, per) for r, n in sizes for per in lanes} == {8, 16, 32, cuda.THREADS}
+    assert {cuda.threads_per_row(r, n, None) for r, n in sizes} == {32, cuda.THREADS}  # TDT's: a warp at least
+    # each lane of a short row reads at most bytes_per_lane, and no fewer lanes would do
+    for per in lanes:
+        for row_bytes in (2, 256, 257, 1000, 1024, 1025, 2048, 2049, 4095):
+            tpr = cuda.threads_per_row(10**6, row_bytes, None, per)
+            assert tpr == 32 or row_bytes <= tpr * per
+            assert tpr == 8 or row_bytes > tpr // 2 * per
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
@@ -230,7 +228,7 @@ def test_a_row_pass_gets_the_lanes_its_access_needs(monkeypatch, dtype, V, ld, l
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
     rows = torch.zeros(64, ld, dtype=dtype)[:, :V]
     for outs, staging in (((), False), ((rows,), True), ((torch.zeros(64, -(-V // 8) * 8, dtype=dtype)[:, :V],), True)):
-        tpr, vec, aligned, staged = cuda._row_pass(10**6, V, rows.element_size(), rows, outs, staging, lanes)
+        tpr, vec, aligned, staged = cuda._row_pass(10**6, V, rows.element_size(), rows, 64, outs, staging, lanes)
         assert (vec, aligned, staged) == cuda.row_access(rows.element_size(), V, rows, outs, 8 if staging else 0)
         assert tpr in (8, 16, 32)
         assert tpr >= lanes or tpr == 32  # K < 32: the launcher's check (multiblank), not the pass's

@@ -205,7 +205,7 @@ def test_row_kernels_match_cpu_in_every_row_geometry(monkeypatch, tpr, V, width,
     RowGeometry: 8, 16 or 32 lanes or a block a row; more where the pass needs them, stages._row_pass) give the CPU
     twin's values, every entry written: rows of several utterances share a warp, padding rows among them (NaN and
     inf, which must not be read) leave early while their warp's other rows merge."""
-    monkeypatch.setattr(cuda, "threads_per_row", lambda num_rows, row_bytes, device, min_lanes=8: max(tpr, min_lanes))
+    monkeypatch.setattr(cuda, "threads_per_row", lambda rows, row_bytes, device, bytes_per_lane=0: tpr)
     gen = torch.Generator().manual_seed(V + tpr + big)
     durations = tuple(range(2, 2 + big))
     logits, targets, T, U = random_batch(gen, 5, 7, 4, V - big, V - big - 1, dtype=torch.float32, scale=2.0, extra=big)
@@ -354,8 +354,7 @@ def test_gradient_into_rows_of_another_stride(V):
     alpha, beta, loss = cuda.alpha_beta(lp, layout, o)
     same, staged = outs()
     # which path the launcher takes: staged through shared memory (private helpers of transducer.cuda.stages)
-    wpr = cuda.warps_per_row(N, V * 2, x.device)
-    assert cuda.row_access(2, V, rows, [staged], 8 // wpr) == (8, False, True)
+    assert cuda._row_pass(N, V, 2, rows, cuda.GRADIENT_LANE_BYTES, [staged], staging=True)[1:] == (8, False, True)
     for out in (same[:, :V], staged):
         cuda.gradient(rows, targets, Lattice(layout, lp, den, alpha, beta, loss), scale, o, out)
     assert_no_nan(staged)

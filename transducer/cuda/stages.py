@@ -48,7 +48,11 @@ WALK_MAX_THREADS = 512  # tdt_walk_kernel's launch bound (tdt.cu: kWalkMaxThread
 _WALK_AHEAD = 2
 # RowOut<..., true>'s rows a block: room left within DEFAULT_SHARED_MEM for the kernels' static shared memory
 _STAGE_LIMIT = 32 * 1024
-ROW_BYTES_PER_LANE = 128  # threads_per_row: a short row takes lanes enough that each reads at most this much
+# threads_per_row's bytes of a row a lane, at most, in the log-probs pass (a read) and the gradient pass (a read and a
+# write, and more state a row): the fastest of 8, 16 and 32 lanes a row at rows of 256 bytes to 4 KiB (RESULTS.md:
+# Several rows a warp)
+LOG_PROBS_LANE_BYTES = 256
+GRADIENT_LANE_BYTES = 64
 _WIDE_ROW_BYTES = 4096  # gradient_row_width: rows up to this size are padded (8 a block stage within the limit)
 
 # The kernels' parameter structs and their parts (params.cuh, layout.cuh, stages.cu, tdt.cu, pack.cu).
@@ -301,28 +305,28 @@ def _name(kernel, *params):
     return f"{kernel}<{', '.join(c)}>"
 
 
-def threads_per_row(num_rows, row_bytes, device, min_lanes=8):
+def threads_per_row(num_rows, row_bytes, device, bytes_per_lane=0):
     """The row kernels' threads a row (row_pass.cuh's RowGeometry): THREADS (a block) for rows too long for a warp
-    (over 16 KiB) or too few rows to fill the GPU with warps; else the fewest lanes of a warp, 8, 16 or 32 and at
-    least ``min_lanes``, that leave each lane at most ROW_BYTES_PER_LANE of the row. A short row's fixed work
-    (finding its utterance, the label's load, the merge of its logsumexp state, the stores) outweighs its elements'
-    at a warp a row; at 8 or 16 lanes a row, 4 or 2 rows of a warp share each instruction of it (DESIGN.md: Several
-    rows a warp for short rows). A warp keeps four 16-byte loads a lane in flight whatever its rows, which
-    saturates HBM for every row length seen in training."""
+    (over 16 KiB) or too few rows to fill the GPU with warps; else a warp, or with ``bytes_per_lane`` the fewest
+    lanes of a warp, 8, 16 or 32, that leave each lane at most that much of the row (LOG_PROBS_LANE_BYTES,
+    GRADIENT_LANE_BYTES). A short row's fixed work (finding its utterance, the label's load, the merge of its
+    logsumexp state, the stores) outweighs its elements' at a warp a row; at 8 or 16 lanes a row, 4 or 2 rows of a
+    warp share each instruction of it (DESIGN.md: Several rows a warp for short rows). A warp keeps four 16-byte
+    loads a lane in flight whatever its rows, which saturates HBM for every row length seen in training."""
     if row_bytes > 16384:
         return THREADS
     if row_bytes >= 4096 and num_rows < 64 * num_sms(device):
         return THREADS
-    return next(g for g in (8, 16, 32) if g >= min_lanes and row_bytes <= g * ROW_BYTES_PER_LANE or g == 32)
+    return next(g for g in (8, 16, 32) if bytes_per_lane and row_bytes <= g * bytes_per_lane or g == 32)
 
 
-def _row_pass(num_rows, V, itemsize, rows, outs=(), staging=False, lanes=0):
+def _row_pass(num_rows, V, itemsize, rows, bytes_per_lane, outs=(), staging=False, lanes=0):
     """(threads a row, vec, aligned, staged) of a row kernel's pass over the V columns of ``rows`` (and ``outs``:
     row_access): threads_per_row's, with lanes enough for what the pass gives lanes of the row: the unaligned
     pass's head and tail scalars, one a lane (at most 2 vec - 2), and ``lanes`` of the row's own (the multi-blank
     loss's big blanks). A staged gradient (``staging``) keeps a warp a row: its rows' copies in shared memory
     are sized for 8 rows a block."""
-    tpr = threads_per_row(num_rows, V * itemsize, rows.device)
+    tpr = threads_per_row(num_rows, V * itemsize, rows.device, bytes_per_lane)
     vec, aligned, staged = row_access(itemsize, V, rows, outs, THREADS // max(tpr, 32) if staging else 0)
     if tpr < 32:
         need = 32 if staged else max(lanes, 0 if aligned else 2 * vec - 2)
@@ -484,7 +488,8 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
         return out
     _row_major("logits2d", logits2d)
     itemsize = logits2d.element_size()
-    tpr, vec, aligned, _ = _row_pass(num_rows, V, itemsize, logits2d, lanes=big_blanks + 1 if big_blanks else 0)
+    lanes = big_blanks + 1 if big_blanks else 0  # log_probs_kernel: lanes 1 ... K load the big blanks
+    tpr, vec, aligned, _ = _row_pass(num_rows, V, itemsize, logits2d, LOG_PROBS_LANE_BYTES, lanes=lanes)
     rows_per_block = THREADS // tpr
     params = LOG_PROBS_PARAMS(
         grids=_grids(layout),
@@ -553,7 +558,9 @@ def gradient(logits2d, targets, lattice, scale, options, out, row_start=0):
     # `out` alone, so the logits' alignment does not narrow its vectors.
     rows = out if options.from_log_softmax else logits2d
     big = options.big_blank_durations
-    tpr, vec, aligned, staged = _row_pass(num_rows, V, itemsize, rows, [out], staging=True, lanes=len(big))
+    tpr, vec, aligned, staged = _row_pass(
+        num_rows, V, itemsize, rows, GRADIENT_LANE_BYTES, [out], staging=True, lanes=len(big)
+    )
     rows_per_block = THREADS // tpr
     terms = _terms(options)
     params = GRADIENT_PARAMS(
@@ -1049,7 +1056,7 @@ def tdt_log_probs(tokens2d, duration_scores, targets, layout, options, row_start
         return out
     itemsize = tokens2d.element_size()
     vec, aligned, _ = row_access(itemsize, V, tokens2d)
-    tpr = threads_per_row(num_rows, V * itemsize, tokens2d.device, min_lanes=32)  # tdt.cu: the durations' lanes
+    tpr = threads_per_row(num_rows, V * itemsize, tokens2d.device)  # a warp at least: tdt.cu's durations' lanes
     rows_per_block = THREADS // tpr
     # vectors in flight (DESIGN.md: Eight vectors in flight where a row is loaded before its cell test)
     deep = 4 if layout.padded else 8
@@ -1145,7 +1152,7 @@ def tdt_gradient(tokens2d, duration_scores, targets, lattice, scale, options, ou
     rnnt = lattice.rnnt if omega else Walks(lattice.alpha, lattice.beta, lattice.nll)
     scale = scale.to(lattice.lp.dtype)
     itemsize = tokens2d.element_size()
-    tpr = threads_per_row(num_rows, V * itemsize, tokens2d.device, min_lanes=32)  # tdt.cu: the durations' lanes
+    tpr = threads_per_row(num_rows, V * itemsize, tokens2d.device)  # a warp at least: tdt.cu's durations' lanes
     rows_per_block = THREADS // tpr
     vec, aligned, staged = row_access(itemsize, V, tokens2d, [out_tokens], rows_per_block)
     terms = _terms(options)
