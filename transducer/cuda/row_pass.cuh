@@ -1,5 +1,6 @@
 // The pass over one row of the logits that the per-row kernels (log-probs, gradient) make: RowPass reads a row's
-// columns in 16-byte vectors, some lanes of a warp, a warp or a block a row (RowGeometry), RowOut writes the gradient's row, map_row joins them.
+// columns in 16-byte vectors, some lanes of a warp, a warp or a block a row (RowGeometry), RowOut writes the
+// gradient's row, map_row joins them.
 //
 // The element types, conversions and math come from ops/numeric.cuh, the logsumexp states from ops/reduce.cuh.
 #pragma once
