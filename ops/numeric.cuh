@@ -196,8 +196,9 @@ struct FastExp {
 // log(exp(a) + exp(b)); -inf with -inf gives -inf, and a NaN operand gives NaN (a NaN log-probability
 // must reach the loss): comparisons with NaN are false, so a NaN lands in `lo` when the other operand
 // is -inf, in `hi` otherwise. Float uses the fast intrinsics (absolute error ~1e-6 per step, on the
-// critical path of recursions such as the transducer's alpha and beta), double the accurate functions.
-__device__ __forceinline__ float log1p_exp(float x) { return __logf(1.0f + __expf(x)); }
+// critical path of recursions such as the transducer's alpha and beta; exp_fast's flush of results below
+// 2^-126 changes no sum with 1), double the accurate functions.
+__device__ __forceinline__ float log1p_exp(float x) { return __logf(1.0f + exp_fast(x)); }
 __device__ __forceinline__ double log1p_exp(double x) { return log1p(exp(x)); }
 
 template <typename A>

@@ -176,9 +176,83 @@ struct Walk {
     if (sm) S[((s & 1) ? cap : 0) + u] = val;
   }
 
+  // One u a thread, the previous step in shared memory (U + 1 <= blockDim and cap): the common case, run() in
+  // fewer instructions a step (the walk is a chain of dependent steps, each one barrier, on a few warps an SM, so
+  // that a step costs its instructions' latencies). Thread u's cell moves by a constant each step, (t, row) +=
+  // (dt, dt st) with dt = -1 for beta, +1 for alpha, so that no step multiplies or tests which path it takes. Every
+  // thread writes its value to shared memory each step, -inf off the grid or the band, so that a neighbour before
+  // the grid's edge reads -inf there without a test of its own; only the first step's cell ((0, 0) for alpha, (T -
+  // 1, U) for beta) reads nothing. The same values as run()'s, which takes the other cases.
+  __device__ void run_shared() const {
+    const Acc NINF = neg_inf<Acc>();
+    const int nsteps = RNA ? T : T + U;
+    const int u = threadIdx.x, dt = BETA ? -1 : 1;
+    const bool act = u <= U;
+    const long long dc = (long long)dt * st;  // a step's move in rows
+    int t = RNA ? (BETA ? T - 1 : 0) : (BETA ? T - 1 + U - u : -u);
+    Acc* o = out + ((long long)base + (long long)t * st + u);  // the cell's entry of out, and below of lp
+    // the log-probs of the cell k steps ahead, whose lp entries start at `at`, as load() reads them; q: the cell's,
+    // then kRing steps ahead's
+    const Acc* q = lp.p + 2 * ((long long)base + (long long)t * st + u);
+    auto fetch = [&](int k, const Acc* at, Acc& x1, Acc& x2) {
+      x1 = NINF;
+      x2 = NINF;
+      const int tk = t + k * dt;
+      if (!act || (unsigned)tk >= (unsigned)T || !in_band(tk, u)) return;
+      if (BETA) {
+        x1 = ldg(at);
+        x2 = ldg(at + 1);
+      } else {
+        if (tk > 0) x1 = ldg(at - 2 * st);  // the blank from (t - 1, u)
+        // the label from (t, u - 1), or for RNA from (t - 1, u - 1)
+        if (u > 0 && (!RNA || tk > 0)) x2 = ldg(at - (RNA ? 2 * st + 1 : 1));
+      }
+    };
+    Acc r1[kRing], r2[kRing];
+#pragma unroll
+    for (int k = 0; k < kRing; ++k) fetch(k, q + 2 * k * dc, r1[k], r2[k]);
+    q += 2 * kRing * dc;
+    // the neighbour whose previous step an arc leaves: u - 1 (alpha's label arc) or u + 1 (beta's); none at the edge
+    const int nb = BETA ? u + 1 : u - 1;
+    const bool has_nb = BETA ? u < U : u > 0;
+    for (int s0 = 0; s0 < nsteps; s0 += kRing) {
+#pragma unroll
+      for (int k = 0; k < kRing; ++k) {
+        const int s = s0 + k;
+        if (s < nsteps) {  // uniform over the block
+          const Acc x1 = r1[k], x2 = r2[k];
+          if (s + kRing < nsteps) fetch(kRing, q, r1[k], r2[k]);
+          if (act) {
+            const Acc* prv = S + ((s & 1) ? 0 : cap);
+            Acc val = NINF;
+            if ((unsigned)t < (unsigned)T) {
+              if (in_band(t, u)) {
+                if (s == 0) {
+                  val = BETA ? x1 : Acc(0);  // beta: the closing blank
+                } else {
+                  const Acc p2 = has_nb ? prv[nb] : NINF;
+                  val = log_add(prv[u] + x1, p2 + x2);
+                }
+              }
+              *o = val;
+              if (BETA && t == 0 && u == 0) *loss = -val;
+            }
+            S[((s & 1) ? cap : 0) + u] = val;
+          }
+          t += dt;
+          o += dc;
+          q += 2 * dc;
+          __syncthreads();
+        }
+      }
+    }
+  }
+
   __device__ void run() const {
     const int nsteps = RNA ? T : T + U;
-    if (U + 1 <= (int)blockDim.x) {
+    if (sm && U + 1 <= (int)blockDim.x) {
+      run_shared();
+    } else if (U + 1 <= (int)blockDim.x) {
       // one u per thread: each step's log-probs are loaded kRing steps ahead
       // (a register ring), so their latency stays off the critical path
       const int u = threadIdx.x;
