@@ -311,8 +311,9 @@ def threads_per_row(num_rows, row_bytes, device, bytes_per_lane=0):
     lanes of a warp, 8, 16 or 32, that leave each lane at most that much of the row (LOG_PROBS_LANE_BYTES,
     GRADIENT_LANE_BYTES). A short row's fixed work (finding its utterance, the label's load, the merge of its
     logsumexp state, the stores) outweighs its elements' at a warp a row; at 8 or 16 lanes a row, 4 or 2 rows of a
-    warp share each instruction of it (DESIGN.md: Several rows a warp for short rows). A warp keeps four 16-byte
-    loads a lane in flight whatever its rows, which saturates HBM for every row length seen in training."""
+    warp share each instruction of it (DESIGN.md: Several rows a warp for short rows). A lane keeps RowPass's
+    vectors in flight (2 to 4) whatever its row's length, so the loads in flight an SM do not shrink with fewer lanes
+    a row."""
     if row_bytes > 16384:
         return THREADS
     if row_bytes >= 4096 and num_rows < 64 * num_sms(device):
