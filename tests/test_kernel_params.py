@@ -19,8 +19,10 @@ from ops.params import struct
 from ragged import ragged_cuda
 from transducer import layout
 from transducer.cuda import stages as cuda
+from transducer.custom_ops import make_layout
 from transducer.joiner import ACTIVATIONS
-from transducer.options import SUPPORTED
+from transducer.lattices import Lattice
+from transducer.options import SUPPORTED, LossOptions
 
 ROOT = ops.cuda_include_dir()
 SOURCES = [
@@ -219,6 +221,33 @@ def test_threads_per_row_picks_what_the_row_kernels_take(monkeypatch):
             assert tpr == 8 or row_bytes > tpr // 2 * per
 
 
+@pytest.mark.parametrize("K", [1, 7, 8, 9, 16])
+def test_the_multiblank_row_kernels_ask_for_their_lanes(monkeypatch, K):
+    # log_probs_kernel loads big blank i on lane 1 + i of the row, gradient_kernel forms its arc on lane i: their
+    # launchers ask _row_pass for K + 1 and K lanes (caught here as the pass is planned, before any launch)
+    asked = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(*args, lanes=0, **kwargs):
+        asked.append(lanes)
+        raise Planned
+
+    monkeypatch.setattr(cuda, "_row_pass", plan)
+    V, T, U = 64, torch.tensor([5]), torch.tensor([1])
+    x, targets = torch.zeros(10, V), torch.ones(1, 1, dtype=torch.int64)
+    o = LossOptions(blank=V - 1, big_blank_durations=tuple(range(2, 2 + K)))
+    layout = make_layout(x, targets, T, U)
+    with pytest.raises(Planned):
+        cuda.multiblank_log_probs(x, targets, layout, o)
+    zeros = torch.zeros(10)
+    lattice = Lattice(layout, torch.zeros(10, 2), zeros, zeros, zeros, torch.zeros(1), torch.zeros(10, K))
+    with pytest.raises(Planned):
+        cuda.gradient(x, targets, lattice, torch.ones(1), o, torch.empty_like(x))
+    assert asked == [K + 1, K]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("V, ld", [(5, 5), (64, 64), (500, 500), (500, 512), (1021, 1024), (505, 512)])
 @pytest.mark.parametrize("lanes", [0, 1, 3, 7, 8, 16, 17])
@@ -228,7 +257,9 @@ def test_a_row_pass_gets_the_lanes_its_access_needs(monkeypatch, dtype, V, ld, l
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
     rows = torch.zeros(64, ld, dtype=dtype)[:, :V]
     for outs, staging in (((), False), ((rows,), True), ((torch.zeros(64, -(-V // 8) * 8, dtype=dtype)[:, :V],), True)):
-        tpr, vec, aligned, staged = cuda._row_pass(10**6, V, rows.element_size(), rows, 64, outs, staging, lanes)
+        tpr, vec, aligned, staged = cuda._row_pass(
+            10**6, V, rows.element_size(), rows, cuda.GRADIENT_LANE_BYTES, outs, staging, lanes
+        )
         assert (vec, aligned, staged) == cuda.row_access(rows.element_size(), V, rows, outs, 8 if staging else 0)
         assert tpr in (8, 16, 32)
         assert tpr >= lanes or tpr == 32  # K < 32: the launcher's check (multiblank), not the pass's

@@ -194,6 +194,8 @@ ROW_GEOMETRY_CASES = [  # V, the rows' width, dtype, padded, big blanks
     (500, 512, torch.bfloat16, True, 0),  # the fused loss's tiles: 500 columns of 512-wide rows
     (37, 37, torch.float32, False, 3),
     (300, 300, torch.bfloat16, True, 15),  # 15 big blanks: log-probs' lanes 1 ... 15 of the row
+    (64, 64, torch.float16, False, 8),  # aligned rows, 8 big blanks: log-probs needs 9 lanes (16), the gradient 8
+    (64, 64, torch.float16, False, 9),  # and 9: the gradient needs 9 lanes (16)
 ]
 
 

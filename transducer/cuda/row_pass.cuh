@@ -18,8 +18,8 @@ constexpr int kThreads = 256;  // block size of the per-row kernels (transducer/
 constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (RowPass: 2 for 8-wide vectors)
 
 // The threads of a row, TPR: a group of 8 or 16 lanes of a warp (4 or 2 rows a warp), a warp, or a block of
-// kThreads (transducer/cuda/stages.py's threads_per_row picks one; tests/test_kernel_params.py checks it picks no
-// other). A short row's fixed work (its utterance's search, the label's load, the merge of its state, the stores) is
+// kThreads (transducer/cuda/stages.py's _row_pass picks one: threads_per_row's, more where the pass gives lanes
+// work of their own; tests/test_kernel_params.py checks they pick no other). A short row's fixed work (its utterance's search, the label's load, the merge of its state, the stores) is
 // then done once for 32 / TPR rows by each warp instruction, instead of once for one row.
 template <int TPR>
 struct RowGeometry {

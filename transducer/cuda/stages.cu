@@ -40,7 +40,7 @@ struct LogProbsParams {
   td::Labels<I> labels;
   bool from_log_softmax;  // den = 0: the logits are log-probabilities
   td::Terms terms;        // sigma, delay_penalty
-  int big_blanks;                        // K (< 32: lanes 1 ... K of the row load them)
+  int big_blanks;                        // K (lanes 1 ... K of the row load them: the launcher gives it K + 1)
   typename ops::AccOf<T>::type* lp;      // (N, 2)
   typename ops::AccOf<T>::type* den;     // (N,)
   typename ops::AccOf<T>::type* lp_arcs;  // (N, K)
@@ -179,10 +179,11 @@ struct Walk {
   // One u a thread, the previous step in shared memory (U + 1 <= blockDim and cap): the common case, run() in
   // fewer instructions a step (the walk is a chain of dependent steps, each one barrier, on a few warps an SM, so
   // that a step costs its instructions' latencies). Thread u's cell moves by a constant each step, (t, row) +=
-  // (dt, dt st) with dt = -1 for beta, +1 for alpha, so that no step multiplies or tests which path it takes. Every
-  // thread writes its value to shared memory each step, -inf off the grid or the band, so that a neighbour before
-  // the grid's edge reads -inf there without a test of its own; only the first step's cell ((0, 0) for alpha, (T -
-  // 1, U) for beta) reads nothing. The same values as run()'s, which takes the other cases.
+  // (dt, dt st) with dt = -1 for beta, +1 for alpha, so that no step multiplies, and no step tests whether it reads
+  // shared or global memory. Every thread of a u <= U writes its value to shared memory each step, -inf off the grid
+  // or the band, so that a neighbour before the grid's edge reads -inf there without a test of its own; only the
+  // first step's cell ((0, 0) for alpha, (T - 1, U) for beta) reads nothing. The same values as run()'s, which takes
+  // the other cases.
   __device__ void run_shared() const {
     const Acc NINF = neg_inf<Acc>();
     const int nsteps = RNA ? T : T + U;

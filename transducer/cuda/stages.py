@@ -325,8 +325,8 @@ def _row_pass(num_rows, V, itemsize, rows, bytes_per_lane, outs=(), staging=Fals
     """(threads a row, vec, aligned, staged) of a row kernel's pass over the V columns of ``rows`` (and ``outs``:
     row_access): threads_per_row's, with lanes enough for what the pass gives lanes of the row: the unaligned
     pass's head and tail scalars, one a lane (at most 2 vec - 2), and ``lanes`` of the row's own (the multi-blank
-    loss's big blanks). A staged gradient (``staging``) keeps a warp a row: its rows' copies in shared memory
-    are sized for 8 rows a block."""
+    loss's big blanks). A staged gradient (``staging``) keeps a warp a row at least: its rows' copies in shared memory
+    are sized for the rows a block has at a warp (8) or a block (1) a row."""
     tpr = threads_per_row(num_rows, V * itemsize, rows.device, bytes_per_lane)
     vec, aligned, staged = row_access(itemsize, V, rows, outs, THREADS // max(tpr, 32) if staging else 0)
     if tpr < 32:
