@@ -19,8 +19,9 @@ constexpr int kUnroll = 4;     // vectors in flight per thread and loop trip (Ro
 
 // The threads of a row, TPR: a group of 8 or 16 lanes of a warp (4 or 2 rows a warp), a warp, or a block of
 // kThreads (transducer/cuda/stages.py's _row_pass picks one: threads_per_row's, more where the pass gives lanes
-// work of their own; tests/test_kernel_params.py checks they pick no other). A short row's fixed work (its utterance's search, the label's load, the merge of its state, the stores) is
-// then done once for 32 / TPR rows by each warp instruction, instead of once for one row.
+// work of their own; tests/test_kernel_params.py checks they pick no other). A short row's fixed work (its
+// utterance's search, the label's load, the merge of its state, the stores) is then done once for 32 / TPR rows by
+// each warp instruction, instead of once for one row.
 template <int TPR>
 struct RowGeometry {
   static_assert(TPR == 8 || TPR == 16 || TPR == 32 || TPR == kThreads, "8, 16 or 32 lanes or one block per row");
@@ -50,7 +51,8 @@ struct RowGeometry {
 // begin() is the row's vectors. Otherwise (NeMo's TDT joint:
 // V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
 // VEC boundary and the `tail` columns after its last whole vector are one scalar each for the first
-// head + tail (<= 2 VEC - 2) threads of the row (the launcher gives it that many at least), and the vectors between them are read as when aligned.
+// head + tail (<= 2 VEC - 2) threads of the row (the launcher gives it that many at least), and the vectors
+// between them are read as when aligned.
 // `logits` holds the rows [row_start, row_start + num_rows) of the layout (all of them, or a tile of
 // the fused joiner loss), `ld` apart (struct Rows); the per-row arrays (lp, den, alpha, beta) are indexed by the row of
 // the layout. In the compact layout the first vectors are
