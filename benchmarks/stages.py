@@ -1,13 +1,17 @@
 """Per-stage timing of the CUDA loss (a tool for optimising the kernels; bench.py is the benchmark).
 
     python benchmarks/stages.py [--dtypes fp32,fp16,bf16] [--sizes 0,1,2] [--profile]
+    python benchmarks/stages.py --geometries
 
 For each Protocol B size (full lengths) and dtype: GPU time of log_probs, alpha_beta and gradient
 (20 back-to-back launches between two events), their effective bandwidth, the host time of one eager
 fwd+bwd (check_inputs on and off), its wall time between events, and a CUDA-graph replay of the same
 step (no host overhead); all against the floor of 3 passes over the logits at the measured copy rate.
 With --profile, it also prints where the host time of an eager step goes (cProfile, check_inputs on
-and off), the part that sets the step time at the smallest size.
+and off), the part that sets the step time at the smallest size. With --geometries, instead: log_probs and
+gradient at each row geometry forced (8, 16 or 32 lanes or a block a row, raised where the pass needs more lanes:
+transducer/cuda/stages.py's _row_pass), on GEOMETRY_CASES's rows, the minimum over 7 rounds of 20 launches, with the
+share of the copy rate each pass's bytes reach, and the geometry each pass takes by default.
 """
 
 import argparse
@@ -118,12 +122,74 @@ def primitives():
         print(f"  {name}: {us:.1f} us")
 
 
+# rows x columns (row width), dtype: compact batches of B utterances with (T, U) drawn from the ranges
+GEOMETRY_CASES = [
+    ("500 of 512 bf16 (the fused step's tiles)", 30, (300, 500), (40, 90), 500, 512, torch.bfloat16),
+    ("500 bf16", 32, (150, 150), (40, 40), 500, 500, torch.bfloat16),
+    ("500 fp32", 32, (150, 150), (40, 40), 500, 500, torch.float32),
+    ("1024 bf16", 32, (200, 400), (60, 128), 1024, 1024, torch.bfloat16),
+    ("128 bf16", 32, (150, 150), (40, 40), 128, 128, torch.bfloat16),
+    ("256 fp32", 32, (150, 150), (40, 40), 256, 256, torch.float32),
+    ("29 fp32 (characters)", 32, (300, 300), (100, 100), 29, 29, torch.float32),
+    ("2048 bf16", 16, (300, 300), (80, 80), 2048, 2048, torch.bfloat16),
+]
+
+
+def copy_rate(time_ms):
+    """GB/s of a device-to-device copy of 256 MiB (read and written), timed by ``time_ms``."""
+    src, dst = (torch.empty(1 << 28, dtype=torch.uint8, device="cuda") for _ in range(2))
+    return 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def geometries():
+    """The row kernels at each row geometry forced (--geometries)."""
+    best = lambda fn: min(gpu_ms(fn, reps=1) for _ in range(7))  # noqa: E731
+    rate = copy_rate(best)
+    print(f"copy rate {rate:.0f} GB/s; us (share of the copy rate), lanes a row forced -> taken by log_probs, gradient")
+    gen = torch.Generator().manual_seed(0)
+    chosen = cuda.threads_per_row
+    for name, B, t_range, u_range, V, width, dtype in GEOMETRY_CASES:
+        T = torch.randint(t_range[0], t_range[1] + 1, (B,), generator=gen)
+        U = torch.randint(u_range[0], u_range[1] + 1, (B,), generator=gen)
+        N = int((T * (U + 1)).sum())
+        targets = torch.randint(1, V, (B, int(U.max())), generator=gen).cuda()
+        wide = (torch.randn(N, width, device="cuda") * 2).to(dtype)
+        x = wide[:, :V]
+        out = torch.empty_like(wide)[:, :V]  # the logits' layout, as the fused loss's in-place gradient
+        layout = make_layout(x, targets, T.cuda(), U.cuda())
+        o = LossOptions(blank=0)
+        lp, den = cuda.log_probs(x, targets, layout, o)
+        lattice = Lattice(layout, lp, den, *cuda.alpha_beta(lp, layout, o))
+        scale = torch.ones(B, device="cuda")
+        size = x.element_size()
+        passes = lambda: (  # noqa: E731
+            cuda._row_pass(N, V, size, x, cuda.LOG_PROBS_LANE_BYTES)[0],
+            cuda._row_pass(N, V, size, x, cuda.GRADIENT_LANE_BYTES, [out], staging=True)[0],
+        )
+        row_bytes = N * V * size
+        print(f"{N:,} x {name}, default lanes {passes()}")
+        for forced in (8, 16, 32, cuda.THREADS):
+            cuda.threads_per_row = lambda rows, row_bytes, device, bytes_per_lane=0: forced  # noqa: E731
+            taken = passes()
+            t1 = best(lambda: cuda.log_probs(x, targets, layout, o))
+            t2 = best(lambda: cuda.gradient(x, targets, lattice, scale, o, out))
+            cuda.threads_per_row = chosen
+            print(
+                f"  {forced:3d} -> {taken}: log_probs {t1 * 1e3:7.1f} ({row_bytes / t1 / 1e6 / rate:.2f}), "
+                f"gradient {t2 * 1e3:7.1f} ({2 * row_bytes / t2 / 1e6 / rate:.2f})"
+            )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="fp32,fp16,bf16")
     parser.add_argument("--sizes", default="0,1,2", help="indices into " + str(SIZES))
     parser.add_argument("--profile", action="store_true", help="cProfile the host side of an eager step")
+    parser.add_argument("--geometries", action="store_true", help="the row kernels at each row geometry, forced")
     args = parser.parse_args()
+    if args.geometries:
+        geometries()
+        return
     print(
         "size dtype | copy GB/s | log_probs ms (GB/s) | alpha_beta ms | gradient ms (GB/s) | "
         "host ms check/no-check | eager ms check/no-check | graph ms | floor ms | graph/floor eager/floor"
