@@ -170,10 +170,12 @@ def geometries():
         print(f"{N:,} x {name}, default lanes {passes()}")
         for forced in (8, 16, 32, cuda.THREADS):
             cuda.threads_per_row = lambda rows, row_bytes, device, bytes_per_lane=0: forced  # noqa: E731
-            taken = passes()
-            t1 = best(lambda: cuda.log_probs(x, targets, layout, o))
-            t2 = best(lambda: cuda.gradient(x, targets, lattice, scale, o, out))
-            cuda.threads_per_row = chosen
+            try:
+                taken = passes()
+                t1 = best(lambda: cuda.log_probs(x, targets, layout, o))
+                t2 = best(lambda: cuda.gradient(x, targets, lattice, scale, o, out))
+            finally:
+                cuda.threads_per_row = chosen
             print(
                 f"  {forced:3d} -> {taken}: log_probs {t1 * 1e3:7.1f} ({row_bytes / t1 / 1e6 / rate:.2f}), "
                 f"gradient {t2 * 1e3:7.1f} ({2 * row_bytes / t2 / 1e6 / rate:.2f})"
