@@ -311,21 +311,30 @@ def test_stages_long_rows_and_int32_targets():
 
 @pytest.mark.cuda
 def test_alpha_beta_long_targets_use_global_memory_path():
-    """U + 1 above 1024 threads (loop over u) and above the shared-memory cap (previous step in global memory)."""
+    """U + 1 above 1024 threads (loop over u) and above the shared-memory cap (previous step in global memory),
+    alone and beside utterances of U + 1 <= 1024 (a block's u in shared memory, 1024 of them at U = 1023), T_b = 1
+    and U_b = 0 among them."""
     gen = torch.Generator().manual_seed(1)
-    for rna, T, U in ((False, 3, 6200), (True, 3200, 3100), (False, 5, 1500)):
-        N = T * (U + 1)
-        lp = torch.randn(N, 2, generator=gen, dtype=torch.float64) * 0.1 - 2
-        Tt, Ut = torch.tensor([T]), torch.tensor([U])
-        layout_c = cpu.layout(Tt, Ut, U + 1)
-        layout_g = cuda.layout(Tt.to(DEV), Ut.to(DEV), U + 1)
-        cell = torch.ones(N, dtype=torch.bool)  # one utterance, compact: every row is a cell
-        u = torch.arange(N) % (U + 1)
-        lp[u == U, 1] = -math.inf
+    cases = (
+        (False, [3], [6200]),
+        (True, [3200], [3100]),
+        (False, [5], [1500]),
+        (False, [3, 40, 1, 7], [6200, 1023, 0, 200]),
+        (True, [3200, 30, 6, 1], [3100, 20, 5, 0]),
+    )
+    for rna, T, U in cases:
+        u = torch.cat([torch.arange(t * (v + 1)) % (v + 1) for t, v in zip(T, U)])
+        last = torch.cat([torch.full((t * (v + 1),), v) for t, v in zip(T, U)])
+        lp = torch.randn(len(u), 2, generator=gen, dtype=torch.float64) * 0.1 - 2
+        lp[u == last, 1] = -math.inf
+        Tt, Ut = torch.tensor(T), torch.tensor(U)
+        layout_c = cpu.layout(Tt, Ut, max(U) + 1)
+        layout_g = cuda.layout(Tt.to(DEV), Ut.to(DEV), max(U) + 1)
         a_c, b_c, l_c = cpu.alpha_beta(lp, layout_c, options(rna=rna))
         a_g, b_g, l_g = cuda.alpha_beta(lp.to(DEV), layout_g, options(rna=rna))
         torch.testing.assert_close(l_g.cpu(), l_c, rtol=1e-10, atol=1e-10)
-        live = cell & torch.isfinite(b_c) & torch.isfinite(a_c)
+        assert torch.isfinite(l_c).all()
+        live = torch.isfinite(b_c) & torch.isfinite(a_c)  # compact: every row is a cell
         torch.testing.assert_close(b_g.cpu()[live], b_c[live], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(a_g.cpu()[live], a_c[live], rtol=1e-10, atol=1e-10)
 

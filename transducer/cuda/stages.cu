@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
 // alpha / beta walks: RNN-T over anti-diagonals n = t + u (T + U steps), RNA over frames (T steps: an
 // RNA cell depends on the previous frame only); alpha forwards, beta backwards. One thread per u (looping when
 // U + 1 > blockDim), one barrier per step. The previous step lives in shared
-// memory (two buffers of `cap` entries) when U + 1 <= cap, else it is read
-// back from the output in global memory. Cells outside the RNA band
+// memory (two buffers of `cap` entries) when U + 1 <= cap, else (U + 1 > blockDim
+// only) it is read back from the output in global memory. Cells outside the RNA band
 // (u <= t, t - u <= T-1-U) are -inf; so is everything when U > T - 1.
 namespace td {
 
@@ -176,14 +176,14 @@ struct Walk {
     if (sm) S[((s & 1) ? cap : 0) + u] = val;
   }
 
-  // One u a thread, the previous step in shared memory (U + 1 <= blockDim and cap): the common case, run() in
-  // fewer instructions a step (the walk is a chain of dependent steps, each one barrier, on a few warps an SM, so
-  // that a step costs its instructions' latencies). Thread u's cell moves by a constant each step, (t, row) +=
-  // (dt, dt st) with dt = -1 for beta, +1 for alpha, so that no step multiplies, and no step tests whether it reads
-  // shared or global memory. Every thread of a u <= U writes its value to shared memory each step, -inf off the grid
-  // or the band, so that a neighbour before the grid's edge reads -inf there without a test of its own; only the
-  // first step's cell ((0, 0) for alpha, (T - 1, U) for beta) reads nothing. The same values as run()'s, which takes
-  // the other cases.
+  // One u a thread, the previous step in shared memory (U + 1 <= blockDim and cap; the launcher makes cap at least
+  // min(max U + 1, blockDim), so that every utterance of U + 1 <= blockDim comes here), in few instructions a step
+  // (the walk is a chain of dependent steps, each one barrier, on a few warps an SM, so that a step costs its
+  // instructions' latencies). Thread u's cell moves by a constant each step, (t, row) += (dt, dt st) with dt = -1
+  // for beta, +1 for alpha, so that no step multiplies. Every thread of a u <= U writes its value to shared memory
+  // each step, -inf off the grid or the band, so that a neighbour before the grid's edge reads -inf there without a
+  // test of its own; only the first step's cell ((0, 0) for alpha, (T - 1, U) for beta) reads nothing. The same
+  // values as the loop of run() over load() and step(), which takes U + 1 > blockDim.
   __device__ void run_shared() const {
     const Acc NINF = neg_inf<Acc>();
     const int nsteps = RNA ? T : T + U;
@@ -250,42 +250,19 @@ struct Walk {
   }
 
   __device__ void run() const {
-    const int nsteps = RNA ? T : T + U;
     if (sm && U + 1 <= (int)blockDim.x) {
       run_shared();
-    } else if (U + 1 <= (int)blockDim.x) {
-      // one u per thread: each step's log-probs are loaded kRing steps ahead
-      // (a register ring), so their latency stays off the critical path
-      const int u = threadIdx.x;
-      const bool act = u <= U;
-      Acc r1[kRing], r2[kRing];
-#pragma unroll
-      for (int k = 0; k < kRing; ++k) {
-        r1[k] = neg_inf<Acc>();
-        r2[k] = neg_inf<Acc>();
-        if (act && k < nsteps) load(k, u, r1[k], r2[k]);
+      return;
+    }
+    // U + 1 > blockDim: a thread takes u, u + blockDim, ...; the previous step in shared memory while it fits
+    const int nsteps = RNA ? T : T + U;
+    for (int s = 0; s < nsteps; ++s) {
+      for (int u = threadIdx.x; u <= U; u += blockDim.x) {
+        Acc x1, x2;
+        load(s, u, x1, x2);
+        step(s, u, x1, x2);
       }
-      for (int s0 = 0; s0 < nsteps; s0 += kRing) {
-#pragma unroll
-        for (int k = 0; k < kRing; ++k) {
-          const int s = s0 + k;
-          if (s < nsteps) {  // uniform over the block
-            const Acc x1 = r1[k], x2 = r2[k];
-            if (act && s + kRing < nsteps) load(s + kRing, u, r1[k], r2[k]);
-            if (act) step(s, u, x1, x2);
-            __syncthreads();
-          }
-        }
-      }
-    } else {
-      for (int s = 0; s < nsteps; ++s) {
-        for (int u = threadIdx.x; u <= U; u += blockDim.x) {
-          Acc x1, x2;
-          load(s, u, x1, x2);
-          step(s, u, x1, x2);
-        }
-        __syncthreads();
-      }
+      __syncthreads();
     }
   }
 };
@@ -298,7 +275,7 @@ struct AlphaBetaParams {
   td::Grids grids;
   const Acc* lp;        // (N, 2)
   bool padded;          // fill the padding rows of alpha and beta with -inf
-  int cap;              // entries of each of the two shared buffers (0: the previous step from global memory)
+  int cap;              // entries of each of the two shared buffers (U + 1 > cap: the previous step from global memory)
   td::Walks<Acc> out;
 };
 

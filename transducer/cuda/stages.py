@@ -509,8 +509,10 @@ def _log_probs(logits2d, targets, layout, options, row_start, out, big_blanks):
 
 
 def _alpha_beta_smem_entries(max_u1, itemsize):
-    """Entries per shared-memory buffer (two buffers), or 0 to keep the previous step in global memory."""
-    return max_u1 if 2 * max_u1 * itemsize <= DEFAULT_SHARED_MEM else 0
+    """Entries per shared-memory buffer (two buffers): every u's where they fit, else a block's (stages.cu's
+    Walk::run_shared takes every utterance of U + 1 <= the block's threads; a longer one reads the previous step
+    back from global memory)."""
+    return max_u1 if 2 * max_u1 * itemsize <= DEFAULT_SHARED_MEM else min(max_u1, MAX_BLOCK_THREADS)
 
 
 def _walk(lp, layout):
