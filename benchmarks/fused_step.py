@@ -6,6 +6,7 @@
                                                           # wide-multiblank)
     python benchmarks/fused_step.py --profile             # and the kernels of one step of ours, by group
     python benchmarks/fused_step.py --host                # and the host's part of our steps against the GPU's
+    python benchmarks/fused_step.py --gaps                # and where the GPU waits in our steps
     python benchmarks/fused_step.py --calls               # and the host time of each call of our steps
     python benchmarks/fused_step.py --json F.json         # the figures as json too (bench.py's section F)
     python benchmarks/fused_step.py --changing-shapes     # shapes that change every step, as in training
@@ -343,6 +344,46 @@ def host_calls(case, prec, name, step, count=20, synchronize=torch.cuda.synchron
     return rows
 
 
+def idle_gaps(case, prec, name, step, count=5, shown=8):
+    """--gaps: where the GPU waits in one of our steps (torch.profiler over CUDA's activity, a step synchronised
+    before and after): from the step's call (the end of a spin kernel launched just before it) to its first kernel,
+    between its kernels and memcopies (the longest gaps shown with the work either side), and their sum against the
+    step's span; the step of the median span of ``count``."""
+    step()
+    spans = []
+    for _ in range(count):
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.cuda._sleep(1)  # spin_kernel: where the step's call begins on the GPU's clock
+            step()
+            torch.cuda.synchronize()
+        work = sorted(
+            (e.time_range.start, e.time_range.end, e.name)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+        )
+        marker = next(i for i, w in enumerate(work) if "spin_kernel" in w[2])
+        start = end = work[marker][1]
+        gaps, before = [], "the step's call"
+        for s, e, n in work[marker + 1 :]:
+            if s > end:
+                gaps.append((s - end, before, n))
+            if e > end:
+                end, before = e, n
+        spans.append((end - start, gaps, len(work) - marker - 1))
+    span, gaps, launches = sorted(spans, key=lambda x: x[0])[count // 2]
+    idle = sum(g for g, _, _ in gaps)
+    first = gaps[0][0] if gaps and gaps[0][1] == "the step's call" else 0.0
+    print(
+        f"--- {case} {prec}, {name}: a step of {span / 1e3:.2f} ms ({launches} kernels and copies), the GPU idle "
+        f"{idle / 1e3:.2f} ms of it: {first / 1e3:.2f} before the first kernel, {(idle - first) / 1e3:.2f} in "
+        f"{len(gaps) - (first > 0)} gaps between"
+    )
+    for g, a, b in sorted(gaps, reverse=True)[:shown]:
+        print(f"  {g:7.1f} us  after {a[:60]:<60}  before {b[:60]}")
+    return dict(span_ms=span / 1e3, idle_ms=idle / 1e3, first_ms=first / 1e3, gaps=len(gaps))
+
+
 # --profile's groups of a step's kernels: (group, the names' substrings), the first group a name matches
 KERNEL_GROUPS = (
     ("the statistics and gradient kernels (transducer.hopper)", ("transducerhopper",)),
@@ -395,7 +436,7 @@ def profile_step(case, prec, name, step, rows, floor_ms):
     return [dict(group=group, ms=ms, launches=count) for group, ms, count in groups]
 
 
-def run_case(case, prec, count, profile, flash, host=False, calls=False):
+def run_case(case, prec, count, profile, flash, host=False, calls=False, gaps=False):
     """The case's steps against their floor on ``count`` batches, printed; the figures as a dict."""
     J, V, durations, _, _ = CASES[case]
     rows = V + len(durations or [])
@@ -424,6 +465,10 @@ def run_case(case, prec, count, profile, flash, host=False, calls=False):
         for name in (DEFAULT, HOPPER):
             if name in timings:
                 host_calls(case, prec, name, steps(shapes[0])[name])
+    if gaps:
+        for name in (DEFAULT, HOPPER):
+            if name in timings:
+                idle_gaps(case, prec, name, steps(shapes[0])[name])
     floor = timings[FLOOR].ms
     rows_avg = sum(int((T * (U + 1)).sum()) for T, U in shapes) // count
     clock = gpu_clock()
@@ -524,6 +569,7 @@ def main():
     p.add_argument("--profile", action="store_true")
     p.add_argument("--host", action="store_true", help="and the host's part of our steps against the GPU's")
     p.add_argument("--calls", action="store_true", help="and the host time of each call of our steps")
+    p.add_argument("--gaps", action="store_true", help="and where the GPU waits in our steps")
     p.add_argument("--no-flash", action="store_true")
     p.add_argument("--precisions", nargs="*", default=None, help="of each case's: bf16, bf16-fp32in, fp32")
     p.add_argument("--json", type=Path, help="write the figures here")
@@ -546,7 +592,7 @@ def main():
             if a.changing_shapes:
                 out.append(run_changing_shapes(case, prec, a.steps, a.skip, a.repeats, a.time_limit, flash))
             else:
-                out.append(run_case(case, prec, a.batches, a.profile, flash, a.host, a.calls))
+                out.append(run_case(case, prec, a.batches, a.profile, flash, a.host, a.calls, a.gaps))
     if a.json:
         key = "changing_shapes" if a.changing_shapes else "cases"
         a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), key: out}, indent=1))
