@@ -361,7 +361,14 @@ namespace td {
 // kSumThreads / 32 warps, independent: consecutive frame blocks of one utterance (small blocks: a warp holds many
 // registers, and the warps of a tile's few utterances must spread over the SMs).
 constexpr int kSumThreads = 128;             // transducer/cuda/stages.py: PACK_SUM_THREADS
-constexpr int kSumMinBlocks = 4;             // blocks an SM holds at least: at most 128 registers a thread
+// blocks an SM holds at least: 5 (at most 96 registers a thread; more warps to hide the loads' latency) where dh and
+// the inputs have one dtype, 4 (128 registers) where dh is narrower than the inputs (autocast's bf16 operand over fp32
+// inputs, whose conversions spill at 96) or the sums are in double (benchmarks/RESULTS.md: pack's backward's
+// registers)
+template <typename T, typename TE, typename TP>
+constexpr int sum_min_blocks() {
+  return sizeof(T) == sizeof(TE) && sizeof(T) == sizeof(TP) && sizeof(T) <= 4 ? 5 : 4;
+}
 constexpr int kLaneFrames = 2;
 constexpr int kSumFrames = 8;                // 4 * kLaneFrames; transducer/cuda/stages.py: PACK_FRAMES
 constexpr int kSumLanes = 8;                 // transducer/cuda/stages.py: PACK_LANES
@@ -463,7 +470,7 @@ struct PackGradParams {
 // type of TE and TP. (Chunks of u give a tile of few long utterances, whose frame blocks are few, warps enough to
 // fill the GPU.)
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks) pack_grad_kernel(
+__global__ void __launch_bounds__(td::kSumThreads, td::sum_min_blocks<T, TE, TP>()) pack_grad_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
