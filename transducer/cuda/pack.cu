@@ -366,9 +366,7 @@ constexpr int kSumThreads = 128;             // transducer/cuda/stages.py: PACK_
 // inputs, whose conversions spill at 96) or the sums are in double (benchmarks/RESULTS.md: pack's backward's
 // registers)
 template <typename T, typename TE, typename TP>
-constexpr int sum_min_blocks() {
-  return sizeof(T) == sizeof(TE) && sizeof(T) == sizeof(TP) && sizeof(T) <= 4 ? 5 : 4;
-}
+constexpr int kSumMinBlocks = sizeof(T) == sizeof(TE) && sizeof(T) == sizeof(TP) && sizeof(T) <= 4 ? 5 : 4;
 constexpr int kLaneFrames = 2;
 constexpr int kSumFrames = 8;                // 4 * kLaneFrames; transducer/cuda/stages.py: PACK_FRAMES
 constexpr int kSumLanes = 8;                 // transducer/cuda/stages.py: PACK_LANES
@@ -470,7 +468,7 @@ struct PackGradParams {
 // type of TE and TP. (Chunks of u give a tile of few long utterances, whose frame blocks are few, warps enough to
 // fill the GPU.)
 template <typename T, typename TE, typename TP, typename P, typename O, int VEC, int ACT, bool DROPOUT>
-__global__ void __launch_bounds__(td::kSumThreads, td::sum_min_blocks<T, TE, TP>()) pack_grad_kernel(
+__global__ void __launch_bounds__(td::kSumThreads, td::kSumMinBlocks<T, TE, TP>) pack_grad_kernel(
     const PackGradParams<T, TE, TP, typename ops::AccOf<P>::type, O> p) {
   using namespace ops;
   typedef typename AccOf<P>::type Acc;
