@@ -344,6 +344,24 @@ def host_calls(case, prec, name, step, count=20, synchronize=torch.cuda.synchron
     return rows
 
 
+def step_gaps(work):
+    """(span, gaps, count) of a step from ``work``, its GPU events (start, end, name) in order of start, the first
+    named spin_kernel marking the step's call: the span from the marker's end to the last event's, the gaps (idle
+    time, the name of the event that ended before it or "the step's call", the name of the one after) where no
+    event ran, and the count of events after the marker."""
+    marker = next((i for i, w in enumerate(work) if "spin_kernel" in w[2]), None)
+    if marker is None:
+        raise RuntimeError("--gaps: the profile holds no spin_kernel (torch.cuda._sleep) to mark the step's call")
+    start = end = work[marker][1]
+    gaps, before = [], "the step's call"
+    for s, e, n in work[marker + 1 :]:
+        if s > end:
+            gaps.append((s - end, before, n))
+        if e > end:
+            end, before = e, n
+    return end - start, gaps, len(work) - marker - 1
+
+
 def idle_gaps(case, prec, name, step, count=5, shown=8):
     """--gaps: where the GPU waits in one of our steps (torch.profiler over CUDA's activity, a step synchronised
     before and after): from the step's call (the end of a spin kernel launched just before it) to its first kernel,
@@ -362,15 +380,7 @@ def idle_gaps(case, prec, name, step, count=5, shown=8):
             for e in prof.events()
             if e.device_type == torch.autograd.DeviceType.CUDA
         )
-        marker = next(i for i, w in enumerate(work) if "spin_kernel" in w[2])
-        start = end = work[marker][1]
-        gaps, before = [], "the step's call"
-        for s, e, n in work[marker + 1 :]:
-            if s > end:
-                gaps.append((s - end, before, n))
-            if e > end:
-                end, before = e, n
-        spans.append((end - start, gaps, len(work) - marker - 1))
+        spans.append(step_gaps(work))
     span, gaps, launches = sorted(spans, key=lambda x: x[0])[count // 2]
     idle = sum(g for g, _, _ in gaps)
     first = gaps[0][0] if gaps and gaps[0][1] == "the step's call" else 0.0
@@ -465,10 +475,11 @@ def run_case(case, prec, count, profile, flash, host=False, calls=False, gaps=Fa
         for name in (DEFAULT, HOPPER):
             if name in timings:
                 host_calls(case, prec, name, steps(shapes[0])[name])
+    idle = {}
     if gaps:
         for name in (DEFAULT, HOPPER):
             if name in timings:
-                idle_gaps(case, prec, name, steps(shapes[0])[name])
+                idle[name] = idle_gaps(case, prec, name, steps(shapes[0])[name])
     floor = timings[FLOOR].ms
     rows_avg = sum(int((T * (U + 1)).sum()) for T, U in shapes) // count
     clock = gpu_clock()
@@ -492,6 +503,7 @@ def run_case(case, prec, count, profile, flash, host=False, calls=False, gaps=Fa
         durations=durations,
         contenders={name: dict(time_ms=t.ms, peak_mb=t.peak_mib) for name, t in timings.items() if not t.failed},
         failed={name: t.failed for name, t in timings.items() if t.failed},
+        **({"gaps": idle} if idle else {}),
     )
 
 

@@ -4,7 +4,7 @@ benchmark of the step they serve).
 
     python benchmarks/pack_passes.py                                   # this tree
     python benchmarks/pack_passes.py --trees . ../other --rounds 2     # trees in turns, a process each a round
-    python benchmarks/pack_passes.py --activations tanh gelu           # joiners of other activations (tanh alone)
+    python benchmarks/pack_passes.py --activations tanh gelu           # joiners of other activations (default: tanh)
 
 At Protocol A's first batch (30 LibriSpeech utterances, J = 512) and Flash RNN-T's shape (B 32, T 200-400, U 64-128,
 J = 640), the tanh joiner (or --activations'): pack_forward into a tile's GEMM operand (J + 8 columns: the bias's

@@ -310,3 +310,14 @@ def test_profile_groups_the_kernels_of_a_step():
     assert by[names[7]] == (pytest.approx(0.206), 3)  # cuBLAS: both GEMMs and split-K's reduction
     assert by[fused_step.OTHER_KERNELS] == (pytest.approx(0.004), 2)
     assert fused_step.grouped_kernels(events[:1]) == [(names[0], 0.120, 1)]
+
+
+def test_fused_step_gaps_sum_the_idle_time():
+    """fused_step.py --gaps: the idle time after the marker, between events (an event inside another's span adds
+    none), named by the events either side."""
+    work = [(0, 5, "x"), (10, 12, "spin_kernel"), (20, 30, "a"), (22, 25, "b"), (31, 40, "c"), (50, 51, "d")]
+    span, gaps, count = fused_step.step_gaps(work)
+    assert span == 51 - 12 and count == 4
+    assert gaps == [(8, "the step's call", "a"), (1, "a", "c"), (10, "c", "d")]
+    with pytest.raises(RuntimeError, match="spin_kernel"):
+        fused_step.step_gaps(work[:1])

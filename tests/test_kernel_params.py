@@ -9,6 +9,7 @@ compiler needed."""
 
 import os
 import re
+import types
 
 import pytest
 import torch
@@ -202,6 +203,18 @@ def test_launch_bounds_are_named_constants():
     assert bounds
     named = r"\w+::k\w+(\s*,\s*\w+::k\w+(<[\w\s,]*>)?)?"
     assert [b for b in bounds if not re.fullmatch(named, b.strip())] == []
+
+
+def test_alpha_beta_buffers_hold_every_u_a_block_takes():
+    # stages.cu's Walk::run_shared takes an utterance where U + 1 <= cap and <= the block's threads: the buffers must
+    # hold a block's u's (whatever the batch's longest U) and fit the default dynamic shared memory
+    for max_u1 in list(range(1, 2100)) + list(range(2100, 20000, 7)) + [3072, 3073, 6144, 6145, 1 << 20]:
+        threads = cuda._walk(torch.empty(0, 2), types.SimpleNamespace(max_u1=max_u1, batch_size=0))[1]
+        for itemsize in (4, 8):
+            cap = cuda._alpha_beta_smem_entries(max_u1, itemsize)
+            assert min(max_u1, threads) <= cap <= max_u1, (max_u1, itemsize, cap)
+            assert 2 * cap * itemsize <= ops.cuda.DEFAULT_SHARED_MEM, (max_u1, itemsize, cap)
+    assert cuda._alpha_beta_smem_entries(6144, 4) == 6144 and cuda._alpha_beta_smem_entries(6145, 4) == 1024
 
 
 def test_threads_per_row_picks_what_the_row_kernels_take(monkeypatch):

@@ -311,15 +311,16 @@ def test_stages_long_rows_and_int32_targets():
 
 @pytest.mark.cuda
 def test_alpha_beta_long_targets_use_global_memory_path():
-    """U + 1 above 1024 threads (loop over u) and above the shared-memory cap (previous step in global memory),
-    alone and beside utterances of U + 1 <= 1024 (a block's u in shared memory, 1024 of them at U = 1023), T_b = 1
-    and U_b = 0 among them."""
+    """U + 1 above 1024 threads (a loop over u), the previous step in shared memory while the batch's longest fits
+    (U = 1500) and else in global memory (U = 6200 and 3100 in fp64), alone and beside utterances of U + 1 <= 1024
+    (a block's buffers of 1024 u's: U = 1023 fills them, U = 1024 is the first past them), T_b = 1 and U_b = 0 among
+    them."""
     gen = torch.Generator().manual_seed(1)
     cases = (
         (False, [3], [6200]),
         (True, [3200], [3100]),
         (False, [5], [1500]),
-        (False, [3, 40, 1, 7], [6200, 1023, 0, 200]),
+        (False, [3, 3, 1, 7, 2], [6200, 1023, 0, 200, 1024]),
         (True, [3200, 30, 6, 1], [3100, 20, 5, 0]),
     )
     for rna, T, U in cases:

@@ -362,9 +362,9 @@ namespace td {
 // registers, and the warps of a tile's few utterances must spread over the SMs).
 constexpr int kSumThreads = 128;             // transducer/cuda/stages.py: PACK_SUM_THREADS
 // blocks an SM holds at least: 5 (at most 96 registers a thread; more warps to hide the loads' latency) where dh and
-// the inputs have one dtype, 4 (128 registers) where dh is narrower than the inputs (autocast's bf16 operand over fp32
-// inputs, whose conversions spill at 96) or the sums are in double (benchmarks/RESULTS.md: pack's backward's
-// registers)
+// both inputs have one width of at most 4 bytes, else 4 (128 registers): any mix of widths (autocast's bf16 operand
+// over fp32 inputs, an fp32 dh over a bf16 input) spills at 96, and double's sums take more (benchmarks/RESULTS.md:
+// pack's backward's registers)
 template <typename T, typename TE, typename TP>
 constexpr int kSumMinBlocks = sizeof(T) == sizeof(TE) && sizeof(T) == sizeof(TP) && sizeof(T) <= 4 ? 5 : 4;
 constexpr int kLaneFrames = 2;

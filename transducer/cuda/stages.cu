@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(td::kThreads) log_probs_kernel(const LogProbsP
 // alpha / beta walks: RNN-T over anti-diagonals n = t + u (T + U steps), RNA over frames (T steps: an
 // RNA cell depends on the previous frame only); alpha forwards, beta backwards. One thread per u (looping when
 // U + 1 > blockDim), one barrier per step. The previous step lives in shared
-// memory (two buffers of `cap` entries) when U + 1 <= cap, else (U + 1 > blockDim
-// only) it is read back from the output in global memory. Cells outside the RNA band
+// memory (two buffers of `cap` entries) when U + 1 <= cap, else (with checked lengths,
+// U + 1 > blockDim only) it is read back from the output in global memory. Cells outside the RNA band
 // (u <= t, t - u <= T-1-U) are -inf; so is everything when U > T - 1.
 namespace td {
 
@@ -177,7 +177,7 @@ struct Walk {
   }
 
   // One u a thread, the previous step in shared memory (U + 1 <= blockDim and cap; the launcher makes cap at least
-  // min(max U + 1, blockDim), so that every utterance of U + 1 <= blockDim comes here), in few instructions a step
+  // min(max U + 1, blockDim), so that every utterance of U + 1 <= blockDim comes here, its lengths checked), in few instructions a step
   // (the walk is a chain of dependent steps, each one barrier, on a few warps an SM, so that a step costs its
   // instructions' latencies). Thread u's cell moves by a constant each step, (t, row) += (dt, dt st) with dt = -1
   // for beta, +1 for alpha, so that no step multiplies. Every thread of a u <= U writes its value to shared memory
