@@ -254,7 +254,8 @@ struct Walk {
       run_shared();
       return;
     }
-    // U + 1 > blockDim: a thread takes u, u + blockDim, ...; the previous step in shared memory while it fits
+    // U + 1 > blockDim (or, with unchecked lengths, U + 1 > cap): a thread takes u, u + blockDim, ...; the previous
+    // step in shared memory while it fits
     const int nsteps = RNA ? T : T + U;
     for (int s = 0; s < nsteps; ++s) {
       for (int u = threadIdx.x; u <= U; u += blockDim.x) {
