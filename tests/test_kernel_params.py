@@ -7,6 +7,7 @@ transducer/cuda/terms.cuh's functions, passing them its Terms whole, and reads n
 SUPPORTED) marks as supported on CUDA is one that a kernel of its lattice reads. Read from the sources: no GPU or
 compiler needed."""
 
+import itertools
 import os
 import re
 import types
@@ -264,24 +265,36 @@ def test_the_multiblank_row_kernels_ask_for_their_lanes(monkeypatch, K):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-@pytest.mark.parametrize("V, ld", [(5, 5), (64, 64), (500, 500), (500, 512), (1021, 1024), (505, 512)])
+@pytest.mark.parametrize("V, ld", [(5, 5), (64, 64), (500, 500), (500, 512), (500, 513), (1021, 1024), (505, 512)])
 @pytest.mark.parametrize("lanes", [0, 1, 3, 7, 8, 16, 17])
 def test_a_row_pass_gets_the_lanes_its_access_needs(monkeypatch, dtype, V, ld, lanes):
     # the unaligned pass gives its head and tail scalars one lane each (RowPass::begin: lanes < head + tail), the
     # multi-blank kernels lanes 1 ... K (log-probs) or 0 ... K - 1 (gradient) of the row: every one must exist
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
     rows = torch.zeros(64, ld, dtype=dtype)[:, :V]
-    for outs, staging in (((), False), ((rows,), True), ((torch.zeros(64, -(-V // 8) * 8, dtype=dtype)[:, :V],), True)):
-        tpr, vec, aligned, staged = cuda._row_pass(
-            10**6, V, rows.element_size(), rows, cuda.GRADIENT_LANE_BYTES, outs, staging, lanes
-        )
+    passes = (((), False), ((rows,), True), ((torch.zeros(64, -(-V // 8) * 8, dtype=dtype)[:, :V],), True))
+    for per_lane, (outs, staging) in itertools.product((cuda.LOG_PROBS_LANE_BYTES, cuda.GRADIENT_LANE_BYTES), passes):
+        tpr, vec, aligned, staged = cuda._row_pass(10**6, V, rows.element_size(), rows, per_lane, outs, staging, lanes)
         assert (vec, aligned, staged) == cuda.row_access(rows.element_size(), V, rows, outs, 8 if staging else 0)
         assert tpr in (8, 16, 32)
         assert tpr >= lanes or tpr == 32  # K < 32: the launcher's check (multiblank), not the pass's
         if not aligned and not staged:
-            assert tpr >= 2 * vec - 2
+            assert tpr >= _scalars_a_row(rows, vec)
+            # and no more lanes than a bound of them asks: a tail alone (fewer than vec) where every row starts on a
+            # vector boundary (the fused loss's tiles), else a head and a tail (at most 2 vec - 2, and V)
+            starts = rows.data_ptr() % 16 == 0 and ld * rows.element_size() % 16 == 0
+            bound = V % vec if starts else min(V, 2 * vec - 2)
+            least = max(cuda.threads_per_row(10**6, V * rows.element_size(), None, per_lane), lanes)
+            assert tpr == next(g for g in (8, 16, 32) if g >= max(least, bound) or g == 32)
         if staged:
             assert tpr == 32  # its shared rows are sized for 8 rows a block
+
+
+def _scalars_a_row(rows, vec):
+    """The most scalars of a row of ``rows`` in the unaligned pass (RowPass::begin's head and tail), row by row."""
+    start, ld, V = rows.data_ptr() // rows.element_size(), rows.stride(0), rows.size(1)
+    heads = [min(-(start + r * ld) % vec, V) for r in range(rows.size(0))]
+    return max(h + (V - h) % vec for h in heads)
 
 
 def _kernel(text, name):

@@ -51,7 +51,8 @@ struct RowGeometry {
 // begin() is the row's vectors. Otherwise (NeMo's TDT joint:
 // V + D = 1029 scores a row) `n` is the row's columns: the first `head` columns up to the row's first
 // VEC boundary and the `tail` columns after its last whole vector are one scalar each for the first
-// head + tail (<= 2 VEC - 2) threads of the row (the launcher gives it that many at least), and the vectors
+// head + tail (<= 2 VEC - 2; VEC - 1 where every row starts on a VEC boundary) threads of the row (the launcher
+// gives it that many at least: stages.unaligned_scalars), and the vectors
 // between them are read as when aligned.
 // `logits` holds the rows [row_start, row_start + num_rows) of the layout (all of them, or a tile of
 // the fused joiner loss), `ld` apart (struct Rows); the per-row arrays (lp, den, alpha, beta) are indexed by the row of

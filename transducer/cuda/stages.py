@@ -324,15 +324,24 @@ def threads_per_row(num_rows, row_bytes, device, bytes_per_lane=0):
 def _row_pass(num_rows, V, itemsize, rows, bytes_per_lane, outs=(), staging=False, lanes=0):
     """(threads a row, vec, aligned, staged) of a row kernel's pass over the V columns of ``rows`` (and ``outs``:
     row_access): threads_per_row's, with lanes enough for what the pass gives lanes of the row: the unaligned
-    pass's head and tail scalars, one a lane (at most 2 vec - 2), and ``lanes`` of the row's own (the multi-blank
+    pass's head and tail scalars, one a lane (``unaligned_scalars``), and ``lanes`` of the row's own (the multi-blank
     loss's big blanks). A staged gradient (``staging``) keeps a warp a row at least: its rows' copies in shared memory
     are sized for the rows a block has at a warp (8) or a block (1) a row."""
     tpr = threads_per_row(num_rows, V * itemsize, rows.device, bytes_per_lane)
     vec, aligned, staged = row_access(itemsize, V, rows, outs, THREADS // max(tpr, 32) if staging else 0)
     if tpr < 32:
-        need = 32 if staged else max(lanes, 0 if aligned else 2 * vec - 2)
+        need = 32 if staged else max(lanes, 0 if aligned else unaligned_scalars(V, vec, rows))
         tpr = next(g for g in (8, 16, 32) if g >= max(tpr, need) or g == 32)
     return tpr, vec, aligned, staged
+
+
+def unaligned_scalars(V, vec, rows):
+    """The most scalars a row of the unaligned pass over the V columns of ``rows`` reads (row_pass.cuh's RowPass<...,
+    false>: its head, up to the first vec boundary, and its tail, after the last whole vector): V % vec where every
+    row starts on a 16-byte boundary (no head: the fused loss's 500 token columns of 512-wide tiles), else up to
+    2 vec - 2 (and V)."""
+    starts = rows.data_ptr() % 16 == 0 and (rows.size(0) <= 1 or rows.stride(0) * rows.element_size() % 16 == 0)
+    return V % vec if starts else min(V, 2 * vec - 2)
 
 
 def _check_cuda(*tensors):
