@@ -10,6 +10,7 @@ several frames ``lp_arcs`` (TDT's (N, D) duration log-probs, multi-blank's (N, K
 ``den_arcs`` (N,).
 """
 
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -50,12 +51,22 @@ _DEFAULTS = LossOptions()
 def check_supported(options, kind, backend=None):
     """ValueError for a field of ``options`` (a LossOptions) set to other than its default that the lattice
     ``kind`` does not take on ``backend`` ("cpu" or "cuda"; None: on any backend)."""
-    table = _options.SUPPORTED[kind.name]
+    # the options a training run passes are checked once (the cache keeps those that pass); not while
+    # torch.compile traces the call, which would trace around the cache
+    (_supported if torch.compiler.is_compiling() else _cached_supported)(options, kind.name, backend)
+
+
+def _supported(options, kind, backend):
+    """check_supported's work, by the lattice's name."""
+    table = _options.SUPPORTED[kind]
     for name, value in options._asdict().items():
         if value == getattr(_DEFAULTS, name) or (name in table and (backend is None or backend in table[name])):
             continue
         where = f"on {backend}" if name in table else "at all"
-        raise ValueError(f"{name}: the {kind.name} loss does not take this option {where} (got {value!r})")
+        raise ValueError(f"{name}: the {kind} loss does not take this option {where} (got {value!r})")
+
+
+_cached_supported = functools.lru_cache(maxsize=256)(_supported)
 
 
 #: The per-row arrays a lattice keeps, in the order the ops return them (custom_ops.lattice_outputs).
