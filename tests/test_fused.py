@@ -293,6 +293,52 @@ def test_activations_and_dropout_equal_the_composition(device, activation, dropo
         assert (other - want).abs().max() > 1e-3
 
 
+def test_first_tile_and_the_tiles_after_it():
+    """tiles.first_tile: max_rows on a multiple of 8 (from 64 rows on), on CUDA where the bound is at least twice it,
+    else none; tiles_after: that tile, then ``tiles`` of the rest, every tile within max_rows and its start on a
+    multiple of 8 past the first."""
+    from transducer.fused.tiles import first_tile, tiles, tiles_after
+
+    assert first_tile(1000, 2000, "cuda") == 1000 and first_tile(1003, 2006, "cuda") == 1000
+    assert first_tile(1000, 1999, "cuda") == first_tile(1000, 10**6, "cpu") == 0
+    assert first_tile(9, 18, "cuda") == 9  # below 64 rows: tiles starts them anywhere
+    assert tiles_after(1000, 0, 1000) == [] and tiles_after(1000, 999, 1000) == [(0, 999)]
+    assert tiles_after(1000, 1000, 1000) == [(0, 1000)]
+    assert tiles_after(1000, 1005, 1000) == [(0, 1000), (1000, 1005)]
+    for num_rows in (1001, 2500, 7777):
+        bounds = tiles_after(1000, num_rows, 1000)
+        assert bounds[0] == (0, 1000) and bounds[1:] == [(1000 + s, 1000 + e) for s, e in tiles(num_rows - 1000, 1000)]
+        assert all(e - s <= 1000 and s % 8 == 0 for s, e in bounds) and bounds[-1][1] == num_rows
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("first, max_rows", [(8, 96), (64, 96), (96, 96), (160, 200), (200, 200)])
+@pytest.mark.parametrize("options", [{}, dict(durations=[0, 1, 2])])
+def test_a_first_tile_before_the_row_count_changes_nothing(device, first, max_rows, options, monkeypatch):
+    """Forward's first tile launched before the row count is known (TilePath.begin_forward, forced here on every
+    device: by default on CUDA for large batches alone) gives the loss and gradients of the tiles that wait for it,
+    whether the batch's rows (153) fill it and more tiles follow, or it holds them all and pack_forward leaves its
+    rows past the layout's zeros; on both tile paths."""
+    from transducer.fused import cublas_tiles, hopper_tiles
+
+    enc, pred, weight, b, targets, T, U, w = joiner_batch(531, device=device, J=16, max_t=11, max_u=6)
+    assert int((T * (U + 1)).sum()) == 153
+    if "durations" in options:
+        targets = targets % 14 + (targets % 14 == 0)  # 17 - 3 token columns, no blank (0)
+    params = (enc, pred, weight, b)
+
+    def run(rows):
+        for path in (cublas_tiles, hopper_tiles):
+            monkeypatch.setattr(path, "first_tile", lambda max_rows, bound, device_type: min(rows, max_rows))
+        loss = fused_joiner_loss(enc, pred, weight, b, targets, T, U, max_rows=max_rows, reduction="none", **options)
+        return loss.detach(), torch.autograd.grad((loss * w.to(loss.dtype)).sum(), params)
+
+    (early, early_grads), (plain, plain_grads) = run(first), run(0)
+    torch.testing.assert_close(early, plain, rtol=1e-12, atol=1e-12)
+    for got, want in zip(early_grads, plain_grads):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_backward_writes_dh_into_the_hidden(monkeypatch):
     """Every backward tile's dh, which pack's backward reads, lies in that tile's hidden's memory, and a pass's tiles
     take turns in one buffer: a tile holds two buffers (tests the CPU's tiles; on CUDA the peak test below)."""

@@ -829,6 +829,29 @@ def test_pack_forward_writes_the_gemm_operand(device, dtype, activation, pad_row
     assert (out[count:] == 0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("start, past", [(0, 1), (0, 37), (5, 11)])
+def test_pack_forward_past_the_layouts_rows_writes_zeros(device, dtype, start, past):
+    """pack_forward over rows [start, start + count) that reach ``past`` rows beyond the layout's last (the fused loss
+    packs its first tile before it knows the row count): the layout's rows packed, ones in their columns past J,
+    every column of the rows past the layout's zeros, out's padding rows too (NaN before)."""
+    enc, pred, T, U, stages, layout, rows = pack_batch(device, 592, 24)
+    enc, pred = enc.to(dtype), pred.to(dtype)
+    count, J = rows - start + past, enc.size(2)
+    want = torch.tanh(pack(enc.double(), pred.double(), T, U))[start:]
+    out = torch.full((count + 3, J + 2), float("nan"), dtype=dtype, device=enc.device)
+    stages.pack_forward(enc, pred, layout, count, start, "tanh", out)
+    eps = 1e-12 if dtype == torch.float64 else 1e-2
+    torch.testing.assert_close(out[: rows - start, :J].double(), want, rtol=eps, atol=eps)
+    assert (out[: rows - start, J:] == 1).all()
+    assert (out[rows - start :] == 0).all()
+    assert torch.equal(
+        stages.pack_forward(enc, pred, layout, count, start, "tanh")[rows - start :].cpu(),
+        out[rows - start : count, :J].cpu(),
+    )
+
+
 def pack_backward_over_tiles(device, T, U, max_t, max_u1, D, activation, p, dtype, bounds, seed):
     """(grad_enc, grad_pred) of the stages' pack_backward_add over the tiles between ``bounds`` (sums in ``dtype``'s
     accumulation type), and autograd's gradients of sum(dropout(act(pack(...))) * grad_rows) in float64, for random

@@ -178,7 +178,8 @@ class Stages(Protocol):
         ``enc + pred`` computes them), written in ``out``'s dtype (default: the promoted one); ``out`` may be
         the first J columns of a wider matrix. An ``out`` of (R, C), R >= num_rows and C >= J, gets ones in its
         columns past J (a bias's columns in the fused loss's GEMM operand) and zeros in its rows past num_rows
-        (the GEMMs' padding rows). Returns ``out``."""
+        (the GEMMs' padding rows). Rows past the layout's last one are zeros too: num_rows may reach past it (the
+        fused loss packs its first tile before the host knows the layout's row count). Returns ``out``."""
 
     def pack_backward(self, grad_rows: Tensor, layout: Layout, max_t: int, max_u1: int) -> Tuple[Tensor, Tensor]:
         """(grad_encoder_out, grad_predictor_out): the sums of grad_rows over u and over t, in grad_rows'

@@ -352,12 +352,13 @@ def pack_forward(
             f"pack_forward: out must be a floating-point tensor of at least ({num_rows}, {D}), "
             f"got {tuple(out.shape)} {out.dtype}"
         )
-    rows = _hidden(encoder_out, predictor_out, layout, num_rows, row_start, activation, dropout)[1]
+    layout_rows = max(0, min(num_rows, int(layout.row_splits[-1]) - row_start))  # the rows the layout has
+    rows = _hidden(encoder_out, predictor_out, layout, layout_rows, row_start, activation, dropout)[1]
     if out is None:
-        return rows
-    out[:num_rows, :D] = rows
-    out[:num_rows, D:] = 1
-    out[num_rows:] = 0
+        return rows if layout_rows == num_rows else torch.cat([rows, rows.new_zeros(num_rows - layout_rows, D)])
+    out[:layout_rows, :D] = rows
+    out[:layout_rows, D:] = 1
+    out[layout_rows:] = 0
     return out
 
 

@@ -5,7 +5,8 @@
 //   pack_forward_kernel            out[r - row_start] = dropout(act(a)), a = enc[b, t] + pred[b, u], for
 //                                  row r = (b, t, u) (out's rows ld_out apart: the fused loss packs into a
 //                                  wider matrix), then `ones` columns of ones (a bias's, the fused loss's GEMM
-//                                  operand); out's rows past the layout's (to out_rows) zeros in every column
+//                                  operand); out's rows past num_rows or past the layout's last row (to
+//                                  out_rows) zeros in every column
 //   pack_grad_kernel               grad_enc[b, t] += sum_{u <= U_b} d(b, t, u) in range   (t < T_b), and
 //                                  scratch[b, frame block, u] = sum_{t in the block} d(b, t, u) in range; for
 //                                  an utterance of more than u_chunk rows a frame, each chunk of u_chunk values
@@ -244,7 +245,7 @@ struct PackForwardParams {
   int max_u1;
   td::Grids grids;  // the compact layout
   int row_start;
-  int num_rows;  // the layout's rows written
+  int num_rows;  // the layout's rows written, at most (those past the layout's last row zeros too)
   int out_rows;  // out's rows: those past num_rows zeros
   int nvec;      // D / VEC
   int ones;      // out's columns past D: ones in the layout's rows, zeros past them
@@ -262,11 +263,14 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
   const TE* __restrict__ enc = p.enc;
   const TP* __restrict__ pred = p.pred;
   TO* __restrict__ out = p.out;
-  const int max_t = p.max_t, max_u1 = p.max_u1, num_rows = p.num_rows, nvec = p.nvec;
+  const int max_t = p.max_t, max_u1 = p.max_u1, nvec = p.nvec;
   const int lane = threadIdx.x & 31;
   const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   if (first >= p.out_rows) return;
   const td::Grids& g = p.grids;
+  // the rows the layout has from row_start on bound num_rows: the fused loss packs its first tile before the host
+  // knows the row count (transducer/fused/cublas_tiles.py)
+  const int num_rows = (int)min((long long)p.num_rows, max(0LL, g.split(g.B) - p.row_start));
   const long long D = (long long)nvec * VEC;
   int b = 0, t = 0, u = 0;
   long long end = 0, st = 1;

@@ -6,7 +6,7 @@ are rounded to the GEMMs' dtype, as in the unfused composition.
 
 import torch.nn.functional as F
 
-from .tiles import Step, TilePathBase, gemm_rows, hidden, hidden_buffer, projection, tiles
+from .tiles import Step, TilePathBase, first_tile, gemm_rows, hidden, hidden_buffer, projection, tiles, tiles_after
 
 __all__ = ["CublasTiles"]
 
@@ -28,13 +28,32 @@ class CublasTiles(TilePathBase):
         rows = max((self._gemm_rows(end - start) for start, end in bounds), default=0)
         return bounds, hidden_buffer(self.step, self.Wx, rows)
 
-    def forward(self, num_rows, max_rows, arrays):
+    def begin_forward(self, max_rows, bound):
+        """The first tile's hidden and logits GEMM (first_tile), launched before the row count is known: pack_forward
+        leaves the rows past the layout's zeros."""
+        s = self.step
+        first = first_tile(max_rows, bound, s.encoder_out.device.type)
+        if not first:
+            return None
+        buffer = hidden_buffer(s, self.Wx, self._gemm_rows(max_rows))  # no tile has more rows
+        hx = hidden(s, self.Wx, 0, first, self._gemm_rows(first), buffer)
+        return first, buffer, F.linear(hx, self.Wx)
+
+    def forward(self, num_rows, max_rows, arrays, first=None):
         s, V, D = self.step, self.step.V, self.step.D
-        bounds, buffer = self._tiles(num_rows, max_rows)
+        if first is None:
+            bounds, buffer = self._tiles(num_rows, max_rows)
+            logits = None
+        else:
+            rows, buffer, logits = first
+            bounds = tiles_after(rows, num_rows, max_rows)
         for start, end in bounds:
             rows = end - start
-            hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows), buffer)
-            z = F.linear(hx, self.Wx)[:rows]
+            if start == 0 and logits is not None:  # begin_forward's
+                z, logits = logits[:rows], None
+            else:
+                hx = hidden(s, self.Wx, start, end, self._gemm_rows(rows), buffer)
+                z = F.linear(hx, self.Wx)[:rows]
             s.kind.log_probs(
                 s.stages, z[:, :V], z[:, V : V + D] if D else None, s.targets, s.layout, s.options, start, arrays
             )

@@ -26,7 +26,18 @@ import torch
 
 from .. import hopper
 from ..cuda import stages as cuda_stages
-from .tiles import Step, TilePathBase, extra_columns, gemm_rows, hidden, hidden_buffer, projection, tiles
+from .tiles import (
+    Step,
+    TilePathBase,
+    extra_columns,
+    first_tile,
+    gemm_rows,
+    hidden,
+    hidden_buffer,
+    projection,
+    tiles,
+    tiles_after,
+)
 
 __all__ = ["use_hopper", "HopperTiles"]
 
@@ -86,14 +97,38 @@ class HopperTiles(TilePathBase):
         """Backward's projection for the hidden and the weight gradient (tiles.projection)."""
         return projection(self.weight, self.bias, self.compute_dtype)[0]
 
-    def forward(self, num_rows, max_rows, arrays):
+    def _forward_rows(self, max_rows):
+        """Forward's rows a tile: those whose hidden fills the bytes of max_rows rows of hidden and logits."""
+        return max_rows * (self.J + self.rows) // self.J
+
+    def begin_forward(self, max_rows, bound):
+        """The first tile's hidden (first_tile), packed before the row count is known: pack_forward leaves the rows
+        past the layout's zeros. (The statistics kernel takes the rows' labels, made for the row count.)"""
+        s, W = self.step, self.projection.W
+        tile = self._forward_rows(max_rows)
+        first = first_tile(tile, bound, "cuda")
+        if not first:
+            return None
+        buffer = hidden_buffer(s, W, tile)  # no tile has more rows
+        hidden(s, W, 0, first, buffer=buffer)
+        return first, buffer
+
+    def forward(self, num_rows, max_rows, arrays, first=None):
         s, p = self.step, self.projection
         W = p.W  # forward's hidden has no bias columns
-        bounds = list(tiles(num_rows, max_rows * (self.J + self.rows) // self.J))
-        buffer = hidden_buffer(s, W, max((end - start for start, end in bounds), default=0))
+        tile = self._forward_rows(max_rows)
+        if first is None:
+            bounds = list(tiles(num_rows, tile))
+            buffer = hidden_buffer(s, W, max((end - start for start, end in bounds), default=0))
+        else:
+            packed, buffer = first
+            bounds = tiles_after(packed, num_rows, tile)
         labels = statistics = None
         for start, end in bounds:
-            hx = hidden(s, W, start, end, buffer=buffer)
+            if start == 0 and first is not None:  # begin_forward's
+                hx = buffer[: end - start]
+            else:
+                hx = hidden(s, W, start, end, buffer=buffer)
             if labels is None:  # made once the GPU has the first tile's pack to run
                 labels = cuda_stages.row_labels(s.targets, s.layout, s.options.blank, num_rows)
                 statistics = s.encoder_out.new_empty(3 + p.extra, num_rows, dtype=torch.float32)

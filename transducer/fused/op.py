@@ -104,6 +104,26 @@ def capacity(encoder_out, predictor_out):
     return encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
 
 
+def _start_copy(table):
+    """On CUDA, the layout's ``table`` copied to pinned host memory without waiting (the work launched after it runs
+    on while the host waits for the copy alone), and an event after it; else None."""
+    if not table.is_cuda:
+        return None
+    host = table.to("cpu", non_blocking=True)  # pinned memory: torch's D2H copies with non_blocking
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+def _copied(copy, table):
+    """``table`` on the host as a list, from ``_start_copy``'s copy where there is one."""
+    if copy is None:
+        return table.tolist()
+    host, done = copy
+    done.synchronize()
+    return host.tolist()
+
+
 def _fused_forward(
     encoder_out: Tensor,
     predictor_out: Tensor,
@@ -177,12 +197,15 @@ def _forward(
         encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats), (activation, dropout, seed)
     )
     path = tile_path(step, weight, bias, compute_dtype)  # its set-up launched before the wait below
-    table = layout.table.tolist()  # the row count and row_splits size the tiles: one transfer
+    bound = capacity(encoder_out, predictor_out)
+    # the row count and row_splits size the tiles: one transfer, which the first tile's work overlaps on CUDA
+    copy = _start_copy(layout.table)
+    first = path.begin_forward(max_rows, bound)
+    table = _copied(copy, layout.table)
     B = layout.batch_size
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
     num_rows = table[4 * B]
-    bound = capacity(encoder_out, predictor_out)
     if num_rows > bound:
         raise ValueError(
             f"logit_lengths, target_lengths: sum_b T_b*(U_b+1) = {num_rows} rows exceeds B * maxT * (maxU+1) = {bound}"
@@ -193,7 +216,7 @@ def _forward(
     rows = bound if static_shapes else num_rows
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
     arrays = kind.new_arrays(lambda *shape: new(*shape, dtype=accumulate_dtype(compute_dtype)), rows, options)
-    path.forward(num_rows, max_rows, arrays)
+    path.forward(num_rows, max_rows, arrays, first)
     lattice = kind.lattice(stages, layout, arrays, options)
     if rows > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):

@@ -21,6 +21,8 @@ __all__ = [
     "TilePathBase",
     "tile_path",
     "tiles",
+    "first_tile",
+    "tiles_after",
     "default_max_rows",
     "gemm_rows",
     "projection",
@@ -59,7 +61,9 @@ class Step(NamedTuple):
 class TilePath(Protocol):
     """One way to run the fused loss's tiles. ``forward`` writes every row's log-probs (``arrays``, the lattice's
     per-row arrays) over the tiles of ``num_rows`` rows of at most ``max_rows`` rows of hidden and logits;
-    ``gradient_tiles`` gives, tile by tile over the same tiles, (start, end, hx, dz): the rows [start, end)'s
+    ``begin_forward`` launches, before the host knows the row count (at most ``bound``), the first tile's work that
+    needs none (``first_tile``; on CUDA), and gives what ``forward`` then takes as ``first`` (None: nothing was
+    launched); ``gradient_tiles`` gives, tile by tile over the tiles of ``tiles``, (start, end, hx, dz): the rows [start, end)'s
     hidden ``hx`` (with its bias columns: ``projection``) and the gradient of their logits ``dz`` (rows past end -
     start and columns past the projection's rows zero), each of ``gemm_rows`` rows, for the weight gradient ``dz^T
     hx`` and dh = ``dz W``. ``hx`` is a contiguous tensor in memory of the pass's own, which the next tile
@@ -70,7 +74,9 @@ class TilePath(Protocol):
 
     Wx: Tensor
 
-    def forward(self, num_rows: int, max_rows: int, arrays: LogProbs) -> None: ...
+    def begin_forward(self, max_rows: int, bound: int) -> Optional[object]: ...
+
+    def forward(self, num_rows: int, max_rows: int, arrays: LogProbs, first: Optional[object] = None) -> None: ...
 
     def gradient_tiles(
         self, num_rows: int, max_rows: int, lattice: Lattice, scale: Tensor
@@ -120,6 +126,24 @@ def tiles(num_rows: int, max_rows: int) -> Iterator[Tuple[int, int]]:
     for start, end in zip(bounds, bounds[1:]):
         if end > start:
             yield start, end
+
+
+def first_tile(max_rows, bound, device_type):
+    """The rows of forward's first tile where it is launched before the host knows the row count (the layout's read,
+    which it then overlaps: ``TilePath.begin_forward``): max_rows (on a multiple of 8 from 64 rows on, where ``tiles``
+    starts its tiles), on CUDA where ``bound`` on the row count (B * maxT * (maxU+1)) is at least twice that; else 0,
+    none (on the CPU nothing overlaps, and a batch of fewer rows than the tile would pay for the tile's rows past its
+    own: with the bound at twice the tile's rows, only a batch padded past twice its rows does)."""
+    rows = max_rows // 8 * 8 if max_rows >= 64 else max_rows
+    return rows if device_type == "cuda" and rows > 0 and bound >= 2 * rows else 0
+
+
+def tiles_after(first, num_rows, max_rows):
+    """The tiles [start, end) of ``num_rows`` rows whose first one was launched as ``first`` rows (``first_tile``):
+    [0, min(first, num_rows)), then ``tiles`` of the rows past it."""
+    if num_rows <= first:
+        return [(0, num_rows)] if num_rows > 0 else []
+    return [(0, first)] + [(first + start, first + end) for start, end in tiles(num_rows - first, max_rows)]
 
 
 def gemm_rows(rows, device_type):
