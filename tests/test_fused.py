@@ -4,6 +4,7 @@ utterances, TDT; the module, opcheck and torch.compile; bad input and options. (
 tested in test_stages.py.)"""
 
 import math
+import types
 import weakref
 
 import numpy as np
@@ -337,6 +338,35 @@ def test_a_first_tile_before_the_row_count_changes_nothing(device, first, max_ro
     torch.testing.assert_close(early, plain, rtol=1e-12, atol=1e-12)
     for got, want in zip(early_grads, plain_grads):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_frees_each_tiles_logits_before_the_next(monkeypatch):
+    """Forward holds two tile buffers at a time (a tile's hidden and its logits): each tile's logits, begin_forward's
+    first among them, are freed before the next tile's hidden is packed (forced first tile, the CPU's tiles; on CUDA
+    the step's peak in benchmarks/fused_step.py)."""
+
+    from transducer.fused import cublas_tiles
+
+    logits, checked = [], []
+    linear, hidden = cublas_tiles.F.linear, cublas_tiles.hidden
+
+    def record_logits(*args):
+        z = linear(*args)
+        logits.append(weakref.ref(z))
+        return z
+
+    def check_hidden(*args, **kwargs):
+        checked.append(len(logits))
+        assert all(ref() is None for ref in logits), "a tile's logits outlived it"
+        return hidden(*args, **kwargs)
+
+    monkeypatch.setattr(cublas_tiles, "F", types.SimpleNamespace(linear=record_logits))
+    monkeypatch.setattr(cublas_tiles, "hidden", check_hidden)
+    monkeypatch.setattr(cublas_tiles, "first_tile", lambda max_rows, bound, device_type: max_rows)
+    enc, pred, weight, bias, targets, T, U, _ = joiner_batch(602)
+    with torch.no_grad():
+        fused_joiner_loss(enc, pred, weight, bias, targets, T, U, max_rows=16)
+    assert checked[:2] == [0, 1] and len(checked) == len(logits) > 2  # begin_forward's tile, then the others
 
 
 def test_backward_writes_dh_into_the_hidden(monkeypatch):

@@ -33,19 +33,20 @@ class CublasTiles(TilePathBase):
         leaves the rows past the layout's zeros."""
         s = self.step
         first = first_tile(max_rows, bound, s.encoder_out.device.type)
-        if not first:
-            return None
-        buffer = hidden_buffer(s, self.Wx, self._gemm_rows(max_rows))  # no tile has more rows
-        hx = hidden(s, self.Wx, 0, first, self._gemm_rows(first), buffer)
-        return first, buffer, F.linear(hx, self.Wx)
+        if first:
+            buffer = hidden_buffer(s, self.Wx, self._gemm_rows(max_rows))  # no tile has more rows
+            hx = hidden(s, self.Wx, 0, first, self._gemm_rows(first), buffer)
+            self.begun = first, buffer, F.linear(hx, self.Wx)
 
-    def forward(self, num_rows, max_rows, arrays, first=None):
+    def forward(self, num_rows, max_rows, arrays):
         s, V, D = self.step, self.step.V, self.step.D
-        if first is None:
+        begun, self.begun = self.begun, None  # the logits' one name: freed once their tile is done
+        if begun is None:
             bounds, buffer = self._tiles(num_rows, max_rows)
             logits = None
         else:
-            rows, buffer, logits = first
+            rows, buffer, logits = begun
+            del begun
             bounds = tiles_after(rows, num_rows, max_rows)
         for start, end in bounds:
             rows = end - start

@@ -107,25 +107,25 @@ class HopperTiles(TilePathBase):
         s, W = self.step, self.projection.W
         tile = self._forward_rows(max_rows)
         first = first_tile(tile, bound, "cuda")
-        if not first:
-            return None
-        buffer = hidden_buffer(s, W, tile)  # no tile has more rows
-        hidden(s, W, 0, first, buffer=buffer)
-        return first, buffer
+        if first:
+            buffer = hidden_buffer(s, W, tile)  # no tile has more rows
+            hidden(s, W, 0, first, buffer=buffer)
+            self.begun = first, buffer
 
-    def forward(self, num_rows, max_rows, arrays, first=None):
+    def forward(self, num_rows, max_rows, arrays):
         s, p = self.step, self.projection
         W = p.W  # forward's hidden has no bias columns
         tile = self._forward_rows(max_rows)
-        if first is None:
+        begun, self.begun = self.begun, None
+        if begun is None:
             bounds = list(tiles(num_rows, tile))
             buffer = hidden_buffer(s, W, max((end - start for start, end in bounds), default=0))
         else:
-            packed, buffer = first
+            packed, buffer = begun
             bounds = tiles_after(packed, num_rows, tile)
         labels = statistics = None
         for start, end in bounds:
-            if start == 0 and first is not None:  # begin_forward's
+            if start == 0 and begun is not None:  # begin_forward's
                 hx = buffer[: end - start]
             else:
                 hx = hidden(s, W, start, end, buffer=buffer)

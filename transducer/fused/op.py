@@ -200,7 +200,7 @@ def _forward(
     bound = capacity(encoder_out, predictor_out)
     # the row count and row_splits size the tiles: one transfer, which the first tile's work overlaps on CUDA
     copy = _start_copy(layout.table)
-    first = path.begin_forward(max_rows, bound)
+    path.begin_forward(max_rows, bound)
     table = _copied(copy, layout.table)
     B = layout.batch_size
     if check_inputs:
@@ -216,7 +216,7 @@ def _forward(
     rows = bound if static_shapes else num_rows
     new = encoder_out.new_zeros if static_shapes else encoder_out.new_empty  # the tiles write rows < num_rows
     arrays = kind.new_arrays(lambda *shape: new(*shape, dtype=accumulate_dtype(compute_dtype)), rows, options)
-    path.forward(num_rows, max_rows, arrays, first)
+    path.forward(num_rows, max_rows, arrays)
     lattice = kind.lattice(stages, layout, arrays, options)
     if rows > num_rows:
         for x in (lattice.alpha, lattice.beta) + (lattice.rnnt[:2] if lattice.rnnt else ()):

@@ -61,9 +61,9 @@ class Step(NamedTuple):
 class TilePath(Protocol):
     """One way to run the fused loss's tiles. ``forward`` writes every row's log-probs (``arrays``, the lattice's
     per-row arrays) over the tiles of ``num_rows`` rows of at most ``max_rows`` rows of hidden and logits;
-    ``begin_forward`` launches, before the host knows the row count (at most ``bound``), the first tile's work that
-    needs none (``first_tile``; on CUDA), and gives what ``forward`` then takes as ``first`` (None: nothing was
-    launched); ``gradient_tiles`` gives, tile by tile over the tiles of ``tiles``, (start, end, hx, dz): the rows [start, end)'s
+    ``begin_forward``, called before the host knows the row count (at most ``bound``), launches the first tile's work
+    that needs none (``first_tile``; on CUDA) and keeps it for the next ``forward`` (``begun``);
+    ``gradient_tiles`` gives, tile by tile over the tiles of ``tiles``, (start, end, hx, dz): the rows [start, end)'s
     hidden ``hx`` (with its bias columns: ``projection``) and the gradient of their logits ``dz`` (rows past end -
     start and columns past the projection's rows zero), each of ``gemm_rows`` rows, for the weight gradient ``dz^T
     hx`` and dh = ``dz W``. ``hx`` is a contiguous tensor in memory of the pass's own, which the next tile
@@ -74,9 +74,9 @@ class TilePath(Protocol):
 
     Wx: Tensor
 
-    def begin_forward(self, max_rows: int, bound: int) -> Optional[object]: ...
+    def begin_forward(self, max_rows: int, bound: int) -> None: ...
 
-    def forward(self, num_rows: int, max_rows: int, arrays: LogProbs, first: Optional[object] = None) -> None: ...
+    def forward(self, num_rows: int, max_rows: int, arrays: LogProbs) -> None: ...
 
     def gradient_tiles(
         self, num_rows: int, max_rows: int, lattice: Lattice, scale: Tensor
@@ -90,6 +90,7 @@ class TilePathBase:
     what this one made of the weight)."""
 
     step: Optional[Step]
+    begun = None  # begin_forward's work, which forward takes
 
     def for_step(self, step):
         other = copy.copy(self)
