@@ -28,7 +28,8 @@ The op ``transducer::fused_joiner_loss`` and its backward ``transducer::fused_jo
 registered like ``transducer::loss`` (a ``custom_ops.Op``: an eager path skips the op's Python layers), with the
 loss's options flat as there and the lattice (RNN-T, TDT, multi-blank) a ``lattices.Kind``.
 Sizing the tiles reads the layout (row count and row_splits) on the host: one device-to-host transfer in
-forward; the eager backward takes forward's host copy, a traced one reads it again. The eager backward also takes
+forward, which on CUDA the first tile's work launched before it overlaps (TilePath.begin_forward); the eager backward
+takes forward's host copy, a traced one reads it again. The eager backward also takes
 forward's tile path, with the projections it made of the weight (docs/design.md: The eager backward takes forward's
 projections).
 """
