@@ -322,8 +322,9 @@ class HostReader:
     list. So kernels queued between the two run on while the host reads (the loss queues its first big
     kernel there). Raw CUDA streams and events, through CuPy's runtime API: torch's Stream and Event objects
     and its stream context cost several times the host time a call, and a stream from torch's pool may be
-    the caller's own. One per thread, device, size and dtype (``host_reader``): a read ends before the next
-    mark. Its stream and events are destroyed with it (when its thread ends)."""
+    the caller's own. One per thread, device, size and dtype (``host_reader``), which reads tensors of at most
+    that many elements (a size rounded up serves tensors whose length changes from call to call): a read ends
+    before the next mark. Its stream and events are destroyed with it (when its thread ends)."""
 
     def __init__(self, device: torch.device, numel: int, dtype: torch.dtype):
         device = _cuda_device(device)
@@ -355,22 +356,19 @@ class HostReader:
         self.runtime.eventRecord(self.marked, current_raw_stream(self.device))
 
     def read(self, src: torch.Tensor) -> list:
-        if (
-            src.numel() != self.numel
-            or src.dtype != self.dtype
-            or src.get_device() != self.device
-            or not src.is_contiguous()
-        ):
+        n = src.numel()
+        if n > self.numel or src.dtype != self.dtype or src.get_device() != self.device or not src.is_contiguous():
             raise ValueError(
-                f"HostReader.read: src must be a contiguous {self.dtype} tensor of {self.numel} "
+                f"HostReader.read: src must be a contiguous {self.dtype} tensor of at most {self.numel} "
                 f"elements on cuda:{self.device}, got {src.dtype} {tuple(src.shape)} on {src.device}"
             )
         rt = self.runtime
         rt.streamWaitEvent(self.stream, self.marked, 0)
-        rt.memcpyAsync(self.host.data_ptr(), src.data_ptr(), self.nbytes, rt.memcpyDeviceToHost, self.stream)
+        nbytes = n * src.element_size()
+        rt.memcpyAsync(self.host.data_ptr(), src.data_ptr(), nbytes, rt.memcpyDeviceToHost, self.stream)
         rt.eventRecord(self.copied, self.stream)
         rt.eventSynchronize(self.copied)  # src lives until here: the caller holds it
-        return self.host.tolist()
+        return self.host.tolist() if n == self.numel else self.host[:n].tolist()
 
 
 def _cuda_device(device) -> torch.device:
@@ -382,7 +380,7 @@ def _cuda_device(device) -> torch.device:
 
 
 def host_reader(device: torch.device, numel: int, dtype: torch.dtype) -> HostReader:
-    """This thread's HostReader for ``numel`` elements of ``dtype`` on CUDA ``device`` (made once: a pinned
+    """This thread's HostReader for up to ``numel`` elements of ``dtype`` on CUDA ``device`` (made once: a pinned
     allocation, a stream and events cost host time in every step)."""
     if not (isinstance(device, torch.device) and device.type == "cuda" and device.index is not None):
         device = _cuda_device(device)  # the loss passes a tensor's device: no conversion

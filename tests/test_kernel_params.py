@@ -265,13 +265,26 @@ def test_the_multiblank_row_kernels_ask_for_their_lanes(monkeypatch, K):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-@pytest.mark.parametrize("V, ld", [(5, 5), (64, 64), (500, 500), (500, 512), (500, 513), (1021, 1024), (505, 512)])
+@pytest.mark.parametrize(
+    "V, ld, offset",
+    [
+        (5, 5, 0),
+        (64, 64, 0),
+        (500, 500, 0),
+        (500, 512, 0),
+        (500, 513, 0),
+        (500, 512, 1),
+        (1021, 1024, 0),
+        (505, 512, 0),
+    ],
+)
 @pytest.mark.parametrize("lanes", [0, 1, 3, 7, 8, 16, 17])
-def test_a_row_pass_gets_the_lanes_its_access_needs(monkeypatch, dtype, V, ld, lanes):
+def test_a_row_pass_gets_the_lanes_its_access_needs(monkeypatch, dtype, V, ld, offset, lanes):
     # the unaligned pass gives its head and tail scalars one lane each (RowPass::begin: lanes < head + tail), the
     # multi-blank kernels lanes 1 ... K (log-probs) or 0 ... K - 1 (gradient) of the row: every one must exist
     monkeypatch.setattr(cuda, "num_sms", lambda device: 132)
-    rows = torch.zeros(64, ld, dtype=dtype)[:, :V]
+    # offset: rows whose stride keeps 16-byte boundaries but whose base does not start on one
+    rows = torch.zeros(64 * ld + 8, dtype=dtype)[offset : offset + 64 * ld].view(64, ld)[:, :V]
     passes = (((), False), ((rows,), True), ((torch.zeros(64, -(-V // 8) * 8, dtype=dtype)[:, :V],), True))
     for per_lane, (outs, staging) in itertools.product((cuda.LOG_PROBS_LANE_BYTES, cuda.GRADIENT_LANE_BYTES), passes):
         tpr, vec, aligned, staged = cuda._row_pass(10**6, V, rows.element_size(), rows, per_lane, outs, staging, lanes)

@@ -1029,7 +1029,9 @@ def test_host_reader_reads_behind_its_mark_alone():
     torch.cuda.synchronize()
     assert got == want.tolist()
     assert busy
-    for bad in (src[:5], src.float(), src.view(2, 3).t(), src.cpu()):
+    reader.mark()
+    assert reader.read(src[1:4]) == want[1:4].tolist()  # fewer elements than the reader's: theirs alone
+    for bad in (torch.zeros(7, dtype=torch.int64, device=DEV), src.float(), src.view(2, 3).t(), src.cpu()):
         with pytest.raises(ValueError, match="HostReader.read: src must be"):
             reader.read(bad)
 

@@ -374,3 +374,17 @@ def test_every_option_has_a_bad_value():
     from transducer.options import OPTIONS
 
     assert set(BAD) == {o.name for o in OPTIONS}
+
+
+def test_check_supported_takes_options_of_unhashable_values():
+    """lattices.check_supported caches the options it has passed; options holding a list (a hand-made LossOptions)
+    are checked as they are, with the same answer."""
+    from transducer.lattices import check_supported, kind_of
+
+    for durations in ((0, 1, 2), [0, 1, 2]):
+        good = LossOptions(durations=durations, sigma=0.05)
+        check_supported(good, kind_of(good), "cuda")
+        bad = LossOptions(durations=durations, from_log_softmax=True)
+        for _ in range(2):  # raised again once cached
+            with pytest.raises(ValueError, match="from_log_softmax: the TDT loss does not take this option at all"):
+                check_supported(bad, kind_of(bad), "cpu")

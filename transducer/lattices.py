@@ -53,7 +53,12 @@ def check_supported(options, kind, backend=None):
     ``kind`` does not take on ``backend`` ("cpu" or "cuda"; None: on any backend)."""
     # the options a training run passes are checked once (the cache keeps those that pass); not while
     # torch.compile traces the call, which would trace around the cache
-    (_supported if torch.compiler.is_compiling() else _cached_supported)(options, kind.name, backend)
+    if torch.compiler.is_compiling():
+        return _supported(options, kind.name, backend)
+    try:
+        _cached_supported(options, kind.name, backend)
+    except TypeError:  # options of unhashable values (a list of durations): checked as they are
+        _supported(options, kind.name, backend)
 
 
 def _supported(options, kind, backend):

@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(td::kThreads) pack_forward_kernel(const PackFo
   if (first >= p.out_rows) return;
   const td::Grids& g = p.grids;
   // the rows the layout has from row_start on bound num_rows: the fused loss packs its first tile before the host
-  // knows the row count (transducer/fused/cublas_tiles.py)
+  // knows the row count (TilePath.begin_forward in transducer/fused/)
   const int num_rows = (int)min((long long)p.num_rows, max(0LL, g.split(g.B) - p.row_start));
   const long long D = (long long)nvec * VEC;
   int b = 0, t = 0, u = 0;

@@ -117,15 +117,17 @@ class HopperTiles(TilePathBase):
         W = p.W  # forward's hidden has no bias columns
         tile = self._forward_rows(max_rows)
         begun, self.begun = self.begun, None
-        if begun is None:
+        early = begun is not None  # the first tile's hidden is in the buffer
+        if early:
+            packed, buffer = begun
+            del begun  # the buffer's names: freed with it below
+            bounds = tiles_after(packed, num_rows, tile)
+        else:
             bounds = list(tiles(num_rows, tile))
             buffer = hidden_buffer(s, W, max((end - start for start, end in bounds), default=0))
-        else:
-            packed, buffer = begun
-            bounds = tiles_after(packed, num_rows, tile)
         labels = statistics = None
         for start, end in bounds:
-            if start == 0 and begun is not None:  # begin_forward's
+            if start == 0 and early:  # begin_forward's
                 hx = buffer[: end - start]
             else:
                 hx = hidden(s, W, start, end, buffer=buffer)

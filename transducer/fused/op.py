@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ops import accumulate_dtype
+from ops.cuda import host_reader
 
 from ..backend import stages_for
 from ..checks import bad_labels_error, duration_scores_note, row_count
@@ -105,24 +106,15 @@ def capacity(encoder_out, predictor_out):
     return encoder_out.size(0) * encoder_out.size(1) * predictor_out.size(1)
 
 
-def _start_copy(table):
-    """On CUDA, the layout's ``table`` copied to pinned host memory without waiting (the work launched after it runs
-    on while the host waits for the copy alone), and an event after it; else None."""
+def _table_reader(table):
+    """On CUDA, a reader of the layout's ``table`` marked behind the layout (ops.cuda.HostReader: the work queued
+    after the mark runs on while the host reads), of a power-of-two size, so that a run's batch sizes share a few;
+    else None."""
     if not table.is_cuda:
         return None
-    host = table.to("cpu", non_blocking=True)  # pinned memory: torch's D2H copies with non_blocking
-    done = torch.cuda.Event()
-    done.record()
-    return host, done
-
-
-def _copied(copy, table):
-    """``table`` on the host as a list, from ``_start_copy``'s copy where there is one."""
-    if copy is None:
-        return table.tolist()
-    host, done = copy
-    done.synchronize()
-    return host.tolist()
+    reader = host_reader(table.device, 1 << (table.numel() - 1).bit_length(), table.dtype)
+    reader.mark()
+    return reader
 
 
 def _fused_forward(
@@ -194,15 +186,16 @@ def _forward(
     layout = stages.layout(
         logit_lengths, target_lengths, targets.size(1) + 1, 0, LabelCheck(targets, V, options.blank, big), check_inputs
     )
+    # the row count and row_splits size the tiles: one transfer, behind the layout alone on CUDA, where the tile
+    # path's set-up and the first tile's work run on while the host waits for it
+    reader = _table_reader(layout.table)
     step = _step(
         encoder_out, predictor_out, weight, targets, layout, (option_ints, option_floats), (activation, dropout, seed)
     )
-    path = tile_path(step, weight, bias, compute_dtype)  # its set-up launched before the wait below
+    path = tile_path(step, weight, bias, compute_dtype)
     bound = capacity(encoder_out, predictor_out)
-    # the row count and row_splits size the tiles: one transfer, which the first tile's work overlaps on CUDA
-    copy = _start_copy(layout.table)
     path.begin_forward(max_rows, bound)
-    table = _copied(copy, layout.table)
+    table = reader.read(layout.table) if reader is not None else layout.table.tolist()
     B = layout.batch_size
     if check_inputs:
         _check_fused_values(encoder_out, predictor_out, targets, V, D, table[-NUM_STATS:], options.blank, big)
