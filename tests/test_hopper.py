@@ -28,7 +28,7 @@ from transducer.joiner import ACTIVATIONS
 from transducer.lattices import MULTIBLANK, RNNT, TDT
 
 needs_hopper = pytest.mark.skipif(
-    not hopper.available(), reason="needs an sm_90 GPU and nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl)"
+    not hopper.available(), reason="needs an sm_90 GPU and the CuTe DSL (pip install -e '.[hopper]')"
 )
 
 

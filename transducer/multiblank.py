@@ -33,7 +33,8 @@ _DOCS = {
     "models put it last: ``-1``).",
     "sigma": "logit under-normalisation: every log-prob is ``log_softmax - sigma``.",
     "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s '
-    "``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).",
+    '``MultiblankRNNTLossNumba``; NeMo\'s ``RNNTLoss`` with its ``reduction="mean"`` divides each loss by its '
+    "target length first).",
 }
 MULTIBLANK_LOSS = Entry(
     "multiblank_loss",
@@ -106,8 +107,8 @@ def multiblank_loss(
         sigma (float, optional): logit under-normalisation: every log-prob is ``log_softmax - sigma``. (Default:
             ``0.0``)
         reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
-            ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).
-            (Default: ``'mean'``)
+            ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` with its ``reduction="mean"`` divides each loss by its
+            target length first). (Default: ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
             ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
             ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
@@ -176,8 +177,8 @@ class MultiblankLoss(LossModule):
         sigma (float, optional): logit under-normalisation: every log-prob is ``log_softmax - sigma``. (Default:
             ``0.0``)
         reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
-            ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` divides each loss by its target length first).
-            (Default: ``'mean'``)
+            ``MultiblankRNNTLossNumba``; NeMo's ``RNNTLoss`` with its ``reduction="mean"`` divides each loss by its
+            target length first). (Default: ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
             ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
             ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)

@@ -49,7 +49,7 @@ _DOCS = {
     "blank": "the blank among the token columns, in ``[-V, V)``; negative counts from the end (``-1``: NeMo's "
     "blank, the last token column).",
     "reduction": '``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo\'s ``TDTLossNumba``; '
-    "NeMo's ``RNNTLoss`` and transformers divide by the target lengths first).",
+    'NeMo\'s ``RNNTLoss`` with its ``reduction="mean"`` and transformers divide by the target lengths first).',
 }
 TDT_LOSS = Entry(
     "tdt_loss", (TDT,), (_TDT_LOGITS,) + LOGITS_TENSORS[1:] + _ORDER, defaults={"durations": REQUIRED}, docs=_DOCS
@@ -135,8 +135,8 @@ def tdt_loss(
         omega (float, optional): in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain
             RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it). (Default: ``0.0``)
         reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
-            ``TDTLossNumba``; NeMo's ``RNNTLoss`` and transformers divide by the target lengths first). (Default:
-            ``'mean'``)
+            ``TDTLossNumba``; NeMo's ``RNNTLoss`` with its ``reduction="mean"`` and transformers divide by the
+            target lengths first). (Default: ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
             ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
             ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)
@@ -215,8 +215,8 @@ class TDTLoss(LossModule):
         omega (float, optional): in ``[0, 1)``; the loss is ``(1 - omega) * tdt + omega * rnnt``, rnnt the plain
             RNN-T loss of the token scores without sigma (the expectation of NeMo's sampling it). (Default: ``0.0``)
         reduction (str, optional): ``"none"`` | ``"sum"`` | ``"mean"`` (the mean over the batch, as NeMo's
-            ``TDTLossNumba``; NeMo's ``RNNTLoss`` and transformers divide by the target lengths first). (Default:
-            ``'mean'``)
+            ``TDTLossNumba``; NeMo's ``RNNTLoss`` with its ``reduction="mean"`` and transformers divide by the
+            target lengths first). (Default: ``'mean'``)
         fastemit_lambda (float, optional): FastEmit (Yu et al. 2021): the gradient w.r.t. every label log-prob times
             ``1 + fastemit_lambda``; the loss value is unchanged. In ``[0, 65503]``: the gradient's entries reach
             ``1 + fastemit_lambda``, which stays finite in float16. (Default: ``0.0``)

@@ -193,7 +193,7 @@ def _espnet():
         from espnet2.asr_transducer.joint_network import JointNetwork
     except ImportError as e:
         raise ImportError(
-            f"transducer.integrations.espnet needs ESPnet: pip install 'transducer-loss[espnet]' && "
+            f"transducer.integrations.espnet needs ESPnet: pip install -e '.[espnet]' && "
             f"pip install --no-deps espnet==202511 ({e})"
         ) from e
     return ESPnetASRModel, ESPnetASRTransducerModel, JointNetwork, Swish

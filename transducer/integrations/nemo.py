@@ -320,7 +320,7 @@ def _nemo():
         from nemo.collections.asr.models import EncDecRNNTModel
         from nemo.collections.asr.modules.rnnt import RNNTJoint, SampledRNNTJoint
     except ImportError as e:
-        raise ImportError(f"{need}: pip install 'transducer-loss[nemo]' ({e})") from e
+        raise ImportError(f"{need}: pip install -e '.[nemo]' ({e})") from e
     # the release's leading numbers ("2.0.0rc1" is 2.0.0)
     version = tuple(int(re.match(r"\d*", x).group() or 0) for x in nemo.__version__.split(".")[:3])
     if version < MIN_NEMO:

@@ -207,9 +207,7 @@ def _fused_activation(joint):
     try:
         from speechbrain.nnet.transducer.transducer_joint import Transducer_joint
     except ImportError as e:
-        raise ImportError(
-            f"fused_transducer_loss needs speechbrain: pip install 'transducer-loss[speechbrain]' ({e})"
-        ) from e
+        raise ImportError(f"fused_transducer_loss needs speechbrain: pip install -e '.[speechbrain]' ({e})") from e
     joint = _unwrapped(joint)
     if not isinstance(joint, Transducer_joint) or type(joint).forward is not Transducer_joint.forward:
         raise ValueError(f"joint: expected SpeechBrain's Transducer_joint, got {type(joint).__name__}")
