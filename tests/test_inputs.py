@@ -304,28 +304,46 @@ def test_inplace_grad_misuse_raises_and_blank_accepts_integers(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_inplace_grad_refuses_leaf_logits(device):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_inplace_grad_refuses_leaf_logits(device, compiled):
     # the gradient would overwrite a leaf's values, and autograd copies a leaf's gradient into .grad anyway:
-    # refused before anything runs, for a leaf and for a view of one; an op's output is written in place,
-    # with the gradient of the out-of-place loss
+    # refused before anything runs, for a leaf and for a view of one, eager and under torch.compile (AOTAutograd's
+    # backward, which would write over the leaf too); an op's output is written in place, with the gradient of
+    # the out-of-place loss, in one graph
+    torch._dynamo.reset()
     logits, targets, T, U = (t.to(device) for t in _good())
+
+    def loss(x, inplace_grad=True):
+        return transducer_loss(x, targets, T, U, inplace_grad=inplace_grad)
+
+    def joined_loss(x, weight, inplace_grad):
+        return loss(x @ weight, inplace_grad)
+
+    if compiled:
+        loss = torch.compile(loss, backend="aot_eager")
+        joined_loss = torch.compile(joined_loss, backend="aot_eager", fullgraph=True)
     for leaf in (logits.clone().requires_grad_(), logits.clone().requires_grad_()[:, :]):
         kept = leaf.detach().clone()
         with pytest.raises(ValueError, match="inplace_grad: the logits are .*a leaf"):
-            transducer_loss(leaf, targets, T, U, inplace_grad=True)
+            loss(leaf)
         assert torch.equal(leaf.detach(), kept)
     weight = torch.randn(5, 5, dtype=logits.dtype, device=device)
     grads = []
     for inplace_grad in (False, True):
         x = logits.clone().requires_grad_()
-        joined = x @ weight
-        transducer_loss(joined, targets, T, U, inplace_grad=inplace_grad).backward()
+        joined_loss(x, weight, inplace_grad).backward()
         grads.append(x.grad)
-        if inplace_grad:  # the op's output now holds the loss's gradient w.r.t. it
-            torch.testing.assert_close(joined.detach() @ weight.t(), x.grad)
     torch.testing.assert_close(grads[1], grads[0])
+    assert grads[0].abs().max() > 0.01
+    if not compiled:  # the op's output now holds the loss's gradient w.r.t. it
+        x = logits.clone().requires_grad_()
+        joined = x @ weight
+        transducer_loss(joined, targets, T, U, inplace_grad=True).backward()
+        torch.testing.assert_close(joined.detach() @ weight.t(), x.grad)
     # a tensor that needs no gradient is only read
-    transducer_loss(logits, targets, T, U, inplace_grad=True)
+    kept = logits.clone()
+    loss(logits)
+    assert torch.equal(logits, kept)
 
 
 @pytest.mark.cuda

@@ -370,6 +370,18 @@ def test_every_option_refuses_a_bad_value_by_name(name):
         BY_NAME[name].check(value)
 
 
+@pytest.mark.parametrize("name", ["durations", "big_blank_durations"])
+def test_durations_in_an_unordered_collection_are_refused(name):
+    """The durations' order is their columns': a set (or a dict's keys) would put them in its own order."""
+    from transducer.options import BY_NAME
+
+    for unordered in ({3, 1, 2}, frozenset({2, 3}), {2: "a", 3: "b"}):
+        with pytest.raises(ValueError, match=f"^{name}: expected a sequence of ints in their columns' order"):
+            BY_NAME[name].check(unordered)
+    assert BY_NAME[name].check([3, 2]) == (3, 2)
+    assert BY_NAME[name].check(torch.tensor([3, 2])) == (3, 2)
+
+
 def test_every_option_has_a_bad_value():
     from transducer.options import OPTIONS
 

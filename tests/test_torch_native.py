@@ -7,7 +7,7 @@ import torch
 import torch._dynamo
 from _batches import DEVICES, compact, random_batch, random_targets, to_device
 
-from transducer import TransducerLoss, pack, transducer_loss
+from transducer import TransducerLoss, multiblank_loss, pack, tdt_loss, transducer_loss
 from transducer.options import LossOptions
 
 DEV = "cuda"
@@ -63,6 +63,37 @@ def test_compile_fullgraph_matches_eager(device, rna):
     compiled.backward()
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(linear.weight.grad, want, rtol=1e-5, atol=1e-6)
+
+
+_LOSSES = {
+    "rnnt": lambda x, targets, T, U: transducer_loss(x, targets, T, U, blank=-1, reduction="none"),
+    "tdt": lambda x, targets, T, U: tdt_loss(
+        torch.cat([x, x[..., :3]], -1), targets, T, U, durations=[0, 1, 2], blank=-1, sigma=0.05, reduction="none"
+    ),
+    "multiblank": lambda x, targets, T, U: multiblank_loss(x, targets, T, U, [2], blank=-1, reduction="none"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("loss", sorted(_LOSSES))
+def test_compile_fullgraph_follows_the_batch(device, dynamic, loss):
+    """One fullgraph compile over batches whose size, lengths and vocabulary change (the last batch of an
+    epoch, ``dynamic=True``'s symbolic sizes, a blank counted from the end): eager's losses and gradients."""
+    f = _LOSSES[loss]
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)
+    gen = torch.Generator().manual_seed(81)
+    for B, max_t, max_u, V in ((3, 4, 3, 6), (2, 5, 4, 7)):
+        blanks = [V - 2, V - 1] if loss == "multiblank" else V - 1
+        logits, targets, T, U = to_device(device, *random_batch(gen, B, max_t, max_u, V, blanks, edges=True))
+        x, y = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        got, want = compiled(x, targets, T, U), f(y, targets, T, U)
+        weights = torch.rand(B, generator=gen, dtype=torch.float64).to(device)
+        (got * weights).sum().backward()
+        (want * weights).sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=1e-12)
+        assert torch.isfinite(want).all() and want.min() > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

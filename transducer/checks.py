@@ -1,6 +1,7 @@
 """Argument checks shared by the losses, pack and the other entry points: each error names the argument
 and says what was expected. Conventions (dtypes) come from ``ops``."""
 
+import collections.abc
 import math
 import numbers
 import operator
@@ -69,7 +70,8 @@ def check_batch(logits, targets, logit_lengths, target_lengths):
     given = {"logits": logits} if logits.dim() == 4 else {}  # compact logits do not give the batch size
     given.update(logit_lengths=logit_lengths, target_lengths=target_lengths, targets=targets)
     sizes = [x.size(0) for x in given.values()]
-    B = max(sizes, key=sizes.count)  # the most common size; on a tie, the first
+    counts = [sum(1 for other in sizes if other == size) for size in sizes]  # comparisons torch.compile traces
+    B = sizes[counts.index(max(counts))]  # the most common size; on a tie, the first
     agree = [name for name, x in given.items() if x.size(0) == B]
     if B == 0:
         raise ValueError(f"{agree[0]}: expected at least one utterance, got an empty batch")
@@ -214,7 +216,13 @@ def row_count(cells):
 
 def _duration_ints(durations, name):
     """A sequence of durations as a tuple of Python ints (ints, numpy integers, 0-d integer tensors; no bools or
-    floats), each at most MAX_DURATION; ValueError naming ``name`` otherwise."""
+    floats), each at most MAX_DURATION; ValueError naming ``name`` otherwise, and for a set or a mapping, whose
+    order is not the one the caller wrote (the durations' order is their columns')."""
+    if isinstance(durations, (collections.abc.Set, collections.abc.Mapping)):
+        raise ValueError(
+            f"{name}: expected a sequence of ints in their columns' order (a list or tuple), got a "
+            f"{type(durations).__name__} {durations!r}"
+        )
     try:
         given = list(durations)
     except TypeError:

@@ -66,7 +66,7 @@ def _transducer_loss(logits, targets, logit_lengths, target_lengths, options):
     o = check_options(options)
     blank = check_blank(o.pop("blank"), logits.size(-1))
     inplace_grad = o.pop("inplace_grad", False)
-    if inplace_grad and not torch.compiler.is_compiling():
+    if inplace_grad:
         check_inplace_grad(logits)
     if "fused_log_softmax" in o:  # torchaudio's spelling
         o["from_log_softmax"] = not o.pop("fused_log_softmax")

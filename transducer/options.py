@@ -76,7 +76,7 @@ class Option(NamedTuple):
 def _number(name, value):
     if not is_number(value):
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
-    if math.isnan(value):
+    if value != value:  # NaN; math.isnan, which torch.compile cannot trace on a dynamic float
         raise ValueError(f"{name}: expected a number, not NaN")
     return float(value)
 
@@ -93,7 +93,7 @@ def _flag(name):
 def _finite(name):
     def check(value):
         value = _number(name, value)
-        if not math.isfinite(value):
+        if abs(value) == math.inf:
             raise ValueError(f"{name}: expected a finite number, got {value!r}")
         return value
 
@@ -382,7 +382,10 @@ def _from_flat(cls, ints, floats):
     """The options that ``flat()`` gave (ints, floats); each distinct one is built once (an op's forward and
     backward rebuild them every call)."""
     key = (tuple(ints), tuple(floats))
-    options = _FROM_FLAT.get(key)
+    try:
+        options = _FROM_FLAT.get(key)
+    except TypeError:  # torch.compile's symbolic ints (dynamic shapes: a blank counted from the end) hash not
+        return _build(cls, ints, floats)
     if options is None:
         if len(_FROM_FLAT) >= _FROM_FLAT_SIZE:  # options that change every step (a schedule) stay bounded
             _FROM_FLAT.clear()
