@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["accumulate_dtype", "is_integer_dtype", "ctype", "FLOAT_DTYPES", "INDEX_DTYPES"]
+__all__ = ["accumulate_dtype", "is_integer_dtype", "is_index_dtype", "ctype", "FLOAT_DTYPES", "INDEX_DTYPES"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -31,6 +31,18 @@ def is_integer_dtype(dtype) -> bool:
     if isinstance(dtype, torch.dtype):
         return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
     return np.issubdtype(dtype, np.integer)
+
+
+# torch's unsigned dtypes past uint8 have few CPU kernels (no comparisons, min or max)
+_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+
+
+def is_index_dtype(dtype) -> bool:
+    """An integer dtype whose values index as int64 on every path: torch's signed ones and uint8, numpy's
+    integers but uint64 (whose values past 2^63 would wrap)."""
+    if isinstance(dtype, torch.dtype):
+        return is_integer_dtype(dtype) and dtype not in _WIDE_UNSIGNED
+    return is_integer_dtype(dtype) and np.dtype(dtype) != np.uint64
 
 
 def ctype(dtype: torch.dtype) -> str:

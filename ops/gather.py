@@ -43,7 +43,7 @@ import math
 import numpy as np
 import torch
 
-from .dtypes import is_integer_dtype
+from .dtypes import is_index_dtype
 from .fast_divmod import MAX_NUMERATOR, FastDivmod
 
 __all__ = ["gather", "sharded_gather"]
@@ -89,8 +89,11 @@ def _plan(pshape, ishape, axis, batch_dims) -> _Plan:
 
 
 def _check_index_dtype(dtype):
-    if not is_integer_dtype(dtype):
-        raise TypeError(f"indices must hold integers, got dtype {dtype}")
+    if not is_index_dtype(dtype):
+        raise TypeError(
+            f"indices must hold integers that index as int64 (signed, or uint8; numpy's uint8-uint32 too), "
+            f"got dtype {dtype}"
+        )
 
 
 def _bounds(idx, is_torch):

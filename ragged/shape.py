@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 import torch
 
-from ops import is_integer_dtype
+from ops import is_index_dtype, is_integer_dtype
 
 __all__ = ["row_splits_to_row_ids", "row_ids_to_row_splits", "RaggedShape", "ROW_IDS_METHODS"]
 
@@ -34,8 +34,11 @@ def _as_1d_int(x, name):
         t = np.asarray(x)
         if t.dtype == object:
             raise TypeError(f"{name} must be an integer array")
-    if not is_integer_dtype(t.dtype):
-        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
+    if not is_index_dtype(t.dtype):
+        raise TypeError(
+            f"{name} must hold integers that index as int64 (signed, or uint8; numpy's uint8-uint32 too), "
+            f"got dtype {t.dtype}"
+        )
     if t.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     return t
@@ -50,6 +53,13 @@ def _check_int(v, name):
     if v < 0:
         raise ValueError(f"{name} must be >= 0, got {v}")
     return v
+
+
+def _check_holds(dtype, largest, what):
+    """TypeError unless the output ``dtype`` holds ``largest``, the largest value of ``what`` it would carry."""
+    info = torch.iinfo(dtype) if isinstance(dtype, torch.dtype) else np.iinfo(dtype)
+    if largest > info.max:
+        raise TypeError(f"dtype {dtype} cannot hold {what} up to {largest} (at most {info.max}): pass a wider dtype")
 
 
 def _validate_row_splits(row_splits, name="row_splits"):
@@ -102,6 +112,7 @@ def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=Tr
         out_dtype = row_splits.dtype if dtype is None else dtype
         if not isinstance(out_dtype, torch.dtype) or not is_integer_dtype(out_dtype):
             raise TypeError(f"dtype must be a torch integer dtype, got {dtype}")
+        _check_holds(out_dtype, num_rows - 1, "row_ids")
         if row_splits.is_cuda:
             from .ragged_cuda import row_splits_to_row_ids_cuda
 
@@ -109,11 +120,17 @@ def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=Tr
         sizes = row_splits[1:] - row_splits[:-1]
         ids = torch.arange(num_rows, dtype=out_dtype)
         return torch.repeat_interleave(ids, sizes, output_size=num_elems)
-    out_dtype = row_splits.dtype if dtype is None else np.dtype(dtype)
-    if not np.issubdtype(out_dtype, np.integer):
-        raise TypeError(f"dtype must be an integer dtype, got {dtype}")
+    out_dtype = row_splits.dtype if dtype is None else _numpy_dtype(dtype)
+    _check_holds(out_dtype, num_rows - 1, "row_ids")
     sizes = np.diff(row_splits)
     return np.repeat(np.arange(num_rows, dtype=out_dtype), sizes)
+
+
+def _numpy_dtype(dtype):
+    """The integer numpy dtype an array's output takes; TypeError for a torch dtype or a non-integer one."""
+    if isinstance(dtype, torch.dtype) or not np.issubdtype(np.dtype(dtype), np.integer):
+        raise TypeError(f"dtype must be a numpy integer dtype for numpy arrays, got {dtype}")
+    return np.dtype(dtype)
 
 
 def row_of(row_splits, elems):
@@ -139,9 +156,8 @@ def row_ids_to_row_splits(row_ids, num_rows, *, dtype=None, validate=True):
         if not isinstance(out_dtype, torch.dtype) or not is_integer_dtype(out_dtype):
             raise TypeError(f"dtype must be a torch integer dtype, got {dtype}")
     else:
-        out_dtype = row_ids.dtype if dtype is None else np.dtype(dtype)
-        if not np.issubdtype(out_dtype, np.integer):
-            raise TypeError(f"dtype must be an integer dtype, got {dtype}")
+        out_dtype = row_ids.dtype if dtype is None else _numpy_dtype(dtype)
+    _check_holds(out_dtype, n, "row_splits")
     if validate and n and not (is_torch and row_ids.is_cuda):
         lo, hi = int(row_ids.min()), int(row_ids.max())
         if lo < 0 or hi >= num_rows:
@@ -209,14 +225,17 @@ class RaggedShape:
     def from_sizes(cls, sizes, num_elems=None, **kw):
         sizes = _as_1d_int(sizes, "sizes")
         if isinstance(sizes, torch.Tensor):
-            if not sizes.is_cuda and sizes.numel() and int(sizes.min()) < 0:
-                raise ValueError("sizes must be >= 0")
+            if not sizes.is_cuda and sizes.numel():
+                if int(sizes.min()) < 0:
+                    raise ValueError("sizes must be >= 0")
+                _check_holds(sizes.dtype, int(sizes.sum(dtype=torch.int64)), "sizes' running sums (row_splits)")
             rs = torch.zeros(sizes.shape[0] + 1, dtype=sizes.dtype, device=sizes.device)
             if sizes.numel():
                 rs[1:] = torch.cumsum(sizes, 0)
         else:
             if sizes.size and sizes.min() < 0:
                 raise ValueError("sizes must be >= 0")
+            _check_holds(sizes.dtype, int(sizes.sum(dtype=np.int64)), "sizes' running sums (row_splits)")
             rs = np.zeros(sizes.shape[0] + 1, dtype=sizes.dtype)
             rs[1:] = np.cumsum(sizes)
         return cls(rs, num_elems=num_elems, **kw)

@@ -468,6 +468,21 @@ def test_activations_and_dropout_16bit_within_the_unfused_bound(activation, drop
         assert (fu - ref).abs().max() <= 2 * (un - ref).abs().max() + 1e-3 * ref.abs().max()
 
 
+def test_dropout_keeps_elements_at_the_rate_it_scales_by():
+    """The mask keeps an element where its 24-bit hash clears round(p 2^24) and scales it by 1 / (1 - p): up to
+    the largest rate the two agree to 2^-15, so that the mask's mean is 1; past it the rate is refused."""
+    from transducer.joiner import MAX_DROPOUT, Dropout, check_dropout
+
+    for p in (0.0, 0.1, 0.5, 0.9, 0.999, 1 - 2**-10 + 2**-30, MAX_DROPOUT):
+        kept = ((1 << 24) - Dropout(p, 0).threshold) / (1 << 24)
+        assert abs(kept / (1 - p) - 1) <= 2**-15, p
+        if p <= MAX_DROPOUT:
+            check_dropout(p)
+    for p in (1 - 2**-11, 1 - 1e-8, 1.0):
+        with pytest.raises(ValueError, match="dropout: expected a number in"):
+            check_dropout(p)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_module_dropout_in_training_only(device):
     """In training mode the module's loss is the composition with dropout's mask for the seed it draws from torch's
@@ -777,8 +792,9 @@ def _bad(**change):
         (dict(target_lengths=torch.tensor([4, 0, 0, 5, 1])), ValueError, "target_lengths: expected values in"),
         (dict(targets=torch.full((5, 4), 17)), ValueError, "targets: .* entries within target_lengths are outside"),
         (dict(activation="no such activation"), ValueError, "activation: expected one of"),
-        (dict(dropout=1.0), ValueError, r"dropout: expected a number in \[0, 1\)"),
-        (dict(dropout="0.1"), TypeError, r"dropout: expected a number in \[0, 1\), got str"),
+        (dict(dropout=1.0), ValueError, r"dropout: expected a number in \[0, 1 - 2\^-10\]"),
+        (dict(dropout=1 - 2**-11), ValueError, r"dropout: expected a number in \[0, 1 - 2\^-10\]"),
+        (dict(dropout="0.1"), TypeError, r"dropout: expected a number in \[0, 1 - 2\^-10\], got str"),
         (dict(dropout=0.1, generator=1), TypeError, "generator: expected a CPU torch.Generator"),
         (dict(blank=17), ValueError, r"blank: expected an int in \[-17, 17\)"),
         (dict(blank=-18), ValueError, r"blank: expected an int in \[-17, 17\)"),

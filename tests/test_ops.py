@@ -242,6 +242,14 @@ def test_gather_bad_args():
         ops.gather(p, np.zeros((2, 3, 1), dtype=np.int64), axis=1, batch_dims=2)
     with pytest.raises(TypeError, match="indices"):
         ops.gather(p, np.zeros((2,)), axis=0)
+    # numpy's uint64 past 2^63 would wrap into a real row even with check_bounds=False; torch's wide unsigned
+    # dtypes have no min or max on the CPU
+    for bad in (np.array([1, 2**64 - 1], dtype=np.uint64), torch.tensor([0, 1]).to(torch.uint32)):
+        with pytest.raises(TypeError, match="indices must hold integers that index as int64"):
+            ops.gather(p if isinstance(bad, np.ndarray) else torch.zeros(2, 3, 4), bad, axis=0, check_bounds=False)
+    for fine in (np.array([1, 0], dtype=np.uint32), torch.tensor([1, 0], dtype=torch.uint8)):
+        got = ops.gather(np.arange(24.0).reshape(2, 3, 4), fine, axis=0)
+        np.testing.assert_array_equal(np.asarray(got), np.arange(24.0).reshape(2, 3, 4)[[1, 0]])
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -573,6 +581,10 @@ def test_dtype_helpers():
         assert ops.is_integer_dtype(dt)
     for dt in (torch.bool, torch.float32, torch.complex64, np.float64, np.bool_):
         assert not ops.is_integer_dtype(dt)
+    for dt in (torch.int8, torch.uint8, torch.int64, np.int16, np.uint32, np.dtype("int64")):
+        assert ops.is_index_dtype(dt)
+    for dt in (torch.uint16, torch.uint32, torch.uint64, np.uint64, torch.bool, torch.float32, np.float64):
+        assert not ops.is_index_dtype(dt)
 
 
 # -------------------------------------------------------------------- numeric

@@ -117,6 +117,41 @@ def test_errors_name_arguments():
         RaggedShape(np.array([0, 1, 3]), num_elems=4)
 
 
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_an_output_dtype_too_narrow_for_its_values_is_refused(lib):
+    """row_splits end at the element count and row_ids reach the last row: a dtype that cannot hold them would
+    wrap silently (200 elements in int8 gave row_splits [0, -56]); the widest values that fit pass."""
+    arr = np.array if lib == "numpy" else torch.tensor
+    int8, int16 = (np.int8, np.int16) if lib == "numpy" else (torch.int8, torch.int16)
+    with pytest.raises(TypeError, match="int8 cannot hold row_splits up to 200"):
+        ragged.row_ids_to_row_splits(arr([0] * 200, dtype=int8), 1)
+    with pytest.raises(TypeError, match="int8 cannot hold row_splits up to 300"):
+        ragged.row_ids_to_row_splits(arr([0] * 300), 1, dtype=int8)
+    assert ragged.row_ids_to_row_splits(arr([0] * 127, dtype=int8), 1).tolist() == [0, 127]
+    with pytest.raises(TypeError, match="int8 cannot hold row_ids up to 299"):
+        ragged.row_splits_to_row_ids(arr(list(range(301))), dtype=int8)
+    assert ragged.row_splits_to_row_ids(arr(list(range(129))), dtype=int8)[-1] == 127
+    with pytest.raises(TypeError, match="int8 cannot hold sizes' running sums .* up to 200"):
+        RaggedShape.from_sizes(arr([100, 100], dtype=int8))
+    assert RaggedShape.from_sizes(arr([100, 100], dtype=int16)).row_splits.tolist() == [0, 100, 200]
+
+
+def test_index_dtypes_that_do_not_index_as_int64_are_refused():
+    """torch's uint16-uint64 have no comparison kernels on the CPU and numpy's uint64 passes 2^63: refused by
+    name, as the dtype of an argument or of an output of the other library."""
+    for bad in (np.array([0, 1], dtype=np.uint64), torch.tensor([0, 1]).to(torch.uint32)):
+        with pytest.raises(TypeError, match="row_splits must hold integers that index as int64"):
+            ragged.row_splits_to_row_ids(bad)
+    with pytest.raises(TypeError, match="row_ids must hold integers that index as int64"):
+        ragged.row_ids_to_row_splits(torch.tensor([0, 1]).to(torch.uint16), 2)
+    assert ragged.row_splits_to_row_ids(np.array([0, 1, 3], dtype=np.uint32)).tolist() == [0, 1, 1]
+    assert ragged.row_splits_to_row_ids(torch.tensor([0, 1, 3], dtype=torch.uint8)).tolist() == [0, 1, 1]
+    with pytest.raises(TypeError, match="dtype must be a numpy integer dtype for numpy arrays"):
+        ragged.row_splits_to_row_ids(np.array([0, 1, 3]), dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype must be a numpy integer dtype for numpy arrays"):
+        RaggedShape(np.array([0, 1, 3]), row_ids_dtype=torch.int32).row_ids
+
+
 def test_large_fast():
     rng = np.random.default_rng(0)
     sizes = rng.integers(0, 200, 20000)

@@ -91,7 +91,7 @@ def activation(name):
 
 
 class Dropout(NamedTuple):
-    """The joiner's dropout: rate p in [0, 1) (0: none) and the seed of its mask (a 64-bit int)."""
+    """The joiner's dropout: rate p in [0, MAX_DROPOUT] (0: none) and the seed of its mask (a 64-bit int)."""
 
     p: float = 0.0
     seed: int = 0
@@ -102,12 +102,20 @@ class Dropout(NamedTuple):
         return min(int(round(self.p * (1 << 24))), (1 << 24) - 1)
 
 
+#: The largest dropout rate: the mask keeps an element by a 24-bit hash against round(p 2^24), so that a keep rate
+#: of 2^-10 or more scales the kept elements by 1 / (1 - p) to within 2^-15 of the rate they are kept at.
+MAX_DROPOUT = 1 - 2**-10
+
+
 def check_dropout(p):
-    """The rate ``p``: TypeError unless a number, ValueError unless in [0, 1)."""
+    """The rate ``p``: TypeError unless a number, ValueError unless in [0, MAX_DROPOUT]."""
     if not is_number(p):
-        raise TypeError(f"dropout: expected a number in [0, 1), got {type(p).__name__} {p!r}")
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout: expected a number in [0, 1), got {p!r}")
+        raise TypeError(f"dropout: expected a number in [0, 1 - 2^-10], got {type(p).__name__} {p!r}")
+    if not 0 <= p <= MAX_DROPOUT:
+        raise ValueError(
+            f"dropout: expected a number in [0, 1 - 2^-10] (the mask's 24-bit hashes keep a rate of 2^-10 or more "
+            f"unbiased), got {p!r}"
+        )
 
 
 _MASK32 = 0xFFFFFFFF
