@@ -435,6 +435,20 @@ def test_applied_step_equals_the_reference_step(kind, activation, fused):
         assert grad.abs().max() > 0, name
 
 
+def test_applied_model_saves_and_loads_fused():
+    """torch.save of a whole applied model loads with its fused step bound to the loaded model: the same step."""
+    import io
+
+    for model, method in ((asr_model(), "_calc_transducer_loss"), (transducer_model(), "forward")):
+        apply(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert method in loaded.__dict__ and getattr(loaded, method).__self__ is loaded
+        assert_steps_equal(training_step(loaded, batch(loaded)), training_step(model, batch(model)), rtol=0)
+
+
 def test_fused_step_builds_no_joint():
     """With fused the joint network's forward (the (B, T, U+1, V) grid) never runs in training."""
     for model in (asr_model(), transducer_model()):

@@ -437,6 +437,32 @@ def test_unfused_again_and_replaced_loss():
     assert float(out.loss.detach()) == 7.0 and out.logits is not None
 
 
+def test_applied_model_saves_and_loads_fused():
+    """torch.save of a whole applied model loads (its forward bound to the loaded model, as a method of the
+    signature transformers' Trainer reads) and trains fused with the same loss; a deep copy is bound to the copy."""
+    import inspect
+    import io
+    import types
+
+    from transducer.integrations.transformers import _fused_forward
+
+    model = apply(make_model("tdt"))
+    batch = model_batch(model, "tdt")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (loaded, copy.deepcopy(model)):
+        assert other.forward.__self__ is other and other.forward.__func__ is _fused_forward
+        got, want = other(**batch), model(**batch)
+        assert got.logits is None
+        torch.testing.assert_close(got.loss, want.loss, rtol=0, atol=0)
+    assert inspect.signature(model.forward) == inspect.signature(types.MethodType(_fused_forward, model))
+    assert "labels" in inspect.signature(model.forward).parameters
+    apply(loaded, fused=False)
+    assert loaded(**batch).logits is not None
+
+
 def test_refused():
     """apply refuses what it cannot fuse (ValueError) and other models (TypeError)."""
     with pytest.raises(ValueError, match="'gelu_new'"):
@@ -461,6 +487,11 @@ def test_refused():
     model.joint = torch.nn.Linear(2, 3)
     with pytest.raises(ValueError, match="model.joint: Linear"):
         apply(model)
+    # a joint activation replaced after the config named another: the fused loss would apply the config's
+    model = apply(make_model("rnnt", hidden_act="relu"))
+    model.joint.activation = torch.nn.Tanh()
+    with pytest.raises(ValueError, match=r"model.joint.activation: a Tanh where config.hidden_act \('relu'\)"):
+        model(**model_batch(model, "rnnt"))
     ctc = transformers.ParakeetForCTC(transformers.ParakeetCTCConfig(encoder_config=ENCODER, vocab_size=40))
     with pytest.raises(TypeError, match="ParakeetForCTC"):
         apply(ctc)

@@ -9,4 +9,5 @@
 - :mod:`transducer.integrations.speechbrain`: SpeechBrain's ``transducer_loss`` (relative lengths, its values), and
   the loss fused with its ``Transducer_joint`` and output ``Linear``.
 - :mod:`transducer.integrations.reductions`: NeMo's reductions of per-utterance losses, which both use.
+- :mod:`transducer.integrations.methods`: ``InstanceMethod``, the picklable bound method ``apply`` sets on a model.
 """

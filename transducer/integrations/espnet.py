@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .. import fused_joiner_loss, multiblank_loss, transducer_loss
 from ..checks import check_big_blank_durations
+from .methods import InstanceMethod
 from .options import checked
 
 __all__ = ["RNNTLoss", "rnnt_loss", "MultiblankRNNTLoss", "install", "apply", "REDUCTIONS"]
@@ -323,7 +324,7 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
         _joint_activation(model.joint_network, joint_class, swish_class)
     model.criterion_transducer = _loss_of(model)
     if fused:
-        setattr(model, method, types.MethodType(fused_method, model))
+        setattr(model, method, InstanceMethod(fused_method, model))
     elif getattr(model.__dict__.get(method), "__func__", None) is fused_method:
         delattr(model, method)
     return model

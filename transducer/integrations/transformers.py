@@ -11,7 +11,7 @@ Example::
 :func:`apply` imports transformers (5.12 or newer) when called.
 """
 
-import types
+import functools
 from typing import Any, Sequence
 
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .. import fused_joiner_loss, tdt_loss, transducer_loss
 from ..joiner import ACTIVATIONS as JOINER_ACTIVATIONS
+from .methods import InstanceMethod
 from .reductions import reduce
 
 __all__ = ["ParakeetForRNNTLoss", "ParakeetForTDTLoss", "apply"]
@@ -188,7 +189,7 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
         _check_fusable(model, rnnt_class, tdt_class)
     model.loss_function = loss_function
     if fused:
-        model.forward = types.MethodType(_fused_forward, model)
+        model.forward = InstanceMethod(_fused_forward, model)
     elif getattr(model.__dict__.get("forward"), "__func__", None) is _fused_forward:
         del model.forward
     return model
@@ -215,6 +216,25 @@ def _check_fusable(model, rnnt_class, tdt_class):
         raise ValueError(
             f"model.joint: {type(model.joint).__name__} is not transformers' joint network "
             f"(activation(encoder + decoder), then head); {unfused}"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _activation_class(hidden_act):
+    """The class of the module transformers' joint builds for ``hidden_act`` (ACT2FN builds a new one a lookup)."""
+    from transformers.activations import ACT2FN
+
+    return type(ACT2FN[hidden_act])
+
+
+def _check_joint_activation(joint, hidden_act):
+    """The fused loss applies config.hidden_act's activation: refuse a joint whose activation module was
+    replaced by another (the unfused joint would apply that one)."""
+    if type(joint.activation) is not _activation_class(hidden_act):
+        raise ValueError(
+            f"model.joint.activation: a {type(joint.activation).__name__} where config.hidden_act "
+            f"({hidden_act!r}) gives a {_activation_class(hidden_act).__name__}, which the fused loss applies; set "
+            f"config.hidden_act to the joint's activation, or apply(model, fused=False)"
         )
 
 
@@ -270,6 +290,7 @@ def _fused_forward(
     encoder_hidden_states = encoder_outputs.pooler_output
     device = encoder_hidden_states.device
     label_lengths = label_lengths.to(device)
+    _check_joint_activation(self.joint, config.hidden_act)
     losses = fused_joiner_loss(
         encoder_hidden_states,
         decoder_hidden_states,
