@@ -39,6 +39,7 @@ when it is given, and are an error otherwise; with ``full_size`` given and
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import torch
@@ -88,6 +89,23 @@ def _plan(pshape, ishape, axis, batch_dims) -> _Plan:
     return p
 
 
+def _index_array(indices):
+    """``indices`` as a numpy array; an empty list or tuple, which numpy types as float64, as int64 (np.take
+    takes it)."""
+    array = np.asarray(indices)
+    return array.astype(np.int64) if array.size == 0 and isinstance(indices, (list, tuple)) else array
+
+
+def _int(name, value):
+    """``value`` as an int: an int, a numpy integer or a 0-d integer tensor; TypeError for a float or a bool."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
 def _check_index_dtype(dtype):
     if not is_index_dtype(dtype):
         raise TypeError(
@@ -117,12 +135,12 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
         params = np.asarray(params)
         if isinstance(indices, torch.Tensor):
             indices = indices.detach().cpu().numpy()
-        indices = np.asarray(indices)
+        indices = _index_array(indices)
         if out is not None:
             raise TypeError("out is only supported for torch tensors")
     else:
         if not isinstance(indices, torch.Tensor):
-            indices = torch.as_tensor(np.asarray(indices))
+            indices = torch.as_tensor(_index_array(indices))
         if indices.device != params.device:
             indices = indices.to(params.device)
     _check_index_dtype(indices.dtype)
@@ -131,11 +149,11 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
 
     sharded = shard_offset is not None
     if sharded:
-        shard_offset = int(shard_offset)
+        shard_offset = _int("shard_offset", shard_offset)
         if shard_offset < 0:
             raise ValueError(f"shard_offset must be >= 0, got {shard_offset}")
         if full_size is not None:
-            full_size = int(full_size)
+            full_size = _int("full_size", full_size)
             if full_size < shard_offset + G:
                 raise ValueError(
                     f"full_size={full_size} is smaller than shard_offset + shard length ({shard_offset} + {G})"

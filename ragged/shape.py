@@ -46,7 +46,7 @@ def _as_1d_int(x, name):
 
 def _check_int(v, name):
     if isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)):
-        if isinstance(v, torch.Tensor) and v.numel() == 1 and is_integer_dtype(v.dtype):
+        if isinstance(v, torch.Tensor) and v.dim() == 0 and is_integer_dtype(v.dtype):
             return int(v)
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     v = int(v)

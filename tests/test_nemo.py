@@ -164,6 +164,18 @@ def test_loss_refuses_what_nemo_would_not_run():
         RNNTLoss(5, loss_name="tdt_pytorch", loss_kwargs={"durations": [0, 1], "sigma": None})
     loss = RNNTLoss(5, loss_name="tdt", loss_kwargs={"durations": [0, 1, 2], "clamp": 1, "fastemit_lambda": 0})
     assert loss.options == {"durations": (0, 1, 2), "sigma": 0.0, "omega": 0.0, "fastemit_lambda": 0.0, "clamp": 1.0}
+    # a loss built for another vocabulary: the error names num_classes (V = 5 tokens and the blank: 6 columns)
+    targets, T, U = torch.tensor([[1, 2]]), torch.tensor([3]), torch.tensor([2])
+    tdt = dict(loss_name="tdt", loss_kwargs={"durations": [0, 1, 2]})
+    for num_classes, columns, kwargs in ((6, 6, {}), (5, 5 + 3, tdt), (9, 8, {})):
+        with pytest.raises(ValueError, match=f"num_classes: {num_classes} .* token columns of log_probs"):
+            RNNTLoss(num_classes, **kwargs)(torch.zeros(1, 3, 3, columns), targets, T, U)
+    with pytest.raises(ValueError, match="num_classes: 6 .* not among the 6 token columns of weight"):
+        RNNTLoss(6).joint_loss(
+            torch.zeros(1, 3, 4), torch.zeros(1, 3, 4), torch.zeros(6, 4), None, targets, T, U, "tanh"
+        )
+    assert RNNTLoss(5)(torch.zeros(1, 3, 3, 6), targets, T, U) > 0
+    assert RNNTLoss(5, **tdt)(torch.zeros(1, 3, 3, 9), targets, T, U) > 0
 
 
 class ReferenceTDTLoss(torch.nn.Module):

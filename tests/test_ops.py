@@ -138,6 +138,13 @@ def test_numerator_range_checked():
         f.div(np.array([1 << 31]))
     with pytest.raises(ValueError, match="n"):
         f.div(torch.tensor([-1]))
+    # an int past int64 and unsigned numerators that would wrap: named, not numpy's OverflowError or a wrapped value
+    with pytest.raises(ValueError, match=r"n must satisfy 0 <= n < 2\^31, got 9223372036854775808"):
+        f.divmod(2**63)
+    with pytest.raises(TypeError, match="n must hold integers that fit int64, got dtype uint64"):
+        f.divmod(np.array([2**64 - 1], dtype=np.uint64))
+    with pytest.raises(TypeError, match="d must hold integers that fit int64, got dtype uint64"):
+        FastDivmod(np.array([3, 2**64 - 1], dtype=np.uint64))
 
 
 # -------------------------------------------------------------------- gather
@@ -247,6 +254,12 @@ def test_gather_bad_args():
     for bad in (np.array([1, 2**64 - 1], dtype=np.uint64), torch.tensor([0, 1]).to(torch.uint32)):
         with pytest.raises(TypeError, match="indices must hold integers that index as int64"):
             ops.gather(p if isinstance(bad, np.ndarray) else torch.zeros(2, 3, 4), bad, axis=0, check_bounds=False)
+    with pytest.raises(TypeError, match="shard_offset must be an int, got float 1.7"):
+        ops.sharded_gather(np.zeros((3, 4)), np.array([0, 1]), 0, 1.7)
+    with pytest.raises(TypeError, match="full_size must be an int, got float"):
+        ops.gather(np.zeros((3, 4)), np.array([0, 1]), 0, shard_offset=1, full_size=5.0)
+    assert ops.gather(np.zeros((3, 4)), [], 0).shape == (0, 4)  # as np.take: an empty list is no indices
+    assert ops.gather(torch.zeros(3, 4), [], 0).shape == (0, 4)
     for fine in (np.array([1, 0], dtype=np.uint32), torch.tensor([1, 0], dtype=torch.uint8)):
         got = ops.gather(np.arange(24.0).reshape(2, 3, 4), fine, axis=0)
         np.testing.assert_array_equal(np.asarray(got), np.arange(24.0).reshape(2, 3, 4)[[1, 0]])

@@ -115,6 +115,9 @@ def test_errors_name_arguments():
         RaggedShape(torch.tensor([0, 1, 3]), row_ids=torch.tensor([0, 0, 1]))
     with pytest.raises(ValueError, match="num_elems"):
         RaggedShape(np.array([0, 1, 3]), num_elems=4)
+    with pytest.raises(TypeError, match="num_elems must be an int, got Tensor"):
+        ragged.row_splits_to_row_ids(torch.tensor([0, 1, 3]), num_elems=torch.tensor([[3]]))
+    assert ragged.row_splits_to_row_ids(torch.tensor([0, 1, 3]), num_elems=torch.tensor(3)).tolist() == [0, 1, 1]
 
 
 @pytest.mark.parametrize("lib", ["numpy", "torch"])

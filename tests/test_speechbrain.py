@@ -341,6 +341,13 @@ def test_refused():
         transducer_loss(logits, tokens, wav_lens, torch.tensor([3.0, 1.0, 0.0]), 0)
     with pytest.raises(ValueError, match=r"input_lens: expected shape \(3,\)"):
         transducer_loss(logits, tokens, wav_lens[:2], token_lens, 0)
+    short = torch.tensor([1.0, 0.5, 0.5 / logits.size(1)])  # rounds to 0 frames
+    for call in (
+        lambda: transducer_loss(logits, tokens, short, token_lens, 0),
+        lambda: fused_transducer_loss(x, h, model.Tjoint, lin, tokens, short, token_lens, 0),
+    ):
+        with pytest.raises(ValueError, match=r"input_lens: an utterance of relative length .* = 0 frames"):
+            call()
     with pytest.raises(ValueError, match="joint='sum'"):
         fused(joint=Transducer_joint(Linear(input_size=2 * J, n_neurons=J), joint="concat"))
     with pytest.raises(ValueError, match="LeakyReLU"):

@@ -138,8 +138,21 @@ class RNNTLoss(torch.nn.Module):
     def extra_repr(self):
         return f"loss_name={self.loss_name!r}, blank={self._blank}, reduction={self.reduction!r}, {self.options}"
 
+    def _check_columns(self, columns, scores):
+        """ValueError naming num_classes unless the blank's column lies among the ``columns`` score columns of
+        ``scores`` (TDT's duration columns excluded): a loss built for another vocabulary."""
+        tokens = columns - len(self.options.get("durations", ()))
+        if self._blank >= tokens:
+            raise ValueError(
+                f"num_classes: {self._blank} (the blank's column) is not among the {tokens} token columns of {scores}; "
+                f"NeMo's num_classes is the vocabulary without the blank, so {scores} holds num_classes + 1 token "
+                f"columns"
+            )
+
     def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor) -> Tensor:
         loss = {"rnnt": transducer_loss, "tdt": tdt_loss, "multiblank": multiblank_loss}[self.kind]
+        if isinstance(log_probs, Tensor) and log_probs.dim():
+            self._check_columns(log_probs.size(-1), "log_probs")
         losses = loss(
             log_probs, targets, input_lengths, target_lengths, blank=self._blank, reduction="none", **self.options
         )
@@ -153,6 +166,8 @@ class RNNTLoss(torch.nn.Module):
     ):
         """The ``(B,)`` losses of the joint ``F.linear(dropout(act(encoder_out[b, t] + predictor_out[b, u])),
         weight, bias)`` by :func:`transducer.fused_joiner_loss` (no joint in memory), with this loss's options."""
+        if isinstance(weight, Tensor) and weight.dim():
+            self._check_columns(weight.size(0), "weight")
         return self._as_nemo_returns(
             fused_joiner_loss(
                 encoder_out,

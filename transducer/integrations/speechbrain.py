@@ -50,16 +50,21 @@ def _lengths(input_lens, target_lens, padded_frames, targets, scores, of):
             raise ValueError(
                 f"{name}: expected shape ({batch_size},) (one length per utterance), got {tuple(lengths.shape)}"
             )
+    frames, labels = absolute_lengths(input_lens, padded_frames), absolute_lengths(target_lens, targets.size(1))
     if batch_size:  # an empty batch: the loss refuses it
-        bounds = torch.stack(
-            [x.double() for x in (input_lens.min(), input_lens.max(), target_lens.min(), target_lens.max())]
-        ).tolist()
+        ends = (input_lens.min(), input_lens.max(), target_lens.min(), target_lens.max(), frames.min())
+        *bounds, fewest_frames = torch.stack([x.double() for x in ends]).tolist()
         for name, low, high in (("input_lens", *bounds[:2]), ("target_lens", *bounds[2:])):
             if not 0 <= low <= high <= 1:
                 raise ValueError(
                     f"{name}: expected lengths relative to the padded length, in [0, 1], got values in [{low}, {high}]"
                 )
-    return absolute_lengths(input_lens, padded_frames), absolute_lengths(target_lens, targets.size(1))
+        if fewest_frames < 1:
+            raise ValueError(
+                f"input_lens: an utterance of relative length {bounds[0]} has round({bounds[0]} * {padded_frames}) = "
+                f"{int(fewest_frames)} frames of {of}'s {padded_frames}; each needs at least one"
+            )
+    return frames, labels
 
 
 def _check_arguments(blank_index, num_columns, columns, reduction, use_torchaudio):
