@@ -112,16 +112,21 @@ def read_manifest(path, on_error="skip", log=print):
                     info = sf.info(str(audio_path))
                 except Exception as e:  # soundfile raises its own error types
                     raise ValueError(f"unreadable audio {audio_path}: {e}") from None
-                if seconds is None:
-                    seconds = info.frames / info.samplerate - (offset or 0.0)
-                    if seconds <= 0:
-                        raise ValueError(
-                            f"'offset' {offset} s is past the end of {audio_path} "
-                            f"({info.frames / info.samplerate:.2f} s)"
-                        )
-                if seconds < MIN_SECONDS:
+                # the clip: "duration" seconds from "offset" (or the file's start), or to the file's end; what the
+                # file holds of it is what load_audio reads
+                file_seconds = info.frames / info.samplerate
+                held = file_seconds - (offset or 0.0)
+                if held <= 0:
                     raise ValueError(
-                        f"audio too short: {seconds * 1000:.0f} ms in {audio_path} (at least "
+                        f"'offset' {offset} s is past the end of {audio_path} ({file_seconds:.2f} s)"
+                        if offset
+                        else f"no audio in {audio_path}"
+                    )
+                if seconds is None:
+                    seconds = held
+                if min(seconds, held) < MIN_SECONDS:
+                    raise ValueError(
+                        f"audio too short: {min(seconds, held) * 1000:.0f} ms in {audio_path} (at least "
                         f"{MIN_SECONDS * 1000:.0f} ms, two feature frames, are needed)"
                     )
             except ValueError as e:
@@ -139,15 +144,15 @@ def read_manifest(path, on_error="skip", log=print):
 
 
 def load_audio(path, offset=None, seconds=None):
-    """Mono float32 waveform at 16 kHz: the whole file, or with ``offset`` the ``seconds`` from there (to the
-    end where ``seconds`` is None)."""
+    """Mono float32 waveform at 16 kHz: ``seconds`` of the file from ``offset`` (from its start where ``offset``
+    is None, to its end where ``seconds`` is None), as NeMo reads a manifest's clip."""
     import soundfile as sf
 
     with sf.SoundFile(path) as f:
         sr = f.samplerate
         if offset is not None:
             f.seek(round(offset * sr))
-        frames = round(seconds * sr) if offset is not None and seconds is not None else -1
+        frames = round(seconds * sr) if seconds is not None else -1
         x = f.read(frames, dtype="float32", always_2d=True)
     x = torch.from_numpy(x).mean(1)
     if sr != SAMPLE_RATE:

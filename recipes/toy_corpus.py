@@ -31,6 +31,15 @@ import numpy as np
 SAMPLE_RATE = 16000
 VERSION = 3
 
+SPLITS = ("train", "dev", "test")
+#: written beside the manifests write_manifests makes: a later call may replace manifests that carry it, no others
+MANIFESTS_MARK = "toy_corpus_manifests.json"
+
+
+class CorpusError(ValueError):
+    """A folder that holds files of other data where the corpus or its manifests would be written."""
+
+
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 WORDS = [
     "yes",
@@ -320,6 +329,14 @@ def _run_fresh(jobs, workers, tmp):
 CHUNK = 250  # utterances per worker process
 
 
+def _make_folder(folder, flag, given):
+    """Make ``folder``; a CorpusError naming ``flag`` and the folder ``given`` where it cannot be made."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CorpusError(f"{flag} {given}: cannot write there: {e.strerror or e}") from None
+
+
 def make_corpus(data_dir, config, log=print, workers=None):
     """Synthesise the corpus described by ``config`` into ``data_dir``."""
     import tempfile
@@ -329,7 +346,7 @@ def make_corpus(data_dir, config, log=print, workers=None):
 
     workers = workers or os.cpu_count() or 1
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    _make_folder(data_dir, "--data-dir", data_dir)
     (data_dir / "meta.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
         accents, variants = json.loads(_run_fresh(["voices"], 1, tmp)[0].read_text())
@@ -393,7 +410,14 @@ def write_manifests(data_dir, out_dir):
     import soundfile as sf
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    (out_dir / "audio").mkdir(parents=True, exist_ok=True)
+    others = [f"{split}.jsonl" for split in SPLITS if (out_dir / f"{split}.jsonl").exists()]
+    if others and not (out_dir / MANIFESTS_MARK).exists():
+        raise CorpusError(
+            f"--write-manifests {out_dir}: it holds {', '.join(others)}, which this recipe did not write; give "
+            f"--write-manifests another folder"
+        )
+    _make_folder(out_dir / "audio", "--write-manifests", out_dir)
+    (out_dir / MANIFESTS_MARK).write_text(json.dumps(dict(data_dir=str(data_dir))) + "\n")
     manifests = []
     for split in ("train", "dev", "test"):
         audio = np.load(data_dir / f"{split}.npy", mmap_mode="r")
@@ -417,6 +441,15 @@ def write_manifests(data_dir, out_dir):
 def ensure_corpus(data_dir, config, log=print):
     """Make the corpus unless ``data_dir`` already holds one with this config."""
     meta = Path(data_dir) / "meta.json"
+    others = [
+        f"{split}.{ext}" for split in SPLITS for ext in ("jsonl", "npy") if (Path(data_dir) / f"{split}.{ext}").exists()
+    ]
+    if others and not meta.exists():
+        raise CorpusError(
+            f"--data-dir {data_dir}: it holds {', '.join(others)} but no toy corpus (no meta.json), which "
+            f"synthesising the corpus would overwrite; give --data-dir a new folder, or train on your data with "
+            f"--manifest"
+        )
     if meta.exists():
         try:
             if json.loads(meta.read_text()) == config:

@@ -72,11 +72,24 @@ def positive(kind):
             v = kind(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{s!r} is not a {kind.__name__}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
         if v <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
         return v
 
     return parse
+
+
+def finite(s):
+    """A flag's float, NaN and infinities refused (they would fail only once the data had loaded)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a float") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+    return v
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -90,7 +103,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    # no abbreviated flags: --quick's defaults give way to the flags a run names, by their full names
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     d = p.add_argument_group("data")
     d.add_argument(
         "--data-dir",
@@ -190,14 +204,14 @@ def build_parser():
         "--big-blank-durations",
         help="multi-blank: the big blanks' durations (frames, >= 2), comma-separated (default: 2,4,8)",
     )
-    m.add_argument("--sigma", type=float, help="TDT and multi-blank logit under-normalisation (default: 0.05)")
-    m.add_argument("--omega", type=float, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default: 0)")
+    m.add_argument("--sigma", type=finite, help="TDT and multi-blank logit under-normalisation (default: 0.05)")
+    m.add_argument("--omega", type=finite, help="TDT: weight of the plain RNN-T loss, in [0, 1) (default: 0)")
     m.add_argument(
-        "--fastemit-lambda", type=float, default=0.0, help="FastEmit regularisation, >= 0 (default: %(default)s, off)"
+        "--fastemit-lambda", type=finite, default=0.0, help="FastEmit regularisation, >= 0 (default: %(default)s, off)"
     )
     m.add_argument(
         "--delay-penalty",
-        type=float,
+        type=finite,
         default=0.0,
         help="k2's delay penalty on the label log-probs (default: %(default)s, off)",
     )
@@ -223,7 +237,7 @@ def build_parser():
         default=100,
         help="warm-up steps, at most a fifth of all steps (default: %(default)s; --quick: 5)",
     )
-    t.add_argument("--weight-decay", type=float, default=1e-2, help="AdamW weight decay")
+    t.add_argument("--weight-decay", type=finite, default=1e-2, help="AdamW weight decay")
     t.add_argument("--clip", type=positive(float), default=5.0, help="gradient-norm clipping")
     t.add_argument(
         "--max-steps",
@@ -1007,6 +1021,12 @@ def train(a, dist, t_start):
     train_items, dev_items, test_items = load_data(a, dist, log)
     if ckpt is not None:
         tokenizer = CharTokenizer(ckpt["chars"])
+        unknown = sorted(set("".join(x[2] for x in train_items)) - set(tokenizer.chars))
+        if unknown:  # the model's vocabulary is the checkpoint's: these never reach the targets
+            log(
+                f"warning: the training texts hold {len(unknown)} character(s) the checkpoint's vocabulary lacks "
+                f"({''.join(unknown)!r}): they are left out of the targets"
+            )
     else:
         tokenizer = CharTokenizer.from_texts(x[2] for x in train_items)
     precompute = not a.manifest
@@ -1089,6 +1109,12 @@ def train(a, dist, t_start):
             scaler.load_state_dict(ckpt["scaler"])
             set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
         start_epoch, history = ckpt["epoch"], ckpt["history"]
+        # this run's training flags over the checkpoint's: its learning rate and weight decay, and its schedule
+        # (over this run's --epochs) at the step the run has reached
+        scheduler.base_lrs = [a.lr] * len(optimizer.param_groups)
+        for group in optimizer.param_groups:
+            group.update(initial_lr=a.lr, weight_decay=a.weight_decay, lr=a.lr * lr_factor(scheduler.last_epoch))
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     net = model
     if dist.world > 1 and not a.fsdp:
         net = torch.nn.parallel.DistributedDataParallel(
@@ -1143,6 +1169,11 @@ def train(a, dist, t_start):
         dist.sync_buffers(model)
         loss_sum, n_utts, _ = dist.sum(sums)
         train_loss = loss_sum / max(n_utts, 1)
+        if math.isnan(train_loss):  # NaN weights (an infinite loss is an utterance with no alignment)
+            raise UsageError(
+                f"epoch {epoch + 1}: the train loss is NaN (the run diverged); nothing of this epoch is saved: "
+                f"lower --lr, or --resume from the last checkpoint"
+            )
         dev_wer, dev_cer, _ = evaluate(model, dev_set, tokenizer, a, dist, a.max_frames)
         history.append(
             dict(epoch=epoch + 1, train_loss=train_loss, dev_wer=dev_wer, dev_cer=dev_cer, seconds=time.time() - t0)
@@ -1237,7 +1268,9 @@ def train(a, dist, t_start):
 
 
 if __name__ == "__main__":
+    import toy_corpus
+
     try:
         main()
-    except (UsageError, asr_data.ManifestError) as e:
+    except (UsageError, asr_data.ManifestError, toy_corpus.CorpusError) as e:
         sys.exit(f"error: {e}")

@@ -629,6 +629,8 @@ def test_short_clips_and_duration_field(tmp_path):
     short = tmp_path / "short.wav"
     sf.write(short, np.zeros(int(0.02 * 16000), dtype=np.float32), 16000)  # 20 ms: one fbank frame
     (tmp_path / "junk.wav").write_bytes(b"not audio, but the manifest gives its duration")
+    sf.write(tmp_path / "tiny.wav", np.zeros(300, dtype=np.float32), 16000)  # 19 ms
+    sf.write(tmp_path / "empty.wav", np.zeros(0, dtype=np.float32), 16000)
     long = json.dumps({"audio": good.name, "text": text, "duration": 9.5})  # the header says less: trusted
     lines = [
         json.dumps({"audio": short.name, "text": "one"}),
@@ -637,6 +639,11 @@ def test_short_clips_and_duration_field(tmp_path):
         json.dumps({"audio": good.name, "text": text, "duration": "long"}),
         json.dumps({"audio": good.name, "text": text}),
         long,
+        # what the file holds of the clip is what is read: too short, past the end, nothing
+        json.dumps({"audio": "tiny.wav", "text": "three", "duration": 1.0}),
+        json.dumps({"audio": good.name, "text": text, "offset": 100, "duration": 1.0}),
+        json.dumps({"audio": "empty.wav", "text": "four"}),
+        json.dumps({"audio": good.name, "text": text, "duration": 0.2}),
     ]
     m = tmp_path / "train.jsonl"
     m.write_text("\n".join(lines) + "\n")
@@ -648,11 +655,19 @@ def test_short_clips_and_duration_field(tmp_path):
     # a duration is no reason not to read the file's header: audio that cannot be read is found here
     assert f"{m}:3: unreadable audio {tmp_path / 'junk.wav'}: " in joined, joined
     assert f"{m}:4: 'duration' must be a number of seconds" in joined, joined
-    assert f"{m}: skipped 4 bad line(s), kept 2" in joined, joined
+    assert f"{m}:7: audio too short: 19 ms in {tmp_path / 'tiny.wav'}" in joined, joined
+    assert f"{m}:8: 'offset' 100" in joined and "s is past the end of" in joined, joined
+    assert f"{m}:9: no audio in {tmp_path / 'empty.wav'}" in joined, joined
+    assert f"{m}: skipped 7 bad line(s), kept 3" in joined, joined
     assert [(Path(i[1]).name, i[3]) for i in items] == [
         (good.name, pytest.approx(sf.info(good).duration)),
         (good.name, 9.5),
+        (good.name, 0.2),
     ]
+    # a clip of "duration" seconds gives the frames the batches were sized by (NeMo reads that much too)
+    data = asr_data.SpeechDataset(items[2:], asr_data.CharTokenizer.from_texts([text]))
+    assert sf.info(good).duration > 0.3
+    assert data[0][0].size(0) == data.num_frames(0) == asr_data.num_frames(3200)
     with pytest.raises(asr_data.ManifestError, match=r"train\.jsonl:1: audio too short"):
         asr_data.read_manifest(m, "stop")
     with pytest.raises(ValueError, match="audio too short"):
@@ -740,6 +755,11 @@ def test_manifest_training_run(tmp_path, capsys):
     assert np.isfinite(r["test_wer"])
     with pytest.raises(asr_data.ManifestError, match="train.tsv:9"):
         run(["--manifest", m, "--exp-dir", tmp_path / "exp2", "--bad-lines", "stop"])
+    # resumed on texts with characters the checkpoint's vocabulary lacks: said, as they leave the targets
+    more = tmp_path / "more.tsv"
+    more.write_text("".join(f"{p}\t{t}\n" for p, t in wavs[:7]) + f"{wavs[7][0]}\tzwölf ñ\n")
+    run(["--manifest", more, "--exp-dir", tmp_path / "exp", "--epochs", 2, "--max-steps", 1, "--resume"])
+    assert "the checkpoint's vocabulary lacks ('ñö')" in capsys.readouterr().out
 
     # a JSON line's duration with audio that cannot be read: reported and skipped, not met in the epoch
     (tmp_path / "junk.flac").write_bytes(b"fLaC" + bytes(200))
@@ -883,6 +903,11 @@ def test_manifests_are_written_into_data_by_default():
         (["--loss", "multiblank", "--big-blank-durations", "1,4"], "--big-blank-durations must be comma-separated"),
         (["--loss", "tdt", "--rna"], "--rna is --loss rna; it contradicts --loss tdt"),
         (["--loss", "tdt", "--durations", "0"], "--durations: expected distinct ints >= 0 with at least one >= 1"),
+        (["--lr", "nan"], "--lr: must be a finite number, got nan"),
+        (["--clip", "inf"], "--clip: must be a finite number, got inf"),
+        (["--loss", "tdt", "--sigma", "nan"], "--sigma: must be a finite number, got nan"),
+        (["--weight-decay", "inf"], "--weight-decay: must be a finite number, got inf"),
+        (["--quick", "--epoch", "5"], "unrecognized arguments: --epoch 5"),  # --quick would override it
     ],
 )
 def test_bad_flags(args, message, capsys):
@@ -890,6 +915,47 @@ def test_bad_flags(args, message, capsys):
         train_toy.parse_args(args)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_resume_takes_this_runs_learning_rate_and_weight_decay(corpus, tmp_path):
+    """--lr and --weight-decay given on --resume are this run's: the optimiser and its schedule take them over the
+    checkpoint's, at the step the run has reached."""
+    short = ["--data-dir", corpus, "--max-steps", 2, "--exp-dir", tmp_path]
+    run([*short, "--epochs", 1])
+    run([*short, "--epochs", 2, "--resume", "--lr", 1e-4, "--weight-decay", 0.2])
+    saved = torch.load(tmp_path / "epoch-2.pt", map_location="cpu", weights_only=True)
+    (group,) = saved["optimizer"]["param_groups"]
+    assert (group["initial_lr"], group["weight_decay"]) == (1e-4, 0.2)
+    assert saved["scheduler"]["base_lrs"] == [1e-4] and 0 < group["lr"] <= 1e-4
+
+
+def test_a_diverged_run_stops_before_saving(corpus, tmp_path):
+    with pytest.raises(train_toy.UsageError, match="epoch 1: the train loss is NaN .* lower --lr"):
+        run(["--data-dir", corpus, "--exp-dir", tmp_path, "--epochs", 1, "--max-steps", 2, "--lr", 1e6])
+    assert not list(tmp_path.glob("epoch-*.pt"))
+
+
+def test_folders_of_other_data_are_not_overwritten(corpus, tmp_path):
+    """--data-dir and --write-manifests write the corpus's files: into a folder holding files of those names that
+    the recipe did not write, they refuse (the folder as it was); their own they replace."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.jsonl").write_text('{"audio": "a.wav", "text": "my labels"}\n')
+    with pytest.raises(toy_corpus.CorpusError, match=r"--data-dir .*mine: it holds train.jsonl but no toy corpus"):
+        run(["--data-dir", mine, "--exp-dir", tmp_path / "run"])
+    with pytest.raises(toy_corpus.CorpusError, match=r"--write-manifests .*mine: it holds train.jsonl, which"):
+        toy_corpus.write_manifests(corpus, mine)
+    assert (mine / "train.jsonl").read_text() == '{"audio": "a.wav", "text": "my labels"}\n'
+    assert sorted(p.name for p in mine.iterdir()) == ["train.jsonl"]
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(toy_corpus.CorpusError, match=r"--data-dir .*afile/d: cannot write there: Not a directory"):
+        run(["--data-dir", tmp_path / "afile" / "d", "--exp-dir", tmp_path / "run"])
+    with pytest.raises(toy_corpus.CorpusError, match=r"--write-manifests .*afile/m: cannot write there"):
+        toy_corpus.write_manifests(corpus, tmp_path / "afile" / "m")
+    written = tmp_path / "written"
+    for _ in range(2):  # the recipe's own manifests: replaced
+        paths = toy_corpus.write_manifests(corpus, written)
+    assert [p.name for p in paths] == ["train.jsonl", "dev.jsonl", "test.jsonl"]
 
 
 def test_bad_paths_exit_with_clear_errors(corpus, tmp_path):
