@@ -32,7 +32,9 @@ SAMPLE_RATE = 16000
 VERSION = 3
 
 SPLITS = ("train", "dev", "test")
-#: written beside the manifests write_manifests makes: a later call may replace manifests that carry it, no others
+#: written into the folders make_corpus and write_manifests write: a later call may replace what a folder holds
+#: where it carries its mark (a synthesis cut short leaves its files and the mark, no meta.json), nowhere else
+CORPUS_MARK = "toy_corpus_folder.json"
 MANIFESTS_MARK = "toy_corpus_manifests.json"
 
 
@@ -347,6 +349,7 @@ def make_corpus(data_dir, config, log=print, workers=None):
     workers = workers or os.cpu_count() or 1
     data_dir = Path(data_dir)
     _make_folder(data_dir, "--data-dir", data_dir)
+    (data_dir / CORPUS_MARK).write_text(json.dumps(dict(made_by="recipes/toy_corpus.py")) + "\n")
     (data_dir / "meta.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
         accents, variants = json.loads(_run_fresh(["voices"], 1, tmp)[0].read_text())
@@ -438,18 +441,24 @@ def write_manifests(data_dir, out_dir):
     return manifests
 
 
-def ensure_corpus(data_dir, config, log=print):
-    """Make the corpus unless ``data_dir`` already holds one with this config."""
-    meta = Path(data_dir) / "meta.json"
+def check_corpus_folder(data_dir):
+    """CorpusError where ``data_dir`` holds files of the corpus's names that no synthesis of it wrote."""
+    data_dir = Path(data_dir)
     others = [
-        f"{split}.{ext}" for split in SPLITS for ext in ("jsonl", "npy") if (Path(data_dir) / f"{split}.{ext}").exists()
+        f"{split}.{ext}" for split in SPLITS for ext in ("jsonl", "npy") if (data_dir / f"{split}.{ext}").exists()
     ]
-    if others and not meta.exists():
+    if others and not (data_dir / "meta.json").exists() and not (data_dir / CORPUS_MARK).exists():
         raise CorpusError(
             f"--data-dir {data_dir}: it holds {', '.join(others)} but no toy corpus (no meta.json), which "
             f"synthesising the corpus would overwrite; give --data-dir a new folder, or train on your data with "
             f"--manifest"
         )
+
+
+def ensure_corpus(data_dir, config, log=print):
+    """Make the corpus unless ``data_dir`` already holds one with this config."""
+    meta = Path(data_dir) / "meta.json"
+    check_corpus_folder(data_dir)
     if meta.exists():
         try:
             if json.loads(meta.read_text()) == config:

@@ -947,6 +947,13 @@ def test_folders_of_other_data_are_not_overwritten(corpus, tmp_path):
         toy_corpus.write_manifests(corpus, mine)
     assert (mine / "train.jsonl").read_text() == '{"audio": "a.wav", "text": "my labels"}\n'
     assert sorted(p.name for p in mine.iterdir()) == ["train.jsonl"]
+    # a synthesis cut short (its files and its mark, no meta.json) is the recipe's own: made again
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "train.jsonl").write_text("")
+    (cut / toy_corpus.CORPUS_MARK).write_text("{}\n")
+    toy_corpus.check_corpus_folder(cut)
+    assert (corpus / toy_corpus.CORPUS_MARK).exists()
     (tmp_path / "afile").write_text("")
     with pytest.raises(toy_corpus.CorpusError, match=r"--data-dir .*afile/d: cannot write there: Not a directory"):
         run(["--data-dir", tmp_path / "afile" / "d", "--exp-dir", tmp_path / "run"])
