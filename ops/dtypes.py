@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
-__all__ = ["accumulate_dtype", "is_integer_dtype", "is_index_dtype", "ctype", "FLOAT_DTYPES", "INDEX_DTYPES"]
+__all__ = [
+    "accumulate_dtype",
+    "is_integer_dtype",
+    "is_index_dtype",
+    "check_index_dtype",
+    "check_count",
+    "ctype",
+    "FLOAT_DTYPES",
+    "INDEX_DTYPES",
+]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -39,10 +50,19 @@ _WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "ui
 
 def is_index_dtype(dtype) -> bool:
     """An integer dtype whose values index as int64 on every path: torch's signed ones and uint8, numpy's
-    integers but uint64 (whose values past 2^63 would wrap)."""
+    integers but uint64 (whose values past 2^63 would wrap). Wider than INDEX_DTYPES, the kernels' own."""
     if isinstance(dtype, torch.dtype):
         return is_integer_dtype(dtype) and dtype not in _WIDE_UNSIGNED
     return is_integer_dtype(dtype) and np.dtype(dtype) != np.uint64
+
+
+def check_index_dtype(name, dtype) -> None:
+    """TypeError naming ``name`` unless ``dtype`` is an index dtype (is_index_dtype)."""
+    if not is_index_dtype(dtype):
+        raise TypeError(
+            f"{name} must hold integers that index as int64 (signed, or uint8; numpy's uint8-uint32 too), "
+            f"got dtype {dtype}"
+        )
 
 
 def ctype(dtype: torch.dtype) -> str:
@@ -51,3 +71,15 @@ def ctype(dtype: torch.dtype) -> str:
         return _CTYPES[dtype]
     except KeyError:
         raise TypeError(f"no kernel type for dtype {dtype}") from None
+
+
+def check_count(name, value) -> int:
+    """``value``, a count or an offset, as an int >= 0: an int, a numpy integer or a 0-d integer tensor (not a
+    bool or a float); TypeError or ValueError naming ``name``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and is_integer_dtype(value.dtype):
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {int(value)}")
+    return int(value)

@@ -30,7 +30,7 @@ import numbers
 import numpy as np
 import torch
 
-from .dtypes import is_index_dtype
+from .dtypes import is_integer_dtype
 from .params import FAST_DIVMOD
 
 __all__ = ["FastDivmod", "MAX_DIVISOR", "MAX_NUMERATOR"]
@@ -76,8 +76,8 @@ class FastDivmod:
         self._cache = {}
         if isinstance(d, torch.Tensor) or isinstance(d, np.ndarray):
             arr = d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d
-            if not is_index_dtype(arr.dtype):
-                raise TypeError(f"d must hold integers that fit int64, got dtype {arr.dtype}")
+            if not is_integer_dtype(arr.dtype):
+                raise TypeError(f"d must hold integers, got dtype {arr.dtype}")
             if arr.ndim == 0:
                 self.__init__(int(arr))
                 return
@@ -153,16 +153,16 @@ class FastDivmod:
     @staticmethod
     def _as_int64(n):
         if isinstance(n, torch.Tensor):
-            if not is_index_dtype(n.dtype):
-                raise TypeError(f"n must hold integers that fit int64, got dtype {n.dtype}")
+            if not is_integer_dtype(n.dtype):
+                raise TypeError(f"n must hold integers, got dtype {n.dtype}")
             return n.to(torch.int64), "torch"
         if isinstance(n, numbers.Integral) and not isinstance(n, bool):
             if not -(2**63) <= int(n) < 2**63:  # past int64, which the range check reads n as
                 raise ValueError(f"n must satisfy 0 <= n < 2^31, got {int(n)}")
             return np.int64(n), "int"
         arr = np.asarray(n)
-        if not is_index_dtype(arr.dtype):
-            raise TypeError(f"n must hold integers that fit int64, got dtype {arr.dtype}")
+        if not is_integer_dtype(arr.dtype):
+            raise TypeError(f"n must hold integers, got dtype {arr.dtype}")
         return arr.astype(np.int64), "numpy"
 
     @staticmethod

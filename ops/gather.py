@@ -39,12 +39,11 @@ when it is given, and are an error otherwise; with ``full_size`` given and
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 import torch
 
-from .dtypes import is_index_dtype
+from .dtypes import check_count, check_index_dtype
 from .fast_divmod import MAX_NUMERATOR, FastDivmod
 
 __all__ = ["gather", "sharded_gather"]
@@ -96,24 +95,6 @@ def _index_array(indices):
     return array.astype(np.int64) if array.size == 0 and isinstance(indices, (list, tuple)) else array
 
 
-def _int(name, value):
-    """``value`` as an int: an int, a numpy integer or a 0-d integer tensor; TypeError for a float or a bool."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-
-
-def _check_index_dtype(dtype):
-    if not is_index_dtype(dtype):
-        raise TypeError(
-            f"indices must hold integers that index as int64 (signed, or uint8; numpy's uint8-uint32 too), "
-            f"got dtype {dtype}"
-        )
-
-
 def _bounds(idx, is_torch):
     if is_torch:
         lo, hi = torch.aminmax(idx)
@@ -143,17 +124,15 @@ def gather(params, indices, axis=None, batch_dims=0, *, shard_offset=None, full_
             indices = torch.as_tensor(_index_array(indices))
         if indices.device != params.device:
             indices = indices.to(params.device)
-    _check_index_dtype(indices.dtype)
+    check_index_dtype("indices", indices.dtype)
     plan = _plan(tuple(params.shape), tuple(indices.shape), axis, batch_dims)
     G = plan.G
 
     sharded = shard_offset is not None
     if sharded:
-        shard_offset = _int("shard_offset", shard_offset)
-        if shard_offset < 0:
-            raise ValueError(f"shard_offset must be >= 0, got {shard_offset}")
+        shard_offset = check_count("shard_offset", shard_offset)
         if full_size is not None:
-            full_size = _int("full_size", full_size)
+            full_size = check_count("full_size", full_size)
             if full_size < shard_offset + G:
                 raise ValueError(
                     f"full_size={full_size} is smaller than shard_offset + shard length ({shard_offset} + {G})"

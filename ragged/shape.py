@@ -13,12 +13,10 @@ and the work is done by the kernels in ragged.cu (see ragged_cuda.py).
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 
-from ops import is_index_dtype, is_integer_dtype
+from ops import check_count, check_index_dtype, is_integer_dtype
 
 __all__ = ["row_splits_to_row_ids", "row_ids_to_row_splits", "RaggedShape", "ROW_IDS_METHODS"]
 
@@ -34,25 +32,10 @@ def _as_1d_int(x, name):
         t = np.asarray(x)
         if t.dtype == object:
             raise TypeError(f"{name} must be an integer array")
-    if not is_index_dtype(t.dtype):
-        raise TypeError(
-            f"{name} must hold integers that index as int64 (signed, or uint8; numpy's uint8-uint32 too), "
-            f"got dtype {t.dtype}"
-        )
+    check_index_dtype(name, t.dtype)
     if t.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     return t
-
-
-def _check_int(v, name):
-    if isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)):
-        if isinstance(v, torch.Tensor) and v.dim() == 0 and is_integer_dtype(v.dtype):
-            return int(v)
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    v = int(v)
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {v}")
-    return v
 
 
 def _check_holds(dtype, largest, what):
@@ -103,7 +86,7 @@ def row_splits_to_row_ids(row_splits, num_elems=None, *, dtype=None, validate=Tr
     if num_elems is None:
         num_elems = int(row_splits[-1])
     else:
-        num_elems = _check_int(num_elems, "num_elems")
+        num_elems = check_count("num_elems", num_elems)
         if validate and not (is_torch and row_splits.is_cuda):
             last = int(row_splits[-1])
             if last != num_elems:
@@ -148,7 +131,7 @@ def row_ids_to_row_splits(row_ids, num_rows, *, dtype=None, validate=True):
     int32 row_ids give int32 row_splits, enough for < 2^31 elements).
     """
     row_ids = _as_1d_int(row_ids, "row_ids")
-    num_rows = _check_int(num_rows, "num_rows")
+    num_rows = check_count("num_rows", num_rows)
     is_torch = isinstance(row_ids, torch.Tensor)
     n = row_ids.shape[0]
     if is_torch:
@@ -200,7 +183,7 @@ class RaggedShape:
         self._row_ids_dtype = row_ids_dtype
         on_cuda = isinstance(row_splits, torch.Tensor) and row_splits.is_cuda
         if num_elems is not None:
-            num_elems = _check_int(num_elems, "num_elems")
+            num_elems = check_count("num_elems", num_elems)
         if row_ids is not None:
             row_ids = _as_1d_int(row_ids, "row_ids")
             if isinstance(row_ids, torch.Tensor) != isinstance(row_splits, torch.Tensor):

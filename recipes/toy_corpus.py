@@ -405,6 +405,20 @@ def load_split(data_dir, split):
     return items
 
 
+def _manifests_of_this_recipe(manifest):
+    """Whether ``manifest``'s first line is one write_manifests writes (a folder written before it left its mark)."""
+    try:
+        with open(manifest) as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(first, dict)
+        and set(first) == {"audio_filepath", "duration", "text"}
+        and str(first["audio_filepath"]).startswith("audio/")
+    )
+
+
 def write_manifests(data_dir, out_dir):
     """Write the corpus in ``data_dir`` as NeMo-style JSON-lines manifests, ``out_dir/{train,dev,test}.jsonl``:
     one line per utterance, ``{"audio_filepath": "audio/<id>.wav", "duration": seconds, "text": ...}``, the path
@@ -414,7 +428,7 @@ def write_manifests(data_dir, out_dir):
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     others = [f"{split}.jsonl" for split in SPLITS if (out_dir / f"{split}.jsonl").exists()]
-    if others and not (out_dir / MANIFESTS_MARK).exists():
+    if others and not (out_dir / MANIFESTS_MARK).exists() and not _manifests_of_this_recipe(out_dir / others[0]):
         raise CorpusError(
             f"--write-manifests {out_dir}: it holds {', '.join(others)}, which this recipe did not write; give "
             f"--write-manifests another folder"

@@ -315,8 +315,10 @@ def parse_flags(argv):
     """The flags with their defaults filled in and checked; --exp-dir as given."""
     p = build_parser()
     a = p.parse_args(argv)
+    given = set(str(x).split("=")[0] for x in (argv if argv is not None else sys.argv[1:]))
+    # on --resume the checkpoint's learning rate and weight decay hold unless these are given
+    a.lr_given, a.weight_decay_given = "--lr" in given, "--weight-decay" in given
     if a.quick:
-        given = set(x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]))
         for k, v in dict(
             encoder_dim=64, encoder_layers=1, predictor_dim=32, joiner_dim=32, epochs=2, warmup=5, max_frames=1500
         ).items():
@@ -1109,12 +1111,16 @@ def train(a, dist, t_start):
             scaler.load_state_dict(ckpt["scaler"])
             set_rng_state(ckpt["rng"][dist.rank] if dist.rank < len(ckpt["rng"]) else ckpt["rng"][0])
         start_epoch, history = ckpt["epoch"], ckpt["history"]
-        # this run's training flags over the checkpoint's: its learning rate and weight decay, and its schedule
-        # (over this run's --epochs) at the step the run has reached
-        scheduler.base_lrs = [a.lr] * len(optimizer.param_groups)
-        for group in optimizer.param_groups:
-            group.update(initial_lr=a.lr, weight_decay=a.weight_decay, lr=a.lr * lr_factor(scheduler.last_epoch))
+        # the learning rate and weight decay given to this run over the checkpoint's, and this run's schedule
+        # (over its --epochs) at the step the run has reached; the flags saved with its checkpoints as they hold
+        if a.lr_given:
+            scheduler.base_lrs = [a.lr] * len(optimizer.param_groups)
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+            group.update(initial_lr=base, lr=base * lr_factor(scheduler.last_epoch))
+            if a.weight_decay_given:
+                group["weight_decay"] = a.weight_decay
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        a.lr, a.weight_decay = scheduler.base_lrs[0], optimizer.param_groups[0]["weight_decay"]
     net = model
     if dist.world > 1 and not a.fsdp:
         net = torch.nn.parallel.DistributedDataParallel(
@@ -1136,6 +1142,7 @@ def train(a, dist, t_start):
             bar = tqdm(
                 total=steps_per_epoch, desc=f"epoch {epoch + 1}/{a.epochs}", unit="step", dynamic_ncols=True, leave=True
             )
+        lv = 0.0  # the last step's loss
         for step, (x, xl, y, yl, _) in enumerate(loader):
             if step >= steps_per_epoch:
                 break
@@ -1169,7 +1176,9 @@ def train(a, dist, t_start):
         dist.sync_buffers(model)
         loss_sum, n_utts, _ = dist.sum(sums)
         train_loss = loss_sum / max(n_utts, 1)
-        if math.isnan(train_loss):  # NaN weights (an infinite loss is an utterance with no alignment)
+        # the epoch's last step NaN on any process: NaN weights (fp16's gradient scaler skips a step that
+        # overflowed, and an infinite loss is an utterance with no alignment)
+        if dist.sum([float(math.isnan(lv))])[0]:
             raise UsageError(
                 f"epoch {epoch + 1}: the train loss is NaN (the run diverged); nothing of this epoch is saved: "
                 f"lower --lr, or --resume from the last checkpoint"

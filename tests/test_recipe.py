@@ -921,12 +921,18 @@ def test_resume_takes_this_runs_learning_rate_and_weight_decay(corpus, tmp_path)
     """--lr and --weight-decay given on --resume are this run's: the optimiser and its schedule take them over the
     checkpoint's, at the step the run has reached."""
     short = ["--data-dir", corpus, "--max-steps", 2, "--exp-dir", tmp_path]
-    run([*short, "--epochs", 1])
+    run([*short, "--epochs", 1, "--lr", 2e-3, "--weight-decay", 0.05])
     run([*short, "--epochs", 2, "--resume", "--lr", 1e-4, "--weight-decay", 0.2])
     saved = torch.load(tmp_path / "epoch-2.pt", map_location="cpu", weights_only=True)
     (group,) = saved["optimizer"]["param_groups"]
     assert (group["initial_lr"], group["weight_decay"]) == (1e-4, 0.2)
     assert saved["scheduler"]["base_lrs"] == [1e-4] and 0 < group["lr"] <= 1e-4
+    # not given on --resume: the checkpoint's hold (not the flags' defaults), and its saved flags say so
+    run([*short, "--epochs", 3, "--resume"])
+    saved = torch.load(tmp_path / "epoch-3.pt", map_location="cpu", weights_only=True)
+    (group,) = saved["optimizer"]["param_groups"]
+    assert (group["initial_lr"], group["weight_decay"]) == (1e-4, 0.2)
+    assert (saved["args"]["lr"], saved["args"]["weight_decay"]) == (1e-4, 0.2)
 
 
 def test_a_diverged_run_stops_before_saving(corpus, tmp_path):
@@ -962,6 +968,8 @@ def test_folders_of_other_data_are_not_overwritten(corpus, tmp_path):
     written = tmp_path / "written"
     for _ in range(2):  # the recipe's own manifests: replaced
         paths = toy_corpus.write_manifests(corpus, written)
+    (written / toy_corpus.MANIFESTS_MARK).unlink()  # as a folder written before the mark: its lines say whose
+    paths = toy_corpus.write_manifests(corpus, written)
     assert [p.name for p in paths] == ["train.jsonl", "dev.jsonl", "test.jsonl"]
 
 

@@ -321,7 +321,7 @@ OPTIONS = (
         "dropout",
         "float",
         0.0,
-        "the rate of dropout on the joiner's hidden, after the activation (NeMo's "
+        "the rate of dropout on the joiner's hidden, in [0, 1 - 2^-10], after the activation (NeMo's "
         "joint); its mask is a hash of a seed drawn from ``generator`` and of each element's (row, column), the "
         "same in backward's recompute (``transducer.joiner.dropout_mask``); 0 draws nothing.",
         _dropout,
@@ -384,7 +384,7 @@ def _from_flat(cls, ints, floats):
     key = (tuple(ints), tuple(floats))
     try:
         options = _FROM_FLAT.get(key)
-    except TypeError:  # torch.compile's symbolic ints (dynamic shapes: a blank counted from the end) hash not
+    except TypeError:  # torch.compile's symbolic ints (dynamic shapes: a blank counted from the end) do not hash
         return _build(cls, ints, floats)
     if options is None:
         if len(_FROM_FLAT) >= _FROM_FLAT_SIZE:  # options that change every step (a schedule) stay bounded

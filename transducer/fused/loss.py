@@ -230,9 +230,10 @@ def fused_joiner_loss(
             multi-blank loss. (Default: ``None``)
         activation (str, optional): the joiner's activation, one of 'identity', 'tanh', 'relu', 'sigmoid', 'gelu',
             'silu', 'leaky_relu' (transducer/joiner.py). (Default: ``'tanh'``)
-        dropout (float, optional): the rate of dropout on the joiner's hidden, after the activation (NeMo's joint);
-            its mask is a hash of a seed drawn from ``generator`` and of each element's (row, column), the same in
-            backward's recompute (``transducer.joiner.dropout_mask``); 0 draws nothing. (Default: ``0.0``)
+        dropout (float, optional): the rate of dropout on the joiner's hidden, in [0, 1 - 2^-10], after the
+            activation (NeMo's joint); its mask is a hash of a seed drawn from ``generator`` and of each element's
+            (row, column), the same in backward's recompute (``transducer.joiner.dropout_mask``); 0 draws nothing.
+            (Default: ``0.0``)
         generator (torch.Generator, optional): a CPU generator for dropout's seed (None: torch's default one).
             (Default: ``None``)
         max_rows (int, optional): rows per tile (None: tile buffers of about 256 MiB on CUDA, 16 MiB on the CPU);

@@ -13,7 +13,6 @@ Example::
 """
 
 import re
-import types
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from .. import fused_joiner_loss, multiblank_loss, tdt_loss, transducer_loss
 from ..checks import check_big_blank_durations
+from .methods import InstanceMethod
 from .options import checked, spelled
 from .reductions import reduce
 
@@ -478,7 +478,7 @@ def apply(model: torch.nn.Module, fused: bool = True) -> torch.nn.Module:
 def _reapply_after_change_vocabulary(model, fused):
     """Make model.change_vocabulary apply(model, fused) again afterwards (it replaces the joint and the loss)."""
     model._transducer_fused = fused
-    model.change_vocabulary = types.MethodType(_change_vocabulary_and_apply, model)
+    model.change_vocabulary = InstanceMethod(_change_vocabulary_and_apply, model)
 
 
 def _change_vocabulary_and_apply(model, *args, **kwargs):

@@ -11,7 +11,6 @@ Example::
 :func:`apply` imports transformers (5.12 or newer) when called.
 """
 
-import functools
 from typing import Any, Sequence
 
 import torch
@@ -219,22 +218,20 @@ def _check_fusable(model, rnnt_class, tdt_class):
         )
 
 
-@functools.lru_cache(maxsize=None)
-def _activation_class(hidden_act):
-    """The class of the module transformers' joint builds for ``hidden_act`` (ACT2FN builds a new one a lookup)."""
-    from transformers.activations import ACT2FN
-
-    return type(ACT2FN[hidden_act])
-
-
 def _check_joint_activation(joint, hidden_act):
     """The fused loss applies config.hidden_act's activation: refuse a joint whose activation module was
     replaced by another (the unfused joint would apply that one)."""
-    if type(joint.activation) is not _activation_class(hidden_act):
+    from transformers.activations import ACT2FN
+
+    if hidden_act not in ACT2FN:
+        return
+    built = dict.__getitem__(ACT2FN, hidden_act)  # the class (or class and arguments) ACT2FN[...] would build
+    built = built[0] if isinstance(built, tuple) else built
+    if type(joint.activation) is not built:
         raise ValueError(
             f"model.joint.activation: a {type(joint.activation).__name__} where config.hidden_act "
-            f"({hidden_act!r}) gives a {_activation_class(hidden_act).__name__}, which the fused loss applies; set "
-            f"config.hidden_act to the joint's activation, or apply(model, fused=False)"
+            f"({hidden_act!r}) gives a {built.__name__}, which the fused loss applies; set config.hidden_act to "
+            f"the joint's activation, or apply(model, fused=False)"
         )
 
 
@@ -266,6 +263,7 @@ def _fused_forward(
     from transformers.models.parakeet.modeling_parakeet import ParakeetRNNTDecoderCache, ParakeetRNNTOutput
 
     config = self.config
+    _check_joint_activation(self.joint, config.hidden_act)
     # The loss options and label lengths as the model passes them to its loss function.
     reduction = kwargs.get("reduction", "mean" if tdt else "mean_volume")
     _check_reduction(reduction)
@@ -290,7 +288,6 @@ def _fused_forward(
     encoder_hidden_states = encoder_outputs.pooler_output
     device = encoder_hidden_states.device
     label_lengths = label_lengths.to(device)
-    _check_joint_activation(self.joint, config.hidden_act)
     losses = fused_joiner_loss(
         encoder_hidden_states,
         decoder_hidden_states,
