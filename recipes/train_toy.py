@@ -66,14 +66,20 @@ class UsageError(Exception):
 LOSS_NAMES = {"rnnt": "RNN-T", "rna": "RNA", "tdt": "TDT", "multiblank": "multi-blank RNN-T"}
 
 
+def _number(kind, s):
+    """A flag's ``kind`` value, NaN and infinities refused (they would fail only once the data had loaded)."""
+    try:
+        v = kind(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a {kind.__name__}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+    return v
+
+
 def positive(kind):
     def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{s!r} is not a {kind.__name__}") from None
-        if not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+        v = _number(kind, s)
         if v <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
         return v
@@ -82,14 +88,7 @@ def positive(kind):
 
 
 def finite(s):
-    """A flag's float, NaN and infinities refused (they would fail only once the data had loaded)."""
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a float") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
-    return v
+    return _number(float, s)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
